@@ -1,0 +1,496 @@
+//! Every operator, declared once: its operands, accepted formats, attributes and shape rule.
+//!
+//! The schema is the contract between the engine and every backend; the `reference` crate is
+//! its executable meaning. Semantics that matter for bit-level agreement with llama.cpp (where
+//! activations are quantized, what accumulates in f64) are written on each op, because two
+//! correct-looking implementations that differ there produce different greedy text.
+//!
+//! Append-only: ops get new ids at the end, attributes take unused slots, operands are only
+//! ever added as optional trailing ones.
+
+use crate::{DType, TensorDesc, MAX_DIMS};
+
+/// Operator ids. `#[repr(u32)]`: they cross the plugin boundary.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    GetRows = 0,
+    RmsNorm = 1,
+    Rope = 2,
+    MatMul = 3,
+    Attention = 4,
+    SetRows = 5,
+    Glu = 6,
+    Add = 7,
+    Mul = 8,
+    Scale = 9,
+    Softmax = 10,
+    Argmax = 11,
+}
+
+impl Op {
+    pub const ALL: &'static [Op] = &[
+        Op::GetRows,
+        Op::RmsNorm,
+        Op::Rope,
+        Op::MatMul,
+        Op::Attention,
+        Op::SetRows,
+        Op::Glu,
+        Op::Add,
+        Op::Mul,
+        Op::Scale,
+        Op::Softmax,
+        Op::Argmax,
+    ];
+
+    pub fn from_id(id: u32) -> Option<Op> {
+        Op::ALL.iter().copied().find(|o| *o as u32 == id)
+    }
+
+    pub fn schema(self) -> &'static OpSchema {
+        &SCHEMAS[self as usize]
+    }
+
+    pub fn name(self) -> &'static str {
+        self.schema().name
+    }
+
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.iter().copied().find(|o| o.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// Attribute storage shared by every op: float and integer slots. Each op's schema names the
+/// slots it uses; unused slots must be zero. Fixed size keeps the struct `#[repr(C)]`-stable.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpParams {
+    pub f: [f32; 8],
+    pub i: [i64; 8],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttrKind {
+    F32,
+    I64,
+}
+
+#[derive(Debug)]
+pub struct Attr {
+    pub name: &'static str,
+    pub kind: AttrKind,
+    /// Index into `OpParams::f` or `OpParams::i`, by `kind`.
+    pub slot: usize,
+    pub doc: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Operand {
+    pub name: &'static str,
+    pub dtypes: &'static [DType],
+    pub doc: &'static str,
+}
+
+pub type ShapeRule = fn(&[[i64; MAX_DIMS]], &OpParams) -> Result<Vec<[i64; MAX_DIMS]>, String>;
+
+pub struct OpSchema {
+    pub op: Op,
+    pub name: &'static str,
+    pub doc: &'static str,
+    pub inputs: &'static [Operand],
+    pub outputs: &'static [Operand],
+    pub attrs: &'static [Attr],
+    /// Output shapes from input shapes and attributes, or why the inputs do not fit together.
+    pub shape_rule: ShapeRule,
+}
+
+/// Weight formats a matmul or embedding lookup accepts.
+pub const WEIGHT_DTYPES: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+const F32: &[DType] = &[DType::F32];
+const I32: &[DType] = &[DType::I32];
+const KV_DTYPES: &[DType] = &[DType::F32, DType::F16];
+
+pub const ROPE_NORMAL: i64 = 0;
+/// GPT-NeoX style: rotate pairs `(i, i + n_dims/2)` instead of `(2i, 2i+1)`. ggml's mode bit 2.
+pub const ROPE_NEOX: i64 = 2;
+pub const GLU_SILU: i64 = 0;
+pub const GLU_GELU_TANH: i64 = 1;
+
+macro_rules! operand {
+    ($name:expr, $dt:expr, $doc:expr) => {
+        Operand { name: $name, dtypes: $dt, doc: $doc }
+    };
+}
+macro_rules! attr {
+    ($name:expr, F32, $slot:expr, $doc:expr) => {
+        Attr { name: $name, kind: AttrKind::F32, slot: $slot, doc: $doc }
+    };
+    ($name:expr, I64, $slot:expr, $doc:expr) => {
+        Attr { name: $name, kind: AttrKind::I64, slot: $slot, doc: $doc }
+    };
+}
+
+type Shapes = Result<Vec<[i64; MAX_DIMS]>, String>;
+
+fn need(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg())
+    }
+}
+
+fn same_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    Ok(vec![s[0]])
+}
+
+fn broadcast_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (a, b) = (s[0], s[1]);
+    for d in 0..MAX_DIMS {
+        need(b[d] > 0 && a[d] % b[d] == 0, || {
+            format!("b dim {d} ({}) does not divide a dim {d} ({})", b[d], a[d])
+        })?;
+    }
+    Ok(vec![a])
+}
+
+fn get_rows_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (table, ids) = (s[0], s[1]);
+    need(ids[1] == 1 && ids[2] == 1 && ids[3] == 1, || "ids must be 1-D".into())?;
+    need(table[2] == 1 && table[3] == 1, || "table must be 2-D".into())?;
+    Ok(vec![[table[0], ids[0], 1, 1]])
+}
+
+fn rms_norm_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (x, w) = (s[0], s[1]);
+    need(w[0] == x[0] && w[1] * w[2] * w[3] == 1, || {
+        format!("weight must be [{}], got {:?}", x[0], w)
+    })?;
+    Ok(vec![x])
+}
+
+fn rope_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
+    let (x, pos) = (s[0], s[1]);
+    need(pos[0] == x[2] && pos[1] * pos[2] * pos[3] == 1, || {
+        format!("positions must be [{}] (one per token), got {:?}", x[2], pos)
+    })?;
+    let n_dims = p.i[1];
+    need(n_dims > 0 && n_dims % 2 == 0 && n_dims <= x[0], || {
+        format!("n_dims {n_dims} must be even and at most the head size {}", x[0])
+    })?;
+    Ok(vec![x])
+}
+
+fn matmul_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (w, x) = (s[0], s[1]);
+    need(w[2] == 1 && w[3] == 1, || "weight must be 2-D".into())?;
+    need(w[0] == x[0], || format!("inner sizes differ: weight {} vs input {}", w[0], x[0]))?;
+    Ok(vec![[w[1], x[1], x[2], x[3]]])
+}
+
+fn attention_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
+    let (q, k, v, pos) = (s[0], s[1], s[2], s[3]);
+    need(k == v, || format!("k cache {k:?} and v cache {v:?} differ"))?;
+    need(q[0] == k[0], || format!("head size of q ({}) and k ({}) differ", q[0], k[0]))?;
+    need(k[1] > 0 && q[1] % k[1] == 0, || {
+        format!("{} query heads are not a multiple of {} kv heads", q[1], k[1])
+    })?;
+    need(pos[0] == q[2], || format!("positions must be [{}], got {:?}", q[2], pos))?;
+    let n_kv = p.i[0];
+    need(n_kv > 0 && n_kv <= k[2], || format!("n_kv {n_kv} outside the cache of {}", k[2]))?;
+    Ok(vec![q])
+}
+
+fn set_rows_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (src, idx, dst) = (s[0], s[1], s[2]);
+    need(src[0] == dst[0], || format!("row sizes differ: src {} vs dst {}", src[0], dst[0]))?;
+    need(idx[0] == src[1], || format!("{} indices for {} rows", idx[0], src[1]))?;
+    Ok(vec![dst])
+}
+
+fn glu_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    need(s[0] == s[1], || format!("gate {:?} and up {:?} differ", s[0], s[1]))?;
+    Ok(vec![s[0]])
+}
+
+fn argmax_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let x = s[0];
+    Ok(vec![[x[1], x[2], x[3], 1]])
+}
+
+/// Indexed by `Op as usize`; a test checks the order.
+pub static SCHEMAS: [OpSchema; 12] = [
+    OpSchema {
+        op: Op::GetRows,
+        name: "get_rows",
+        doc: "out[:, m] = dequantize(table[:, ids[m]]). Embedding lookup; exact dequantization.",
+        inputs: &[
+            operand!("table", WEIGHT_DTYPES, "[K, V] rows to pick from"),
+            operand!("ids", I32, "[M] row indices, each in 0..V"),
+        ],
+        outputs: &[operand!("out", F32, "[K, M]")],
+        attrs: &[],
+        shape_rule: get_rows_shape,
+    },
+    OpSchema {
+        op: Op::RmsNorm,
+        name: "rms_norm",
+        doc: "Per row of ne[0]: y = (x * 1/sqrt(mean(x^2) + eps)) * w. The sum of squares \
+              accumulates in f64 (as ggml does); the scale is computed in f32.",
+        inputs: &[
+            operand!("x", F32, "[K, ...] rows to normalize"),
+            operand!("weight", F32, "[K] per-channel gain"),
+        ],
+        outputs: &[operand!("out", F32, "same shape as x")],
+        attrs: &[attr!("eps", F32, 0, "added to the mean square")],
+        shape_rule: rms_norm_shape,
+    },
+    OpSchema {
+        op: Op::Rope,
+        name: "rope",
+        doc: "Rotary position embedding on x [D, H, T], token t at positions[t]. The first \
+              n_dims of each head rotate; the rest pass through. theta_i = pos * \
+              freq_scale * base^(-2i/n_dims), with ggml's YaRN ramp when ext_factor != 0; \
+              the per-dimension theta is formed by repeated f32 multiplication by \
+              base^(-2/n_dims), as ggml's rope cache does.",
+        inputs: &[
+            operand!("x", F32, "[D, H, T]"),
+            operand!("positions", I32, "[T]"),
+        ],
+        outputs: &[operand!("out", F32, "[D, H, T]")],
+        attrs: &[
+            attr!("mode", I64, 0, "0 = normal (adjacent pairs), 2 = neox (split halves)"),
+            attr!("n_dims", I64, 1, "rotated dimensions per head, even, <= D"),
+            attr!("n_ctx_orig", I64, 2, "original training context (YaRN)"),
+            attr!("freq_base", F32, 0, "theta base"),
+            attr!("freq_scale", F32, 1, "1 / linear scaling factor"),
+            attr!("ext_factor", F32, 2, "YaRN extrapolation mix; 0 disables YaRN"),
+            attr!("attn_factor", F32, 3, "magnitude scale applied to cos/sin"),
+            attr!("beta_fast", F32, 4, "YaRN ramp"),
+            attr!("beta_slow", F32, 5, "YaRN ramp"),
+        ],
+        shape_rule: rope_shape,
+    },
+    OpSchema {
+        op: Op::MatMul,
+        name: "mat_mul",
+        doc: "out[n, m] = dot(w[:, n], x[:, m]). Activations are first converted per row to \
+              the weight's dot format, exactly as ggml's CPU backend does: Q4_0/Q5_0/Q8_0 -> \
+              Q8_0; Q4_1/Q5_1 -> Q8_1; K-quants -> Q8_K; F16 -> F16; BF16 -> BF16; F32 stays \
+              F32. Integer block dot products are exact; per-block scaling and the sum over \
+              blocks are f32.",
+        inputs: &[
+            operand!("w", WEIGHT_DTYPES, "[K, N] weight, one row per output"),
+            operand!("x", F32, "[K, M, ...] activations"),
+        ],
+        outputs: &[operand!("out", F32, "[N, M, ...]")],
+        attrs: &[],
+        shape_rule: matmul_shape,
+    },
+    OpSchema {
+        op: Op::Attention,
+        name: "attention",
+        doc: "Causal multi-head attention of queries q [D, Hq, T] over cache rows 0..n_kv of k \
+              and v [D, Hkv, C]; query head h reads kv head h / (Hq/Hkv) (GQA). Query t sees \
+              cache row j iff j <= positions[t] and (window == 0 or positions[t] - j < window). \
+              s_j = dot(k_j, q) * scale (f32; with an f16 cache q is rounded to f16 first); \
+              if softcap > 0, s = softcap * tanh(s / softcap); p = softmax(s) with the \
+              exponent sum in f64; out = sum_j p_j v_j (with an f16 cache p is rounded to f16 \
+              first). This is ggml's non-flash-attention path.",
+        inputs: &[
+            operand!("q", F32, "[D, Hq, T]"),
+            operand!("k_cache", KV_DTYPES, "[D, Hkv, C]"),
+            operand!("v_cache", KV_DTYPES, "[D, Hkv, C]"),
+            operand!("positions", I32, "[T] absolute position of each query = its cache row"),
+        ],
+        outputs: &[operand!("out", F32, "[D, Hq, T]")],
+        attrs: &[
+            attr!("n_kv", I64, 0, "valid cache rows"),
+            attr!("window", I64, 1, "sliding window length; 0 = unlimited"),
+            attr!("scale", F32, 0, "applied to q.k"),
+            attr!("softcap", F32, 1, "logit soft-capping; 0 = off"),
+        ],
+        shape_rule: attention_shape,
+    },
+    OpSchema {
+        op: Op::SetRows,
+        name: "set_rows",
+        doc: "dst[:, idx[m]] = convert(src[:, m]). Writes keys/values into a cache; rounding \
+              to f16 is round-to-nearest-even. dst is both read and written: rows not named \
+              keep their contents.",
+        inputs: &[
+            operand!("src", F32, "[K, M]"),
+            operand!("idx", I32, "[M] destination rows"),
+            operand!("dst", KV_DTYPES, "[K, R] (same tensor as the output)"),
+        ],
+        outputs: &[operand!("dst", KV_DTYPES, "[K, R], updated in place")],
+        attrs: &[],
+        shape_rule: set_rows_shape,
+    },
+    OpSchema {
+        op: Op::Glu,
+        name: "glu",
+        doc: "Gated activation: out = act(gate) * up. silu(x) = x / (1 + exp(-x)); \
+              gelu_tanh(x) = 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).",
+        inputs: &[operand!("gate", F32, "[K, ...]"), operand!("up", F32, "same shape")],
+        outputs: &[operand!("out", F32, "same shape")],
+        attrs: &[attr!("act", I64, 0, "0 = SiLU, 1 = GELU (tanh approximation)")],
+        shape_rule: glu_shape,
+    },
+    OpSchema {
+        op: Op::Add,
+        name: "add",
+        doc: "out = a + b, b broadcast over a (each b dim divides a's).",
+        inputs: &[operand!("a", F32, "any"), operand!("b", F32, "broadcastable to a")],
+        outputs: &[operand!("out", F32, "shape of a")],
+        attrs: &[],
+        shape_rule: broadcast_shape,
+    },
+    OpSchema {
+        op: Op::Mul,
+        name: "mul",
+        doc: "out = a * b, b broadcast over a (each b dim divides a's).",
+        inputs: &[operand!("a", F32, "any"), operand!("b", F32, "broadcastable to a")],
+        outputs: &[operand!("out", F32, "shape of a")],
+        attrs: &[],
+        shape_rule: broadcast_shape,
+    },
+    OpSchema {
+        op: Op::Scale,
+        name: "scale",
+        doc: "out = x * s.",
+        inputs: &[operand!("x", F32, "any")],
+        outputs: &[operand!("out", F32, "same shape")],
+        attrs: &[attr!("s", F32, 0, "factor")],
+        shape_rule: same_shape,
+    },
+    OpSchema {
+        op: Op::Softmax,
+        name: "softmax",
+        doc: "Per row: p = exp(x*scale - max) / sum, the sum accumulated in f64.",
+        inputs: &[operand!("x", F32, "[K, ...]")],
+        outputs: &[operand!("out", F32, "same shape")],
+        attrs: &[attr!("scale", F32, 0, "applied before the exponent")],
+        shape_rule: same_shape,
+    },
+    OpSchema {
+        op: Op::Argmax,
+        name: "argmax",
+        doc: "Per row: index of the largest value; the first one on ties; NaN is never chosen \
+              unless the whole row is NaN (then 0). Exact.",
+        inputs: &[operand!("x", F32, "[K, M, ...]")],
+        outputs: &[operand!("out", I32, "[M, ...]")],
+        attrs: &[],
+        shape_rule: argmax_shape,
+    },
+];
+
+/// Checks a call against its schema: operand counts, formats, attribute hygiene and shapes.
+/// Backends and the engine run the same check, so a malformed call is refused the same way
+/// everywhere.
+pub fn validate(
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    params: &OpParams,
+) -> Result<(), String> {
+    let s = op.schema();
+    if inputs.len() != s.inputs.len() || outputs.len() != s.outputs.len() {
+        return Err(format!(
+            "{}: expects {} inputs and {} outputs, got {} and {}",
+            s.name,
+            s.inputs.len(),
+            s.outputs.len(),
+            inputs.len(),
+            outputs.len()
+        ));
+    }
+    for (kind, descs, decl) in [("input", inputs, s.inputs), ("output", outputs, s.outputs)] {
+        for (t, o) in descs.iter().zip(decl) {
+            let dt = t.dtype().ok_or_else(|| {
+                format!("{}: {kind} '{}' has unknown dtype id {}", s.name, o.name, t.dtype)
+            })?;
+            if !o.dtypes.contains(&dt) {
+                return Err(format!("{}: {kind} '{}' does not accept {dt}", s.name, o.name));
+            }
+            if t.numel().is_none() || t.ne[0] % dt.info().block_len as i64 != 0 {
+                return Err(format!("{}: {kind} '{}' has bad shape {:?}", s.name, o.name, t.ne));
+            }
+        }
+    }
+    let shapes: Vec<[i64; MAX_DIMS]> = inputs.iter().map(|t| t.ne).collect();
+    let want = (s.shape_rule)(&shapes, params).map_err(|e| format!("{}: {e}", s.name))?;
+    for ((t, o), w) in outputs.iter().zip(s.outputs).zip(want) {
+        if t.ne != w {
+            return Err(format!(
+                "{}: output '{}' has shape {:?}, the inputs give {:?}",
+                s.name, o.name, t.ne, w
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_table_is_indexed_by_op_and_names_are_unique() {
+        for (i, s) in SCHEMAS.iter().enumerate() {
+            assert_eq!(s.op as usize, i, "{} out of order", s.name);
+            assert_eq!(Op::from_name(s.name), Some(s.op));
+            assert_eq!(Op::from_id(i as u32), Some(s.op));
+        }
+        assert_eq!(Op::ALL.len(), SCHEMAS.len());
+    }
+
+    #[test]
+    fn attr_slots_do_not_collide() {
+        for s in &SCHEMAS {
+            for (i, a) in s.attrs.iter().enumerate() {
+                for b in &s.attrs[i + 1..] {
+                    assert!(!(a.kind == b.kind && a.slot == b.slot), "{}: {} vs {}", s.name, a.name, b.name);
+                }
+            }
+        }
+    }
+
+    fn desc(dt: DType, shape: &[i64]) -> TensorDesc {
+        TensorDesc::contiguous(core::ptr::null_mut(), dt, shape)
+    }
+
+    #[test]
+    fn validate_catches_shape_and_dtype_errors() {
+        let w = desc(DType::Q4_0, &[64, 10]);
+        let x = desc(DType::F32, &[64, 3]);
+        let good = desc(DType::F32, &[10, 3]);
+        let p = OpParams::default();
+        assert!(validate(Op::MatMul, &[w, x], &[good], &p).is_ok());
+        let bad_out = desc(DType::F32, &[10, 4]);
+        let e = validate(Op::MatMul, &[w, x], &[bad_out], &p).unwrap_err();
+        assert!(e.contains("shape"), "{e}");
+        let x_wrong = desc(DType::F32, &[32, 3]);
+        assert!(validate(Op::MatMul, &[w, x_wrong], &[good], &p).unwrap_err().contains("inner"));
+        let x_q = desc(DType::Q8_0, &[64, 3]);
+        assert!(validate(Op::MatMul, &[w, x_q], &[good], &p).unwrap_err().contains("accept"));
+        let mut unknown = x;
+        unknown.dtype = 999;
+        assert!(validate(Op::MatMul, &[w, unknown], &[good], &p).unwrap_err().contains("999"));
+    }
+}

