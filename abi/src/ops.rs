@@ -308,8 +308,9 @@ pub static SCHEMAS: [OpSchema; 12] = [
         doc: "Causal multi-head attention of queries q [D, Hq, T] over cache rows 0..n_kv of k \
               and v [D, Hkv, C]; query head h reads kv head h / (Hq/Hkv) (GQA). Query t sees \
               cache row j iff j <= positions[t] and (window == 0 or positions[t] - j < window). \
-              s_j = dot(k_j, q) * scale (f32; with an f16 cache q is rounded to f16 first); \
-              if softcap > 0, s = softcap * tanh(s / softcap); p = softmax(s) with the \
+              s_j = dot(k_j, q) (f32; with an f16 cache q is rounded to f16 first); if \
+              softcap > 0, s = softcap * tanh(s / softcap); then s = s * scale (this order is \
+              llama.cpp's); p = softmax(s) with the \
               exponent sum in f64; out = sum_j p_j v_j (with an f16 cache p is rounded to f16 \
               first). This is ggml's non-flash-attention path.",
         inputs: &[

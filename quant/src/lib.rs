@@ -9,8 +9,34 @@
 //!   `vec_dot_type(dtype)` the way ggml's x86 CPU path does (its rounding included).
 //! - `vec_dot(dtype, n, w, act)`: dot product of a weight row of `dtype` with an activation row
 //!   already in `vec_dot_type(dtype)`, as ggml computes it.
+//!
+//! Formats: F32, F16, BF16 (`float`), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 (`legacy`), Q2_K..Q6_K
+//! and Q8_K (`kquants`, quantizers in `kquants_ref`). Block structs are `#[repr(C)]` with the
+//! GGUF byte size (checked at compile time against `abi`), parsed from unaligned little-endian
+//! bytes through [`Block`].
+//!
+//! Known, deliberate differences from a llama.cpp x86 build (see each function's docs):
+//! dot products follow ggml's *generic* scalar kernels, not the AVX2 ones (which use FMA and
+//! other summation orders), so a dot product can differ from llama.cpp's in the last bits;
+//! the activation quantization (what decides integer results) matches x86 exactly.
 
 use abi::DType;
+
+mod block;
+mod float;
+mod kquants;
+mod kquants_ref;
+mod legacy;
+mod util;
+
+pub use block::Block;
+pub use kquants::{scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+pub use kquants_ref::{quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k, quantize_q8_k};
+pub use legacy::{
+    quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1, quantize_q8_0_ref, quantize_q8_0_x86,
+    quantize_q8_1_ref, quantize_q8_1_x86, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK,
+};
+pub use util::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32, nearest_int};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuantError {
@@ -33,27 +59,107 @@ impl core::fmt::Display for QuantError {
 
 impl std::error::Error for QuantError {}
 
+/// Bytes taken by a row of `n` elements of `dtype`, or `None` if `n` is not a whole number of
+/// blocks (or overflows).
+pub fn row_bytes(dtype: DType, n: usize) -> Option<usize> {
+    dtype.row_bytes(n as u64).and_then(|b| usize::try_from(b).ok())
+}
+
+fn check(dtype: DType, elements: usize, bytes: usize) -> Result<(), QuantError> {
+    match row_bytes(dtype, elements) {
+        Some(b) if b == bytes => Ok(()),
+        _ => Err(QuantError::Size { dtype, elements, bytes }),
+    }
+}
+
+/// ggml's `dequantize_row_*` (ggml-quants.c) for every supported format, plus F32/F16/BF16.
+/// Q8_1 (which ggml never dequantizes) decodes as `d * q`.
 pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
-    let _ = (dtype, src, dst);
-    todo!("quant: dequantize_row")
+    check(dtype, dst.len(), src.len())?;
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => float::dequantize(dtype, src, dst),
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => {
+            legacy::dequantize(dtype, src, dst)
+        }
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+            kquants::dequantize(dtype, src, dst)
+        }
+        _ => return Err(QuantError::Unsupported { dtype, what: "dequantize_row" }),
+    }
+    Ok(())
 }
 
+/// ggml's reference quantizers `quantize_row_*_ref` (ggml-quants.c), the ones used to write
+/// model files; F16/BF16 use `GGML_FP32_TO_FP16` / `GGML_FP32_TO_BF16`. For the formats
+/// activations are converted to, see [`quantize_activations`], which differs for Q8_0/Q8_1.
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    let _ = (dtype, src, dst);
-    todo!("quant: quantize_row")
+    check(dtype, src.len(), dst.len())?;
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => float::quantize(dtype, src, dst),
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => {
+            legacy::quantize_ref(dtype, src, dst)
+        }
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+            kquants_ref::quantize_ref(dtype, src, dst)
+        }
+        _ => return Err(QuantError::Unsupported { dtype, what: "quantize_row" }),
+    }
+    Ok(())
 }
 
+/// ggml-cpu's `type_traits_cpu[dtype].vec_dot_type` (ggml-cpu.c): Q4_0/Q5_0/Q8_0 → Q8_0,
+/// Q4_1/Q5_1/Q8_1 → Q8_1, Q2_K..Q6_K → Q8_K, F16 → F16, BF16 → BF16, everything else (F32,
+/// and formats ggml has no dot product for) → F32.
 pub fn vec_dot_type(dtype: DType) -> DType {
-    let _ = dtype;
-    todo!("quant: vec_dot_type")
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => DType::Q8_0,
+        DType::Q4_1 | DType::Q5_1 | DType::Q8_1 => DType::Q8_1,
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => DType::Q8_K,
+        DType::F16 => DType::F16,
+        DType::BF16 => DType::BF16,
+        _ => DType::F32,
+    }
 }
 
+/// Converts an f32 activation row into `vec_dot_type(dtype)` exactly as ggml's x86 CPU backend
+/// (`type_traits_cpu[vec_dot_type].from_float`, AVX2/AVX-512 build) does:
+/// - Q8_0: x86 `quantize_row_q8_0` ([`quantize_q8_0_x86`]): `d = max/127`, `id = 127/max`,
+///   round half to even (`_mm256_round_ps(_MM_ROUND_NEAREST)`), unlike `_ref`'s `roundf`.
+/// - Q8_1: x86 `quantize_row_q8_1` ([`quantize_q8_1_x86`]): as Q8_0, `s = f16(d * sum(q))`.
+/// - Q8_K: x86 `quantize_row_q8_K` is `quantize_row_q8_K_ref` ([`quantize_q8_k`]).
+/// - F16: `ggml_cpu_fp32_to_fp16` (F16C, round to nearest even); BF16: `ggml_cpu_fp32_to_bf16`
+///   (scalar `GGML_FP32_TO_BF16`); F32: copy.
 pub fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    let _ = (dtype, src, dst);
-    todo!("quant: quantize_activations")
+    let vt = vec_dot_type(dtype);
+    check(vt, src.len(), dst.len())?;
+    match vt {
+        DType::Q8_0 => legacy::quantize_with(quantize_q8_0_x86, src, dst),
+        DType::Q8_1 => legacy::quantize_with(quantize_q8_1_x86, src, dst),
+        DType::Q8_K => kquants_ref::quantize_with(quantize_q8_k, src, dst),
+        DType::F32 | DType::F16 | DType::BF16 => float::quantize(vt, src, dst),
+        _ => return Err(QuantError::Unsupported { dtype, what: "quantize_activations" }),
+    }
+    Ok(())
 }
 
+/// Dot product of `n` elements: a weight row `w` of `dtype` with an activation row `act` in
+/// `vec_dot_type(dtype)` (see [`quantize_activations`]).
+///
+/// Quantized formats follow ggml's generic kernels (`ggml_vec_dot_*_q8_*_generic` in
+/// ggml-cpu/quants.c): exact integer block sums, then the same float expression per block
+/// (and for K-quants the same 8 float lanes). F32/F16/BF16: f32 products summed in f64, as
+/// ggml's scalar `ggml_vec_dot_{f32,f16,bf16}`.
+///
+/// # Panics
+/// If `dtype` has no dot product or the buffers do not hold exactly `n` elements.
 pub fn vec_dot(dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
-    let _ = (dtype, n, w, act);
-    todo!("quant: vec_dot")
+    let vt = vec_dot_type(dtype);
+    assert_eq!(row_bytes(dtype, n), Some(w.len()), "vec_dot: weight row is not {n} elements of {dtype}");
+    assert_eq!(row_bytes(vt, n), Some(act.len()), "vec_dot: activation row is not {n} elements of {vt}");
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => float::vec_dot(dtype, w, act),
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => legacy::vec_dot(dtype, w, act),
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => kquants::vec_dot(dtype, w, act),
+        _ => panic!("vec_dot is not implemented for {dtype}"),
+    }
 }

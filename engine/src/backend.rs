@@ -1,0 +1,73 @@
+//! A backend instance behind the ABI table: the engine reaches every op through here.
+
+use crate::error::{EngineError, Result};
+use abi::{BackendHeader, BackendTable, HostApi, Op, OpCall, OpParams, Status, TensorDesc};
+use core::ffi::{c_void, CStr};
+
+pub struct Backend {
+    name: String,
+    table: &'static BackendTable,
+    ctx: *mut c_void,
+    /// Kept so the pointer handed to `init` outlives the instance.
+    _host: Box<HostApi>,
+}
+
+// SAFETY: a backend context is used from one engine thread at a time (calls are sequential);
+// the backend parallelises internally through the host pool.
+unsafe impl Send for Backend {}
+
+impl Backend {
+    /// Opens a backend from its header after checking the layout it was built with.
+    pub fn open(header: &'static BackendHeader, host: HostApi) -> Result<Backend> {
+        header.check_layout().map_err(EngineError::Invalid)?;
+        // SAFETY: check_layout verified name and table are non-null; both are static.
+        let name = unsafe { CStr::from_ptr(header.name) }.to_string_lossy().into_owned();
+        let table: &'static BackendTable = unsafe { &*header.table };
+        let host = Box::new(host);
+        let mut ctx = core::ptr::null_mut();
+        let st = Status::from_raw((table.init)(&*host, &mut ctx));
+        if st != Status::Ok {
+            return Err(EngineError::Backend { backend: name, op: "init", msg: format!("{st:?}") });
+        }
+        Ok(Backend { name, table, ctx, _host: host })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether this backend takes this exact call (formats and shapes).
+    pub fn supports(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: &OpParams) -> bool {
+        let call = OpCall::new(op, inputs, outputs, *params);
+        match self.table.supports {
+            Some(f) => Status::from_raw(f(self.ctx, &call)) == Status::Ok,
+            None => true,
+        }
+    }
+
+    pub fn compute(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: OpParams) -> Result<()> {
+        let call = OpCall::new(op, inputs, outputs, params);
+        let st = Status::from_raw((self.table.compute)(self.ctx, &call));
+        if st == Status::Ok {
+            return Ok(());
+        }
+        Err(EngineError::Backend { backend: self.name.clone(), op: op.name(), msg: format!("{st:?}: {}", self.last_error()) })
+    }
+
+    pub fn last_error(&self) -> String {
+        let mut buf = vec![0u8; 1024];
+        let n = (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len());
+        if n > buf.len() {
+            buf.resize(n, 0);
+            (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len());
+        }
+        buf.truncate(n);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        (self.table.shutdown)(self.ctx);
+    }
+}

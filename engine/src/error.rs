@@ -1,0 +1,19 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Load(#[from] loader::LoadError),
+    /// A backend refused or failed an op. `backend` and `op` say where; `msg` is the backend's
+    /// own `last_error` text.
+    #[error("{backend}: {op}: {msg}")]
+    Backend { backend: String, op: &'static str, msg: String },
+    #[error("{file}: {msg}")]
+    Model { file: String, msg: String },
+    #[error("context is full: {need} tokens needed, the context holds {n_ctx}")]
+    ContextFull { need: usize, n_ctx: usize },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,201 @@
+//! Typed op calls. Every op the model graphs run goes through here and, from here, through the
+//! ABI function table of the backend chosen for it.
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::kv::CacheTensor;
+use crate::tensor::{Act, Weight};
+use abi::{DType, Op, OpParams, TensorDesc};
+
+/// Rotary embedding settings of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub mode: i64,
+    pub n_dims: i64,
+    pub n_ctx_orig: i64,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl RopeParams {
+    pub fn new(mode: i64, n_dims: i64, freq_base: f32, n_ctx_orig: i64) -> RopeParams {
+        // ggml/llama.cpp defaults when the model has no rope scaling.
+        RopeParams {
+            mode,
+            n_dims,
+            n_ctx_orig,
+            freq_base,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }
+    }
+}
+
+/// Counts of op calls, for tests and diagnostics.
+#[derive(Default, Debug, Clone)]
+pub struct OpStats {
+    pub calls: [u64; 16],
+}
+
+pub struct Exec {
+    /// In priority order; each call goes to the first that supports it.
+    backends: Vec<Backend>,
+    stats: std::cell::RefCell<OpStats>,
+}
+
+fn i32_desc(v: &[i32]) -> TensorDesc {
+    TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
+}
+
+impl Exec {
+    pub fn new(backends: Vec<Backend>) -> Result<Exec> {
+        if backends.is_empty() {
+            return Err(EngineError::Invalid("no backend available".into()));
+        }
+        Ok(Exec { backends, stats: Default::default() })
+    }
+
+    pub fn backend_names(&self) -> Vec<&str> {
+        self.backends.iter().map(|b| b.name()).collect()
+    }
+
+    pub fn stats(&self) -> OpStats {
+        self.stats.borrow().clone()
+    }
+
+    fn call(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: OpParams) -> Result<()> {
+        self.stats.borrow_mut().calls[op as usize] += 1;
+        let last = self.backends.len() - 1;
+        for (i, b) in self.backends.iter().enumerate() {
+            if i == last || b.supports(op, inputs, outputs, &params) {
+                return b.compute(op, inputs, outputs, params);
+            }
+        }
+        unreachable!()
+    }
+
+    pub fn get_rows(&self, table: &Weight, ids: &[i32]) -> Result<Act> {
+        let mut out = Act::zeros(&[table.ne()[0], ids.len() as i64]);
+        self.call(Op::GetRows, &[table.desc, i32_desc(ids)], &[out.desc_mut()], OpParams::default())?;
+        Ok(out)
+    }
+
+    pub fn rms_norm(&self, x: &Act, w: &Weight, eps: f32) -> Result<Act> {
+        let mut out = Act::zeros(&x.ne);
+        let mut p = OpParams::default();
+        p.f[0] = eps;
+        self.call(Op::RmsNorm, &[x.desc(), w.desc], &[out.desc_mut()], p)?;
+        Ok(out)
+    }
+
+    pub fn rope(&self, x: &Act, pos: &[i32], r: &RopeParams) -> Result<Act> {
+        let mut out = Act::zeros(&x.ne);
+        let mut p = OpParams::default();
+        p.i[0] = r.mode;
+        p.i[1] = r.n_dims;
+        p.i[2] = r.n_ctx_orig;
+        p.f[..6].copy_from_slice(&[r.freq_base, r.freq_scale, r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow]);
+        self.call(Op::Rope, &[x.desc(), i32_desc(pos)], &[out.desc_mut()], p)?;
+        Ok(out)
+    }
+
+    pub fn matmul(&self, w: &Weight, x: &Act) -> Result<Act> {
+        let mut out = Act::zeros(&[w.ne()[1], x.ne[1], x.ne[2], x.ne[3]]);
+        self.call(Op::MatMul, &[w.desc, x.desc()], &[out.desc_mut()], OpParams::default())?;
+        Ok(out)
+    }
+
+    /// `w x (+ b)`: a linear layer with an optional bias.
+    pub fn linear(&self, w: &Weight, b: Option<&Weight>, x: &Act) -> Result<Act> {
+        let y = self.matmul(w, x)?;
+        match b {
+            Some(b) => self.add_weight(&y, b),
+            None => Ok(y),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        q: &Act,
+        k: &CacheTensor,
+        v: &CacheTensor,
+        pos: &[i32],
+        n_kv: usize,
+        window: usize,
+        scale: f32,
+        softcap: f32,
+    ) -> Result<Act> {
+        let mut out = Act::zeros(&q.ne);
+        let mut p = OpParams::default();
+        p.i[0] = n_kv as i64;
+        p.i[1] = window as i64;
+        p.f[0] = scale;
+        p.f[1] = softcap;
+        self.call(Op::Attention, &[q.desc(), k.desc(), v.desc(), i32_desc(pos)], &[out.desc_mut()], p)?;
+        Ok(out)
+    }
+
+    /// Writes the rows of `src` ([K, M]) into cache rows `idx`.
+    pub fn set_rows(&self, cache: &mut CacheTensor, src: &Act, idx: &[i32]) -> Result<()> {
+        let dst = cache.desc_2d();
+        self.call(Op::SetRows, &[src.desc(), i32_desc(idx), dst], &[dst], OpParams::default())
+    }
+
+    pub fn glu(&self, gate: &Act, up: &Act, act: i64) -> Result<Act> {
+        let mut out = Act::zeros(&gate.ne);
+        let mut p = OpParams::default();
+        p.i[0] = act;
+        self.call(Op::Glu, &[gate.desc(), up.desc()], &[out.desc_mut()], p)?;
+        Ok(out)
+    }
+
+    pub fn add(&self, a: &Act, b: &Act) -> Result<Act> {
+        let mut out = Act::zeros(&a.ne);
+        self.call(Op::Add, &[a.desc(), b.desc()], &[out.desc_mut()], OpParams::default())?;
+        Ok(out)
+    }
+
+    fn add_weight(&self, a: &Act, b: &Weight) -> Result<Act> {
+        let mut out = Act::zeros(&a.ne);
+        self.call(Op::Add, &[a.desc(), b.desc], &[out.desc_mut()], OpParams::default())?;
+        Ok(out)
+    }
+
+    pub fn mul(&self, a: &Act, b: &Act) -> Result<Act> {
+        let mut out = Act::zeros(&a.ne);
+        self.call(Op::Mul, &[a.desc(), b.desc()], &[out.desc_mut()], OpParams::default())?;
+        Ok(out)
+    }
+
+    pub fn scale(&self, x: &Act, s: f32) -> Result<Act> {
+        let mut out = Act::zeros(&x.ne);
+        let mut p = OpParams::default();
+        p.f[0] = s;
+        self.call(Op::Scale, &[x.desc()], &[out.desc_mut()], p)?;
+        Ok(out)
+    }
+
+    pub fn softmax(&self, x: &Act, scale: f32) -> Result<Act> {
+        let mut out = Act::zeros(&x.ne);
+        let mut p = OpParams::default();
+        p.f[0] = scale;
+        self.call(Op::Softmax, &[x.desc()], &[out.desc_mut()], p)?;
+        Ok(out)
+    }
+
+    /// Index of the largest value of each row.
+    pub fn argmax(&self, x: &Act) -> Result<Vec<i32>> {
+        let mut out = vec![0i32; x.nrows()];
+        let od = TensorDesc::contiguous(out.as_mut_ptr() as *mut u8, DType::I32, &[x.ne[1], x.ne[2], x.ne[3]]);
+        self.call(Op::Argmax, &[x.desc()], &[od], OpParams::default())?;
+        Ok(out)
+    }
+}

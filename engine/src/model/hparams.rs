@@ -1,0 +1,101 @@
+use crate::error::{EngineError, Result};
+use loader::GgufFile;
+
+/// Hyper-parameters of a decoder-only model, from GGUF `{arch}.*` keys.
+#[derive(Clone, Debug)]
+pub struct HParams {
+    pub arch: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub eps: f32,
+    pub rope_base: f32,
+    pub rope_freq_scale: f32,
+    /// Sliding-window length for the layers that use one (0: none).
+    pub n_swa: usize,
+    pub rope_base_swa: f32,
+    /// Per layer: does it use the sliding window?
+    pub swa_layers: Vec<bool>,
+}
+
+impl HParams {
+    pub fn from_gguf(g: &GgufFile) -> Result<HParams> {
+        let file = g.path.display().to_string();
+        let err = |msg: String| EngineError::Model { file: file.clone(), msg };
+        let arch = g.architecture()?.to_string();
+        let key = |k: &str| format!("{arch}.{k}");
+        let req_u = |k: &str| -> Result<usize> {
+            g.get_u64(&key(k))?.map(|v| v as usize).ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
+        };
+        let opt_u = |k: &str| -> Result<Option<usize>> { Ok(g.get_u64(&key(k))?.map(|v| v as usize)) };
+        let opt_f = |k: &str| -> Result<Option<f32>> { Ok(g.get_f32(&key(k))?) };
+
+        let n_layer = req_u("block_count")?;
+        let n_embd = req_u("embedding_length")?;
+        let n_ff = req_u("feed_forward_length")?;
+        let n_head = req_u("attention.head_count")?;
+        let n_head_kv = opt_u("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_layer == 0 || n_layer > 1024 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(err(format!(
+                "implausible shape: {n_layer} layers, {n_embd} wide, {n_head} heads / {n_head_kv} kv heads"
+            )));
+        }
+        let head_dim = opt_u("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let n_rot = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
+        let eps = opt_f("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| err(format!("missing metadata key '{}'", key("attention.layer_norm_rms_epsilon"))))?;
+        let rope_base = opt_f("rope.freq_base")?.unwrap_or(10000.0);
+        let mut rope_freq_scale = 1.0;
+        if let Some(kind) = g.get_str(&key("rope.scaling.type"))? {
+            match kind {
+                "none" => {}
+                "linear" => {
+                    let f = opt_f("rope.scaling.factor")?.unwrap_or(1.0);
+                    if f > 0.0 {
+                        rope_freq_scale = 1.0 / f;
+                    }
+                }
+                other => return Err(err(format!("rope scaling '{other}' is not supported yet"))),
+            }
+        }
+        let n_vocab = match g.tensor("token_embd.weight") {
+            Some(t) if t.shape.len() == 2 => t.shape[1] as usize,
+            _ => return Err(err("missing tensor 'token_embd.weight'".into())),
+        };
+        let n_ctx_train = opt_u("context_length")?.unwrap_or(2048);
+
+        let n_swa = opt_u("attention.sliding_window")?.unwrap_or(0);
+        // llama.cpp's default for Gemma 3: five local layers, then one global, unless the file
+        // names a pattern; local layers use rope base 10000 unless the file says otherwise.
+        let pattern = opt_u("attention.sliding_window_pattern")?.unwrap_or(6);
+        let swa_layers = (0..n_layer)
+            .map(|il| n_swa > 0 && (pattern == 0 || il % pattern < pattern - 1))
+            .collect();
+        let rope_base_swa = opt_f("rope.freq_base_swa")?.unwrap_or(10000.0);
+
+        Ok(HParams {
+            arch,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot,
+            n_vocab,
+            n_ctx_train,
+            eps,
+            rope_base,
+            rope_freq_scale,
+            n_swa,
+            rope_base_swa,
+            swa_layers,
+        })
+    }
+}

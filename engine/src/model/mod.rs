@@ -1,0 +1,75 @@
+//! Model graphs, one file per architecture, and what they share: hyper-parameters read from
+//! GGUF metadata, weight lookup with shape checks, and the attention block.
+
+pub mod gemma3;
+pub mod llama;
+pub mod qwen2;
+
+mod common;
+mod hparams;
+
+pub use hparams::HParams;
+
+use crate::error::{EngineError, Result};
+use crate::exec::Exec;
+use crate::kv::KvCache;
+use crate::tensor::{Act, Weight};
+use loader::GgufFile;
+
+/// A decoder-only graph. `forward` runs `tokens` at positions `pos0..`, appends their keys and
+/// values to `kv`, and returns logits `[n_vocab, out_rows.len()]` for the tokens at the given
+/// indices (an empty list computes no logits).
+pub trait Graph: Send + Sync {
+    fn forward(&self, ex: &Exec, kv: &mut KvCache, tokens: &[u32], pos0: usize, out_rows: &[usize]) -> Result<Act>;
+}
+
+type Builder = fn(&GgufFile, &HParams) -> Result<Box<dyn Graph>>;
+
+/// Architectures mollm runs, by GGUF `general.architecture`.
+pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
+    ("llama", "Llama 2/3 family, SmolLM (RMSNorm, rope, SwiGLU, GQA)", llama::build),
+    ("qwen2", "Qwen2 / Qwen2.5 (llama plus QKV bias, neox rope)", qwen2::build),
+    ("gemma3", "Gemma 3 (sliding-window + global layers, q/k norms, GeGLU, sandwich norms)", gemma3::build),
+];
+
+pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
+    match ARCHITECTURES.iter().find(|(name, _, _)| *name == hp.arch) {
+        Some((_, _, build)) => build(gguf, hp),
+        None => Err(EngineError::Model {
+            file: gguf.path.display().to_string(),
+            msg: format!(
+                "unknown architecture '{}' (supported: {})",
+                hp.arch,
+                ARCHITECTURES.iter().map(|a| a.0).collect::<Vec<_>>().join(", ")
+            ),
+        }),
+    }
+}
+
+/// Looks a weight up by name and checks its shape (ggml order).
+pub(crate) fn weight(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Weight> {
+    let file = || gguf.path.display().to_string();
+    let info = gguf
+        .tensor(name)
+        .ok_or_else(|| EngineError::Model { file: file(), msg: format!("missing tensor '{name}'") })?;
+    let got: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+    let mut want = shape.to_vec();
+    while want.len() > 1 && *want.last().unwrap() == 1 && want.len() > got.len() {
+        want.pop();
+    }
+    if got != want {
+        return Err(EngineError::Model {
+            file: file(),
+            msg: format!("tensor '{name}' has shape {got:?}, expected {want:?}"),
+        });
+    }
+    let data = gguf.tensor_data(info);
+    Ok(Weight { desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, shape) })
+}
+
+pub(crate) fn weight_opt(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Option<Weight>> {
+    if gguf.tensor(name).is_none() {
+        return Ok(None);
+    }
+    weight(gguf, name, shape).map(Some)
+}

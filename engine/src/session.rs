@@ -1,0 +1,242 @@
+//! A loaded model and a conversation state on it: KV cache, prompt processing in chunks,
+//! token-by-token generation.
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::exec::Exec;
+use crate::kv::KvCache;
+use crate::model::{build_graph, Graph, HParams};
+use crate::pool::Pool;
+use crate::sampler::Sampler;
+use crate::tensor::Act;
+use abi::DType;
+use loader::{ChatTemplate, GgufFile, Tokenizer};
+use std::path::Path;
+use std::time::Instant;
+
+/// A model ready to run: graph, tokenizer, chat template. Weights stay in the file's memory map.
+pub struct Model {
+    // Declared before `gguf`: the graph's weights point into its memory map.
+    pub graph: Box<dyn Graph>,
+    pub hp: HParams,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub gguf: GgufFile,
+    pub load_ms: f64,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Model> {
+        let t0 = Instant::now();
+        let gguf = GgufFile::open(path)?;
+        let hp = HParams::from_gguf(&gguf)?;
+        let graph = build_graph(&gguf, &hp)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let chat_template = ChatTemplate::from_gguf(&gguf)?;
+        Ok(Model { graph, hp, tokenizer, chat_template, gguf, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    }
+
+    pub fn file_name(&self) -> String {
+        self.gguf.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+}
+
+/// Which backends run the ops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The best available for each op (today: the reference).
+    Auto,
+    Named(String),
+}
+
+impl BackendChoice {
+    pub fn parse(s: &str) -> BackendChoice {
+        match s {
+            "auto" => BackendChoice::Auto,
+            other => BackendChoice::Named(other.to_string()),
+        }
+    }
+}
+
+/// Backends built into this binary. Native plugins join this list through the registry.
+pub const BUILTIN_BACKENDS: &[&str] = &["reference"];
+
+fn open_backends(choice: &BackendChoice, pool: &Pool) -> Result<Vec<Backend>> {
+    match choice {
+        BackendChoice::Auto => Ok(vec![Backend::open(&reference::HEADER, pool.host_api())?]),
+        BackendChoice::Named(n) if n == "reference" => Ok(vec![Backend::open(&reference::HEADER, pool.host_api())?]),
+        BackendChoice::Named(n) => Err(EngineError::Invalid(format!(
+            "backend '{n}' is not available: this build has only {:?} (native CPU backends are not built yet)",
+            BUILTIN_BACKENDS
+        ))),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    pub n_ctx: usize,
+    /// Prompt tokens processed per forward pass.
+    pub n_batch: usize,
+    pub n_threads: usize,
+    pub backend: BackendChoice,
+    pub kv_dtype: DType,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { n_ctx: 4096, n_batch: 512, n_threads: 0, backend: BackendChoice::Auto, kv_dtype: DType::F32 }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    pub prefill_ms: f64,
+    pub prefill_tokens: usize,
+    pub decode_ms: f64,
+    pub decode_tokens: usize,
+}
+
+impl Timings {
+    pub fn prefill_tps(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill_ms)
+    }
+    pub fn decode_tps(&self) -> f64 {
+        rate(self.decode_tokens, self.decode_ms)
+    }
+}
+
+fn rate(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1e3 / ms
+    } else {
+        0.0
+    }
+}
+
+pub struct Session<'m> {
+    model: &'m Model,
+    exec: Exec,
+    kv: KvCache,
+    n_batch: usize,
+    /// Tokens whose keys and values are in the cache, in order.
+    history: Vec<u32>,
+    /// Declared last: backends hold the pool's host API until `exec` drops.
+    pool: Pool,
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m Model, opts: &SessionOptions) -> Result<Session<'m>> {
+        let pool = Pool::new(opts.n_threads);
+        let exec = Exec::new(open_backends(&opts.backend, &pool)?)?;
+        let n_ctx = opts.n_ctx.max(1);
+        let hp = &model.hp;
+        let kv = KvCache::new(opts.kv_dtype, hp.n_layer, hp.head_dim, hp.n_head_kv, n_ctx);
+        Ok(Session { model, exec, kv, n_batch: opts.n_batch.max(1), history: Vec::new(), pool })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+    pub fn backend_names(&self) -> Vec<&str> {
+        self.exec.backend_names()
+    }
+    pub fn exec(&self) -> &Exec {
+        &self.exec
+    }
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Drops the cached state after `n` tokens.
+    pub fn truncate(&mut self, n: usize) {
+        self.history.truncate(n);
+        self.kv.truncate(n);
+    }
+
+    /// Appends `tokens` to the context, `n_batch` at a time, and returns the logits after the
+    /// last one (`want_logits`), or `None`.
+    pub fn eval(&mut self, tokens: &[u32], want_logits: bool) -> Result<Option<Vec<f32>>> {
+        let need = self.history.len() + tokens.len();
+        if need > self.kv.n_ctx {
+            return Err(EngineError::ContextFull { need, n_ctx: self.kv.n_ctx });
+        }
+        let n_vocab = self.model.hp.n_vocab as u32;
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= n_vocab) {
+            return Err(EngineError::Invalid(format!("token id {bad} outside the vocabulary of {n_vocab}")));
+        }
+        let mut logits = None;
+        let chunks: Vec<&[u32]> = tokens.chunks(self.n_batch).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            let out_rows: Vec<usize> = if last && want_logits { vec![chunk.len() - 1] } else { vec![] };
+            let pos0 = self.history.len();
+            let out: Act = self.model.graph.forward(&self.exec, &mut self.kv, chunk, pos0, &out_rows)?;
+            self.history.extend_from_slice(chunk);
+            self.kv.n_past = self.history.len();
+            if !out_rows.is_empty() {
+                logits = Some(out.data);
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Picks the next token from `logits`: greedy through the backend's argmax, otherwise the
+    /// sampler's draw.
+    pub fn pick(&self, sampler: &mut Sampler, logits: &mut Vec<f32>) -> Result<u32> {
+        sampler.apply_penalties(logits);
+        if sampler.is_greedy() {
+            let n = logits.len() as i64;
+            let act = Act::from_vec(std::mem::take(logits), &[n, 1]);
+            let best = self.exec.argmax(&act)?;
+            *logits = act.data;
+            return Ok(best[0] as u32);
+        }
+        Ok(sampler.sample(logits))
+    }
+
+    /// Processes `prompt` (appended to what the session holds), then generates up to
+    /// `max_tokens`, calling `on_token` with each; generation stops at an end-of-generation
+    /// token (which is reported and kept), when `on_token` returns false, or when the context
+    /// is full.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: usize,
+        sampler: &mut Sampler,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, Timings)> {
+        let mut timings = Timings::default();
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("empty prompt: nothing to continue from".into()));
+        }
+        for &t in prompt {
+            sampler.accept(t);
+        }
+        let t0 = Instant::now();
+        let mut logits = self.eval(prompt, true)?.expect("logits requested");
+        timings.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        timings.prefill_tokens = prompt.len();
+
+        let mut out = Vec::new();
+        let t1 = Instant::now();
+        while out.len() < max_tokens {
+            let tok = self.pick(sampler, &mut logits)?;
+            sampler.accept(tok);
+            out.push(tok);
+            let go_on = on_token(tok);
+            if !go_on || self.model.tokenizer.is_eog(tok) || out.len() >= max_tokens {
+                break;
+            }
+            if self.history.len() >= self.kv.n_ctx {
+                break;
+            }
+            logits = self.eval(&[tok], true)?.expect("logits requested");
+            timings.decode_tokens += 1;
+        }
+        timings.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+        Ok((out, timings))
+    }
+}

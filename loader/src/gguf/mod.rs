@@ -1,0 +1,375 @@
+//! GGUF v2/v3 files: header, metadata, tensor infos, and the memory-mapped data section.
+//!
+//! The file is memory-mapped and parsed in place. Everything read from it is untrusted: counts
+//! and lengths are checked against the bytes left in the file before anything is allocated,
+//! tensor shapes are checked for overflow, and every tensor's byte range must lie inside the
+//! file, so [`GgufFile::tensor_data`] can hand out slices without further checks.
+
+mod reader;
+mod value;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+pub(crate) mod writer;
+
+use std::path::{Path, PathBuf};
+
+use abi::DType;
+use reader::Reader;
+pub use value::{Array, StrArray, Value, ValueType};
+
+use crate::error::file_label;
+use crate::LoadError;
+
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's GGML_MAX_DIMS.
+pub const MAX_DIMS: usize = 4;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    /// ggml order: `shape[0]` is the innermost (contiguous) dimension.
+    pub shape: Vec<u64>,
+    /// Absolute offset of the tensor's first byte in the file.
+    pub offset: u64,
+    /// Bytes the tensor occupies.
+    pub size: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        // Cannot overflow: checked when the file was parsed.
+        self.shape.iter().product()
+    }
+}
+
+enum Storage {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: Vec<(String, Value)>,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    /// Absolute offset of the data section (tensor offsets in the file are relative to it).
+    pub data_offset: u64,
+    storage: Storage,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("n_metadata", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .field("alignment", &self.alignment)
+            .field("data_offset", &self.data_offset)
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps and parses `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, LoadError> {
+        let path = path.as_ref();
+        let io = |source| LoadError::Io { file: file_label(path), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only; like every mmap-based loader we assume the model file
+        // is not truncated or rewritten by another process while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::parse(path.to_path_buf(), Storage::Mmap(map))
+    }
+
+    /// Parses an in-memory image (tests, fuzzing). `path` only labels error messages.
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<GgufFile, LoadError> {
+        Self::parse(path.into(), Storage::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, storage: Storage) -> Result<GgufFile, LoadError> {
+        let label = file_label(&path);
+        let parsed = parse_image(storage.bytes(), &label)?;
+        Ok(GgufFile {
+            path,
+            version: parsed.version,
+            metadata: parsed.metadata,
+            tensors: parsed.tensors,
+            alignment: parsed.alignment,
+            data_offset: parsed.data_offset,
+            storage,
+        })
+    }
+
+    pub fn file_label(&self) -> String {
+        file_label(&self.path)
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub(crate) fn type_err(&self, key: &str, want: &str, got: &Value) -> LoadError {
+        LoadError::Metadata {
+            file: self.file_label(),
+            key: key.to_string(),
+            msg: format!("expected {want}, found {}", got.type_name()),
+        }
+    }
+
+    /// A u32 value; also accepts other integer types whose value fits (converters differ).
+    pub fn get_u32(&self, key: &str) -> Result<Option<u32>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|x| u32::try_from(x).ok()) {
+                Some(x) => Ok(Some(x)),
+                None => Err(self.type_err(key, "an integer fitting u32", v)),
+            },
+        }
+    }
+
+    pub fn get_u64(&self, key: &str) -> Result<Option<u64>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.type_err(key, "a non-negative integer", v)),
+        }
+    }
+
+    pub fn get_f32(&self, key: &str) -> Result<Option<f32>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::F32(x)) => Ok(Some(*x)),
+            Some(Value::F64(x)) => Ok(Some(*x as f32)),
+            Some(v) => Err(self.type_err(key, "f32", v)),
+        }
+    }
+
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.type_err(key, "bool", v)),
+        }
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.type_err(key, "string", v)),
+        }
+    }
+
+    pub fn get_str_array(&self, key: &str) -> Result<Option<&StrArray>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(Array::String(a))) => Ok(Some(a)),
+            Some(v) => Err(self.type_err(key, "array of string", v)),
+        }
+    }
+
+    pub fn get_f32_array(&self, key: &str) -> Result<Option<&[f32]>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(Array::F32(a))) => Ok(Some(a)),
+            Some(v) => Err(self.type_err(key, "array of f32", v)),
+        }
+    }
+
+    pub fn get_i32_array(&self, key: &str) -> Result<Option<&[i32]>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(Array::I32(a))) => Ok(Some(a)),
+            Some(v) => Err(self.type_err(key, "array of i32", v)),
+        }
+    }
+
+    /// `general.architecture`, which every GGUF model must have.
+    pub fn architecture(&self) -> Result<&str, LoadError> {
+        self.get_str("general.architecture")?.ok_or_else(|| LoadError::Metadata {
+            file: self.file_label(),
+            key: "general.architecture".into(),
+            msg: "missing".into(),
+        })
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The tensor's bytes, straight from the map. Ranges were validated at parse time.
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let bytes = self.bytes();
+        let start = (t.offset as usize).min(bytes.len());
+        let end = (t.offset.saturating_add(t.size) as usize).min(bytes.len());
+        &bytes[start..end]
+    }
+}
+
+struct Parsed {
+    version: u32,
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<TensorInfo>,
+    alignment: u64,
+    data_offset: u64,
+}
+
+/// Smallest encoded metadata entry: key length (8) + value type (4) + 1-byte value.
+const MIN_KV_BYTES: u64 = 13;
+/// Smallest encoded tensor info: name length (8) + n_dims (4) + type (4) + offset (8).
+const MIN_TENSOR_INFO_BYTES: u64 = 24;
+
+fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
+    let mut r = Reader::new(data, file);
+    r.ctx = "magic".into();
+    let magic = r.bytes(4).map_err(|_| {
+        r.err(format!("not a GGUF file: only {} bytes (need at least the 4-byte magic)", data.len()))
+    })?;
+    if magic != GGUF_MAGIC {
+        return Err(r.err(format!("not a GGUF file: magic is {:02x?}, expected \"GGUF\"", magic)));
+    }
+    r.ctx = "header version".into();
+    let version = r.u32()?;
+    if version != 2 && version != 3 {
+        return Err(r.err(format!("unsupported GGUF version {version} (supported: 2, 3)")));
+    }
+    r.ctx = "header tensor count".into();
+    let n_tensors = r.u64()?;
+    r.ctx = "header metadata count".into();
+    let n_kv = r.u64()?;
+
+    r.ctx = "metadata entries".into();
+    r.check_len(n_kv, MIN_KV_BYTES)?;
+    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..n_kv {
+        r.ctx = format!("metadata entry {i} key");
+        let key = r.string()?;
+        r.ctx = format!("metadata entry {i} ('{key}')");
+        let value = value::read_value(&mut r)?;
+        if !seen.insert(key.clone()) {
+            return Err(r.err(format!("duplicate metadata key '{key}' (entry {i})")));
+        }
+        metadata.push((key, value));
+    }
+
+    let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => *a as u64,
+        Some((_, v)) => {
+            return Err(r.err(format!(
+                "general.alignment must be a u32 power of two, found {} {:?}",
+                v.type_name(),
+                v
+            )))
+        }
+    };
+
+    r.ctx = "tensor infos".into();
+    r.check_len(n_tensors, MIN_TENSOR_INFO_BYTES)?;
+    let mut raw: Vec<(String, DType, Vec<u64>, u64, u64)> = Vec::with_capacity(n_tensors as usize);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..n_tensors {
+        r.ctx = format!("tensor info {i} name");
+        let name = r.string()?;
+        r.ctx = format!("tensor info {i} ('{name}')");
+        let n_dims = r.u32()?;
+        if n_dims as usize > MAX_DIMS {
+            return Err(r.err(format!("tensor '{name}' has {n_dims} dimensions (at most {MAX_DIMS})")));
+        }
+        let mut shape = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            shape.push(r.u64()?);
+        }
+        let type_id = r.u32()?;
+        let dtype = DType::from_id(type_id)
+            .ok_or_else(|| r.err(format!("tensor '{name}' has unknown ggml type id {type_id}")))?;
+        let rel_offset = r.u64()?;
+        let size = tensor_size(&name, dtype, &shape).map_err(|m| r.err(m))?;
+        if rel_offset % alignment != 0 {
+            return Err(r.err(format!(
+                "tensor '{name}' data offset {rel_offset} is not a multiple of the alignment {alignment}"
+            )));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(r.err(format!("duplicate tensor name '{name}' (tensor {i})")));
+        }
+        raw.push((name, dtype, shape, rel_offset, size));
+    }
+
+    // The data section starts at the next multiple of the alignment (llama.cpp pads only
+    // when there are tensors).
+    let end_of_infos = r.pos() as u64;
+    let data_offset = if n_tensors > 0 { end_of_infos.div_ceil(alignment) * alignment } else { end_of_infos };
+    let file_len = r.len() as u64;
+    if n_tensors > 0 && data_offset > file_len {
+        return Err(r.err(format!(
+            "truncated: data section starts at offset {data_offset} but the file has {file_len}"
+        )));
+    }
+
+    let mut tensors = Vec::with_capacity(raw.len());
+    for (name, dtype, shape, rel, size) in raw {
+        let offset = data_offset.checked_add(rel);
+        let end = offset.and_then(|o| o.checked_add(size));
+        match (offset, end) {
+            (Some(offset), Some(end)) if end <= file_len => {
+                tensors.push(TensorInfo { name, dtype, shape, offset, size })
+            }
+            _ => {
+                return Err(r.err(format!(
+                    "tensor '{name}' data ({size} bytes at data offset {rel}, absolute {}) lies outside the file ({file_len} bytes)",
+                    offset.map(|o| o.to_string()).unwrap_or_else(|| "overflowing".into())
+                )))
+            }
+        }
+    }
+
+    Ok(Parsed { version, metadata, tensors, alignment, data_offset })
+}
+
+/// Byte size of a tensor, with the checks ggml applies: non-negative dims (as i64), element
+/// count representable in i64, first dim a whole number of blocks, byte size in u64.
+fn tensor_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, String> {
+    let mut n: u64 = 1;
+    for &d in shape {
+        if d > i64::MAX as u64 {
+            return Err(format!("tensor '{name}' dimension {d} does not fit in i64 (shape {shape:?})"));
+        }
+        n = n
+            .checked_mul(d)
+            .filter(|&n| n <= i64::MAX as u64)
+            .ok_or_else(|| format!("tensor '{name}' element count overflows (shape {shape:?})"))?;
+    }
+    let ne0 = shape.first().copied().unwrap_or(1);
+    let row = dtype.row_bytes(ne0).ok_or_else(|| {
+        format!(
+            "tensor '{name}' of type {dtype} has {ne0} elements per row, not a multiple of the block size {}",
+            dtype.info().block_len
+        )
+    })?;
+    if n == 0 {
+        return Ok(0);
+    }
+    let rows: u64 = shape.iter().skip(1).product(); // n != 0, so bounded by n: no overflow
+    row.checked_mul(rows).ok_or_else(|| format!("tensor '{name}' byte size overflows (shape {shape:?})"))
+}

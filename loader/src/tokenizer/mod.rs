@@ -1,0 +1,377 @@
+//! Text ↔ token ids with llama.cpp's semantics, built from a GGUF vocabulary.
+//!
+//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE through the `tokenizers` crate, with the
+//!   pre-tokenizer llama.cpp picks for `tokenizer.ggml.pre` ([`bpe`]).
+//! - `tokenizer.ggml.model = "llama"`: llama.cpp's SentencePiece bigram algorithm, ported
+//!   ([`spm`] explains why it is not a `tokenizers` model).
+//!
+//! Special tokens are split out before either algorithm runs, exactly like llama.cpp's
+//! `tokenizer_st_partition`, so `<|im_start|>` in a prompt becomes one id when `parse_special`
+//! is true and plain text otherwise.
+
+mod bpe;
+mod spm;
+mod stream;
+mod vocab;
+
+#[cfg(test)]
+mod tests;
+
+pub use stream::StreamDecoder;
+pub use vocab::{ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_USER_DEFINED};
+
+use crate::gguf::GgufFile;
+use crate::LoadError;
+use vocab::{Vocab, VocabKind};
+
+enum Engine {
+    Spm,
+    Bpe(Box<tokenizers::Tokenizer>),
+}
+
+pub struct Tokenizer {
+    vocab: Vocab,
+    engine: Engine,
+    /// Post-process detokenized text (" ," → ","...), per llama.cpp's pre-tokenizer table.
+    clean_spaces: bool,
+    model: String,
+    pre: String,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("model", &self.model)
+            .field("pre", &self.pre)
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.vocab.bos)
+            .field("eos", &self.vocab.eos)
+            .finish()
+    }
+}
+
+enum Frag {
+    Text(usize, usize),
+    Token(u32),
+}
+
+impl Tokenizer {
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer, LoadError> {
+        let file = gguf.file_label();
+        let err = |msg: String| LoadError::Tokenizer { file: file.clone(), msg };
+        let model = gguf
+            .get_str("tokenizer.ggml.model")?
+            .ok_or_else(|| err("missing tokenizer.ggml.model".into()))?
+            .to_string();
+        let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("").to_string();
+        match model.as_str() {
+            "llama" => {
+                let vocab = Vocab::load(gguf, VocabKind::Spm, false)?;
+                Ok(Tokenizer { vocab, engine: Engine::Spm, clean_spaces: false, model, pre })
+            }
+            "gpt2" => {
+                // llama.cpp falls back to "default" (with a loud warning) when pre is missing.
+                let key = if pre.is_empty() { "default" } else { pre.as_str() };
+                let cfg = bpe::pre_config(key).ok_or_else(|| {
+                    err(format!("unsupported pre-tokenizer tokenizer.ggml.pre = '{pre}' (llama.cpp would pick a model-specific regex; refusing to guess)"))
+                })?;
+                let vocab = Vocab::load(gguf, VocabKind::Bpe, cfg.add_bos)?;
+                let tk = bpe::build(gguf, &vocab, &cfg)?;
+                Ok(Tokenizer { vocab, engine: Engine::Bpe(Box::new(tk)), clean_spaces: cfg.clean_spaces, model, pre })
+            }
+            other => Err(err(format!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"))),
+        }
+    }
+
+    /// Token ids for `text`. `add_special` adds BOS/EOS when the model's flags ask for them;
+    /// `parse_special` lets control tokens written in the text (`<|im_start|>`) become their
+    /// ids (user-defined tokens are always matched, as in llama.cpp).
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, LoadError> {
+        let v = &self.vocab;
+        let frags = self.partition(text, parse_special);
+        let mut out = Vec::new();
+        if add_special && v.add_bos {
+            out.push(v.bos.ok_or_else(|| v.err("model asks for BOS but has no BOS token"))?);
+        }
+        match &self.engine {
+            Engine::Spm => {
+                let mut prev_special = true; // the first fragment gets the space prefix
+                let mut buf = String::new();
+                for f in &frags {
+                    match *f {
+                        Frag::Text(s, e) => {
+                            buf.clear();
+                            if v.add_space_prefix && prev_special {
+                                buf.push(' ');
+                            }
+                            buf.push_str(&text[s..e]);
+                            let escaped = buf.replace(' ', "\u{2581}");
+                            spm::tokenize(v, escaped.as_bytes(), &mut out);
+                            prev_special = false;
+                        }
+                        Frag::Token(id) => {
+                            out.push(id);
+                            prev_special = true;
+                        }
+                    }
+                }
+            }
+            Engine::Bpe(tk) => {
+                for f in &frags {
+                    match *f {
+                        Frag::Text(s, e) => bpe::tokenize(tk, v, &text[s..e], &mut out)?,
+                        Frag::Token(id) => out.push(id),
+                    }
+                }
+            }
+        }
+        if add_special && v.add_eos {
+            out.push(v.eos.ok_or_else(|| v.err("model asks for EOS but has no EOS token"))?);
+        }
+        Ok(out)
+    }
+
+    /// llama.cpp's tokenizer_st_partition: for each special token, longest first, split every
+    /// remaining text fragment at each occurrence.
+    fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
+        let v = &self.vocab;
+        let mut frags = if text.is_empty() { vec![] } else { vec![Frag::Text(0, text.len())] };
+        for &id in &v.special_cache {
+            if !parse_special && v.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
+                continue;
+            }
+            // A token text that is not UTF-8 cannot occur in a &str.
+            let Ok(st) = std::str::from_utf8(v.text(id)) else { continue };
+            if st.is_empty() || !text.contains(st) {
+                continue;
+            }
+            let mut next = Vec::with_capacity(frags.len() + 2);
+            for f in frags {
+                match f {
+                    Frag::Token(_) => next.push(f),
+                    Frag::Text(s, e) => {
+                        let mut pos = s;
+                        while let Some(m) = text[pos..e].find(st) {
+                            if m > 0 {
+                                next.push(Frag::Text(pos, pos + m));
+                            }
+                            next.push(Frag::Token(id));
+                            pos += m + st.len();
+                        }
+                        if pos < e {
+                            next.push(Frag::Text(pos, e));
+                        }
+                    }
+                }
+            }
+            frags = next;
+        }
+        frags
+    }
+
+    /// The bytes a token stands for (llama.cpp's token_to_piece with lstrip 0). Control and
+    /// unknown tokens render as their text only when `render_special`; otherwise empty.
+    pub fn token_to_piece(&self, id: u32, render_special: bool) -> Vec<u8> {
+        let v = &self.vocab;
+        let Some(&attr) = v.attrs.get(id as usize) else { return Vec::new() };
+        if !render_special && attr & (ATTR_UNKNOWN | ATTR_CONTROL) != 0 {
+            return Vec::new();
+        }
+        let text = v.text(id);
+        if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED) != 0 {
+            return text.to_vec();
+        }
+        if attr & ATTR_NORMAL != 0 {
+            return match self.engine {
+                Engine::Spm => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
+                Engine::Bpe(_) => bpe_decode_text(text),
+            };
+        }
+        if attr & ATTR_BYTE != 0 {
+            // "<0xXX>" in both SPM and BPE vocabularies.
+            let hex = text.get(3..5).and_then(|h| std::str::from_utf8(h).ok());
+            return hex.and_then(|h| u8::from_str_radix(h, 16).ok()).map(|b| vec![b]).unwrap_or_default();
+        }
+        Vec::new() // undefined / unused: llama.cpp renders nothing
+    }
+
+    /// llama.cpp's `detokenize`: concatenated pieces, minus the SPM leading space, optionally
+    /// without the added BOS/EOS (`remove_special`), control tokens rendered only with
+    /// `unparse_special`, then the model's clean-up of spaces before punctuation.
+    pub fn detokenize(&self, ids: &[u32], remove_special: bool, unparse_special: bool) -> Vec<u8> {
+        let v = &self.vocab;
+        let mut ids = ids;
+        let mut remove_space = v.add_space_prefix;
+        if remove_special && v.add_bos && !ids.is_empty() && Some(ids[0]) == v.bos {
+            remove_space = false;
+            ids = &ids[1..];
+        }
+        if remove_special && v.add_eos && !ids.is_empty() && Some(ids[ids.len() - 1]) == v.eos {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut text = Vec::new();
+        for &id in ids {
+            let piece = self.token_to_piece(id, unparse_special);
+            let strip = if remove_space && piece.first() == Some(&b' ') { 1 } else { 0 };
+            text.extend_from_slice(&piece[strip..]);
+            remove_space = false;
+        }
+        if self.clean_spaces {
+            clean_up_spaces(&mut text);
+        }
+        text
+    }
+
+    /// Text for `ids`, control tokens rendered (like llama.cpp's `common_detokenize`), invalid
+    /// UTF-8 replaced.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        String::from_utf8_lossy(&self.detokenize(ids, false, true)).into_owned()
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.vocab.bos
+    }
+    pub fn eos(&self) -> Option<u32> {
+        self.vocab.eos
+    }
+    pub fn eot(&self) -> Option<u32> {
+        self.vocab.eot
+    }
+    pub fn eom(&self) -> Option<u32> {
+        self.vocab.eom
+    }
+    pub fn pad(&self) -> Option<u32> {
+        self.vocab.pad
+    }
+    pub fn unk(&self) -> Option<u32> {
+        self.vocab.unk
+    }
+    /// Whether the model adds BOS / EOS when `encode(.., add_special = true, ..)`.
+    pub fn add_bos(&self) -> bool {
+        self.vocab.add_bos
+    }
+    pub fn add_eos(&self) -> bool {
+        self.vocab.add_eos
+    }
+    /// End of generation: eos, eot, eom and the tokens llama.cpp recognises by text.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.vocab.eog.contains(&id)
+    }
+    pub fn eog_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.vocab.eog.iter().copied()
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.vocab.n_tokens()
+    }
+    /// The vocabulary entry as stored (byte-level or ▁-escaped); "" if not UTF-8 or out of range.
+    pub fn token_text(&self, id: u32) -> &str {
+        std::str::from_utf8(self.vocab.text(id)).unwrap_or("")
+    }
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.vocab.lookup(text.as_bytes())
+    }
+    /// llama_token_attr bits ([`ATTR_CONTROL`], ...).
+    pub fn token_attr(&self, id: u32) -> u32 {
+        self.vocab.attrs.get(id as usize).copied().unwrap_or(0)
+    }
+    pub fn is_control(&self, id: u32) -> bool {
+        self.token_attr(id) & ATTR_CONTROL != 0
+    }
+    /// `tokenizer.ggml.model` and `tokenizer.ggml.pre`.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+    pub fn pre(&self) -> &str {
+        &self.pre
+    }
+}
+
+fn replace_bytes(s: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// llama_decode_text: GPT-2 byte-level chars back to bytes; unmappable chars are kept visible.
+fn bpe_decode_text(text: &[u8]) -> Vec<u8> {
+    let s = String::from_utf8_lossy(text);
+    let mut out = Vec::with_capacity(s.len());
+    for c in s.chars() {
+        match bpe::unicode_to_byte(c) {
+            Some(b) => out.push(b),
+            None => {
+                out.extend_from_slice(b"[UNK_BYTE_0x");
+                let mut u = [0u8; 4];
+                for b in c.encode_utf8(&mut u).bytes() {
+                    out.extend_from_slice(format!("{b:02x}").as_bytes());
+                }
+                out.extend_from_slice(s.as_bytes());
+                out.push(b']');
+            }
+        }
+    }
+    out
+}
+
+/// The three passes of llama.cpp's clean_spaces: " ?" " !" " ." " ," lose the space, a lone
+/// " ' " loses both spaces, and " 's" " 'm" " 're" " 've" lose the space.
+fn clean_up_spaces(t: &mut Vec<u8>) {
+    if t.is_empty() {
+        return;
+    }
+    // pass 1
+    let mut o = vec![t[0]];
+    for i in 1..t.len() {
+        let x = t[i];
+        if t[i - 1] == b' ' && matches!(x, b'?' | b'!' | b'.' | b',') {
+            o.pop();
+        }
+        o.push(x);
+    }
+    // pass 2, in place like llama.cpp: the skipped space is overwritten with NUL, which the
+    // next comparison then sees (so " ' ' " only loses the first pair of spaces).
+    let mut text = o;
+    let total2 = text.len();
+    let mut total = 1;
+    let mut i = 1;
+    while i < total2 {
+        let x = text[i];
+        if x == b'\'' && i + 1 < total2 && text[i - 1] == b' ' && text[i + 1] == b' ' {
+            total -= 1;
+            i += 1;
+            text[i] = 0;
+        }
+        text[total] = x;
+        total += 1;
+        i += 1;
+    }
+    text.truncate(total);
+    // pass 3
+    let src = text;
+    let mut o = vec![src[0]];
+    for i in 1..src.len() {
+        let x = src[i];
+        if src[i - 1] == b' ' && x == b'\'' && i + 1 < src.len() {
+            let x1 = src[i + 1];
+            let remove = match x1 {
+                b's' | b'm' => true,
+                b'r' | b'v' => i + 2 < src.len() && src[i + 2] == b'e',
+                _ => false,
+            };
+            if remove {
+                o.pop();
+            }
+        }
+        o.push(x);
+    }
+    *t = o;
+}

@@ -1,0 +1,285 @@
+//! Scalar twins of the ggml CPU kernels whose rounding shows in results.
+//!
+//! The oracle is llama.cpp's CPU backend built with `-march=native` on an AVX-512 machine
+//! (gnu++17, so GCC contracts `a*b + c` into FMA). Every routine here reproduces the *order* of
+//! the floating-point operations of the corresponding SIMD kernel lane by lane, so the results
+//! are bit-identical, not merely close:
+//!
+//! - [`reduce16`]: `_mm512_reduce_add_ps` (GCC's halving tree).
+//! - [`dot_vec_f32`] / [`dot_vec_f16`]: `ggml_vec_dot_f32` / `ggml_vec_dot_f16` (4 x 16 FMA
+//!   accumulators, `GGML_F32x16_REDUCE`, then the scalar leftovers).
+//! - [`dot_tile`]: llamafile's `tinyBLAS<16, __m512>::gemm_bloc` (one 16-lane FMA accumulator
+//!   per output, `hsum`), which ggml uses instead of `vec_dot` for F32/F16 weights when the
+//!   activation batch has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`.
+//! - [`v_expf`]: the AVX-512 `ggml_v_expf` polynomial (used by soft_max on whole 16-blocks and
+//!   by `ggml_v_silu`); tails use libm `expf` exactly as ggml's scalar loops do.
+
+use half::f16;
+
+/// `_mm512_reduce_add_ps` as GCC implements it: add high/low 256-bit halves, then 128-bit
+/// halves, then lanes (2,3) onto (0,1), then lane 1 onto lane 0.
+#[inline(always)]
+pub fn reduce16(v: &[f32; 16]) -> f32 {
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = v[i + 8] + v[i];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i + 4] + t8[i];
+    }
+    let a = t4[0] + t4[2];
+    let b = t4[1] + t4[3];
+    a + b
+}
+
+#[inline(always)]
+fn reduce4x16(acc: &mut [[f32; 16]; 4]) -> f32 {
+    for l in 0..16 {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for l in 0..16 {
+        acc[0][l] += acc[1][l];
+    }
+    reduce16(&acc[0])
+}
+
+#[inline(always)]
+fn dot_vec_f32_impl(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    let mut i = 0;
+    while i < np {
+        let (xs, ys) = (&x[i..i + 64], &y[i..i + 64]);
+        for j in 0..4 {
+            for l in 0..16 {
+                acc[j][l] = xs[j * 16 + l].mul_add(ys[j * 16 + l], acc[j][l]);
+            }
+        }
+        i += 64;
+    }
+    let mut sumf = reduce4x16(&mut acc);
+    for i in np..n {
+        // `sumf += x[i]*y[i]` in float, contracted to an FMA by GCC.
+        sumf = x[i].mul_add(y[i], sumf);
+    }
+    sumf
+}
+
+#[inline(always)]
+fn dot_tile_impl(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    debug_assert!(n % 16 == 0);
+    let mut acc = [0f32; 16];
+    for (xs, ys) in x[..n].chunks_exact(16).zip(y[..n].chunks_exact(16)) {
+        for l in 0..16 {
+            acc[l] = xs[l].mul_add(ys[l], acc[l]);
+        }
+    }
+    reduce16(&acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_vec_f32_fma(x: &[f32], y: &[f32]) -> f32 {
+    dot_vec_f32_impl(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_tile_fma(x: &[f32], y: &[f32]) -> f32 {
+    dot_tile_impl(x, y)
+}
+
+#[inline]
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `ggml_vec_dot_f32` (AVX-512 build).
+pub fn dot_vec_f32(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the features were detected at run time.
+        return unsafe { dot_vec_f32_fma(x, y) };
+    }
+    dot_vec_f32_impl(x, y)
+}
+
+/// llamafile tinyBLAS (AVX-512) dot for one output element; `len % 16 == 0`.
+pub fn dot_tile(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the features were detected at run time.
+        return unsafe { dot_tile_fma(x, y) };
+    }
+    dot_tile_impl(x, y)
+}
+
+/// `ggml_vec_dot_f16` (AVX-512 build, no AVX512-FP16) on operands already widened to f32
+/// (widening f16 -> f32 is exact): the 64-element steps run like [`dot_vec_f32`], the reduced
+/// value goes to f64 and the leftovers accumulate in f64.
+pub fn dot_vec_f16(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut sumf = dot_vec_f32(&x[..np], &y[..np]) as f64;
+    for i in np..n {
+        sumf += (x[i] * y[i]) as f64;
+    }
+    sumf as f32
+}
+
+/// Rounds through f16 (round to nearest even), as `GGML_CPU_FP32_TO_FP16` does.
+#[inline]
+pub fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// Scalar twin of the AVX-512 `ggml_v_expf` (one lane).
+#[inline]
+pub fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23f
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0f
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e), // 0x1.7f7d1cp-20f
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1f
+    );
+    let u = b * b;
+    let c_a = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7f
+    let c_b = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5f
+    let c_c = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3f
+    let c_d = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2f
+    let c_e = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1f
+    let j = c_a.mul_add(b, c_b).mul_add(u, c_c.mul_add(b, c_d)).mul_add(u, c_e.mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        // _CMP_GT_OQ is false for NaN, so NaN falls through to scalef below.
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // _mm512_scalef_ps(j, n) = j * 2^floor(n), rounded once (n is integral here).
+    scalef(j, n)
+}
+
+#[inline]
+fn scalef(j: f32, n: f32) -> f32 {
+    if j.is_nan() || n.is_nan() {
+        return f32::NAN;
+    }
+    let e = n.floor() as i32;
+    // j * 2^e is exact in f64 for |e| <= 192; one rounding to f32 follows.
+    (j as f64 * 2f64.powi(e)) as f32
+}
+
+/// `ggml_v_silu` lane: x / (1 + v_expf(0 - x)).
+#[inline]
+pub fn v_silu(x: f32) -> f32 {
+    x / (1.0 + v_expf(0.0 - x))
+}
+
+/// `ggml_silu_f32`: x / (1 + expf(-x)).
+#[inline]
+pub fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `ggml_vec_soft_max_f32` (AVX-512): writes exp(x - max) to `y`, returns the sum (f64).
+/// Whole 16-element blocks use [`v_expf`] and add their `_mm512_reduce_add_ps` to the f64 sum;
+/// the tail uses libm `expf` and adds each term in f64.
+pub fn soft_max_f32(x: &[f32], y: &mut [f32], max: f32) -> f64 {
+    let n = x.len();
+    let mut sum = 0f64;
+    let mut i = 0;
+    while i + 15 < n {
+        let mut v = [0f32; 16];
+        for l in 0..16 {
+            v[l] = v_expf(x[i + l] - max);
+            y[i + l] = v[l];
+        }
+        sum += reduce16(&v) as f64;
+        i += 16;
+    }
+    while i < n {
+        let v = (x[i] - max).exp();
+        sum += v as f64;
+        y[i] = v;
+        i += 1;
+    }
+    sum
+}
+
+/// `ggml_gelu_f32` as compiled (GCC fuses `1 + A*x*x`).
+fn gelu_f32(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = f32::from_bits(0x3f4c_422a); // 0.79788456080286535587989211986876f
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
+static GELU_TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+
+/// ggml's GELU with `GGML_GELU_FP16`: 0 for x <= -10, x for x >= 10, otherwise a lookup in a
+/// table of `f16(gelu(f16 value))` indexed by the f16 bits of x (x rounded to nearest even).
+pub fn gelu_fp16_table(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let t = GELU_TABLE.get_or_init(|| {
+            (0..=u16::MAX).map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32())).to_bits()).collect()
+        });
+        f16::from_bits(t[f16::from_f32(x).to_bits() as usize]).to_f32()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_close_to_expf() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.05;
+            let (a, b) = (v_expf(x), x.exp());
+            if !b.is_finite() {
+                assert_eq!(a, b);
+                continue;
+            }
+            assert!((a - b).abs() <= b * 4e-7 + 1e-38, "x={x}: {a} vs {b}");
+        }
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(0.0), 1.0);
+        assert!(v_expf(f32::NAN).is_nan());
+        assert_eq!(v_expf(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn dots_agree_with_f64() {
+        let x: Vec<f32> = (0..200).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let y: Vec<f32> = (0..200).map(|i| ((i * 53 % 89) as f32 - 44.0) / 13.0).collect();
+        let exact: f64 = x.iter().zip(&y).map(|(a, b)| *a as f64 * *b as f64).sum();
+        for v in [dot_vec_f32(&x, &y), dot_tile(&x[..192], &y[..192]) + dot_vec_f32(&x[192..], &y[192..]), dot_vec_f16(&x, &y)] {
+            assert!((v as f64 - exact).abs() < 1e-3, "{v} vs {exact}");
+        }
+    }
+
+    #[test]
+    fn gelu_table_matches_formula() {
+        for i in -100..100 {
+            let x = i as f32 * 0.1;
+            let g = 0.5 * x * (1.0 + ((2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+            assert!((gelu_fp16_table(x) - g).abs() < 1e-2 * (1.0 + g.abs()), "{x}");
+        }
+        assert_eq!(gelu_fp16_table(-11.0), 0.0);
+        assert_eq!(gelu_fp16_table(12.0), 12.0);
+    }
+}

@@ -1,0 +1,106 @@
+//! rope, as `ggml_compute_forward_rope_flt` with `ggml_rope_cache_init` / `rope_yarn`.
+
+use super::for_rows;
+use crate::tensor::{read_i32, read_row, split_row, write_row, Result};
+use abi::{HostApi, OpParams, TensorDesc};
+
+/// The YaRN / rope attributes, in ggml's parameter order.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub mode: i64,
+    pub n_dims: i64,
+    pub n_ctx_orig: i64,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl RopeParams {
+    pub fn from_op(p: &OpParams) -> RopeParams {
+        RopeParams {
+            mode: p.i[0],
+            n_dims: p.i[1],
+            n_ctx_orig: p.i[2],
+            freq_base: p.f[0],
+            freq_scale: p.f[1],
+            ext_factor: p.f[2],
+            attn_factor: p.f[3],
+            beta_fast: p.f[4],
+            beta_slow: p.f[5],
+        }
+    }
+}
+
+fn corr_dim(n_dims: i64, n_ctx_orig: i64, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+}
+
+/// `ggml_rope_yarn_corr_dims`.
+pub fn corr_dims(p: &RopeParams) -> [f32; 2] {
+    let start = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base).floor();
+    let end = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base).ceil();
+    let lo = if 0.0 > start { 0.0 } else { start };
+    let hi = if ((p.n_dims - 1) as f32) < end { (p.n_dims - 1) as f32 } else { end };
+    [lo, hi]
+}
+
+fn yarn_ramp(low: f32, high: f32, i0: i64) -> f32 {
+    let y = ((i0 / 2) as f32 - low) / 0.001f32.max(high - low);
+    1.0 - 1f32.min(0f32.max(y))
+}
+
+/// `ggml_rope_cache_init` for one position: `[cos, sin]` pairs for `i0 = 0, 2, .., n_dims-2`.
+pub fn rope_cache(pos: i32, p: &RopeParams, corr: [f32; 2], theta_scale: f32) -> Vec<f32> {
+    let n = p.n_dims as usize;
+    let mut cache = vec![0f32; n];
+    let mut theta = pos as f32;
+    for i0 in (0..n).step_by(2) {
+        let theta_extrap = theta; // theta / 1.0f: no frequency factors
+        let theta_interp = p.freq_scale * theta_extrap;
+        let mut th = theta_interp;
+        let mut mscale = p.attn_factor;
+        if p.ext_factor != 0.0 {
+            let ramp_mix = yarn_ramp(corr[0], corr[1], i0 as i64) * p.ext_factor;
+            // GCC contracts the first product: fma(interp, 1 - mix, extrap * mix).
+            th = theta_interp.mul_add(1.0 - ramp_mix, theta_extrap * ramp_mix);
+            mscale *= 0.1f32.mul_add((1.0 / p.freq_scale).ln(), 1.0);
+        }
+        cache[i0] = th.cos() * mscale;
+        cache[i0 + 1] = th.sin() * mscale;
+        theta *= theta_scale;
+    }
+    cache
+}
+
+/// Rotates one head in place with a cache from [`rope_cache`]. As compiled by GCC:
+/// `y0 = fma(x0, cos, -(x1*sin))`, `y1 = fma(x0, sin, x1*cos)`.
+pub fn rotate(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
+    for i0 in (0..n_dims).step_by(2) {
+        let (c, s) = (cache[i0], cache[i0 + 1]);
+        let (a, b) = if neox { (i0 / 2, i0 / 2 + n_dims / 2) } else { (i0, i0 + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0.mul_add(c, -(x1 * s));
+        x[b] = x0.mul_add(s, x1 * c);
+    }
+}
+
+/// # Safety
+/// Validated call on valid memory.
+pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], op: &OpParams) -> Result<()> {
+    let (x, pos, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let p = RopeParams::from_op(op);
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+    let corr = corr_dims(&p);
+    let caches: Vec<Vec<f32>> = (0..x.ne[2]).map(|t| rope_cache(read_i32(pos, t), &p, corr, theta_scale)).collect();
+    let neox = p.mode == abi::ROPE_NEOX;
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(x, r);
+        let mut v = read_row(x, i1, i2, i3);
+        rotate(&mut v, &caches[i2 as usize], p.n_dims as usize, neox);
+        write_row(out, i1, i2, i3, &v);
+    });
+    Ok(())
+}
