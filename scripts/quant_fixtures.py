@@ -174,8 +174,35 @@ def main():
                     q = quantize(x.reshape(1, -1), qtype).reshape(-1)
                 doc["quantize"].append({"n": ROW_ELEMS, "input": f32_hex(x), "bytes": q.tobytes().hex()})
         with open(os.path.join(OUT, f"{name}.json"), "w") as f:
-            json.dump(doc, f, indent=1)
+            json.dump(doc, f, indent=0)
         print(f"{name}: {len(entries)} dequant rows ({entries[0]['source']}), {len(doc['quantize'])} quant rows")
+    ggml_c_oracle()
+
+
+def ggml_c_oracle():
+    """Builds quant/tools/ggml_oracle.c against llama.cpp's C sources (if present) and writes
+    fixtures/quant/ggml_c.json: K-quant `_ref` quantizer outputs and generic vec_dot results."""
+    import shutil
+    import subprocess
+    import tempfile
+    src = os.environ.get("LLAMA_CPP_SRC", os.path.expanduser("~/.cache/mollm/llama.cpp-src/vendor/llama.cpp"))
+    g = os.path.join(src, "ggml")
+    if not os.path.isdir(g) or not shutil.which("gcc"):
+        print("llama.cpp source or gcc missing: ggml_c.json not regenerated")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "oracle")
+        subprocess.check_call([
+            "gcc", "-O2", "-ffp-contract=off", "-DGGML_CPU_GENERIC",
+            f"-I{g}/include", f"-I{g}/src", f"-I{g}/src/ggml-cpu",
+            os.path.join(ROOT, "quant", "tools", "ggml_oracle.c"),
+            f"{g}/src/ggml-quants.c", f"{g}/src/ggml-cpu/quants.c", "-lm", "-o", exe,
+        ])
+        out = subprocess.check_output([exe])
+    json.loads(out)
+    with open(os.path.join(OUT, "ggml_c.json"), "wb") as f:
+        f.write(out)
+    print(f"ggml_c.json: {len(out)} bytes")
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     });
 
     let tok = &model.tokenizer;
-    let mut stream = StreamDecoder::new(tok);
+    let mut stream = StreamDecoder::new(tok, false);
     let mut stdout = std::io::stdout().lock();
     let json = a.json;
     let mut text_out = String::new();

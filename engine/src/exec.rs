@@ -48,6 +48,29 @@ pub struct Exec {
     /// In priority order; each call goes to the first that supports it.
     backends: Vec<Backend>,
     stats: std::cell::RefCell<OpStats>,
+    /// MOLLM_TRACE=1: print every op's output summary to stderr (compare with llama.cpp's
+    /// eval-callback output when chasing a numerics difference).
+    trace: bool,
+}
+
+fn trace(op: Op, t: &TensorDesc) {
+    if t.dtype() != Some(DType::F32) || !t.is_contiguous() {
+        eprintln!("trace {:<10} {:?}", op.name(), t.ne);
+        return;
+    }
+    let n = t.numel().unwrap_or(0) as usize;
+    // SAFETY: the op just wrote this contiguous f32 output.
+    let v = unsafe { std::slice::from_raw_parts(t.data as *const f32, n) };
+    let sum: f64 = v.iter().map(|&x| x as f64).sum();
+    if let Ok(dir) = std::env::var("MOLLM_TRACE_DIR") {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let i = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let _ = std::fs::write(format!("{dir}/{i:05}_{}.f32", op.name()), bytes);
+    }
+    let head: Vec<String> = v.iter().take(3).map(|x| format!("{x:.4}")).collect();
+    let tail: Vec<String> = v.iter().skip(n.saturating_sub(3)).map(|x| format!("{x:.4}")).collect();
+    eprintln!("trace {:<10} {:?} [{} ... {}] sum = {sum:.6}", op.name(), t.ne, head.join(", "), tail.join(", "));
 }
 
 fn i32_desc(v: &[i32]) -> TensorDesc {
@@ -59,7 +82,8 @@ impl Exec {
         if backends.is_empty() {
             return Err(EngineError::Invalid("no backend available".into()));
         }
-        Ok(Exec { backends, stats: Default::default() })
+        let trace = std::env::var("MOLLM_TRACE").is_ok_and(|v| v == "1");
+        Ok(Exec { backends, stats: Default::default(), trace })
     }
 
     pub fn backend_names(&self) -> Vec<&str> {
@@ -75,7 +99,11 @@ impl Exec {
         let last = self.backends.len() - 1;
         for (i, b) in self.backends.iter().enumerate() {
             if i == last || b.supports(op, inputs, outputs, &params) {
-                return b.compute(op, inputs, outputs, params);
+                b.compute(op, inputs, outputs, params)?;
+                if self.trace {
+                    trace(op, &outputs[0]);
+                }
+                return Ok(());
             }
         }
         unreachable!()

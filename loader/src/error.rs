@@ -17,7 +17,11 @@ pub enum LoadError {
     Format { file: String, msg: String },
     /// A metadata key is present but has the wrong type or an invalid value.
     #[error("{file}: metadata key '{key}': {msg}")]
-    Metadata { file: String, key: String, msg: String },
+    Metadata {
+        file: String,
+        key: String,
+        msg: String,
+    },
     /// The vocabulary cannot be turned into a tokenizer, or encoding failed.
     #[error("{file}: tokenizer: {msg}")]
     Tokenizer { file: String, msg: String },

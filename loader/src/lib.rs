@@ -11,3 +11,6 @@ pub use gguf::{Array, GgufFile, StrArray, TensorInfo, Value, ValueType};
 pub mod tokenizer;
 
 pub use tokenizer::{StreamDecoder, Tokenizer};
+pub mod chat;
+
+pub use chat::{ChatMessage, ChatTemplate};

@@ -3,7 +3,7 @@
 
 use abi::DType;
 
-pub trait Block: Sized + Copy + Default {
+pub trait Block: Sized + Copy + Default + 'static {
     const DTYPE: DType;
     /// Elements per block.
     const ELEMS: usize;

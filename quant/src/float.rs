@@ -46,14 +46,15 @@ pub(crate) fn quantize(dtype: DType, src: &[f32], dst: &mut [u8]) {
 }
 
 #[inline(always)]
-fn dot_by<const W: usize>(w: &[u8], a: &[u8], conv: impl Fn(&[u8]) -> f32) -> f32 {
+fn dot_by<const W: usize>(w: &[u8], a: &[u8], conv: impl Fn(&[u8]) -> f32 + Copy) -> f32 {
+    let load8 = |b: &[u8]| -> [f32; 8] { core::array::from_fn(|l| conv(&b[l * W..l * W + W])) };
     let mut acc = [0.0f64; 8];
     let (wc, ac) = (w.chunks_exact(8 * W), a.chunks_exact(8 * W));
     let (wr, ar) = (wc.remainder(), ac.remainder());
     for (wb, ab) in wc.zip(ac) {
+        let (x, y) = (load8(wb), load8(ab));
         for l in 0..8 {
-            let p = conv(&wb[l * W..l * W + W]) * conv(&ab[l * W..l * W + W]);
-            acc[l] += p as f64;
+            acc[l] += (x[l] * y[l]) as f64;
         }
     }
     let mut sum = 0.0f64;

@@ -179,8 +179,7 @@ impl BlockQ4K {
     #[inline(always)]
     pub fn unpack(&self) -> [i8; 256] {
         let mut a = [0i8; 256];
-        for (j, (out, q)) in a.chunks_exact_mut(64).zip(self.qs.chunks_exact(32)).enumerate() {
-            let _ = j;
+        for (out, q) in a.chunks_exact_mut(64).zip(self.qs.chunks_exact(32)) {
             let (lo, hi) = out.split_at_mut(32);
             for l in 0..32 {
                 lo[l] = (q[l] & 0xF) as i8;
@@ -315,7 +314,7 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
     let out = dst.chunks_exact_mut(QK_K);
     match dtype {
         DType::Q2_K => out.zip(blocks::<BlockQ2K>(src)).for_each(|(y, b)| {
-            let (d, min) = (b.d.to_f32(), b.dmin.to_f32());
+            let (d, min) = (fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.dmin.to_bits()));
             let a = b.unpack();
             for (g, (y, q)) in y.chunks_exact_mut(16).zip(a.chunks_exact(16)).enumerate() {
                 let sc = b.scales[g];
@@ -325,7 +324,7 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
             }
         }),
         DType::Q3_K => out.zip(blocks::<BlockQ3K>(src)).for_each(|(y, b)| {
-            let d = b.d.to_f32();
+            let d = fp16_to_f32(b.d.to_bits());
             let (a, sc) = (b.unpack(), b.unpack_scales());
             for (g, (y, q)) in y.chunks_exact_mut(16).zip(a.chunks_exact(16)).enumerate() {
                 let dl = d * sc[g] as f32;
@@ -334,14 +333,14 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
         }),
         DType::Q4_K => out.zip(blocks::<BlockQ4K>(src)).for_each(|(y, b)| {
             let (sc, m) = scale_min_k4(&b.scales);
-            dequant_k32(y, &b.unpack(), b.d.to_f32(), b.dmin.to_f32(), &sc, &m);
+            dequant_k32(y, &b.unpack(), fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.dmin.to_bits()), &sc, &m);
         }),
         DType::Q5_K => out.zip(blocks::<BlockQ5K>(src)).for_each(|(y, b)| {
             let (sc, m) = scale_min_k4(&b.scales);
-            dequant_k32(y, &b.unpack(), b.d.to_f32(), b.dmin.to_f32(), &sc, &m);
+            dequant_k32(y, &b.unpack(), fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.dmin.to_bits()), &sc, &m);
         }),
         DType::Q6_K => out.zip(blocks::<BlockQ6K>(src)).for_each(|(y, b)| {
-            let d = b.d.to_f32();
+            let d = fp16_to_f32(b.d.to_bits());
             let a = b.unpack();
             // ggml: y[l + 32k] = d * sc[is + 2k] * q with is = l/16, i.e. sub-block of 16 by element.
             for (g, (y, q)) in y.chunks_exact_mut(16).zip(a.chunks_exact(16)).enumerate() {
@@ -372,8 +371,8 @@ fn dot_q2_k(w: &[u8], act: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in blocks::<BlockQ2K>(w).zip(blocks::<BlockQ8K>(act)) {
         let summs: i32 = y.bsums.iter().zip(&x.scales).map(|(&b, &s)| b as i32 * (s >> 4) as i32).sum();
-        let dall = y.d * x.d.to_f32();
-        let dmin = y.d * x.dmin.to_f32();
+        let dall = y.d * fp16_to_f32(x.d.to_bits());
+        let dmin = y.d * fp16_to_f32(x.dmin.to_bits());
         let a = x.unpack();
         let mut isum = 0i32;
         for (g, (q2, q8)) in a.chunks_exact(16).zip(y.qs.chunks_exact(16)).enumerate() {
@@ -413,7 +412,7 @@ fn dot_q3_k(w: &[u8], act: &[u8]) -> f32 {
     let mut sums = [0.0f32; 8];
     for (x, y) in blocks::<BlockQ3K>(w).zip(blocks::<BlockQ8K>(act)) {
         let sc = x.unpack_scales().map(|s| s as i32);
-        let d = x.d.to_f32() * y.d;
+        let d = fp16_to_f32(x.d.to_bits()) * y.d;
         lanes_k(&x.unpack(), &y.qs, &sc, 16, d, &mut sums);
     }
     finish(0.0, &sums)
@@ -428,8 +427,8 @@ fn dot_k32(a: &[i8; 256], scales: &[u8; 12], d: f16, dmin: f16, y: &BlockQ8K, su
         sumi += b as i32 * m[j / 2] as i32;
     }
     let sc = sc.map(|s| s as i32);
-    lanes_k(a, &y.qs, &sc, 32, d.to_f32() * y.d, sums);
-    let dmin = dmin.to_f32() * y.d;
+    lanes_k(a, &y.qs, &sc, 32, fp16_to_f32(d.to_bits()) * y.d, sums);
+    let dmin = fp16_to_f32(dmin.to_bits()) * y.d;
     *sumf -= dmin * sumi as f32;
 }
 
@@ -454,7 +453,7 @@ fn dot_q6_k(w: &[u8], act: &[u8]) -> f32 {
     let mut sums = [0.0f32; 8];
     for (x, y) in blocks::<BlockQ6K>(w).zip(blocks::<BlockQ8K>(act)) {
         let sc = x.scales.map(|s| s as i32);
-        lanes_k(&x.unpack(), &y.qs, &sc, 16, x.d.to_f32() * y.d, &mut sums);
+        lanes_k(&x.unpack(), &y.qs, &sc, 16, fp16_to_f32(x.d.to_bits()) * y.d, &mut sums);
     }
     finish(0.0, &sums)
 }

@@ -204,28 +204,28 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
     let out = dst.chunks_exact_mut(QK);
     match dtype {
         DType::Q4_0 => out.zip(blocks::<BlockQ4_0>(src)).for_each(|(y, b)| {
-            let d = b.d.to_f32();
+            let d = fp16_to_f32(b.d.to_bits());
             y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d);
         }),
         DType::Q4_1 => out.zip(blocks::<BlockQ4_1>(src)).for_each(|(y, b)| {
-            let (d, m) = (b.d.to_f32(), b.m.to_f32());
+            let (d, m) = (fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.m.to_bits()));
             y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d + m);
         }),
         DType::Q5_0 => out.zip(blocks::<BlockQ5_0>(src)).for_each(|(y, b)| {
-            let d = b.d.to_f32();
+            let d = fp16_to_f32(b.d.to_bits());
             y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d);
         }),
         DType::Q5_1 => out.zip(blocks::<BlockQ5_1>(src)).for_each(|(y, b)| {
-            let (d, m) = (b.d.to_f32(), b.m.to_f32());
+            let (d, m) = (fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.m.to_bits()));
             y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d + m);
         }),
         DType::Q8_0 => out.zip(blocks::<BlockQ8_0>(src)).for_each(|(y, b)| {
-            let d = b.d.to_f32();
+            let d = fp16_to_f32(b.d.to_bits());
             y.iter_mut().zip(b.qs).for_each(|(y, q)| *y = q as f32 * d);
         }),
         // ggml has no dequantize_row_q8_1; this is the obvious `d * q`.
         DType::Q8_1 => out.zip(blocks::<BlockQ8_1>(src)).for_each(|(y, b)| {
-            let d = b.d.to_f32();
+            let d = fp16_to_f32(b.d.to_bits());
             y.iter_mut().zip(b.qs).for_each(|(y, q)| *y = q as f32 * d);
         }),
         _ => unreachable!("legacy::dequantize({dtype})"),
@@ -401,37 +401,49 @@ pub(crate) fn quantize_ref(dtype: DType, src: &[f32], dst: &mut [u8]) {
 
 /// Generic `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` / `{q4_1,q5_1}_q8_1` (ggml-cpu/quants.c), with
 /// each function's own float expression per block.
+#[inline(always)]
 pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     match dtype {
         DType::Q4_0 => {
             for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(act)) {
                 let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += sumi as f32 * x.d.to_f32() * y.d.to_f32();
+                sumf += sumi as f32 * fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits());
             }
         }
         DType::Q4_1 => {
+            // x86 `ggml_vec_dot_q4_1_q8_1` (AVX2 branch): eight FMA lanes over blocks,
+            // `hsum_float_8`, plus the min terms summed (contracted to FMA) on the side.
+            let mut acc = [0f32; 8];
+            let mut summs = 0f32;
             for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(act)) {
-                let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+                let d0 = fp16_to_f32(x.d.to_bits());
+                let d1 = fp16_to_f32(y.d.to_bits());
+                summs = fma(fp16_to_f32(x.m.to_bits()), fp16_to_f32(y.s.to_bits()), summs);
+                let d0d1 = d0 * d1;
+                let xy = dot_i8_quads(&x.unpack(), &y.qs);
+                for k in 0..8 {
+                    acc[k] = fma(d0d1, xy[k], acc[k]);
+                }
             }
+            return hsum_float_8(&acc) + summs;
         }
         DType::Q5_0 => {
             for (x, y) in blocks::<BlockQ5_0>(w).zip(blocks::<BlockQ8_0>(act)) {
                 let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32;
+                sumf += (fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits())) * sumi as f32;
             }
         }
         DType::Q5_1 => {
             for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(act)) {
                 let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+                sumf += (fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits())) * sumi as f32 + fp16_to_f32(x.m.to_bits()) * fp16_to_f32(y.s.to_bits());
             }
         }
         DType::Q8_0 => {
             for (x, y) in blocks::<BlockQ8_0>(w).zip(blocks::<BlockQ8_0>(act)) {
                 let sumi = dot_i8(&x.qs, &y.qs);
-                sumf += sumi as f32 * (x.d.to_f32() * y.d.to_f32());
+                sumf += sumi as f32 * (fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()));
             }
         }
         _ => unreachable!("legacy::vec_dot({dtype})"),

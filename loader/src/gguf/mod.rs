@@ -88,7 +88,10 @@ impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, LoadError> {
         let path = path.as_ref();
-        let io = |source| LoadError::Io { file: file_label(path), source };
+        let io = |source| LoadError::Io {
+            file: file_label(path),
+            source,
+        };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; like every mmap-based loader we assume the model file
         // is not truncated or rewritten by another process while it is mapped.
@@ -150,7 +153,10 @@ impl GgufFile {
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>, LoadError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.type_err(key, "a non-negative integer", v)),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.type_err(key, "a non-negative integer", v)),
         }
     }
 
@@ -205,11 +211,12 @@ impl GgufFile {
 
     /// `general.architecture`, which every GGUF model must have.
     pub fn architecture(&self) -> Result<&str, LoadError> {
-        self.get_str("general.architecture")?.ok_or_else(|| LoadError::Metadata {
-            file: self.file_label(),
-            key: "general.architecture".into(),
-            msg: "missing".into(),
-        })
+        self.get_str("general.architecture")?
+            .ok_or_else(|| LoadError::Metadata {
+                file: self.file_label(),
+                key: "general.architecture".into(),
+                msg: "missing".into(),
+            })
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -242,15 +249,23 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
     let mut r = Reader::new(data, file);
     r.ctx = "magic".into();
     let magic = r.bytes(4).map_err(|_| {
-        r.err(format!("not a GGUF file: only {} bytes (need at least the 4-byte magic)", data.len()))
+        r.err(format!(
+            "not a GGUF file: only {} bytes (need at least the 4-byte magic)",
+            data.len()
+        ))
     })?;
     if magic != GGUF_MAGIC {
-        return Err(r.err(format!("not a GGUF file: magic is {:02x?}, expected \"GGUF\"", magic)));
+        return Err(r.err(format!(
+            "not a GGUF file: magic is {:02x?}, expected \"GGUF\"",
+            magic
+        )));
     }
     r.ctx = "header version".into();
     let version = r.u32()?;
     if version != 2 && version != 3 {
-        return Err(r.err(format!("unsupported GGUF version {version} (supported: 2, 3)")));
+        return Err(r.err(format!(
+            "unsupported GGUF version {version} (supported: 2, 3)"
+        )));
     }
     r.ctx = "header tensor count".into();
     let n_tensors = r.u64()?;
@@ -294,15 +309,20 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
         r.ctx = format!("tensor info {i} ('{name}')");
         let n_dims = r.u32()?;
         if n_dims as usize > MAX_DIMS {
-            return Err(r.err(format!("tensor '{name}' has {n_dims} dimensions (at most {MAX_DIMS})")));
+            return Err(r.err(format!(
+                "tensor '{name}' has {n_dims} dimensions (at most {MAX_DIMS})"
+            )));
         }
         let mut shape = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             shape.push(r.u64()?);
         }
         let type_id = r.u32()?;
-        let dtype = DType::from_id(type_id)
-            .ok_or_else(|| r.err(format!("tensor '{name}' has unknown ggml type id {type_id}")))?;
+        let dtype = DType::from_id(type_id).ok_or_else(|| {
+            r.err(format!(
+                "tensor '{name}' has unknown ggml type id {type_id}"
+            ))
+        })?;
         let rel_offset = r.u64()?;
         let size = tensor_size(&name, dtype, &shape).map_err(|m| r.err(m))?;
         if rel_offset % alignment != 0 {
@@ -319,7 +339,11 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
     // The data section starts at the next multiple of the alignment (llama.cpp pads only
     // when there are tensors).
     let end_of_infos = r.pos() as u64;
-    let data_offset = if n_tensors > 0 { end_of_infos.div_ceil(alignment) * alignment } else { end_of_infos };
+    let data_offset = if n_tensors > 0 {
+        end_of_infos.div_ceil(alignment) * alignment
+    } else {
+        end_of_infos
+    };
     let file_len = r.len() as u64;
     if n_tensors > 0 && data_offset > file_len {
         return Err(r.err(format!(
@@ -344,7 +368,13 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
         }
     }
 
-    Ok(Parsed { version, metadata, tensors, alignment, data_offset })
+    Ok(Parsed {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
 }
 
 /// Byte size of a tensor, with the checks ggml applies: non-negative dims (as i64), element
@@ -353,7 +383,9 @@ fn tensor_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, String> {
     let mut n: u64 = 1;
     for &d in shape {
         if d > i64::MAX as u64 {
-            return Err(format!("tensor '{name}' dimension {d} does not fit in i64 (shape {shape:?})"));
+            return Err(format!(
+                "tensor '{name}' dimension {d} does not fit in i64 (shape {shape:?})"
+            ));
         }
         n = n
             .checked_mul(d)
@@ -371,5 +403,6 @@ fn tensor_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, String> {
         return Ok(0);
     }
     let rows: u64 = shape.iter().skip(1).product(); // n != 0, so bounded by n: no overflow
-    row.checked_mul(rows).ok_or_else(|| format!("tensor '{name}' byte size overflows (shape {shape:?})"))
+    row.checked_mul(rows)
+        .ok_or_else(|| format!("tensor '{name}' byte size overflows (shape {shape:?})"))
 }

@@ -6,7 +6,9 @@
 //! Every variable-size read goes through [`Reader::check_len`] first, so no allocation is ever
 //! sized from an unchecked count.
 
-use nom::number::complete::{le_f32, le_f64, le_i16, le_i32, le_i64, le_i8, le_u16, le_u32, le_u64, le_u8};
+use nom::number::complete::{
+    le_f32, le_f64, le_i16, le_i32, le_i64, le_i8, le_u16, le_u32, le_u64, le_u8,
+};
 use nom::IResult;
 
 use crate::LoadError;
@@ -25,7 +27,7 @@ macro_rules! prim {
     ($name:ident, $ty:ty, $parser:ident) => {
         pub fn $name(&mut self) -> Result<$ty, LoadError> {
             let size = std::mem::size_of::<$ty>();
-            self.check_len(size as u64, 1)?;
+            self.check_len(1, size as u64)?;
             let r: IResult<&[u8], $ty, NomErr<'_>> = $parser(&self.data[self.pos..]);
             match r {
                 Ok((_, v)) => {
@@ -41,7 +43,12 @@ macro_rules! prim {
 
 impl<'a> Reader<'a> {
     pub fn new(data: &'a [u8], file: &'a str) -> Self {
-        Reader { data, pos: 0, file, ctx: String::new() }
+        Reader {
+            data,
+            pos: 0,
+            file,
+            ctx: String::new(),
+        }
     }
 
     pub fn pos(&self) -> usize {
@@ -57,7 +64,10 @@ impl<'a> Reader<'a> {
     }
 
     pub fn err(&self, msg: impl Into<String>) -> LoadError {
-        LoadError::Format { file: self.file.to_string(), msg: msg.into() }
+        LoadError::Format {
+            file: self.file.to_string(),
+            msg: msg.into(),
+        }
     }
 
     fn truncated(&self, need: u64) -> LoadError {
@@ -153,7 +163,10 @@ impl<'a> Reader<'a> {
         let b = self.string_bytes()?;
         match std::str::from_utf8(b) {
             Ok(s) => Ok(s.to_string()),
-            Err(e) => Err(self.err(format!("{}: string at offset {} is not UTF-8: {}", self.ctx, start, e))),
+            Err(e) => Err(self.err(format!(
+                "{}: string at offset {} is not UTF-8: {}",
+                self.ctx, start, e
+            ))),
         }
     }
 }

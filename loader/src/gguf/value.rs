@@ -230,8 +230,12 @@ const MAX_ARRAY_DEPTH: u32 = 8;
 fn read_type(r: &mut Reader<'_>) -> Result<ValueType, LoadError> {
     let at = r.pos();
     let id = r.u32()?;
-    ValueType::from_id(id)
-        .ok_or_else(|| r.err(format!("{}: unknown value type id {} at offset {}", r.ctx, id, at)))
+    ValueType::from_id(id).ok_or_else(|| {
+        r.err(format!(
+            "{}: unknown value type id {} at offset {}",
+            r.ctx, id, at
+        ))
+    })
 }
 
 pub(crate) fn read_value(r: &mut Reader<'_>) -> Result<Value, LoadError> {
@@ -304,7 +308,10 @@ fn read_array(r: &mut Reader<'_>, depth: u32) -> Result<Array, LoadError> {
             Array::Bool(v)
         }
         ValueType::String => {
-            let mut a = StrArray { data: Vec::new(), ends: Vec::with_capacity(n as usize) };
+            let mut a = StrArray {
+                data: Vec::new(),
+                ends: Vec::with_capacity(n as usize),
+            };
             for _ in 0..n {
                 let s = r.string_bytes()?;
                 a.push(s);

@@ -73,23 +73,28 @@ impl Writer {
             }
             Array::U16(v) => {
                 self.u32(2).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::I16(v) => {
                 self.u32(3).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::U32(v) => {
                 self.u32(4).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::I32(v) => {
                 self.u32(5).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::F32(v) => {
                 self.u32(6).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::Bool(v) => {
                 self.u32(7).u64(n);
@@ -110,20 +115,29 @@ impl Writer {
             }
             Array::U64(v) => {
                 self.u32(10).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::I64(v) => {
                 self.u32(11).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
             Array::F64(v) => {
                 self.u32(12).u64(n);
-                v.iter().for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
+                v.iter()
+                    .for_each(|x| self.buf.extend_from_slice(&x.to_le_bytes()));
             }
         }
         self
     }
-    pub fn tensor_info(&mut self, name: &str, shape: &[u64], type_id: u32, rel_offset: u64) -> &mut Self {
+    pub fn tensor_info(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        type_id: u32,
+        rel_offset: u64,
+    ) -> &mut Self {
         self.str(name).u32(shape.len() as u32);
         shape.iter().for_each(|d| {
             self.u64(*d);
@@ -155,12 +169,18 @@ pub fn sample_file(version: u32) -> Vec<u8> {
         ("t.f32", Value::F32(1.5)),
         ("t.f64", Value::F64(-2.25)),
         ("t.bool", Value::Bool(true)),
-        ("t.strs", Value::Array(Array::String(["a", "bc", ""].into_iter().collect()))),
+        (
+            "t.strs",
+            Value::Array(Array::String(["a", "bc", ""].into_iter().collect())),
+        ),
         ("t.f32s", Value::Array(Array::F32(vec![0.5, -1.0]))),
         ("t.i32s", Value::Array(Array::I32(vec![1, -2, 3]))),
         (
             "t.nested",
-            Value::Array(Array::Array(vec![Array::U8(vec![1, 2]), Array::String(["x"].into_iter().collect())])),
+            Value::Array(Array::Array(vec![
+                Array::U8(vec![1, 2]),
+                Array::String(["x"].into_iter().collect()),
+            ])),
         ),
     ];
     let mut w = Writer::default();

@@ -33,7 +33,12 @@ pub struct PreConfig {
 
 pub fn pre_config(pre: &str) -> Option<PreConfig> {
     let cfg = |regexes, ignore_merges, add_bos, clean_spaces| {
-        Some(PreConfig { regexes, ignore_merges, add_bos, clean_spaces })
+        Some(PreConfig {
+            regexes,
+            ignore_merges,
+            add_bos,
+            clean_spaces,
+        })
     };
     match pre {
         "default" => cfg(
@@ -42,25 +47,38 @@ pub fn pre_config(pre: &str) -> Option<PreConfig> {
             false,
             true,
         ),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-        | "jina-v5-nano" => cfg(&[LLAMA3], true, true, false),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" => cfg(&[LLAMA3], true, true, false),
         "dbrx" | "smaug-bpe" => cfg(&[LLAMA3], false, false, true),
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
-        | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" => cfg(&[GPT2], false, false, true),
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+        | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" => {
+            cfg(&[GPT2], false, false, true)
+        }
         "trillion" | "granite-docling" => cfg(&[GPT2], false, false, false),
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => cfg(&[QWEN2], false, false, false),
         "megrez" | "stablelm2" => cfg(&[QWEN2], false, false, true),
         "hunyuan" => cfg(&[QWEN2], false, false, false),
         "qwen35" => cfg(&[QWEN35], false, false, false),
         "smollm" | "command-r" => cfg(&[r"\p{N}", GPT2], false, false, false),
-        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => cfg(&[r"\p{N}", GPT2], false, false, true),
-        "falcon" => cfg(&[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"], false, false, true),
+        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => {
+            cfg(&[r"\p{N}", GPT2], false, false, true)
+        }
+        "falcon" => cfg(
+            &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"],
+            false,
+            false,
+            true,
+        ),
         _ => None,
     }
 }
 
 /// Builds the `tokenizers` pipeline (pre-tokenizer + BPE model) for the vocabulary.
-pub fn build(gguf: &GgufFile, vocab: &Vocab, cfg: &PreConfig) -> Result<tokenizers::Tokenizer, LoadError> {
+pub fn build(
+    gguf: &GgufFile,
+    vocab: &Vocab,
+    cfg: &PreConfig,
+) -> Result<tokenizers::Tokenizer, LoadError> {
     let merges_arr = gguf
         .get_str_array("tokenizer.ggml.merges")?
         .ok_or_else(|| vocab.err("gpt2 vocabulary without tokenizer.ggml.merges"))?;
@@ -79,12 +97,20 @@ pub fn build(gguf: &GgufFile, vocab: &Vocab, cfg: &PreConfig) -> Result<tokenize
     let mut merges = Vec::with_capacity(merges_arr.len());
     let mut seen = std::collections::HashSet::new();
     for m in merges_arr.iter_bytes() {
-        let Ok(m) = std::str::from_utf8(m) else { continue };
+        let Ok(m) = std::str::from_utf8(m) else {
+            continue;
+        };
         // Byte search: the first char is usually multi-byte ("Ġ"), so str slicing at 1 would fail.
-        let Some(pos) = m.bytes().skip(1).position(|c| c == b' ').map(|p| p + 1) else { continue };
+        let Some(pos) = m.bytes().skip(1).position(|c| c == b' ').map(|p| p + 1) else {
+            continue;
+        };
         let (a, b) = (&m[..pos], &m[pos + 1..]);
         let joined = format!("{a}{b}");
-        if hf_vocab.contains_key(a) && hf_vocab.contains_key(b) && hf_vocab.contains_key(&joined) && seen.insert((a, b)) {
+        if hf_vocab.contains_key(a)
+            && hf_vocab.contains_key(b)
+            && hf_vocab.contains_key(&joined)
+            && seen.insert((a, b))
+        {
             merges.push((a.to_string(), b.to_string()));
         }
     }
@@ -96,8 +122,12 @@ pub fn build(gguf: &GgufFile, vocab: &Vocab, cfg: &PreConfig) -> Result<tokenize
 
     let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
     for re in cfg.regexes {
-        let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| vocab.err(format!("pre-tokenizer regex {re:?}: {e}")))?;
+        let split = Split::new(
+            SplitPattern::Regex(re.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| vocab.err(format!("pre-tokenizer regex {re:?}: {e}")))?;
         steps.push(split.into());
     }
     steps.push(ByteLevel::new(false, false, false).into());
@@ -107,26 +137,43 @@ pub fn build(gguf: &GgufFile, vocab: &Vocab, cfg: &PreConfig) -> Result<tokenize
 }
 
 /// Appends the ids of one raw-text fragment.
-pub fn tokenize(tk: &tokenizers::Tokenizer, vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), LoadError> {
+pub fn tokenize(
+    tk: &tokenizers::Tokenizer,
+    vocab: &Vocab,
+    text: &str,
+    out: &mut Vec<u32>,
+) -> Result<(), LoadError> {
     if text.is_empty() {
         return Ok(());
     }
-    let enc = tk.encode_fast(text, false).map_err(|e| vocab.err(format!("encoding failed: {e}")))?;
+    let enc = tk
+        .encode_fast(text, false)
+        .map_err(|e| vocab.err(format!("encoding failed: {e}")))?;
     out.extend_from_slice(enc.get_ids());
     Ok(())
 }
 
 /// GPT-2's byte-to-unicode table inverted: maps a vocabulary char back to its byte.
 pub fn unicode_to_byte(c: char) -> Option<u8> {
-    let c = c as u32;
-    let direct = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-    if c < 256 && direct(c) {
-        return Some(c as u8);
-    }
-    // The remaining 68 bytes were mapped, in order, to U+0100...
-    if (0x100..0x100 + 68).contains(&c) {
-        let k = c - 0x100;
-        return (0u32..256).filter(|&b| !direct(b)).nth(k as usize).map(|b| b as u8);
-    }
-    None
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<char, u8>> =
+        std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        // Printable bytes map to themselves; the other 68 map, in order, to U+0100...
+        let direct = |b: u32| {
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+        };
+        let mut next = 0x100u32;
+        (0u32..256)
+            .map(|b| {
+                let c = if direct(b) {
+                    b
+                } else {
+                    next += 1;
+                    next - 1
+                };
+                (char::from_u32(c).unwrap_or('\0'), b as u8)
+            })
+            .collect()
+    });
+    table.get(&c).copied()
 }

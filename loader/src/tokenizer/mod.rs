@@ -18,7 +18,9 @@ mod vocab;
 mod tests;
 
 pub use stream::StreamDecoder;
-pub use vocab::{ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_USER_DEFINED};
+pub use vocab::{
+    ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_USER_DEFINED,
+};
 
 use crate::gguf::GgufFile;
 use crate::LoadError;
@@ -58,40 +60,72 @@ enum Frag {
 impl Tokenizer {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer, LoadError> {
         let file = gguf.file_label();
-        let err = |msg: String| LoadError::Tokenizer { file: file.clone(), msg };
+        let err = |msg: String| LoadError::Tokenizer {
+            file: file.clone(),
+            msg,
+        };
         let model = gguf
             .get_str("tokenizer.ggml.model")?
             .ok_or_else(|| err("missing tokenizer.ggml.model".into()))?
             .to_string();
-        let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("").to_string();
+        let pre = gguf
+            .get_str("tokenizer.ggml.pre")?
+            .unwrap_or("")
+            .to_string();
         match model.as_str() {
             "llama" => {
                 let vocab = Vocab::load(gguf, VocabKind::Spm, false)?;
-                Ok(Tokenizer { vocab, engine: Engine::Spm, clean_spaces: false, model, pre })
+                Ok(Tokenizer {
+                    vocab,
+                    engine: Engine::Spm,
+                    clean_spaces: false,
+                    model,
+                    pre,
+                })
             }
             "gpt2" => {
                 // llama.cpp falls back to "default" (with a loud warning) when pre is missing.
-                let key = if pre.is_empty() { "default" } else { pre.as_str() };
+                let key = if pre.is_empty() {
+                    "default"
+                } else {
+                    pre.as_str()
+                };
                 let cfg = bpe::pre_config(key).ok_or_else(|| {
                     err(format!("unsupported pre-tokenizer tokenizer.ggml.pre = '{pre}' (llama.cpp would pick a model-specific regex; refusing to guess)"))
                 })?;
                 let vocab = Vocab::load(gguf, VocabKind::Bpe, cfg.add_bos)?;
                 let tk = bpe::build(gguf, &vocab, &cfg)?;
-                Ok(Tokenizer { vocab, engine: Engine::Bpe(Box::new(tk)), clean_spaces: cfg.clean_spaces, model, pre })
+                Ok(Tokenizer {
+                    vocab,
+                    engine: Engine::Bpe(Box::new(tk)),
+                    clean_spaces: cfg.clean_spaces,
+                    model,
+                    pre,
+                })
             }
-            other => Err(err(format!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"))),
+            other => Err(err(format!(
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama)"
+            ))),
         }
     }
 
     /// Token ids for `text`. `add_special` adds BOS/EOS when the model's flags ask for them;
     /// `parse_special` lets control tokens written in the text (`<|im_start|>`) become their
     /// ids (user-defined tokens are always matched, as in llama.cpp).
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, LoadError> {
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, LoadError> {
         let v = &self.vocab;
         let frags = self.partition(text, parse_special);
         let mut out = Vec::new();
         if add_special && v.add_bos {
-            out.push(v.bos.ok_or_else(|| v.err("model asks for BOS but has no BOS token"))?);
+            out.push(
+                v.bos
+                    .ok_or_else(|| v.err("model asks for BOS but has no BOS token"))?,
+            );
         }
         match &self.engine {
             Engine::Spm => {
@@ -126,7 +160,10 @@ impl Tokenizer {
             }
         }
         if add_special && v.add_eos {
-            out.push(v.eos.ok_or_else(|| v.err("model asks for EOS but has no EOS token"))?);
+            out.push(
+                v.eos
+                    .ok_or_else(|| v.err("model asks for EOS but has no EOS token"))?,
+            );
         }
         Ok(out)
     }
@@ -135,13 +172,19 @@ impl Tokenizer {
     /// remaining text fragment at each occurrence.
     fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
         let v = &self.vocab;
-        let mut frags = if text.is_empty() { vec![] } else { vec![Frag::Text(0, text.len())] };
+        let mut frags = if text.is_empty() {
+            vec![]
+        } else {
+            vec![Frag::Text(0, text.len())]
+        };
         for &id in &v.special_cache {
             if !parse_special && v.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
                 continue;
             }
             // A token text that is not UTF-8 cannot occur in a &str.
-            let Ok(st) = std::str::from_utf8(v.text(id)) else { continue };
+            let Ok(st) = std::str::from_utf8(v.text(id)) else {
+                continue;
+            };
             if st.is_empty() || !text.contains(st) {
                 continue;
             }
@@ -173,7 +216,9 @@ impl Tokenizer {
     /// unknown tokens render as their text only when `render_special`; otherwise empty.
     pub fn token_to_piece(&self, id: u32, render_special: bool) -> Vec<u8> {
         let v = &self.vocab;
-        let Some(&attr) = v.attrs.get(id as usize) else { return Vec::new() };
+        let Some(&attr) = v.attrs.get(id as usize) else {
+            return Vec::new();
+        };
         if !render_special && attr & (ATTR_UNKNOWN | ATTR_CONTROL) != 0 {
             return Vec::new();
         }
@@ -190,7 +235,10 @@ impl Tokenizer {
         if attr & ATTR_BYTE != 0 {
             // "<0xXX>" in both SPM and BPE vocabularies.
             let hex = text.get(3..5).and_then(|h| std::str::from_utf8(h).ok());
-            return hex.and_then(|h| u8::from_str_radix(h, 16).ok()).map(|b| vec![b]).unwrap_or_default();
+            return hex
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .map(|b| vec![b])
+                .unwrap_or_default();
         }
         Vec::new() // undefined / unused: llama.cpp renders nothing
     }
@@ -212,7 +260,11 @@ impl Tokenizer {
         let mut text = Vec::new();
         for &id in ids {
             let piece = self.token_to_piece(id, unparse_special);
-            let strip = if remove_space && piece.first() == Some(&b' ') { 1 } else { 0 };
+            let strip = if remove_space && piece.first() == Some(&b' ') {
+                1
+            } else {
+                0
+            };
             text.extend_from_slice(&piece[strip..]);
             remove_space = false;
         }

@@ -42,7 +42,9 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Max-heap order: higher score first, then the leftmost pair (llama.cpp's comparator).
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score.total_cmp(&o.score).then_with(|| o.left.cmp(&self.left))
+        self.score
+            .total_cmp(&o.score)
+            .then_with(|| o.left.cmp(&self.left))
     }
 }
 
@@ -62,14 +64,24 @@ fn utf8_len(b: u8) -> usize {
 
 /// Tokenizes already-escaped text (spaces replaced by U+2581) and appends ids to `out`.
 pub fn tokenize(vocab: &Vocab, text: &[u8], out: &mut Vec<u32>) {
-    let mut s = Session { vocab, text, symbols: Vec::new(), queue: BinaryHeap::new(), rev_merge: HashMap::new() };
+    let mut s = Session {
+        vocab,
+        text,
+        symbols: Vec::new(),
+        queue: BinaryHeap::new(),
+        rev_merge: HashMap::new(),
+    };
     let mut offs = 0;
     while offs < text.len() {
         let n = utf8_len(text[offs]).min(text.len() - offs);
         let index = s.symbols.len() as i32;
         s.symbols.push(Symbol {
             prev: index - 1,
-            next: if offs + n == text.len() { -1 } else { index + 1 },
+            next: if offs + n == text.len() {
+                -1
+            } else {
+                index + 1
+            },
             start: offs,
             len: n,
         });
@@ -113,8 +125,15 @@ impl<'a> Session<'a> {
         }
         let (l, r) = (self.symbols[left as usize], self.symbols[right as usize]);
         let text = self.slice(l.start, l.len + r.len);
-        let Some(id) = self.vocab.lookup(text) else { return };
-        self.queue.push(Bigram { left, right, score: self.vocab.scores[id as usize], size: text.len() });
+        let Some(id) = self.vocab.lookup(text) else {
+            return;
+        };
+        self.queue.push(Bigram {
+            left,
+            right,
+            score: self.vocab.scores[id as usize],
+            size: text.len(),
+        });
         self.rev_merge.insert(text, (left, right));
     }
 

@@ -16,7 +16,11 @@ pub struct StreamDecoder<'a> {
 impl<'a> StreamDecoder<'a> {
     /// `render_special`: whether control tokens (e.g. `<|im_end|>`) appear in the text.
     pub fn new(tok: &'a Tokenizer, render_special: bool) -> Self {
-        StreamDecoder { tok, pending: Vec::new(), render_special }
+        StreamDecoder {
+            tok,
+            pending: Vec::new(),
+            render_special,
+        }
     }
 
     /// Feeds one token; returns the text that is now complete (possibly empty).

@@ -11,7 +11,9 @@ fn vector_dirs() -> Vec<PathBuf> {
     if let Ok(d) = std::env::var("LLAMA_CPP_DIR") {
         dirs.push(PathBuf::from(d).join("models"));
     }
-    dirs.push(PathBuf::from("/root/.cache/mollm/llama.cpp-src/vendor/llama.cpp/models"));
+    dirs.push(PathBuf::from(
+        "/root/.cache/mollm/llama.cpp-src/vendor/llama.cpp/models",
+    ));
     dirs
 }
 
@@ -35,7 +37,12 @@ fn read_cases(vocab: &std::path::Path) -> Vec<(String, Vec<u32>)> {
     inputs
         .into_iter()
         .zip(outputs)
-        .map(|(i, o)| (i.to_string(), o.split_whitespace().map(|t| t.parse().unwrap()).collect()))
+        .map(|(i, o)| {
+            (
+                i.to_string(),
+                o.split_whitespace().map(|t| t.parse().unwrap()).collect(),
+            )
+        })
         .collect()
 }
 
@@ -55,7 +62,13 @@ fn check_vectors(name: &str) -> bool {
             failures.push(format!("{text:?}\n   want {want:?}\n   got  {got:?}"));
         }
     }
-    assert!(failures.is_empty(), "{name}: {} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
     true
 }
 
@@ -83,23 +96,41 @@ fn vectors_llama_bpe() {
 fn vectors_other_bpe_pre_tokenizers() {
     // Same regex families as smollm (starcoder/refact: digits split, then GPT-2), plus the
     // other pre-tokenizers the table supports.
-    for name in ["starcoder", "refact", "command-r", "mpt", "falcon", "qwen35"] {
+    for name in [
+        "starcoder",
+        "refact",
+        "command-r",
+        "mpt",
+        "falcon",
+        "qwen35",
+    ] {
         check_vectors(name);
     }
 }
 
 #[test]
 fn spm_specials_bos_and_detokenize() {
-    let Some(path) = find_vocab("llama-spm") else { return };
+    let Some(path) = find_vocab("llama-spm") else {
+        return;
+    };
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
-    assert_eq!((tok.bos(), tok.eos(), tok.add_bos(), tok.add_eos()), (Some(1), Some(2), true, false));
+    assert_eq!(
+        (tok.bos(), tok.eos(), tok.add_bos(), tok.add_eos()),
+        (Some(1), Some(2), true, false)
+    );
     assert!(tok.is_eog(2) && !tok.is_eog(1));
     let ids = tok.encode("Hello world", true, false).unwrap();
     assert_eq!(ids[0], 1);
     assert_eq!(tok.decode(&ids), "<s> Hello world");
     // llama.cpp strips the SPM prefix space only when no BOS was removed first (its quirk).
-    assert_eq!(String::from_utf8(tok.detokenize(&ids, true, false)).unwrap(), " Hello world");
-    assert_eq!(String::from_utf8(tok.detokenize(&ids[1..], false, false)).unwrap(), "Hello world");
+    assert_eq!(
+        String::from_utf8(tok.detokenize(&ids, true, false)).unwrap(),
+        " Hello world"
+    );
+    assert_eq!(
+        String::from_utf8(tok.detokenize(&ids[1..], false, false)).unwrap(),
+        "Hello world"
+    );
     // "</s>" is a control token: text without parse_special, one id with it.
     assert_eq!(tok.encode("a</s>", false, true).unwrap().last(), Some(&2));
     assert!(tok.encode("a</s>", false, false).unwrap().len() > 2);
@@ -112,11 +143,15 @@ fn spm_specials_bos_and_detokenize() {
 
 #[test]
 fn bpe_special_partition_and_eog() {
-    let Some(path) = find_vocab("qwen2") else { return };
+    let Some(path) = find_vocab("qwen2") else {
+        return;
+    };
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     let im_start = tok.token_id("<|im_start|>").unwrap();
     let im_end = tok.token_id("<|im_end|>").unwrap();
-    let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false, true).unwrap();
+    let ids = tok
+        .encode("<|im_start|>user\nhi<|im_end|>", false, true)
+        .unwrap();
     assert_eq!(ids.first(), Some(&im_start));
     assert_eq!(ids.last(), Some(&im_end));
     let plain = tok.encode("<|im_start|>user", false, false).unwrap();
@@ -126,7 +161,10 @@ fn bpe_special_partition_and_eog() {
     assert!(!tok.is_eog(im_start));
     assert_eq!(tok.token_to_piece(im_end, false), b"");
     assert_eq!(tok.token_to_piece(im_end, true), b"<|im_end|>");
-    assert_eq!(tok.decode(&tok.encode("Hello, world! ½", false, false).unwrap()), "Hello, world! ½");
+    assert_eq!(
+        tok.decode(&tok.encode("Hello, world! ½", false, false).unwrap()),
+        "Hello, world! ½"
+    );
 }
 
 #[test]
@@ -137,8 +175,14 @@ fn unknown_pre_tokenizer_is_refused() {
     w.header(3, 0, 4)
         .kv("tokenizer.ggml.model", &Value::String("gpt2".into()))
         .kv("tokenizer.ggml.pre", &Value::String("no-such-pre".into()))
-        .kv("tokenizer.ggml.tokens", &Value::Array(Array::String(["a", "b"].into_iter().collect())))
-        .kv("tokenizer.ggml.merges", &Value::Array(Array::String(["a b"].into_iter().collect())));
+        .kv(
+            "tokenizer.ggml.tokens",
+            &Value::Array(Array::String(["a", "b"].into_iter().collect())),
+        )
+        .kv(
+            "tokenizer.ggml.merges",
+            &Value::Array(Array::String(["a b"].into_iter().collect())),
+        );
     let f = GgufFile::from_bytes("syn.gguf", w.buf.clone()).unwrap();
     let e = Tokenizer::from_gguf(&f).unwrap_err().to_string();
     assert!(e.contains("syn.gguf") && e.contains("no-such-pre"), "{e}");
@@ -151,7 +195,12 @@ fn stream_decoder_holds_partial_utf8() {
     let mut w = Writer::default();
     w.header(3, 0, 2)
         .kv("tokenizer.ggml.model", &Value::String("llama".into()))
-        .kv("tokenizer.ggml.tokens", &Value::Array(Array::String(["<unk>", "<s>", "</s>"].into_iter().collect())));
+        .kv(
+            "tokenizer.ggml.tokens",
+            &Value::Array(Array::String(
+                ["<unk>", "<s>", "</s>"].into_iter().collect(),
+            )),
+        );
     let f = GgufFile::from_bytes("syn.gguf", w.buf.clone()).unwrap();
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let mut sd = StreamDecoder::new(&tok, false);
@@ -170,3 +219,41 @@ fn clean_spaces_matches_llama_cpp_passes() {
     assert_eq!(String::from_utf8(t).unwrap(), "Hello, world! It's a'b'c");
 }
 
+#[test]
+fn random_text_round_trips_through_qwen2_and_spm() {
+    // Byte-level BPE without clean_spaces is lossless; SPM is lossless up to the prefix space.
+    let pool: Vec<char> = "aZ09 \n\t'sé½🦙日本語ñ<|>_\u{200d}\u{fe0f}!?.,-"
+        .chars()
+        .collect();
+    let mut state = 0x1234_5678_9abc_def1u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let texts: Vec<String> = (0..300)
+        .map(|_| {
+            let n = (next() % 40) as usize;
+            (0..n)
+                .map(|_| pool[(next() % pool.len() as u64) as usize])
+                .collect()
+        })
+        .collect();
+    if let Some(path) = find_vocab("qwen2") {
+        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        for t in &texts {
+            let ids = tok.encode(t, false, false).unwrap();
+            assert_eq!(&tok.decode(&ids), t);
+        }
+    }
+    if let Some(path) = find_vocab("llama-spm") {
+        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        for t in &texts {
+            // (With parse_special, a control token mid-text makes llama.cpp add a prefix space to
+            // the next fragment, which detokenize keeps: not a round trip by design.)
+            let ids = tok.encode(t, false, false).unwrap();
+            assert_eq!(&tok.decode(&ids), t);
+        }
+    }
+}

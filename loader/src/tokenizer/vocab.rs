@@ -46,7 +46,10 @@ pub struct Vocab {
 
 impl Vocab {
     pub fn err(&self, msg: impl Into<String>) -> LoadError {
-        LoadError::Tokenizer { file: self.file.clone(), msg: msg.into() }
+        LoadError::Tokenizer {
+            file: self.file.clone(),
+            msg: msg.into(),
+        }
     }
 
     pub fn n_tokens(&self) -> usize {
@@ -65,7 +68,10 @@ impl Vocab {
     /// `bpe_add_bos` is the per-pre-tokenizer default llama.cpp applies before the GGUF flag.
     pub fn load(gguf: &GgufFile, kind: VocabKind, bpe_add_bos: bool) -> Result<Vocab, LoadError> {
         let file = gguf.file_label();
-        let tok_err = |msg: String| LoadError::Tokenizer { file: file.clone(), msg };
+        let tok_err = |msg: String| LoadError::Tokenizer {
+            file: file.clone(),
+            msg,
+        };
         let list = gguf
             .get_str_array("tokenizer.ggml.tokens")?
             .ok_or_else(|| tok_err("missing tokenizer.ggml.tokens".into()))?;
@@ -101,7 +107,11 @@ impl Vocab {
         for i in 0..n {
             let word = list.get_bytes(i).unwrap_or(&[]);
             // llama.cpp replaces empty entries so every id has a distinct, non-empty text.
-            let word: Vec<u8> = if word.is_empty() { format!("[EMPTY_{i}]").into_bytes() } else { word.to_vec() };
+            let word: Vec<u8> = if word.is_empty() {
+                format!("[EMPTY_{i}]").into_bytes()
+            } else {
+                word.to_vec()
+            };
             texts.push(&word);
             text_to_id.insert(word.into_boxed_slice(), i as u32);
             attrs.push(match types.map(|t| t[i]) {
@@ -155,47 +165,99 @@ impl Vocab {
         // are forced to CONTROL.
         let mut force_control = |id: u32, attrs: &mut Vec<u32>| attrs[id as usize] |= ATTR_CONTROL;
         const EOT: &[&str] = &[
-            "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-            "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+            "<|eot_id|>",
+            "<|im_end|>",
+            "<|end|>",
+            "<end_of_turn>",
+            "<|endoftext|>",
+            "<|end_of_text|>",
+            "<EOT>",
+            "_<EOT>",
+            "[EOT]",
+            "<｜end▁of▁sentence｜>",
+            "<end_of_utterance>",
         ];
-        let detect = |slot: &mut Option<u32>, names: &[&str], attrs: &mut Vec<u32>, fc: &mut dyn FnMut(u32, &mut Vec<u32>)| {
+        let detect = |slot: &mut Option<u32>,
+                      names: &[&str],
+                      attrs: &mut Vec<u32>,
+                      fc: &mut dyn FnMut(u32, &mut Vec<u32>)| {
             if slot.is_some() {
                 return;
             }
-            if let Some(id) = (0..n as u32).find(|&i| names.iter().any(|s| s.as_bytes() == texts.get_bytes(i as usize).unwrap_or(&[]))) {
+            if let Some(id) = (0..n as u32).find(|&i| {
+                names
+                    .iter()
+                    .any(|s| s.as_bytes() == texts.get_bytes(i as usize).unwrap_or(&[]))
+            }) {
                 *slot = Some(id);
                 fc(id, attrs);
             }
         };
         detect(&mut eot, EOT, &mut attrs, &mut force_control);
         detect(&mut eom, &["<|eom_id|>"], &mut attrs, &mut force_control);
-        detect(&mut fim_pad, &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"], &mut attrs, &mut force_control);
         detect(
-            &mut fim_rep,
-            &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"],
+            &mut fim_pad,
+            &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
             &mut attrs,
             &mut force_control,
         );
-        detect(&mut fim_sep, &["<|file_sep|>"], &mut attrs, &mut force_control);
+        detect(
+            &mut fim_rep,
+            &[
+                "<|fim_repo|>",
+                "<|repo_name|>",
+                "<fim-repo>",
+                "<REPO>",
+                "<reponame>",
+            ],
+            &mut attrs,
+            &mut force_control,
+        );
+        detect(
+            &mut fim_sep,
+            &["<|file_sep|>"],
+            &mut attrs,
+            &mut force_control,
+        );
 
         const EOG: &[&str] = &[
-            "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-            "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-            "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-            "<｜end▁of▁sentence｜>", "[e~[",
+            "<|eot_id|>",
+            "<|im_end|>",
+            "<|end|>",
+            "<|return|>",
+            "<|call|>",
+            "<|flush|>",
+            "<|calls|>",
+            "<end_of_turn>",
+            "<|endoftext|>",
+            "</s>",
+            "<|eom_id|>",
+            "<EOT>",
+            "_<EOT>",
+            "[EOT]",
+            "[EOS]",
+            "<|end_of_text|>",
+            "<end_of_utterance>",
+            "<eos>",
+            "<turn|>",
+            "<|tool_response>",
+            "<｜end▁of▁sentence｜>",
+            "[e~[",
         ];
         let mut eog: BTreeSet<u32> = [fim_pad, fim_rep, fim_sep].into_iter().flatten().collect();
-        for i in 0..n {
+        for (i, attr) in attrs.iter_mut().enumerate() {
             let t = texts.get_bytes(i).unwrap_or(&[]);
             if EOG.iter().any(|s| s.as_bytes() == t) {
                 eog.insert(i as u32);
-                attrs[i] |= ATTR_CONTROL;
+                *attr |= ATTR_CONTROL;
             }
         }
         eog.extend([eos, eot, eom].into_iter().flatten());
         // o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
         let find = |eog: &BTreeSet<u32>, s: &str| {
-            eog.iter().copied().find(|&i| texts.get_bytes(i as usize) == Some(s.as_bytes()))
+            eog.iter()
+                .copied()
+                .find(|&i| texts.get_bytes(i as usize) == Some(s.as_bytes()))
         };
         // o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
         if let Some(end) = find(&eog, "<|end|>") {
@@ -218,7 +280,9 @@ impl Vocab {
             .collect();
         // llama.cpp's std::sort is not stable; equal lengths never match at the same place with
         // different texts, so a stable sort by length gives the same partition.
-        special_cache.sort_by_key(|&i| std::cmp::Reverse(texts.get_bytes(i as usize).map_or(0, |t| t.len())));
+        special_cache.sort_by_key(|&i| {
+            std::cmp::Reverse(texts.get_bytes(i as usize).map_or(0, |t| t.len()))
+        });
 
         Ok(Vocab {
             file,

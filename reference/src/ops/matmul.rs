@@ -96,7 +96,8 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
                 }
                 // SAFETY: column c owns bytes c*rb..(c+1)*rb.
                 let dst = unsafe { core::slice::from_raw_parts_mut(act_ptr.0.add(c * rb), rb) };
-                if let Err(e) = quant::quantize_activations(dt, &col, dst) {
+                let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+                if let Err(e) = quant::quantize_activations_for(kernel, dt, &col, dst) {
                     qerr.lock().unwrap().get_or_insert(Error::Unsupported(format!("mat_mul: {e}")));
                 }
             }
@@ -105,12 +106,14 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
     if let Some(e) = qerr.into_inner().unwrap() {
         return Err(e);
     }
+    // ggml picks a kernel (and with it a float summation order) per column; see quant::Kernel.
+    let kernels: Vec<quant::Kernel> = (0..cols).map(|c| quant::matmul_kernel(dt, k, n, cols, c)).collect();
     parallel_for(host, n_tasks, |t| {
         let r0 = t as usize * ROWS_PER_TASK;
         for r in r0..(r0 + ROWS_PER_TASK).min(n) {
             let wrow = block_row(w, r as i64, 0, 0);
-            for c in 0..cols {
-                write(r, c, quant::vec_dot(dt, k, wrow, &act[c * rb..(c + 1) * rb]));
+            for (c, &kernel) in kernels.iter().enumerate() {
+                write(r, c, quant::dot_with(kernel, dt, k, wrow, &act[c * rb..(c + 1) * rb]));
             }
         }
     });

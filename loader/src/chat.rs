@@ -1,0 +1,206 @@
+//! Chat templates (`tokenizer.chat_template`, Jinja) rendered with minijinja.
+//!
+//! Templates are written for Python's Jinja2 as Hugging Face runs it, so the environment copies
+//! those settings: `trim_blocks` and `lstrip_blocks` on, Python string methods (`.strip()`,
+//! `.startswith()`...) through minijinja-contrib's pycompat callback, a `raise_exception`
+//! function, and `tools` passed as none when there are no tools.
+
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde::Serialize;
+
+use crate::gguf::GgufFile;
+use crate::LoadError;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    file: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("file", &self.file)
+            .field("len", &self.source.len())
+            .finish()
+    }
+}
+
+fn raise_exception(msg: String) -> Result<String, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// The model's template, or `None` when the file has no `tokenizer.chat_template`.
+    /// `bos_token`/`eos_token` are the texts of the GGUF's BOS/EOS ids ("" if absent).
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Option<ChatTemplate>, LoadError> {
+        let Some(src) = gguf.get_str("tokenizer.chat_template")? else {
+            return Ok(None);
+        };
+        let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
+        let text = |key: &str| -> Result<String, LoadError> {
+            Ok(match (gguf.get_u32(key)?, tokens) {
+                (Some(id), Some(t)) => t.get(id as usize).unwrap_or("").to_string(),
+                _ => String::new(),
+            })
+        };
+        let (bos, eos) = (
+            text("tokenizer.ggml.bos_token_id")?,
+            text("tokenizer.ggml.eos_token_id")?,
+        );
+        Self::new(src, &bos, &eos, &gguf.file_label()).map(Some)
+    }
+
+    /// Compiles `source`. `file` labels error messages.
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+        file: &str,
+    ) -> Result<ChatTemplate, LoadError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned("chat_template", source.to_string())
+            .map_err(|e| LoadError::Template {
+                file: file.to_string(),
+                msg: format!("does not compile: {}", describe(&e)),
+            })?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_string(),
+            file: file.to_string(),
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The prompt text for `messages`; with `add_generation_prompt` it ends with the header
+    /// that opens the assistant's turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, LoadError> {
+        let err = |e: Error| LoadError::Template {
+            file: self.file.clone(),
+            msg: describe(&e),
+        };
+        let tmpl = self.env.get_template("chat_template").map_err(err)?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+            tools => (),
+        })
+        .map_err(err)
+    }
+}
+
+/// minijinja's error plus its causes, on one line.
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn convo() -> Vec<ChatMessage> {
+        vec![
+            ChatMessage::new("user", "Hi!"),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("user", "  What is 2+2?  "),
+        ]
+    }
+
+    #[test]
+    fn pycompat_methods_and_raise_exception() {
+        let t = ChatTemplate::new(
+            "{{ messages[0].content.strip() }}|{{ messages[0].content.startswith('  What') }}|{{ bos_token }}",
+            "<s>",
+            "</s>",
+            "x.gguf",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&convo()[2..], false).unwrap(),
+            "What is 2+2?|True|<s>"
+        );
+        let t =
+            ChatTemplate::new("{{ raise_exception('no system role') }}", "", "", "x.gguf").unwrap();
+        let e = t.render(&convo(), false).unwrap_err().to_string();
+        assert!(e.contains("x.gguf") && e.contains("no system role"), "{e}");
+        let e = ChatTemplate::new("{% if %}", "", "", "x.gguf")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x.gguf") && e.contains("does not compile"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn vendored_qwen25_template_renders_chatml() {
+        let p = "/root/.cache/mollm/llama.cpp-src/vendor/llama.cpp/models/templates/Qwen-Qwen2.5-7B-Instruct.jinja";
+        let Ok(src) = std::fs::read_to_string(p) else {
+            eprintln!("note: {p} not found, skipping");
+            return;
+        };
+        let t = ChatTemplate::new(&src, "", "<|im_end|>", "qwen.jinja").unwrap();
+        assert_eq!(
+            t.render(&convo()[..2], true).unwrap(),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+             <|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn vendored_gemma2_template_raises_on_system_role() {
+        let p = "/root/.cache/mollm/llama.cpp-src/vendor/llama.cpp/models/templates/google-gemma-2-2b-it.jinja";
+        let Ok(src) = std::fs::read_to_string(p) else {
+            return;
+        };
+        let t = ChatTemplate::new(&src, "<bos>", "<eos>", "gemma.jinja").unwrap();
+        assert_eq!(
+            t.render(&convo()[..2], true).unwrap(),
+            "<bos><start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let e = t
+            .render(&[ChatMessage::new("system", "x")], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gemma.jinja"), "{e}");
+    }
+}
