@@ -29,6 +29,7 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let t0 = Instant::now();
         let gguf = GgufFile::open(path)?;
+        crate::model::check_architecture(&gguf)?;
         let hp = HParams::from_gguf(&gguf)?;
         let graph = build_graph(&gguf, &hp)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;

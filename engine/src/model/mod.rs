@@ -32,18 +32,25 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
     ("gemma3", "Gemma 3 (sliding-window + global layers, q/k norms, GeGLU, sandwich norms)", gemma3::build),
 ];
 
-pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
-    match ARCHITECTURES.iter().find(|(name, _, _)| *name == hp.arch) {
-        Some((_, _, build)) => build(gguf, hp),
-        None => Err(EngineError::Model {
-            file: gguf.path.display().to_string(),
-            msg: format!(
-                "unknown architecture '{}' (supported: {})",
-                hp.arch,
-                ARCHITECTURES.iter().map(|a| a.0).collect::<Vec<_>>().join(", ")
-            ),
-        }),
+/// Refuses a file whose architecture mollm has no graph for, naming what it does have.
+pub fn check_architecture(gguf: &GgufFile) -> Result<()> {
+    let arch = gguf.architecture()?;
+    if ARCHITECTURES.iter().any(|(name, _, _)| *name == arch) {
+        return Ok(());
     }
+    Err(EngineError::Model {
+        file: gguf.path.display().to_string(),
+        msg: format!(
+            "unknown architecture '{arch}' (supported: {})",
+            ARCHITECTURES.iter().map(|a| a.0).collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
+    check_architecture(gguf)?;
+    let (_, _, build) = ARCHITECTURES.iter().find(|(name, _, _)| *name == hp.arch).expect("checked");
+    build(gguf, hp)
 }
 
 /// Looks a weight up by name and checks its shape (ggml order).

@@ -1,0 +1,183 @@
+//! End-to-end behaviour of `mollm run`: bad input fails with one clear line, sampling is
+//! reproducible by seed, chat mode goes through the template, JSON output has its fields.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn mollm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mollm")).args(args).output().expect("run mollm")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mollm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// One line on stderr naming `needle`, non-zero exit, no panic.
+fn assert_clean_error(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {e}");
+    assert!(!e.contains("panicked"), "panic instead of an error: {e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "expected one line, got: {e}");
+    assert!(e.contains(needle), "error does not mention {needle:?}: {e}");
+}
+
+fn model(name: &str) -> Option<PathBuf> {
+    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
+    };
+    let p = dir.join(name);
+    if p.exists() {
+        Some(p)
+    } else if std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!("{} is missing (run scripts/fetch-models.sh)", p.display())
+    } else {
+        eprintln!("SKIP: {} not found", p.display());
+        None
+    }
+}
+
+const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+#[test]
+fn missing_file_is_one_line_naming_it() {
+    let o = mollm(&["run", "--model", "/nonexistent/model.gguf", "--prompt", "hi"]);
+    assert_clean_error(&o, "/nonexistent/model.gguf");
+}
+
+#[test]
+fn not_a_gguf_is_refused() {
+    let p = tmp("notgguf.gguf", b"this is plainly not a model file, just some text\n");
+    let o = mollm(&["run", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert_clean_error(&o, "notgguf.gguf");
+}
+
+#[test]
+fn truncated_gguf_is_refused() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let bytes = std::fs::read(&m).unwrap();
+    for cut in [10usize, 4096, bytes.len() / 2] {
+        let p = tmp(&format!("trunc{cut}.gguf"), &bytes[..cut]);
+        let o = mollm(&["run", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+        assert_clean_error(&o, &format!("trunc{cut}.gguf"));
+    }
+}
+
+#[test]
+fn absurd_counts_fail_fast() {
+    // GGUF v3 header claiming 2^62 tensors and 2^62 metadata entries.
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    b.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    let p = tmp("absurd.gguf", &b);
+    let t = std::time::Instant::now();
+    let o = mollm(&["run", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert_clean_error(&o, "absurd.gguf");
+    assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+}
+
+/// A valid GGUF header with one metadata key, `general.architecture = arch`, and no tensors.
+fn gguf_with_arch(arch: &str) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    let key = "general.architecture";
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key.as_bytes());
+    b.extend_from_slice(&8u32.to_le_bytes()); // string
+    b.extend_from_slice(&(arch.len() as u64).to_le_bytes());
+    b.extend_from_slice(arch.as_bytes());
+    b
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let p = tmp("mamba.gguf", &gguf_with_arch("mamba9"));
+    let o = mollm(&["run", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert_clean_error(&o, "mamba9");
+}
+
+#[test]
+fn unknown_backend_is_refused_plainly() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--prompt", "hi", "--backend", "x86-avx512"]);
+    assert_clean_error(&o, "x86-avx512");
+}
+
+#[test]
+fn json_output_has_every_field() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--prompt", "One, two, three,", "--max-tokens", "5", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["backend"], "reference");
+    assert_eq!(v["model"], SMOLLM2);
+    assert!(!v["prompt_tokens"].as_array().unwrap().is_empty());
+    let n = v["tokens"].as_array().unwrap().len();
+    assert!((1..=5).contains(&n));
+    for k in ["load_ms", "prefill_ms", "decode_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(v["timings"][k].as_f64().is_some(), "timings.{k} missing");
+    }
+    assert!(v["timings"]["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn streamed_text_equals_json_text() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let args = ["run", "--model", m.to_str().unwrap(), "--prompt", "The best way to learn", "--max-tokens", "12"];
+    let plain = mollm(&args);
+    let mut jargs = args.to_vec();
+    jargs.push("--json");
+    let json = mollm(&jargs);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let text = String::from_utf8(plain.stdout).unwrap();
+    assert_eq!(text.trim_end_matches('\n'), v["text"].as_str().unwrap().trim_end_matches('\n'));
+}
+
+#[test]
+fn same_seed_same_text_other_seed_other_text() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let run = |seed: &str| {
+        let o = mollm(&[
+            "run", "--model", m.to_str().unwrap(), "--prompt", "Once upon a time", "--max-tokens", "24",
+            "--temperature", "1.2", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", seed, "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    assert_eq!(run("42"), run("42"));
+    assert_ne!(run("42"), run("43"));
+}
+
+#[test]
+fn chat_goes_through_the_template() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--chat", "--prompt", "Hi", "--max-tokens", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ids: Vec<u64> = v["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    // SmolLM2's ChatML: <|im_start|> is id 1; the prompt ends with "<|im_start|>assistant\n".
+    assert_eq!(ids.iter().filter(|&&t| t == 1).count(), 3, "{ids:?}");
+    assert_eq!(*ids.last().unwrap(), 198, "{ids:?}");
+}
+
+#[test]
+fn prompt_longer_than_context_is_refused() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let long = "word ".repeat(200);
+    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--prompt", &long, "--ctx", "64"]);
+    assert_clean_error(&o, "--ctx");
+}
