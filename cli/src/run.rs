@@ -148,6 +148,9 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         true
     })?;
     let rest = stream.finish();
+    if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1") {
+        eprintln!("{}", session.exec().stats().report());
+    }
     text_out.push_str(&rest);
 
     if json {

@@ -42,6 +42,21 @@ impl RopeParams {
 #[derive(Default, Debug, Clone)]
 pub struct OpStats {
     pub calls: [u64; 16],
+    pub nanos: [u64; 16],
+}
+
+impl OpStats {
+    /// One line per op that ran: calls and total time.
+    pub fn report(&self) -> String {
+        let mut lines = Vec::new();
+        for op in Op::ALL {
+            let i = *op as usize;
+            if self.calls[i] > 0 {
+                lines.push(format!("{:<10} {:>8} calls {:>10.1} ms", op.name(), self.calls[i], self.nanos[i] as f64 / 1e6));
+            }
+        }
+        lines.join("\n")
+    }
 }
 
 pub struct Exec {
@@ -95,11 +110,15 @@ impl Exec {
     }
 
     fn call(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: OpParams) -> Result<()> {
-        self.stats.borrow_mut().calls[op as usize] += 1;
+        let t0 = std::time::Instant::now();
         let last = self.backends.len() - 1;
         for (i, b) in self.backends.iter().enumerate() {
             if i == last || b.supports(op, inputs, outputs, &params) {
                 b.compute(op, inputs, outputs, params)?;
+                let mut st = self.stats.borrow_mut();
+                st.calls[op as usize] += 1;
+                st.nanos[op as usize] += t0.elapsed().as_nanos() as u64;
+                drop(st);
                 if self.trace {
                     trace(op, &outputs[0]);
                 }

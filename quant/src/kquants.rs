@@ -468,3 +468,49 @@ pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
         _ => unreachable!("kquants::vec_dot({dtype})"),
     }
 }
+
+// ---------------------------------------------------------------- x86-exact kernels
+
+// The twins of llama.cpp's x86 K-quant kernels live in src/repack.rs (a child module so that
+// they can use this module's block types).
+#[path = "repack.rs"]
+mod repack;
+pub(crate) use repack::quantize_row_q8_k_4x8;
+
+/// One matmul output element as llama.cpp's x86 build computes it with `kernel` (see
+/// `crate::matmul_kernel`); bit-identical for the formats that `repack.rs` emulates.
+pub(crate) fn dot_x86(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU has FMA and AVX2 (checked at run time).
+        return unsafe { dot_x86_fma(kernel, dtype, w, act) };
+    }
+    dot_x86_any(kernel, dtype, w, act)
+}
+
+/// The same scalar code compiled with FMA enabled, so `mul_add` is one instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn dot_x86_fma(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
+    dot_x86_any(kernel, dtype, w, act)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_fma() -> bool {
+    use std::sync::OnceLock;
+    static FMA: OnceLock<bool> = OnceLock::new();
+    *FMA.get_or_init(|| is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2"))
+}
+
+#[inline(always)]
+fn dot_x86_any(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
+    use crate::Kernel::{RepackGemm, RepackGemv};
+    match (kernel, dtype) {
+        (RepackGemv, DType::Q4_K) => repack::gemv_q4_k(w, act),
+        (RepackGemm, DType::Q4_K) => repack::gemm_q4_k(w, act),
+        (_, DType::Q4_K) => repack::vec_dot_q4_k(w, act),
+        (_, DType::Q6_K) => repack::vec_dot_q6_k(w, act),
+        // Not yet emulated: ggml's generic order.
+        _ => vec_dot(dtype, w, act),
+    }
+}

@@ -399,54 +399,116 @@ pub(crate) fn quantize_ref(dtype: DType, src: &[f32], dst: &mut [u8]) {
 
 // ---------------------------------------------------------------- dot products
 
-/// Generic `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` / `{q4_1,q5_1}_q8_1` (ggml-cpu/quants.c), with
-/// each function's own float expression per block.
+/// llama.cpp's x86 `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` / `{q4_1,q5_1}_q8_1`
+/// (ggml-cpu/arch/x86/quants.c, `__AVX2__` branch, as built with -march=native on an AVX-512
+/// VNNI CPU), reproduced bit for bit: one `__m256` of eight f32 lanes, lane `k` holding the
+/// int32 sum of elements `4k..4k+4` of each block (`mul_sum_i8_pairs_float` /
+/// `mul_sum_us8_pairs_float`, exact), scaled and accumulated with one FMA per block, then
+/// `hsum_float_8`. Fixtures: quant/tests/x86_exact_legacy.rs.
 #[inline(always)]
 pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
+    // `acc = _mm256_fmadd_ps(d, q, acc)` with `d = FP16_TO_FP32(x.d) * FP16_TO_FP32(y.d)`.
+    let mut step = |d: f32, xy: [f32; 8]| {
+        for k in 0..8 {
+            acc[k] = fma(d, xy[k], acc[k]);
+        }
+    };
     match dtype {
         DType::Q4_0 => {
             for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(act)) {
-                let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += sumi as f32 * fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits());
+                step(fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&x.unpack(), &y.qs));
             }
-        }
-        DType::Q4_1 => {
-            // x86 `ggml_vec_dot_q4_1_q8_1` (AVX2 branch): eight FMA lanes over blocks,
-            // `hsum_float_8`, plus the min terms summed (contracted to FMA) on the side.
-            let mut acc = [0f32; 8];
-            let mut summs = 0f32;
-            for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(act)) {
-                let d0 = fp16_to_f32(x.d.to_bits());
-                let d1 = fp16_to_f32(y.d.to_bits());
-                summs = fma(fp16_to_f32(x.m.to_bits()), fp16_to_f32(y.s.to_bits()), summs);
-                let d0d1 = d0 * d1;
-                let xy = dot_i8_quads(&x.unpack(), &y.qs);
-                for k in 0..8 {
-                    acc[k] = fma(d0d1, xy[k], acc[k]);
-                }
-            }
-            return hsum_float_8(&acc) + summs;
         }
         DType::Q5_0 => {
             for (x, y) in blocks::<BlockQ5_0>(w).zip(blocks::<BlockQ8_0>(act)) {
-                let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += (fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits())) * sumi as f32;
-            }
-        }
-        DType::Q5_1 => {
-            for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(act)) {
-                let sumi = dot_i8(&x.unpack(), &y.qs);
-                sumf += (fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits())) * sumi as f32 + fp16_to_f32(x.m.to_bits()) * fp16_to_f32(y.s.to_bits());
+                step(fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&x.unpack(), &y.qs));
             }
         }
         DType::Q8_0 => {
             for (x, y) in blocks::<BlockQ8_0>(w).zip(blocks::<BlockQ8_0>(act)) {
-                let sumi = dot_i8(&x.qs, &y.qs);
-                sumf += sumi as f32 * (fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()));
+                step(fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&x.qs, &y.qs));
             }
+        }
+        DType::Q4_1 | DType::Q5_1 => {
+            // `acc = _mm256_fmadd_ps(q, dx*dy, acc)`; the min terms `summs += m*s` are summed
+            // (GCC contracts them to FMA) on the side and added after `hsum_float_8`.
+            let mut summs = 0f32;
+            let mut one = |d: f16, m: f16, q: [i8; 32], y: &BlockQ8_1| {
+                summs = fma(fp16_to_f32(m.to_bits()), fp16_to_f32(y.s.to_bits()), summs);
+                step(fp16_to_f32(d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&q, &y.qs));
+            };
+            if dtype == DType::Q4_1 {
+                for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(act)) {
+                    one(x.d, x.m, x.unpack(), &y);
+                }
+            } else {
+                for (x, y) in blocks::<BlockQ5_1>(w).zip(blocks::<BlockQ8_1>(act)) {
+                    one(x.d, x.m, x.unpack(), &y);
+                }
+            }
+            return hsum_float_8(&acc) + summs;
         }
         _ => unreachable!("legacy::vec_dot({dtype})"),
     }
-    sumf
+    hsum_float_8(&acc)
 }
+
+/// The CPU "repack" kernels for Q4_0 rows interleaved eight at a time (`block_q4_0x8`,
+/// repack.cpp `repack_q4_0_to_q4_0_8_bl`): `ggml_gemv_q4_0_8x8_q8_0` and
+/// `ggml_gemm_q4_0_8x8_q8_0` (ggml-cpu/arch/x86/repack.cpp, `gemv_q4_b32_8x8_q8_0_lut_avx` /
+/// `gemm_q4_b32_8x8_q8_0_lut_avx`, AVX2 and AVX-512 variants alike). Each output row is one
+/// f32 lane: per block the exact int32 dot of all 32 elements, then
+/// `acc = fma(float(sumi), d_w * d_a, acc)`; no horizontal sum. GEMM and GEMV agree bit for
+/// bit, and GEMM's activations (`ggml_quantize_mat_q8_0_4x8`) are per row identical to
+/// `quantize_row_q8_0` (both checked by the oracle, quant/tools/x86_oracle_legacy.c).
+#[inline(always)]
+pub(crate) fn dot_repack_q4_0(w: &[u8], act: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(act)) {
+        let sumi = dot_i8(&x.unpack(), &y.qs);
+        acc = fma(sumi as f32, fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), acc);
+    }
+    acc
+}
+
+/// One output element of `kernel` for a legacy format (the `dot_with` arms). Activations are
+/// Q8_0 (Q8_1 for Q4_1/Q5_1) rows as `quantize_activations` makes them for every kernel.
+pub(crate) fn dot_with(kernel: crate::Kernel, dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+    use crate::Kernel;
+    match (kernel, dtype) {
+        (Kernel::VecDot, _) => crate::vec_dot(dtype, n, w, act),
+        (Kernel::TinyBlas, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
+        | (Kernel::RepackGemv | Kernel::RepackGemm, DType::Q4_0) => {
+            let vt = crate::vec_dot_type(dtype);
+            assert_eq!(crate::row_bytes(dtype, n), Some(w.len()), "dot_with: weight row is not {n} elements of {dtype}");
+            assert_eq!(crate::row_bytes(vt, n), Some(act.len()), "dot_with: activation row is not {n} elements of {vt}");
+            #[cfg(target_arch = "x86_64")]
+            if crate::has_fma() {
+                // SAFETY: the CPU has FMA and AVX2 (checked at run time).
+                return unsafe { kernel_dot_fma(kernel, dtype, w, act) };
+            }
+            kernel_dot_any(kernel, dtype, w, act)
+        }
+        _ => panic!("dot_with: ggml has no {kernel:?} kernel for {dtype}"),
+    }
+}
+
+/// `kernel_dot_any` compiled with FMA enabled so `mul_add` is one instruction (same results).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn kernel_dot_fma(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
+    kernel_dot_any(kernel, dtype, w, act)
+}
+
+#[inline(always)]
+fn kernel_dot_any(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
+    match kernel {
+        crate::Kernel::TinyBlas => tinyblas::dot_q0(dtype, w, act),
+        _ => dot_repack_q4_0(w, act),
+    }
+}
+
+/// llamafile tinyBLAS (`tinyBLAS_Q0_AVX`), kept in its own file.
+#[path = "tinyblas.rs"]
+pub(crate) mod tinyblas;

@@ -211,6 +211,43 @@ pub enum Kernel {
 pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: usize) -> Kernel {
     let _ = (k, n_rows, n_cols, col);
     match dtype {
+        // Q4_0 with n_rows % 8 == 0 lives in the CPU repack buffer on AVX2/AVX-512
+        // (repack.cpp `ggml_repack_get_optimal_repack_type`: `ggml_cpu_has_avx2()` and
+        // `ne[1] % 8 == 0` -> `q4_0_8x8_q8_0`; `repack_q4_0_to_q4_0_8_bl` also needs
+        // `ne[0] % 8 == 0`, always true for whole blocks). Its `forward_mul_mat_one_chunk` runs
+        // GEMM over the first `n_cols - n_cols % 4` columns (only if `n_cols > 3`) and GEMV over
+        // the rest; the extra-buffer op is dispatched before `ggml_compute_forward_mul_mat`,
+        // so tinyBLAS never sees these weights. (Weights outside the repack buffer, e.g. an
+        // output matrix tied to `token_embd`, or a run with `--no-repack`, take the arm below.)
+        DType::Q4_0 if n_rows % 8 == 0 => {
+            if col < n_cols / 4 * 4 {
+                Kernel::RepackGemm
+            } else {
+                Kernel::RepackGemv
+            }
+        }
+        // llamafile_sgemm (llamafile/sgemm.cpp), tried in ggml_compute_forward_mul_mat
+        // (ggml-cpu.c) after src1 is quantized to Q8_0: rejects `n < 2` (n = n_cols), otherwise
+        // `tinyBLAS_Q0_AVX` takes the whole matmul for Q8_0, Q4_0 and Q5_0 (no alignment or
+        // shape conditions). Q5_1 (and Q4_1) have no tinyBLAS instance: always vec_dot.
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 if n_cols >= 2 => Kernel::TinyBlas,
+        DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => Kernel::VecDot,
+        // K-quants (see src/repack.rs): repack.cpp `ggml_repack_get_optimal_repack_type` puts
+        // Q4_K with `ne[1] % 8 == 0` in the repack buffer on AVX2 (`q4_K_8x8_q8_K`) and Q2_K
+        // with `ne[1] % 8 == 0` on AVX-512 (`q2_K_8x8_q8_K`); `forward_mul_mat_one_chunk` then
+        // runs GEMM over the first `n_cols - n_cols % 4` columns (if `n_cols > 3`) and GEMV over
+        // the rest. Q3_K/Q5_K/Q6_K are never repacked on x86, and tinyBLAS has no K-quant case
+        // (llamafile/sgemm.cpp), so they (and Q2_K/Q4_K rows not divisible by 8, or weights
+        // outside the repack buffer such as a tied `token_embd` output) use
+        // `ggml_vec_dot_*_q8_K` (arch/x86/quants.c).
+        DType::Q2_K | DType::Q4_K if n_rows % 8 == 0 => {
+            if col < n_cols / 4 * 4 {
+                Kernel::RepackGemm
+            } else {
+                Kernel::RepackGemv
+            }
+        }
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => Kernel::VecDot,
         _ => Kernel::VecDot,
     }
 }
@@ -219,6 +256,16 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
 /// `VecDot` case).
 pub fn quantize_activations_for(kernel: Kernel, dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     match kernel {
+        // Legacy formats: every kernel takes `quantize_row_q8_0` rows (x86); the repack GEMM's
+        // `ggml_quantize_mat_q8_0_4x8` is the same per row, only interleaved.
+        _ if matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) => quantize_activations(dtype, src, dst),
+        // K-quant repack GEMM: `ggml_quantize_mat_q8_K_4x8`, which differs from
+        // `quantize_row_q8_K` in the scale's sign when +max and -max both occur.
+        Kernel::RepackGemm if matches!(dtype, DType::Q2_K | DType::Q4_K) => {
+            check(DType::Q8_K, src.len(), dst.len())?;
+            kquants::quantize_row_q8_k_4x8(src, dst);
+            Ok(())
+        }
         _ => quantize_activations(dtype, src, dst),
     }
 }
@@ -226,6 +273,12 @@ pub fn quantize_activations_for(kernel: Kernel, dtype: DType, src: &[f32], dst: 
 /// One output element computed as `kernel` computes it; `vec_dot` is the `VecDot` case.
 pub fn dot_with(kernel: Kernel, dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     match kernel {
+        _ if matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) => legacy::dot_with(kernel, dtype, n, w, act),
+        _ if matches!(dtype, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K) => {
+            assert_eq!(row_bytes(dtype, n), Some(w.len()), "dot_with: weight row is not {n} elements of {dtype}");
+            assert_eq!(row_bytes(DType::Q8_K, n), Some(act.len()), "dot_with: activation row is not {n} elements of Q8_K");
+            kquants::dot_x86(kernel, dtype, w, act)
+        }
         _ => vec_dot(dtype, n, w, act),
     }
 }

@@ -1,0 +1,191 @@
+//! Seeded random cases for every op, over shapes that include edge sizes: one row, odd head
+//! counts, a single block, many blocks, GQA ratios, windows shorter than the sequence.
+
+use abi::{DType, Op, OpParams, TensorDesc, GLU_GELU_TANH, GLU_SILU, ROPE_NEOX, ROPE_NORMAL, WEIGHT_DTYPES};
+
+/// A tensor that owns its bytes.
+#[derive(Clone, Debug)]
+pub struct Owned {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+impl Owned {
+    pub fn zeros(dtype: DType, shape: &[i64]) -> Owned {
+        let n: i64 = shape[1..].iter().product();
+        let bytes = dtype.row_bytes(shape[0] as u64).expect("whole blocks") as usize * n as usize;
+        Owned { dtype, shape: shape.to_vec(), data: vec![0; bytes] }
+    }
+
+    pub fn f32(shape: &[i64], v: &[f32]) -> Owned {
+        Owned { dtype: DType::F32, shape: shape.to_vec(), data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    }
+
+    pub fn i32(v: &[i32]) -> Owned {
+        Owned { dtype: DType::I32, shape: vec![v.len() as i64], data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    }
+
+    /// Rows of `f32` values stored as `dtype` (quantized with the reference quantizer).
+    pub fn quantized(dtype: DType, shape: &[i64], v: &[f32]) -> Owned {
+        if dtype == DType::F32 {
+            return Owned::f32(shape, v);
+        }
+        let mut t = Owned::zeros(dtype, shape);
+        let k = shape[0] as usize;
+        let rb = t.data.len() / (v.len() / k);
+        for (row, dst) in v.chunks(k).zip(t.data.chunks_mut(rb)) {
+            quant::quantize_row(dtype, row, dst).expect("quantizable");
+        }
+        t
+    }
+
+    pub fn desc(&mut self) -> TensorDesc {
+        TensorDesc::contiguous(self.data.as_mut_ptr(), self.dtype, &self.shape)
+    }
+
+    pub fn as_f32(&self) -> Vec<f32> {
+        self.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+}
+
+/// One invocation: inputs, outputs (zeroed or, for in-place ops, pre-filled) and attributes.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub op: Op,
+    pub label: String,
+    pub inputs: Vec<Owned>,
+    pub outputs: Vec<Owned>,
+    pub params: OpParams,
+}
+
+/// Small deterministic generator (splitmix64), so a failing case is named by its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.u64() % n
+    }
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+    /// Roughly normal, scaled.
+    pub fn normal(&mut self, scale: f32) -> f32 {
+        let s: f32 = (0..4).map(|_| (self.u64() >> 40) as f32 / (1u64 << 24) as f32).sum();
+        (s - 2.0) * 1.7 * scale
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal(scale)).collect()
+    }
+}
+
+/// A random case of `op`. Shapes vary with the seed; every few seeds hit an edge size.
+pub fn case(op: Op, seed: u64) -> Case {
+    let mut r = Rng::new(seed.wrapping_mul(31).wrapping_add(op as u64));
+    let mut p = OpParams::default();
+    let rows = r.pick(&[1i64, 2, 3, 7, 16]);
+    let (inputs, outputs, label) = match op {
+        Op::GetRows => {
+            let dt = r.pick(WEIGHT_DTYPES);
+            let k = dt.info().block_len as i64 * r.pick(&[1, 2, 3]);
+            let v = r.pick(&[1i64, 5, 17]);
+            let table = Owned::quantized(dt, &[k, v], &r.vec((k * v) as usize, 1.0));
+            let ids: Vec<i32> = (0..rows).map(|_| r.below(v as u64) as i32).collect();
+            (vec![table, Owned::i32(&ids)], vec![Owned::zeros(DType::F32, &[k, rows])], format!("{dt} k={k} v={v} m={rows}"))
+        }
+        Op::RmsNorm => {
+            let k = r.pick(&[1i64, 8, 64, 576, 1000]);
+            p.f[0] = r.pick(&[1e-5f32, 1e-6]);
+            let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 2.0));
+            let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
+            (vec![x, w], vec![Owned::zeros(DType::F32, &[k, rows])], format!("k={k} rows={rows}"))
+        }
+        Op::Rope => {
+            let d = r.pick(&[2i64, 64, 128, 256]);
+            let h = r.pick(&[1i64, 3, 9]);
+            p.i[0] = r.pick(&[ROPE_NORMAL, ROPE_NEOX]);
+            p.i[1] = if r.below(4) == 0 && d > 2 { d / 2 } else { d };
+            p.i[2] = 4096;
+            p.f[..6].copy_from_slice(&[r.pick(&[10000.0f32, 1e6]), 1.0, 0.0, 1.0, 32.0, 1.0]);
+            let pos: Vec<i32> = (0..rows).map(|_| r.below(5000) as i32).collect();
+            let x = Owned::f32(&[d, h, rows], &r.vec((d * h * rows) as usize, 1.0));
+            (vec![x, Owned::i32(&pos)], vec![Owned::zeros(DType::F32, &[d, h, rows])], format!("d={d} h={h} t={rows} mode={}", p.i[0]))
+        }
+        Op::MatMul => {
+            let dt = r.pick(WEIGHT_DTYPES);
+            let blocks = r.pick(&[1i64, 2, 3, 9]);
+            let k = dt.info().block_len as i64 * blocks;
+            let n = r.pick(&[1i64, 4, 7, 32]);
+            let w = Owned::quantized(dt, &[k, n], &r.vec((k * n) as usize, 0.5));
+            let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
+            (vec![w, x], vec![Owned::zeros(DType::F32, &[n, rows])], format!("{dt} k={k} n={n} m={rows}"))
+        }
+        Op::Attention => {
+            let d = r.pick(&[4i64, 64]);
+            let hkv = r.pick(&[1i64, 2, 3]);
+            let hq = hkv * r.pick(&[1i64, 3]);
+            let cache = r.pick(&[8i64, 40]);
+            let kv_dt = r.pick(&[DType::F32, DType::F16]);
+            let t = rows.min(cache);
+            let pos0 = r.below((cache - t + 1) as u64) as i64;
+            let pos: Vec<i32> = (0..t).map(|i| (pos0 + i) as i32).collect();
+            p.i[0] = pos0 + t;
+            p.i[1] = r.pick(&[0i64, 0, 3]);
+            p.f[0] = 1.0 / (d as f32).sqrt();
+            let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
+            let kc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
+            let vc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
+            let label = format!("d={d} hq={hq} hkv={hkv} t={t} n_kv={} window={} {kv_dt}", p.i[0], p.i[1]);
+            (vec![q, kc, vc, Owned::i32(&pos)], vec![Owned::zeros(DType::F32, &[d, hq, t])], label)
+        }
+        Op::SetRows => {
+            let k = r.pick(&[4i64, 192]);
+            let dst_rows = 16i64;
+            let dt = r.pick(&[DType::F32, DType::F16]);
+            let m = rows.min(dst_rows);
+            let mut idx: Vec<i32> = (0..dst_rows as i32).collect();
+            for i in (1..idx.len()).rev() {
+                idx.swap(i, r.below(i as u64 + 1) as usize);
+            }
+            idx.truncate(m as usize);
+            let src = Owned::f32(&[k, m], &r.vec((k * m) as usize, 1.0));
+            let dst = Owned::quantized(dt, &[k, dst_rows], &r.vec((k * dst_rows) as usize, 1.0));
+            (vec![src, Owned::i32(&idx), dst.clone()], vec![dst], format!("{dt} k={k} m={m}"))
+        }
+        Op::Glu => {
+            let k = r.pick(&[1i64, 17, 1536]);
+            p.i[0] = r.pick(&[GLU_SILU, GLU_GELU_TANH]);
+            let g = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 3.0));
+            let u = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
+            (vec![g, u], vec![Owned::zeros(DType::F32, &[k, rows])], format!("k={k} act={}", p.i[0]))
+        }
+        Op::Add | Op::Mul | Op::Scale | Op::Softmax | Op::Argmax => {
+            let k = r.pick(&[1i64, 5, 64, 333]);
+            let a = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 4.0));
+            let label = format!("k={k} rows={rows}");
+            match op {
+                Op::Add | Op::Mul => {
+                    let b_rows = if r.below(2) == 0 { 1 } else { rows };
+                    let b = Owned::f32(&[k, b_rows], &r.vec((k * b_rows) as usize, 1.0));
+                    (vec![a, b], vec![Owned::zeros(DType::F32, &[k, rows])], format!("{label} b_rows={b_rows}"))
+                }
+                Op::Argmax => (vec![a], vec![Owned::zeros(DType::I32, &[rows])], label),
+                _ => {
+                    p.f[0] = r.pick(&[1.0f32, 0.125, 3.0]);
+                    (vec![a], vec![Owned::zeros(DType::F32, &[k, rows])], label)
+                }
+            }
+        }
+    };
+    Case { op, label, inputs, outputs, params: p }
+}
