@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates fixtures/quant/x86_kquants.json from this machine's llama.cpp build.
+"""Regenerates fixtures/quant/x86_kquants/kquants.json from this machine's llama.cpp build.
 
 Builds quant/tools/x86_oracle_kquants.c against the compiled ggml CPU backend (the real x86
 kernels: AVX2/AVX-512 vec_dot, repack gemv/gemm) and writes its JSON. A dev tool: cargo and CI
@@ -14,7 +14,7 @@ root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 src = os.environ.get("LLAMA_SRC", "/root/.cache/mollm/llama.cpp-src/vendor/llama.cpp")
 build = os.environ.get("LLAMA_BUILD", "/root/.cache/mollm/llama.cpp-build")
 lib = os.path.join(build, "bin")
-out = os.path.join(root, "fixtures", "quant", "x86_kquants.json")
+out = os.path.join(root, "fixtures", "quant", "x86_kquants", "kquants.json")
 
 with tempfile.TemporaryDirectory() as tmp:
     exe = os.path.join(tmp, "oracle")

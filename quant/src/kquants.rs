@@ -510,6 +510,10 @@ fn dot_x86_any(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32
         (RepackGemm, DType::Q4_K) => repack::gemm_q4_k(w, act),
         (_, DType::Q4_K) => repack::vec_dot_q4_k(w, act),
         (_, DType::Q6_K) => repack::vec_dot_q6_k(w, act),
+        (_, DType::Q5_K) => repack::vec_dot_q5_k(w, act),
+        (RepackGemv, DType::Q2_K) => repack::gemv_q2_k(w, act),
+        (RepackGemm, DType::Q2_K) => repack::gemm_q2_k(w, act),
+        (_, DType::Q2_K) => repack::vec_dot_q2_k(w, act),
         // Not yet emulated: ggml's generic order.
         _ => vec_dot(dtype, w, act),
     }

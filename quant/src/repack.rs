@@ -24,7 +24,7 @@
 //! * Not repacked: `ggml_compute_forward_mul_mat` → `ggml_vec_dot_*_q8_K` (ggml-cpu/arch/x86/
 //!   quants.c, `__AVX2__` branch); llamafile's tinyBLAS has no K-quant cases (sgemm.cpp).
 
-use super::{scale_min_k4, BlockQ2K, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use super::{scale_min_k4, BlockQ2K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::block::blocks;
 use crate::util::*;
 
@@ -162,7 +162,109 @@ pub(crate) fn vec_dot_q6_k(w: &[u8], act: &[u8]) -> f32 {
     hsum_float_8(&acc)
 }
 
-#[allow(dead_code)]
-fn _unused(_: BlockQ2K) {
-    let _ = QK_K;
+// ---------------------------------------------------------------- Q5_K, Q2_K (vec_dot)
+
+/// `ggml_vec_dot_q5_K_q8_K`, AVX2 branch: the Q4_K lane structure with 5-bit quants; the mins
+/// are reduced to one integer per block and enter as `summs += dmin * isum` (GCC contracts it
+/// to an fma); `hsum_float_8(acc) + summs`.
+pub(crate) fn vec_dot_q5_k(w: &[u8], act: &[u8]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (x, y) in blocks::<BlockQ5K>(w).zip(blocks::<BlockQ8K>(act)) {
+        let d = y.d * fp16_to_f32(x.d.to_bits());
+        let dmin = -y.d * fp16_to_f32(x.dmin.to_bits());
+        let (sc, m) = scale_min_k4(&x.scales);
+        let mut imin = 0i32;
+        for j in 0..8 {
+            imin += m[j] as i32 * ((y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32) as i16 as i32);
+        }
+        summs = fma(dmin, imin as f32, summs);
+        let a = x.unpack();
+        let mut sumi = [0i32; 8];
+        for s in 0..8 {
+            let lanes = dot_i8_quads(a[32 * s..32 * s + 32].try_into().unwrap(), y.qs[32 * s..32 * s + 32].try_into().unwrap());
+            for l in 0..8 {
+                sumi[l] += sc[s] as i32 * lanes[l] as i32;
+            }
+        }
+        for l in 0..8 {
+            acc[l] = fma(d, sumi[l] as f32, acc[l]);
+        }
+    }
+    hsum_float_8(&acc) + summs
+}
+
+/// `ggml_vec_dot_q2_K_q8_K`, AVX2 branch: per block first `acc = fma(-dmin, m[2l]b[2l] +
+/// m[2l+1]b[2l+1], acc)` (8 lanes over the 16 bsums), then `acc = fma(d, lane, acc)` with lane
+/// `l` = bytes `4l..4l+4` of each 32-element group times the scale of its 16-element half.
+pub(crate) fn vec_dot_q2_k(w: &[u8], act: &[u8]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (x, y) in blocks::<BlockQ2K>(w).zip(blocks::<BlockQ8K>(act)) {
+        let d = y.d * fp16_to_f32(x.d.to_bits());
+        let dmin = -y.d * fp16_to_f32(x.dmin.to_bits());
+        for l in 0..8 {
+            let prod = (x.scales[2 * l] >> 4) as i32 * y.bsums[2 * l] as i32
+                + (x.scales[2 * l + 1] >> 4) as i32 * y.bsums[2 * l + 1] as i32;
+            acc[l] = fma(dmin, prod as f32, acc[l]);
+        }
+        let a = x.unpack();
+        let mut sumi = [0i32; 8];
+        for g in 0..8 {
+            for l in 0..8 {
+                let sc = (x.scales[2 * g + (l >= 4) as usize] & 0xF) as i32;
+                let mut s = 0i32;
+                for e in 32 * g + 4 * l..32 * g + 4 * l + 4 {
+                    s += a[e] as i32 * y.qs[e] as i32;
+                }
+                sumi[l] += sc * s;
+            }
+        }
+        for l in 0..8 {
+            acc[l] = fma(d, sumi[l] as f32, acc[l]);
+        }
+    }
+    hsum_float_8(&acc)
+}
+
+// ---------------------------------------------------------------- Q2_K (repacked)
+
+/// Per 16-element sub-block of a Q2_K block: `(sc & 15) * Σ q·q8` and `(sc >> 4) * bsum`.
+#[inline(always)]
+fn q2k_parts(x: &BlockQ2K, y: &BlockQ8K) -> ([i32; 16], [i32; 16]) {
+    let a = x.unpack();
+    let mut isum = [0i32; 16];
+    let mut imin = [0i32; 16];
+    for g in 0..16 {
+        isum[g] = (x.scales[g] & 0xF) as i32 * dot_i8(&a[16 * g..16 * g + 16], &y.qs[16 * g..16 * g + 16]);
+        imin[g] = (x.scales[g] >> 4) as i32 * y.bsums[g] as i32;
+    }
+    (isum, imin)
+}
+
+/// `ggml_gemv_q2_K_8x8_q8_K`: as Q4_K's gemv, one fma per super block for each accumulator.
+pub(crate) fn gemv_q2_k(w: &[u8], act: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0.0f32, 0.0f32);
+    for (x, y) in blocks::<BlockQ2K>(w).zip(blocks::<BlockQ8K>(act)) {
+        let (isum, imin) = q2k_parts(&x, &y);
+        let dw = fp16_to_f32(x.d.to_bits()) * y.d;
+        let dm = fp16_to_f32(x.dmin.to_bits()) * y.d;
+        acc = fma(isum.iter().sum::<i32>() as f32, dw, acc);
+        accm = fma(imin.iter().sum::<i32>() as f32, dm, accm);
+    }
+    acc - accm
+}
+
+/// `ggml_gemm_q2_K_8x8_q8_K`: the fmas run per 128-element half (`sb` loop).
+pub(crate) fn gemm_q2_k(w: &[u8], act: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0.0f32, 0.0f32);
+    for (x, y) in blocks::<BlockQ2K>(w).zip(blocks::<BlockQ8K>(act)) {
+        let (isum, imin) = q2k_parts(&x, &y);
+        let dw = fp16_to_f32(x.d.to_bits()) * y.d;
+        let dm = fp16_to_f32(x.dmin.to_bits()) * y.d;
+        for sb in 0..2 {
+            acc = fma(isum[8 * sb..8 * sb + 8].iter().sum::<i32>() as f32, dw, acc);
+            accm = fma(imin[8 * sb..8 * sb + 8].iter().sum::<i32>() as f32, dm, accm);
+        }
+    }
+    acc - accm
 }

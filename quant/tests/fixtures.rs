@@ -89,7 +89,9 @@ fn quantize_matches_ggml_c_bit_exactly() {
     }
 }
 
-/// Dot products against ggml's generic C kernels: bit-identical f32 results.
+/// K-quant dot products against ggml's generic C kernels: bit-identical f32 results. The
+/// 32-element formats' `vec_dot` follows the x86 kernels instead (their sum order differs from
+/// the generic one); tests/x86_exact_legacy.rs holds them to llama.cpp's x86 build.
 #[test]
 fn vec_dot_matches_ggml_c_bit_exactly() {
     let v = ggml_c();
@@ -97,6 +99,9 @@ fn vec_dot_matches_ggml_c_bit_exactly() {
     assert!(rows.len() >= 20);
     for row in rows {
         let dt = DType::from_name(row["dtype"].as_str().unwrap()).unwrap();
+        if matches!(dt, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) {
+            continue;
+        }
         let n = row["n"].as_u64().unwrap() as usize;
         let w = hex(row["w"].as_str().unwrap());
         let a = hex(row["act"].as_str().unwrap());
