@@ -15,10 +15,14 @@
 //! GGUF byte size (checked at compile time against `abi`), parsed from unaligned little-endian
 //! bytes through [`Block`].
 //!
-//! Known, deliberate differences from a llama.cpp x86 build (see each function's docs):
-//! dot products follow ggml's *generic* scalar kernels, not the AVX2 ones (which use FMA and
-//! other summation orders), so a dot product can differ from llama.cpp's in the last bits;
-//! the activation quantization (what decides integer results) matches x86 exactly.
+//! Summation order is part of the contract. Greedy decoding re-quantizes activations to 8 bits
+//! at every matmul, so a one-ulp difference can flip a rounding and then snowball into other
+//! tokens. [`matmul_kernel`] names the kernel llama.cpp's x86 build runs for a matmul of a given
+//! format and shape (`vec_dot`, llamafile tinyBLAS, the CPU repack GEMV/GEMM, the tiled K-quant
+//! GEMM), and [`dot_with`] reproduces that kernel's float operations in scalar code, lane by
+//! lane, bit for bit; tests in `quant/tests/x86_exact_*.rs` hold each one to fixtures recorded
+//! from the real compiled kernels (scripts/quant_x86_fixtures_*.py). The plain [`vec_dot`]
+//! follows the x86 kernels for the 32-element formats and ggml's generic kernels for K-quants.
 
 use abi::DType;
 
