@@ -477,6 +477,10 @@ pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
 mod repack;
 pub(crate) use repack::quantize_row_q8_k_4x8;
 
+// The twin of the tiled K-quant matmul (ggml-cpu/tiled/) lives in src/tiled.rs.
+#[path = "tiled.rs"]
+mod tiled;
+
 /// One matmul output element as llama.cpp's x86 build computes it with `kernel` (see
 /// `crate::matmul_kernel`); bit-identical for the formats that `repack.rs` emulates.
 pub(crate) fn dot_x86(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
@@ -504,8 +508,9 @@ fn has_fma() -> bool {
 
 #[inline(always)]
 fn dot_x86_any(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> f32 {
-    use crate::Kernel::{RepackGemm, RepackGemv};
+    use crate::Kernel::{RepackGemm, RepackGemv, Tiled};
     match (kernel, dtype) {
+        (Tiled, _) => tiled::dot(dtype, w, act),
         (RepackGemv, DType::Q4_K) => repack::gemv_q4_k(w, act),
         (RepackGemm, DType::Q4_K) => repack::gemm_q4_k(w, act),
         (_, DType::Q4_K) => repack::vec_dot_q4_k(w, act),

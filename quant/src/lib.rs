@@ -208,6 +208,9 @@ pub enum Kernel {
     RepackGemv,
     /// repack.cpp GEMM over interleaved rows (groups of four activation columns).
     RepackGemm,
+    /// ggml-cpu/tiled/ K-quant GEMM (`ggml_compute_forward_mul_mat_tiled`), whole matmuls of
+    /// non-repacked K-quant weights with at least 8 activation columns.
+    Tiled,
 }
 
 /// The kernel ggml's x86 build uses for output column `col` of a matmul of a `[k, n_rows]`
@@ -242,8 +245,7 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
         // runs GEMM over the first `n_cols - n_cols % 4` columns (if `n_cols > 3`) and GEMV over
         // the rest. Q3_K/Q5_K/Q6_K are never repacked on x86, and tinyBLAS has no K-quant case
         // (llamafile/sgemm.cpp), so they (and Q2_K/Q4_K rows not divisible by 8, or weights
-        // outside the repack buffer such as a tied `token_embd` output) use
-        // `ggml_vec_dot_*_q8_K` (arch/x86/quants.c).
+        // outside the repack buffer such as a tied `token_embd` output) take the arms below.
         DType::Q2_K | DType::Q4_K if n_rows % 8 == 0 => {
             if col < n_cols / 4 * 4 {
                 Kernel::RepackGemm
@@ -251,6 +253,13 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
                 Kernel::RepackGemv
             }
         }
+        // Everything else of Q2_K..Q6_K reaches `ggml_compute_forward_mul_mat`, which first
+        // offers the op to the tiled K-quant matmul (ggml-cpu/tiled/tiled.cpp, see
+        // src/tiled.rs): `ggml_tiled_supported` (x86 AVX+ build, `src0->extra == NULL`, type
+        // Q2_K..Q6_K or IQ*) and `ggml_tiled_min_batch(src1->ne[1])` = `n_cols >= 8` (unless
+        // `GGML_CPU_TILED_MM=0` or `GGML_CPU_TILED_MM_FORCE=1` in the environment). It then
+        // computes every column. With fewer columns: `ggml_vec_dot_*_q8_K` (arch/x86/quants.c).
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K if n_cols >= 8 => Kernel::Tiled,
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => Kernel::VecDot,
         _ => Kernel::VecDot,
     }
@@ -270,6 +279,7 @@ pub fn quantize_activations_for(kernel: Kernel, dtype: DType, src: &[f32], dst: 
             kquants::quantize_row_q8_k_4x8(src, dst);
             Ok(())
         }
+        // Tiled K-quant matmul: `from_float` of Q8_K, i.e. `quantize_row_q8_K` per column.
         _ => quantize_activations(dtype, src, dst),
     }
 }
