@@ -112,7 +112,11 @@ mod tests {
             assert_eq!(DType::from_id(d.id()), Some(d));
             assert_eq!(DType::from_name(d.name()), Some(d));
         }
-        assert_eq!(DType::from_id(4), None, "ggml id 4 (old q4_2) was removed and must stay unknown");
+        assert_eq!(
+            DType::from_id(4),
+            None,
+            "ggml id 4 (old q4_2) was removed and must stay unknown"
+        );
     }
 
     #[test]

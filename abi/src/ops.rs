@@ -57,7 +57,10 @@ impl Op {
     }
 
     pub fn from_name(name: &str) -> Option<Op> {
-        Op::ALL.iter().copied().find(|o| o.name().eq_ignore_ascii_case(name))
+        Op::ALL
+            .iter()
+            .copied()
+            .find(|o| o.name().eq_ignore_ascii_case(name))
     }
 }
 
@@ -133,15 +136,29 @@ pub const GLU_GELU_TANH: i64 = 1;
 
 macro_rules! operand {
     ($name:expr, $dt:expr, $doc:expr) => {
-        Operand { name: $name, dtypes: $dt, doc: $doc }
+        Operand {
+            name: $name,
+            dtypes: $dt,
+            doc: $doc,
+        }
     };
 }
 macro_rules! attr {
     ($name:expr, F32, $slot:expr, $doc:expr) => {
-        Attr { name: $name, kind: AttrKind::F32, slot: $slot, doc: $doc }
+        Attr {
+            name: $name,
+            kind: AttrKind::F32,
+            slot: $slot,
+            doc: $doc,
+        }
     };
     ($name:expr, I64, $slot:expr, $doc:expr) => {
-        Attr { name: $name, kind: AttrKind::I64, slot: $slot, doc: $doc }
+        Attr {
+            name: $name,
+            kind: AttrKind::I64,
+            slot: $slot,
+            doc: $doc,
+        }
     };
 }
 
@@ -171,8 +188,12 @@ fn broadcast_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
 
 fn get_rows_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     let (table, ids) = (s[0], s[1]);
-    need(ids[1] == 1 && ids[2] == 1 && ids[3] == 1, || "ids must be 1-D".into())?;
-    need(table[2] == 1 && table[3] == 1, || "table must be 2-D".into())?;
+    need(ids[1] == 1 && ids[2] == 1 && ids[3] == 1, || {
+        "ids must be 1-D".into()
+    })?;
+    need(table[2] == 1 && table[3] == 1, || {
+        "table must be 2-D".into()
+    })?;
     Ok(vec![[table[0], ids[0], 1, 1]])
 }
 
@@ -187,11 +208,17 @@ fn rms_norm_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
 fn rope_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
     let (x, pos) = (s[0], s[1]);
     need(pos[0] == x[2] && pos[1] * pos[2] * pos[3] == 1, || {
-        format!("positions must be [{}] (one per token), got {:?}", x[2], pos)
+        format!(
+            "positions must be [{}] (one per token), got {:?}",
+            x[2], pos
+        )
     })?;
     let n_dims = p.i[1];
     need(n_dims > 0 && n_dims % 2 == 0 && n_dims <= x[0], || {
-        format!("n_dims {n_dims} must be even and at most the head size {}", x[0])
+        format!(
+            "n_dims {n_dims} must be even and at most the head size {}",
+            x[0]
+        )
     })?;
     Ok(vec![x])
 }
@@ -199,32 +226,49 @@ fn rope_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
 fn matmul_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     let (w, x) = (s[0], s[1]);
     need(w[2] == 1 && w[3] == 1, || "weight must be 2-D".into())?;
-    need(w[0] == x[0], || format!("inner sizes differ: weight {} vs input {}", w[0], x[0]))?;
+    need(w[0] == x[0], || {
+        format!("inner sizes differ: weight {} vs input {}", w[0], x[0])
+    })?;
     Ok(vec![[w[1], x[1], x[2], x[3]]])
 }
 
 fn attention_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
     let (q, k, v, pos) = (s[0], s[1], s[2], s[3]);
     need(k == v, || format!("k cache {k:?} and v cache {v:?} differ"))?;
-    need(q[0] == k[0], || format!("head size of q ({}) and k ({}) differ", q[0], k[0]))?;
-    need(k[1] > 0 && q[1] % k[1] == 0, || {
-        format!("{} query heads are not a multiple of {} kv heads", q[1], k[1])
+    need(q[0] == k[0], || {
+        format!("head size of q ({}) and k ({}) differ", q[0], k[0])
     })?;
-    need(pos[0] == q[2], || format!("positions must be [{}], got {:?}", q[2], pos))?;
+    need(k[1] > 0 && q[1] % k[1] == 0, || {
+        format!(
+            "{} query heads are not a multiple of {} kv heads",
+            q[1], k[1]
+        )
+    })?;
+    need(pos[0] == q[2], || {
+        format!("positions must be [{}], got {:?}", q[2], pos)
+    })?;
     let n_kv = p.i[0];
-    need(n_kv > 0 && n_kv <= k[2], || format!("n_kv {n_kv} outside the cache of {}", k[2]))?;
+    need(n_kv > 0 && n_kv <= k[2], || {
+        format!("n_kv {n_kv} outside the cache of {}", k[2])
+    })?;
     Ok(vec![q])
 }
 
 fn set_rows_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     let (src, idx, dst) = (s[0], s[1], s[2]);
-    need(src[0] == dst[0], || format!("row sizes differ: src {} vs dst {}", src[0], dst[0]))?;
-    need(idx[0] == src[1], || format!("{} indices for {} rows", idx[0], src[1]))?;
+    need(src[0] == dst[0], || {
+        format!("row sizes differ: src {} vs dst {}", src[0], dst[0])
+    })?;
+    need(idx[0] == src[1], || {
+        format!("{} indices for {} rows", idx[0], src[1])
+    })?;
     Ok(vec![dst])
 }
 
 fn glu_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
-    need(s[0] == s[1], || format!("gate {:?} and up {:?} differ", s[0], s[1]))?;
+    need(s[0] == s[1], || {
+        format!("gate {:?} and up {:?} differ", s[0], s[1])
+    })?;
     Ok(vec![s[0]])
 }
 
@@ -274,12 +318,22 @@ pub static SCHEMAS: [OpSchema; 12] = [
         ],
         outputs: &[operand!("out", F32, "[D, H, T]")],
         attrs: &[
-            attr!("mode", I64, 0, "0 = normal (adjacent pairs), 2 = neox (split halves)"),
+            attr!(
+                "mode",
+                I64,
+                0,
+                "0 = normal (adjacent pairs), 2 = neox (split halves)"
+            ),
             attr!("n_dims", I64, 1, "rotated dimensions per head, even, <= D"),
             attr!("n_ctx_orig", I64, 2, "original training context (YaRN)"),
             attr!("freq_base", F32, 0, "theta base"),
             attr!("freq_scale", F32, 1, "1 / linear scaling factor"),
-            attr!("ext_factor", F32, 2, "YaRN extrapolation mix; 0 disables YaRN"),
+            attr!(
+                "ext_factor",
+                F32,
+                2,
+                "YaRN extrapolation mix; 0 disables YaRN"
+            ),
             attr!("attn_factor", F32, 3, "magnitude scale applied to cos/sin"),
             attr!("beta_fast", F32, 4, "YaRN ramp"),
             attr!("beta_slow", F32, 5, "YaRN ramp"),
@@ -317,7 +371,11 @@ pub static SCHEMAS: [OpSchema; 12] = [
             operand!("q", F32, "[D, Hq, T]"),
             operand!("k_cache", KV_DTYPES, "[D, Hkv, C]"),
             operand!("v_cache", KV_DTYPES, "[D, Hkv, C]"),
-            operand!("positions", I32, "[T] absolute position of each query = its cache row"),
+            operand!(
+                "positions",
+                I32,
+                "[T] absolute position of each query = its cache row"
+            ),
         ],
         outputs: &[operand!("out", F32, "[D, Hq, T]")],
         attrs: &[
@@ -348,16 +406,27 @@ pub static SCHEMAS: [OpSchema; 12] = [
         name: "glu",
         doc: "Gated activation: out = act(gate) * up. silu(x) = x / (1 + exp(-x)); \
               gelu_tanh(x) = 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).",
-        inputs: &[operand!("gate", F32, "[K, ...]"), operand!("up", F32, "same shape")],
+        inputs: &[
+            operand!("gate", F32, "[K, ...]"),
+            operand!("up", F32, "same shape"),
+        ],
         outputs: &[operand!("out", F32, "same shape")],
-        attrs: &[attr!("act", I64, 0, "0 = SiLU, 1 = GELU (tanh approximation)")],
+        attrs: &[attr!(
+            "act",
+            I64,
+            0,
+            "0 = SiLU, 1 = GELU (tanh approximation)"
+        )],
         shape_rule: glu_shape,
     },
     OpSchema {
         op: Op::Add,
         name: "add",
         doc: "out = a + b, b broadcast over a (each b dim divides a's).",
-        inputs: &[operand!("a", F32, "any"), operand!("b", F32, "broadcastable to a")],
+        inputs: &[
+            operand!("a", F32, "any"),
+            operand!("b", F32, "broadcastable to a"),
+        ],
         outputs: &[operand!("out", F32, "shape of a")],
         attrs: &[],
         shape_rule: broadcast_shape,
@@ -366,7 +435,10 @@ pub static SCHEMAS: [OpSchema; 12] = [
         op: Op::Mul,
         name: "mul",
         doc: "out = a * b, b broadcast over a (each b dim divides a's).",
-        inputs: &[operand!("a", F32, "any"), operand!("b", F32, "broadcastable to a")],
+        inputs: &[
+            operand!("a", F32, "any"),
+            operand!("b", F32, "broadcastable to a"),
+        ],
         outputs: &[operand!("out", F32, "shape of a")],
         attrs: &[],
         shape_rule: broadcast_shape,
@@ -424,13 +496,22 @@ pub fn validate(
     for (kind, descs, decl) in [("input", inputs, s.inputs), ("output", outputs, s.outputs)] {
         for (t, o) in descs.iter().zip(decl) {
             let dt = t.dtype().ok_or_else(|| {
-                format!("{}: {kind} '{}' has unknown dtype id {}", s.name, o.name, t.dtype)
+                format!(
+                    "{}: {kind} '{}' has unknown dtype id {}",
+                    s.name, o.name, t.dtype
+                )
             })?;
             if !o.dtypes.contains(&dt) {
-                return Err(format!("{}: {kind} '{}' does not accept {dt}", s.name, o.name));
+                return Err(format!(
+                    "{}: {kind} '{}' does not accept {dt}",
+                    s.name, o.name
+                ));
             }
             if t.numel().is_none() || t.ne[0] % dt.info().block_len as i64 != 0 {
-                return Err(format!("{}: {kind} '{}' has bad shape {:?}", s.name, o.name, t.ne));
+                return Err(format!(
+                    "{}: {kind} '{}' has bad shape {:?}",
+                    s.name, o.name, t.ne
+                ));
             }
         }
     }
@@ -466,7 +547,13 @@ mod tests {
         for s in &SCHEMAS {
             for (i, a) in s.attrs.iter().enumerate() {
                 for b in &s.attrs[i + 1..] {
-                    assert!(!(a.kind == b.kind && a.slot == b.slot), "{}: {} vs {}", s.name, a.name, b.name);
+                    assert!(
+                        !(a.kind == b.kind && a.slot == b.slot),
+                        "{}: {} vs {}",
+                        s.name,
+                        a.name,
+                        b.name
+                    );
                 }
             }
         }
@@ -487,11 +574,17 @@ mod tests {
         let e = validate(Op::MatMul, &[w, x], &[bad_out], &p).unwrap_err();
         assert!(e.contains("shape"), "{e}");
         let x_wrong = desc(DType::F32, &[32, 3]);
-        assert!(validate(Op::MatMul, &[w, x_wrong], &[good], &p).unwrap_err().contains("inner"));
+        assert!(validate(Op::MatMul, &[w, x_wrong], &[good], &p)
+            .unwrap_err()
+            .contains("inner"));
         let x_q = desc(DType::Q8_0, &[64, 3]);
-        assert!(validate(Op::MatMul, &[w, x_q], &[good], &p).unwrap_err().contains("accept"));
+        assert!(validate(Op::MatMul, &[w, x_q], &[good], &p)
+            .unwrap_err()
+            .contains("accept"));
         let mut unknown = x;
         unknown.dtype = 999;
-        assert!(validate(Op::MatMul, &[w, unknown], &[good], &p).unwrap_err().contains("999"));
+        assert!(validate(Op::MatMul, &[w, unknown], &[good], &p)
+            .unwrap_err()
+            .contains("999"));
     }
 }

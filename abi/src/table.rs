@@ -83,7 +83,11 @@ impl OpCall {
                 core::slice::from_raw_parts(p, n as usize)
             }
         };
-        (Op::from_id(self.op), slice(self.inputs, self.n_inputs), slice(self.outputs, self.n_outputs))
+        (
+            Op::from_id(self.op),
+            slice(self.inputs, self.n_inputs),
+            slice(self.outputs, self.n_outputs),
+        )
     }
 }
 
@@ -101,7 +105,8 @@ pub struct HostApi {
     pub host_ctx: *mut c_void,
     /// Runs `task(user, i)` for every `i` in `0..n_tasks` on the host's pool and returns when
     /// all have finished. Tasks must not call `parallel_for` themselves.
-    pub parallel_for: extern "C" fn(host_ctx: *mut c_void, n_tasks: u32, task: TaskFn, user: *mut c_void),
+    pub parallel_for:
+        extern "C" fn(host_ctx: *mut c_void, n_tasks: u32, task: TaskFn, user: *mut c_void),
 }
 
 /// What kind of memory a backend computes on.
@@ -175,7 +180,12 @@ unsafe impl Sync for BackendTable {}
 
 impl BackendHeader {
     /// A header describing this build's layout; backends fill in the rest.
-    pub const fn layout(name: *const c_char, device_kind: DeviceKind, cpu_features: u64, table: *const BackendTable) -> BackendHeader {
+    pub const fn layout(
+        name: *const c_char,
+        device_kind: DeviceKind,
+        cpu_features: u64,
+        table: *const BackendTable,
+    ) -> BackendHeader {
         BackendHeader {
             magic: ABI_MAGIC,
             abi_major: ABI_MAJOR,
@@ -204,17 +214,30 @@ impl BackendHeader {
             ));
         }
         let sizes = [
-            ("TensorDesc", self.tensor_desc_size, core::mem::size_of::<TensorDesc>()),
+            (
+                "TensorDesc",
+                self.tensor_desc_size,
+                core::mem::size_of::<TensorDesc>(),
+            ),
             ("OpCall", self.op_call_size, core::mem::size_of::<OpCall>()),
-            ("HostApi", self.host_api_size, core::mem::size_of::<HostApi>()),
+            (
+                "HostApi",
+                self.host_api_size,
+                core::mem::size_of::<HostApi>(),
+            ),
         ];
         for (what, theirs, ours) in sizes {
             if theirs as usize != ours {
-                return Err(format!("{what} is {theirs} bytes in the library, {ours} here"));
+                return Err(format!(
+                    "{what} is {theirs} bytes in the library, {ours} here"
+                ));
             }
         }
         if (self.table_size as usize) < core::mem::offset_of!(BackendTable, score) {
-            return Err(format!("function table too small ({} bytes)", self.table_size));
+            return Err(format!(
+                "function table too small ({} bytes)",
+                self.table_size
+            ));
         }
         if self.table.is_null() || self.name.is_null() {
             return Err("null table or name".into());

@@ -33,7 +33,11 @@ impl TensorDesc {
     ///
     /// Panics if `ne[0]` is not a whole number of blocks: the caller built the shape itself.
     pub fn contiguous(data: *mut u8, dtype: DType, shape: &[i64]) -> TensorDesc {
-        assert!(!shape.is_empty() && shape.len() <= MAX_DIMS, "bad rank {}", shape.len());
+        assert!(
+            !shape.is_empty() && shape.len() <= MAX_DIMS,
+            "bad rank {}",
+            shape.len()
+        );
         let info = dtype.info();
         let mut ne = [1i64; MAX_DIMS];
         ne[..shape.len()].copy_from_slice(shape);
@@ -49,7 +53,14 @@ impl TensorDesc {
         for i in 2..MAX_DIMS {
             nb[i] = nb[i - 1] * ne[i - 1];
         }
-        TensorDesc { data, dtype: dtype.id(), ndim: shape.len() as u32, ne, nb, buffer: 0 }
+        TensorDesc {
+            data,
+            dtype: dtype.id(),
+            ndim: shape.len() as u32,
+            ne,
+            nb,
+            buffer: 0,
+        }
     }
 
     pub fn dtype(&self) -> Option<DType> {
@@ -62,7 +73,10 @@ impl TensorDesc {
 
     /// Number of elements, or `None` on a negative or overflowing shape.
     pub fn numel(&self) -> Option<i64> {
-        self.ne.iter().try_fold(1i64, |acc, &n| if n < 0 { None } else { acc.checked_mul(n) })
+        self.ne.iter().try_fold(
+            1i64,
+            |acc, &n| if n < 0 { None } else { acc.checked_mul(n) },
+        )
     }
 
     /// Rows of `ne[0]` elements each.

@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "mollm", version, about = "Run large language models locally, on the CPU you have.")]
+#[command(
+    name = "mollm",
+    version,
+    about = "Run large language models locally, on the CPU you have."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -70,7 +70,9 @@ pub fn models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MOLLM_MODELS_DIR") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/mollm/models")
 }
 
@@ -93,18 +95,39 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::load(&path)?;
     let n_ctx = a.ctx.unwrap_or_else(|| 4096.min(model.hp.n_ctx_train));
     if n_ctx > model.hp.n_ctx_train {
-        return Err(format!("--ctx {n_ctx} exceeds the model's training context of {}", model.hp.n_ctx_train).into());
+        return Err(format!(
+            "--ctx {n_ctx} exceeds the model's training context of {}",
+            model.hp.n_ctx_train
+        )
+        .into());
     }
-    let opts = SessionOptions { n_ctx, n_batch: a.batch, n_threads: a.threads, backend: BackendChoice::parse(&a.backend), ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx,
+        n_batch: a.batch,
+        n_threads: a.threads,
+        backend: BackendChoice::parse(&a.backend),
+        ..Default::default()
+    };
     let mut session = Session::new(&model, &opts)?;
 
     let text = if a.chat {
-        let tmpl = model.chat_template.as_ref().ok_or_else(|| format!("{}: the model has no chat template (tokenizer.chat_template)", path.display()))?;
+        let tmpl = model.chat_template.as_ref().ok_or_else(|| {
+            format!(
+                "{}: the model has no chat template (tokenizer.chat_template)",
+                path.display()
+            )
+        })?;
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
-            msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+            msgs.push(ChatMessage {
+                role: "system".into(),
+                content: s.clone(),
+            });
         }
-        msgs.push(ChatMessage { role: "user".into(), content: a.prompt.clone() });
+        msgs.push(ChatMessage {
+            role: "user".into(),
+            content: a.prompt.clone(),
+        });
         tmpl.render(&msgs, true)?
     } else {
         a.prompt.clone()
@@ -114,10 +137,19 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err("the prompt is empty after tokenization".into());
     }
     if prompt.len() >= n_ctx {
-        return Err(format!("the prompt has {} tokens but the context holds {n_ctx} (raise --ctx)", prompt.len()).into());
+        return Err(format!(
+            "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx)",
+            prompt.len()
+        )
+        .into());
     }
 
-    let seed = a.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0));
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
     let mut sampler = Sampler::new(SamplerParams {
         temperature: a.temperature,
         top_k: a.top_k,

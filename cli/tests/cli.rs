@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn mollm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mollm")).args(args).output().expect("run mollm")
+    Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(args)
+        .output()
+        .expect("run mollm")
 }
 
 fn stderr(o: &Output) -> String {
@@ -24,9 +27,16 @@ fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
 /// One line on stderr naming `needle`, non-zero exit, no panic.
 fn assert_clean_error(o: &Output, needle: &str) {
     let e = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success; stderr: {e}");
+    assert!(
+        !o.status.success(),
+        "expected failure, got success; stderr: {e}"
+    );
     assert!(!e.contains("panicked"), "panic instead of an error: {e}");
-    assert_eq!(e.trim_end().lines().count(), 1, "expected one line, got: {e}");
+    assert_eq!(
+        e.trim_end().lines().count(),
+        1,
+        "expected one line, got: {e}"
+    );
     assert!(e.contains(needle), "error does not mention {needle:?}: {e}");
 }
 
@@ -50,13 +60,22 @@ const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 
 #[test]
 fn missing_file_is_one_line_naming_it() {
-    let o = mollm(&["run", "--model", "/nonexistent/model.gguf", "--prompt", "hi"]);
+    let o = mollm(&[
+        "run",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--prompt",
+        "hi",
+    ]);
     assert_clean_error(&o, "/nonexistent/model.gguf");
 }
 
 #[test]
 fn not_a_gguf_is_refused() {
-    let p = tmp("notgguf.gguf", b"this is plainly not a model file, just some text\n");
+    let p = tmp(
+        "notgguf.gguf",
+        b"this is plainly not a model file, just some text\n",
+    );
     let o = mollm(&["run", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
     assert_clean_error(&o, "notgguf.gguf");
 }
@@ -111,14 +130,31 @@ fn unknown_architecture_is_named() {
 #[test]
 fn unknown_backend_is_refused_plainly() {
     let Some(m) = model(SMOLLM2) else { return };
-    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--prompt", "hi", "--backend", "x86-avx512"]);
+    let o = mollm(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--backend",
+        "x86-avx512",
+    ]);
     assert_clean_error(&o, "x86-avx512");
 }
 
 #[test]
 fn json_output_has_every_field() {
     let Some(m) = model(SMOLLM2) else { return };
-    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--prompt", "One, two, three,", "--max-tokens", "5", "--json"]);
+    let o = mollm(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "One, two, three,",
+        "--max-tokens",
+        "5",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["architecture"], "llama");
@@ -127,7 +163,13 @@ fn json_output_has_every_field() {
     assert!(!v["prompt_tokens"].as_array().unwrap().is_empty());
     let n = v["tokens"].as_array().unwrap().len();
     assert!((1..=5).contains(&n));
-    for k in ["load_ms", "prefill_ms", "decode_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+    for k in [
+        "load_ms",
+        "prefill_ms",
+        "decode_ms",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+    ] {
         assert!(v["timings"][k].as_f64().is_some(), "timings.{k} missing");
     }
     assert!(v["timings"]["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
@@ -136,14 +178,25 @@ fn json_output_has_every_field() {
 #[test]
 fn streamed_text_equals_json_text() {
     let Some(m) = model(SMOLLM2) else { return };
-    let args = ["run", "--model", m.to_str().unwrap(), "--prompt", "The best way to learn", "--max-tokens", "12"];
+    let args = [
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The best way to learn",
+        "--max-tokens",
+        "12",
+    ];
     let plain = mollm(&args);
     let mut jargs = args.to_vec();
     jargs.push("--json");
     let json = mollm(&jargs);
     let v: Value = serde_json::from_slice(&json.stdout).unwrap();
     let text = String::from_utf8(plain.stdout).unwrap();
-    assert_eq!(text.trim_end_matches('\n'), v["text"].as_str().unwrap().trim_end_matches('\n'));
+    assert_eq!(
+        text.trim_end_matches('\n'),
+        v["text"].as_str().unwrap().trim_end_matches('\n')
+    );
 }
 
 #[test]
@@ -151,8 +204,24 @@ fn same_seed_same_text_other_seed_other_text() {
     let Some(m) = model(SMOLLM2) else { return };
     let run = |seed: &str| {
         let o = mollm(&[
-            "run", "--model", m.to_str().unwrap(), "--prompt", "Once upon a time", "--max-tokens", "24",
-            "--temperature", "1.2", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", seed, "--json",
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "1.2",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            seed,
+            "--json",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -165,10 +234,25 @@ fn same_seed_same_text_other_seed_other_text() {
 #[test]
 fn chat_goes_through_the_template() {
     let Some(m) = model(SMOLLM2) else { return };
-    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--chat", "--prompt", "Hi", "--max-tokens", "1", "--json"]);
+    let o = mollm(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let ids: Vec<u64> = v["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let ids: Vec<u64> = v["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
     // SmolLM2's ChatML: <|im_start|> is id 1; the prompt ends with "<|im_start|>assistant\n".
     assert_eq!(ids.iter().filter(|&&t| t == 1).count(), 3, "{ids:?}");
     assert_eq!(*ids.last().unwrap(), 198, "{ids:?}");
@@ -178,6 +262,14 @@ fn chat_goes_through_the_template() {
 fn prompt_longer_than_context_is_refused() {
     let Some(m) = model(SMOLLM2) else { return };
     let long = "word ".repeat(200);
-    let o = mollm(&["run", "--model", m.to_str().unwrap(), "--prompt", &long, "--ctx", "64"]);
+    let o = mollm(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        &long,
+        "--ctx",
+        "64",
+    ]);
     assert_clean_error(&o, "--ctx");
 }

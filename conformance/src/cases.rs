@@ -1,7 +1,9 @@
 //! Seeded random cases for every op, over shapes that include edge sizes: one row, odd head
 //! counts, a single block, many blocks, GQA ratios, windows shorter than the sequence.
 
-use abi::{DType, Op, OpParams, TensorDesc, GLU_GELU_TANH, GLU_SILU, ROPE_NEOX, ROPE_NORMAL, WEIGHT_DTYPES};
+use abi::{
+    DType, Op, OpParams, TensorDesc, GLU_GELU_TANH, GLU_SILU, ROPE_NEOX, ROPE_NORMAL, WEIGHT_DTYPES,
+};
 
 /// A tensor that owns its bytes.
 #[derive(Clone, Debug)]
@@ -15,15 +17,27 @@ impl Owned {
     pub fn zeros(dtype: DType, shape: &[i64]) -> Owned {
         let n: i64 = shape[1..].iter().product();
         let bytes = dtype.row_bytes(shape[0] as u64).expect("whole blocks") as usize * n as usize;
-        Owned { dtype, shape: shape.to_vec(), data: vec![0; bytes] }
+        Owned {
+            dtype,
+            shape: shape.to_vec(),
+            data: vec![0; bytes],
+        }
     }
 
     pub fn f32(shape: &[i64], v: &[f32]) -> Owned {
-        Owned { dtype: DType::F32, shape: shape.to_vec(), data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+        Owned {
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+            data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
     }
 
     pub fn i32(v: &[i32]) -> Owned {
-        Owned { dtype: DType::I32, shape: vec![v.len() as i64], data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+        Owned {
+            dtype: DType::I32,
+            shape: vec![v.len() as i64],
+            data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
     }
 
     /// Rows of `f32` values stored as `dtype` (quantized with the reference quantizer).
@@ -45,7 +59,10 @@ impl Owned {
     }
 
     pub fn as_f32(&self) -> Vec<f32> {
-        self.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        self.data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
     }
 }
 
@@ -81,7 +98,9 @@ impl Rng {
     }
     /// Roughly normal, scaled.
     pub fn normal(&mut self, scale: f32) -> f32 {
-        let s: f32 = (0..4).map(|_| (self.u64() >> 40) as f32 / (1u64 << 24) as f32).sum();
+        let s: f32 = (0..4)
+            .map(|_| (self.u64() >> 40) as f32 / (1u64 << 24) as f32)
+            .sum();
         (s - 2.0) * 1.7 * scale
     }
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
@@ -101,14 +120,22 @@ pub fn case(op: Op, seed: u64) -> Case {
             let v = r.pick(&[1i64, 5, 17]);
             let table = Owned::quantized(dt, &[k, v], &r.vec((k * v) as usize, 1.0));
             let ids: Vec<i32> = (0..rows).map(|_| r.below(v as u64) as i32).collect();
-            (vec![table, Owned::i32(&ids)], vec![Owned::zeros(DType::F32, &[k, rows])], format!("{dt} k={k} v={v} m={rows}"))
+            (
+                vec![table, Owned::i32(&ids)],
+                vec![Owned::zeros(DType::F32, &[k, rows])],
+                format!("{dt} k={k} v={v} m={rows}"),
+            )
         }
         Op::RmsNorm => {
             let k = r.pick(&[1i64, 8, 64, 576, 1000]);
             p.f[0] = r.pick(&[1e-5f32, 1e-6]);
             let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 2.0));
             let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
-            (vec![x, w], vec![Owned::zeros(DType::F32, &[k, rows])], format!("k={k} rows={rows}"))
+            (
+                vec![x, w],
+                vec![Owned::zeros(DType::F32, &[k, rows])],
+                format!("k={k} rows={rows}"),
+            )
         }
         Op::Rope => {
             let d = r.pick(&[2i64, 64, 128, 256]);
@@ -119,7 +146,11 @@ pub fn case(op: Op, seed: u64) -> Case {
             p.f[..6].copy_from_slice(&[r.pick(&[10000.0f32, 1e6]), 1.0, 0.0, 1.0, 32.0, 1.0]);
             let pos: Vec<i32> = (0..rows).map(|_| r.below(5000) as i32).collect();
             let x = Owned::f32(&[d, h, rows], &r.vec((d * h * rows) as usize, 1.0));
-            (vec![x, Owned::i32(&pos)], vec![Owned::zeros(DType::F32, &[d, h, rows])], format!("d={d} h={h} t={rows} mode={}", p.i[0]))
+            (
+                vec![x, Owned::i32(&pos)],
+                vec![Owned::zeros(DType::F32, &[d, h, rows])],
+                format!("d={d} h={h} t={rows} mode={}", p.i[0]),
+            )
         }
         Op::MatMul => {
             let dt = r.pick(WEIGHT_DTYPES);
@@ -128,7 +159,11 @@ pub fn case(op: Op, seed: u64) -> Case {
             let n = r.pick(&[1i64, 4, 7, 32]);
             let w = Owned::quantized(dt, &[k, n], &r.vec((k * n) as usize, 0.5));
             let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
-            (vec![w, x], vec![Owned::zeros(DType::F32, &[n, rows])], format!("{dt} k={k} n={n} m={rows}"))
+            (
+                vec![w, x],
+                vec![Owned::zeros(DType::F32, &[n, rows])],
+                format!("{dt} k={k} n={n} m={rows}"),
+            )
         }
         Op::Attention => {
             let d = r.pick(&[4i64, 64]);
@@ -143,10 +178,25 @@ pub fn case(op: Op, seed: u64) -> Case {
             p.i[1] = r.pick(&[0i64, 0, 3]);
             p.f[0] = 1.0 / (d as f32).sqrt();
             let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
-            let kc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
-            let vc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
-            let label = format!("d={d} hq={hq} hkv={hkv} t={t} n_kv={} window={} {kv_dt}", p.i[0], p.i[1]);
-            (vec![q, kc, vc, Owned::i32(&pos)], vec![Owned::zeros(DType::F32, &[d, hq, t])], label)
+            let kc = Owned::quantized(
+                kv_dt,
+                &[d, hkv, cache],
+                &r.vec((d * hkv * cache) as usize, 1.0),
+            );
+            let vc = Owned::quantized(
+                kv_dt,
+                &[d, hkv, cache],
+                &r.vec((d * hkv * cache) as usize, 1.0),
+            );
+            let label = format!(
+                "d={d} hq={hq} hkv={hkv} t={t} n_kv={} window={} {kv_dt}",
+                p.i[0], p.i[1]
+            );
+            (
+                vec![q, kc, vc, Owned::i32(&pos)],
+                vec![Owned::zeros(DType::F32, &[d, hq, t])],
+                label,
+            )
         }
         Op::SetRows => {
             let k = r.pick(&[4i64, 192]);
@@ -160,14 +210,22 @@ pub fn case(op: Op, seed: u64) -> Case {
             idx.truncate(m as usize);
             let src = Owned::f32(&[k, m], &r.vec((k * m) as usize, 1.0));
             let dst = Owned::quantized(dt, &[k, dst_rows], &r.vec((k * dst_rows) as usize, 1.0));
-            (vec![src, Owned::i32(&idx), dst.clone()], vec![dst], format!("{dt} k={k} m={m}"))
+            (
+                vec![src, Owned::i32(&idx), dst.clone()],
+                vec![dst],
+                format!("{dt} k={k} m={m}"),
+            )
         }
         Op::Glu => {
             let k = r.pick(&[1i64, 17, 1536]);
             p.i[0] = r.pick(&[GLU_SILU, GLU_GELU_TANH]);
             let g = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 3.0));
             let u = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
-            (vec![g, u], vec![Owned::zeros(DType::F32, &[k, rows])], format!("k={k} act={}", p.i[0]))
+            (
+                vec![g, u],
+                vec![Owned::zeros(DType::F32, &[k, rows])],
+                format!("k={k} act={}", p.i[0]),
+            )
         }
         Op::Add | Op::Mul | Op::Scale | Op::Softmax | Op::Argmax => {
             let k = r.pick(&[1i64, 5, 64, 333]);
@@ -177,7 +235,11 @@ pub fn case(op: Op, seed: u64) -> Case {
                 Op::Add | Op::Mul => {
                     let b_rows = if r.below(2) == 0 { 1 } else { rows };
                     let b = Owned::f32(&[k, b_rows], &r.vec((k * b_rows) as usize, 1.0));
-                    (vec![a, b], vec![Owned::zeros(DType::F32, &[k, rows])], format!("{label} b_rows={b_rows}"))
+                    (
+                        vec![a, b],
+                        vec![Owned::zeros(DType::F32, &[k, rows])],
+                        format!("{label} b_rows={b_rows}"),
+                    )
                 }
                 Op::Argmax => (vec![a], vec![Owned::zeros(DType::I32, &[rows])], label),
                 _ => {
@@ -187,5 +249,11 @@ pub fn case(op: Op, seed: u64) -> Case {
             }
         }
     };
-    Case { op, label, inputs, outputs, params: p }
+    Case {
+        op,
+        label,
+        inputs,
+        outputs,
+        params: p,
+    }
 }

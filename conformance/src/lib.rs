@@ -22,11 +22,26 @@ pub struct Tolerance {
 /// activations slightly differently), so they get the widest bound; argmax must be exact.
 pub fn tolerance(op: Op) -> Tolerance {
     match op {
-        Op::Argmax | Op::GetRows | Op::SetRows | Op::Add | Op::Mul | Op::Scale => Tolerance { abs: 1e-6, rel: 1e-6 },
-        Op::MatMul => Tolerance { abs: 2e-2, rel: 2e-2 },
-        Op::Attention => Tolerance { abs: 2e-3, rel: 2e-3 },
-        Op::Glu => Tolerance { abs: 2e-3, rel: 2e-3 },
-        _ => Tolerance { abs: 1e-4, rel: 1e-4 },
+        Op::Argmax | Op::GetRows | Op::SetRows | Op::Add | Op::Mul | Op::Scale => Tolerance {
+            abs: 1e-6,
+            rel: 1e-6,
+        },
+        Op::MatMul => Tolerance {
+            abs: 2e-2,
+            rel: 2e-2,
+        },
+        Op::Attention => Tolerance {
+            abs: 2e-3,
+            rel: 2e-3,
+        },
+        Op::Glu => Tolerance {
+            abs: 2e-3,
+            rel: 2e-3,
+        },
+        _ => Tolerance {
+            abs: 1e-4,
+            rel: 1e-4,
+        },
     }
 }
 
@@ -60,7 +75,11 @@ impl<'t> Instance<'t> {
             let n = (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len()).min(buf.len());
             return Err(format!("{st:?}: {}", String::from_utf8_lossy(&buf[..n])));
         }
-        Ok(if c.op == Op::SetRows { vec![c.inputs[2].data.clone()] } else { c.outputs.iter().map(|o| o.data.clone()).collect() })
+        Ok(if c.op == Op::SetRows {
+            vec![c.inputs[2].data.clone()]
+        } else {
+            c.outputs.iter().map(|o| o.data.clone()).collect()
+        })
     }
 }
 
@@ -72,21 +91,38 @@ impl Drop for Instance<'_> {
 
 fn compare(op: Op, got: &[u8], want: &[u8], dtype: abi::DType) -> Result<(), String> {
     if dtype != abi::DType::F32 {
-        return if got == want { Ok(()) } else { Err("output bytes differ".into()) };
+        return if got == want {
+            Ok(())
+        } else {
+            Err("output bytes differ".into())
+        };
     }
     let tol = tolerance(op);
-    let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect() };
+    let f = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
+            .collect()
+    };
     for (i, (g, w)) in f(got).iter().zip(f(want)).enumerate() {
-        let ok = approx::abs_diff_eq!(*g, w, epsilon = tol.abs + tol.rel * w.abs()) || (g.is_nan() && w.is_nan());
+        let ok = approx::abs_diff_eq!(*g, w, epsilon = tol.abs + tol.rel * w.abs())
+            || (g.is_nan() && w.is_nan());
         if !ok {
-            return Err(format!("element {i}: got {g}, reference {w} (tolerance {} + {}*|ref|)", tol.abs, tol.rel));
+            return Err(format!(
+                "element {i}: got {g}, reference {w} (tolerance {} + {}*|ref|)",
+                tol.abs, tol.rel
+            ));
         }
     }
     Ok(())
 }
 
 /// Runs `n_cases` seeded cases of `op` on `backend` and on the reference.
-pub fn check_op(backend: &Instance, reference: &Instance, op: Op, n_cases: u64) -> Result<(), String> {
+pub fn check_op(
+    backend: &Instance,
+    reference: &Instance,
+    op: Op,
+    n_cases: u64,
+) -> Result<(), String> {
     for seed in 0..n_cases {
         let mut c = case(op, seed);
         let label = format!("{} seed {seed} ({})", op.name(), c.label);
@@ -96,16 +132,23 @@ pub fn check_op(backend: &Instance, reference: &Instance, op: Op, n_cases: u64) 
             .map(|f| {
                 let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
                 let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
-                Status::from_raw(f(backend.ctx, &OpCall::new(op, &ins, &outs, c.params))) == Status::Unsupported
+                Status::from_raw(f(backend.ctx, &OpCall::new(op, &ins, &outs, c.params)))
+                    == Status::Unsupported
             })
             .unwrap_or(false);
         if unsupported {
             continue;
         }
         let mut c2 = c.clone();
-        let want = reference.run(&mut c2).map_err(|e| format!("{label}: reference failed: {e}"))?;
+        let want = reference
+            .run(&mut c2)
+            .map_err(|e| format!("{label}: reference failed: {e}"))?;
         let got = backend.run(&mut c).map_err(|e| format!("{label}: {e}"))?;
-        let dtype = if op == Op::SetRows { c.inputs[2].dtype } else { c.outputs[0].dtype };
+        let dtype = if op == Op::SetRows {
+            c.inputs[2].dtype
+        } else {
+            c.outputs[0].dtype
+        };
         for (g, w) in got.iter().zip(&want) {
             compare(op, g, w, dtype).map_err(|e| format!("{label}: {e}"))?;
         }
@@ -114,8 +157,19 @@ pub fn check_op(backend: &Instance, reference: &Instance, op: Op, n_cases: u64) 
 }
 
 /// Checks every op; returns the ones that fail, each with why.
-pub fn check_backend(table: &BackendTable, host: &abi::HostApi, n_cases: u64) -> Result<Vec<(Op, String)>, String> {
+pub fn check_backend(
+    table: &BackendTable,
+    host: &abi::HostApi,
+    n_cases: u64,
+) -> Result<Vec<(Op, String)>, String> {
     let backend = Instance::open(table, host)?;
     let reference = Instance::open(&reference::TABLE, host)?;
-    Ok(Op::ALL.iter().filter_map(|&op| check_op(&backend, &reference, op, n_cases).err().map(|e| (op, e))).collect())
+    Ok(Op::ALL
+        .iter()
+        .filter_map(|&op| {
+            check_op(&backend, &reference, op, n_cases)
+                .err()
+                .map(|e| (op, e))
+        })
+        .collect())
 }

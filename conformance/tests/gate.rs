@@ -22,7 +22,10 @@ extern "C" fn broken_compute(ctx: *mut c_void, call: *const OpCall) -> i32 {
     st
 }
 
-static BROKEN: BackendTable = BackendTable { compute: broken_compute, ..copy_reference() };
+static BROKEN: BackendTable = BackendTable {
+    compute: broken_compute,
+    ..copy_reference()
+};
 
 const fn copy_reference() -> BackendTable {
     BackendTable {

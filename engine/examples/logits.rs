@@ -5,7 +5,10 @@
 use engine::{Model, Session, SessionOptions};
 
 fn parse(s: &str) -> Vec<u32> {
-    s.split(',').filter(|x| !x.is_empty()).map(|x| x.trim().parse().unwrap()).collect()
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.trim().parse().unwrap())
+        .collect()
 }
 
 fn top(l: &[f32], n: usize) -> Vec<(usize, f32)> {
@@ -17,7 +20,11 @@ fn top(l: &[f32], n: usize) -> Vec<(usize, f32)> {
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let model = Model::load(std::path::Path::new(&a[1])).unwrap();
-    let opts = SessionOptions { n_ctx: 2048, n_threads: 2, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: 2048,
+        n_threads: 2,
+        ..Default::default()
+    };
     let mut s = Session::new(&model, &opts).unwrap();
     let prompt = parse(&a[2]);
     let forced = a.get(3).map(|x| parse(x)).unwrap_or_default();

@@ -21,15 +21,26 @@ impl Backend {
     pub fn open(header: &'static BackendHeader, host: HostApi) -> Result<Backend> {
         header.check_layout().map_err(EngineError::Invalid)?;
         // SAFETY: check_layout verified name and table are non-null; both are static.
-        let name = unsafe { CStr::from_ptr(header.name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(header.name) }
+            .to_string_lossy()
+            .into_owned();
         let table: &'static BackendTable = unsafe { &*header.table };
         let host = Box::new(host);
         let mut ctx = core::ptr::null_mut();
         let st = Status::from_raw((table.init)(&*host, &mut ctx));
         if st != Status::Ok {
-            return Err(EngineError::Backend { backend: name, op: "init", msg: format!("{st:?}") });
+            return Err(EngineError::Backend {
+                backend: name,
+                op: "init",
+                msg: format!("{st:?}"),
+            });
         }
-        Ok(Backend { name, table, ctx, _host: host })
+        Ok(Backend {
+            name,
+            table,
+            ctx,
+            _host: host,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -37,7 +48,13 @@ impl Backend {
     }
 
     /// Whether this backend takes this exact call (formats and shapes).
-    pub fn supports(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: &OpParams) -> bool {
+    pub fn supports(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> bool {
         let call = OpCall::new(op, inputs, outputs, *params);
         match self.table.supports {
             Some(f) => Status::from_raw(f(self.ctx, &call)) == Status::Ok,
@@ -45,13 +62,23 @@ impl Backend {
         }
     }
 
-    pub fn compute(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: OpParams) -> Result<()> {
+    pub fn compute(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: OpParams,
+    ) -> Result<()> {
         let call = OpCall::new(op, inputs, outputs, params);
         let st = Status::from_raw((self.table.compute)(self.ctx, &call));
         if st == Status::Ok {
             return Ok(());
         }
-        Err(EngineError::Backend { backend: self.name.clone(), op: op.name(), msg: format!("{st:?}: {}", self.last_error()) })
+        Err(EngineError::Backend {
+            backend: self.name.clone(),
+            op: op.name(),
+            msg: format!("{st:?}: {}", self.last_error()),
+        })
     }
 
     pub fn last_error(&self) -> String {

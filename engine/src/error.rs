@@ -7,7 +7,11 @@ pub enum EngineError {
     /// A backend refused or failed an op. `backend` and `op` say where; `msg` is the backend's
     /// own `last_error` text.
     #[error("{backend}: {op}: {msg}")]
-    Backend { backend: String, op: &'static str, msg: String },
+    Backend {
+        backend: String,
+        op: &'static str,
+        msg: String,
+    },
     #[error("{file}: {msg}")]
     Model { file: String, msg: String },
     #[error("context is full: {need} tokens needed, the context holds {n_ctx}")]

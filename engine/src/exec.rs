@@ -52,7 +52,12 @@ impl OpStats {
         for op in Op::ALL {
             let i = *op as usize;
             if self.calls[i] > 0 {
-                lines.push(format!("{:<10} {:>8} calls {:>10.1} ms", op.name(), self.calls[i], self.nanos[i] as f64 / 1e6));
+                lines.push(format!(
+                    "{:<10} {:>8} calls {:>10.1} ms",
+                    op.name(),
+                    self.calls[i],
+                    self.nanos[i] as f64 / 1e6
+                ));
             }
         }
         lines.join("\n")
@@ -84,8 +89,18 @@ fn trace(op: Op, t: &TensorDesc) {
         let _ = std::fs::write(format!("{dir}/{i:05}_{}.f32", op.name()), bytes);
     }
     let head: Vec<String> = v.iter().take(3).map(|x| format!("{x:.4}")).collect();
-    let tail: Vec<String> = v.iter().skip(n.saturating_sub(3)).map(|x| format!("{x:.4}")).collect();
-    eprintln!("trace {:<10} {:?} [{} ... {}] sum = {sum:.6}", op.name(), t.ne, head.join(", "), tail.join(", "));
+    let tail: Vec<String> = v
+        .iter()
+        .skip(n.saturating_sub(3))
+        .map(|x| format!("{x:.4}"))
+        .collect();
+    eprintln!(
+        "trace {:<10} {:?} [{} ... {}] sum = {sum:.6}",
+        op.name(),
+        t.ne,
+        head.join(", "),
+        tail.join(", ")
+    );
 }
 
 fn i32_desc(v: &[i32]) -> TensorDesc {
@@ -98,7 +113,11 @@ impl Exec {
             return Err(EngineError::Invalid("no backend available".into()));
         }
         let trace = std::env::var("MOLLM_TRACE").is_ok_and(|v| v == "1");
-        Ok(Exec { backends, stats: Default::default(), trace })
+        Ok(Exec {
+            backends,
+            stats: Default::default(),
+            trace,
+        })
     }
 
     pub fn backend_names(&self) -> Vec<&str> {
@@ -109,7 +128,13 @@ impl Exec {
         self.stats.borrow().clone()
     }
 
-    fn call(&self, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: OpParams) -> Result<()> {
+    fn call(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: OpParams,
+    ) -> Result<()> {
         let t0 = std::time::Instant::now();
         let last = self.backends.len() - 1;
         for (i, b) in self.backends.iter().enumerate() {
@@ -130,7 +155,12 @@ impl Exec {
 
     pub fn get_rows(&self, table: &Weight, ids: &[i32]) -> Result<Act> {
         let mut out = Act::zeros(&[table.ne()[0], ids.len() as i64]);
-        self.call(Op::GetRows, &[table.desc, i32_desc(ids)], &[out.desc_mut()], OpParams::default())?;
+        self.call(
+            Op::GetRows,
+            &[table.desc, i32_desc(ids)],
+            &[out.desc_mut()],
+            OpParams::default(),
+        )?;
         Ok(out)
     }
 
@@ -148,14 +178,26 @@ impl Exec {
         p.i[0] = r.mode;
         p.i[1] = r.n_dims;
         p.i[2] = r.n_ctx_orig;
-        p.f[..6].copy_from_slice(&[r.freq_base, r.freq_scale, r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow]);
+        p.f[..6].copy_from_slice(&[
+            r.freq_base,
+            r.freq_scale,
+            r.ext_factor,
+            r.attn_factor,
+            r.beta_fast,
+            r.beta_slow,
+        ]);
         self.call(Op::Rope, &[x.desc(), i32_desc(pos)], &[out.desc_mut()], p)?;
         Ok(out)
     }
 
     pub fn matmul(&self, w: &Weight, x: &Act) -> Result<Act> {
         let mut out = Act::zeros(&[w.ne()[1], x.ne[1], x.ne[2], x.ne[3]]);
-        self.call(Op::MatMul, &[w.desc, x.desc()], &[out.desc_mut()], OpParams::default())?;
+        self.call(
+            Op::MatMul,
+            &[w.desc, x.desc()],
+            &[out.desc_mut()],
+            OpParams::default(),
+        )?;
         Ok(out)
     }
 
@@ -186,14 +228,24 @@ impl Exec {
         p.i[1] = window as i64;
         p.f[0] = scale;
         p.f[1] = softcap;
-        self.call(Op::Attention, &[q.desc(), k.desc(), v.desc(), i32_desc(pos)], &[out.desc_mut()], p)?;
+        self.call(
+            Op::Attention,
+            &[q.desc(), k.desc(), v.desc(), i32_desc(pos)],
+            &[out.desc_mut()],
+            p,
+        )?;
         Ok(out)
     }
 
     /// Writes the rows of `src` ([K, M]) into cache rows `idx`.
     pub fn set_rows(&self, cache: &mut CacheTensor, src: &Act, idx: &[i32]) -> Result<()> {
         let dst = cache.desc_2d();
-        self.call(Op::SetRows, &[src.desc(), i32_desc(idx), dst], &[dst], OpParams::default())
+        self.call(
+            Op::SetRows,
+            &[src.desc(), i32_desc(idx), dst],
+            &[dst],
+            OpParams::default(),
+        )
     }
 
     pub fn glu(&self, gate: &Act, up: &Act, act: i64) -> Result<Act> {
@@ -206,19 +258,34 @@ impl Exec {
 
     pub fn add(&self, a: &Act, b: &Act) -> Result<Act> {
         let mut out = Act::zeros(&a.ne);
-        self.call(Op::Add, &[a.desc(), b.desc()], &[out.desc_mut()], OpParams::default())?;
+        self.call(
+            Op::Add,
+            &[a.desc(), b.desc()],
+            &[out.desc_mut()],
+            OpParams::default(),
+        )?;
         Ok(out)
     }
 
     fn add_weight(&self, a: &Act, b: &Weight) -> Result<Act> {
         let mut out = Act::zeros(&a.ne);
-        self.call(Op::Add, &[a.desc(), b.desc], &[out.desc_mut()], OpParams::default())?;
+        self.call(
+            Op::Add,
+            &[a.desc(), b.desc],
+            &[out.desc_mut()],
+            OpParams::default(),
+        )?;
         Ok(out)
     }
 
     pub fn mul(&self, a: &Act, b: &Act) -> Result<Act> {
         let mut out = Act::zeros(&a.ne);
-        self.call(Op::Mul, &[a.desc(), b.desc()], &[out.desc_mut()], OpParams::default())?;
+        self.call(
+            Op::Mul,
+            &[a.desc(), b.desc()],
+            &[out.desc_mut()],
+            OpParams::default(),
+        )?;
         Ok(out)
     }
 
@@ -241,7 +308,11 @@ impl Exec {
     /// Index of the largest value of each row.
     pub fn argmax(&self, x: &Act) -> Result<Vec<i32>> {
         let mut out = vec![0i32; x.nrows()];
-        let od = TensorDesc::contiguous(out.as_mut_ptr() as *mut u8, DType::I32, &[x.ne[1], x.ne[2], x.ne[3]]);
+        let od = TensorDesc::contiguous(
+            out.as_mut_ptr() as *mut u8,
+            DType::I32,
+            &[x.ne[1], x.ne[2], x.ne[3]],
+        );
         self.call(Op::Argmax, &[x.desc()], &[od], OpParams::default())?;
         Ok(out)
     }

@@ -12,7 +12,11 @@ pub struct CacheTensor {
 impl CacheTensor {
     fn new(dtype: DType, head_dim: usize, n_heads: usize, n_ctx: usize) -> CacheTensor {
         let bytes = head_dim * n_heads * n_ctx * dtype.info().block_bytes as usize;
-        CacheTensor { data: vec![0u8; bytes], dtype, ne: [head_dim as i64, n_heads as i64, n_ctx as i64, 1] }
+        CacheTensor {
+            data: vec![0u8; bytes],
+            dtype,
+            ne: [head_dim as i64, n_heads as i64, n_ctx as i64, 1],
+        }
     }
 
     /// The cache as `[head_dim, n_heads, n_ctx]`, what attention reads.
@@ -22,7 +26,11 @@ impl CacheTensor {
 
     /// The cache as `[head_dim * n_heads, n_ctx]`: one row per position, what set_rows writes.
     pub fn desc_2d(&mut self) -> TensorDesc {
-        TensorDesc::contiguous(self.data.as_mut_ptr() as *mut u8, self.dtype, &[self.ne[0] * self.ne[1], self.ne[2]])
+        TensorDesc::contiguous(
+            self.data.as_mut_ptr() as *mut u8,
+            self.dtype,
+            &[self.ne[0] * self.ne[1], self.ne[2]],
+        )
     }
 }
 
@@ -39,14 +47,24 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(dtype: DType, n_layers: usize, head_dim: usize, n_kv_heads: usize, n_ctx: usize) -> KvCache {
+    pub fn new(
+        dtype: DType,
+        n_layers: usize,
+        head_dim: usize,
+        n_kv_heads: usize,
+        n_ctx: usize,
+    ) -> KvCache {
         let layers = (0..n_layers)
             .map(|_| LayerCache {
                 k: CacheTensor::new(dtype, head_dim, n_kv_heads, n_ctx),
                 v: CacheTensor::new(dtype, head_dim, n_kv_heads, n_ctx),
             })
             .collect();
-        KvCache { layers, n_ctx, n_past: 0 }
+        KvCache {
+            layers,
+            n_ctx,
+            n_past: 0,
+        }
     }
 
     /// Forgets everything after `n` positions (the data stays; it is masked out).
@@ -55,6 +73,9 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.k.data.len() + l.v.data.len()).sum()
+        self.layers
+            .iter()
+            .map(|l| l.k.data.len() + l.v.data.len())
+            .sum()
     }
 }

@@ -37,7 +37,9 @@ impl Pool {
     /// `n_threads == 0` means one per available core.
     pub fn new(n_threads: usize) -> Pool {
         let n = if n_threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         } else {
             n_threads
         };
@@ -46,7 +48,10 @@ impl Pool {
             .thread_name(|i| format!("mollm-compute-{i}"))
             .build()
             .expect("cannot start compute threads");
-        Pool { pool: Arc::new(pool), n_threads: n }
+        Pool {
+            pool: Arc::new(pool),
+            n_threads: n,
+        }
     }
 
     pub fn n_threads(&self) -> usize {

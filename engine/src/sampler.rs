@@ -55,7 +55,9 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -85,7 +87,11 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplerParams) -> Sampler {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, recent: VecDeque::new() }
+        Sampler {
+            params,
+            rng,
+            recent: VecDeque::new(),
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -118,7 +124,9 @@ impl Sampler {
         }
         let p = &self.params;
         for (&tok, &count) in &counts {
-            let Some(l) = logits.get_mut(tok as usize) else { continue };
+            let Some(l) = logits.get_mut(tok as usize) else {
+                continue;
+            };
             if *l <= 0.0 {
                 *l *= p.repeat_penalty;
             } else {
@@ -131,7 +139,11 @@ impl Sampler {
     /// Draws a token from (penalised) logits with top-k, top-p, min-p and temperature.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = self.params.clone();
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
@@ -187,9 +199,19 @@ mod tests {
 
     #[test]
     fn same_seed_same_draws_and_other_seed_differs() {
-        let params = SamplerParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+        let params = SamplerParams {
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..Default::default()
+        };
         let draw = |seed| {
-            let mut s = Sampler::new(SamplerParams { seed, ..params.clone() });
+            let mut s = Sampler::new(SamplerParams {
+                seed,
+                ..params.clone()
+            });
             (0..50).map(|_| s.sample(&logits())).collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
@@ -198,7 +220,11 @@ mod tests {
 
     #[test]
     fn top_k_one_is_argmax() {
-        let mut s = Sampler::new(SamplerParams { temperature: 1.0, top_k: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        });
         let l = logits();
         let best = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
         for _ in 0..20 {
@@ -211,12 +237,24 @@ mod tests {
         let mut l = vec![-10.0f32; 10];
         l[3] = 5.0;
         l[4] = 4.9;
-        let mut s = Sampler::new(SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        });
         for _ in 0..200 {
             let t = s.sample(&l);
             assert!(t == 3 || t == 4, "drew {t}");
         }
-        let mut s = Sampler::new(SamplerParams { temperature: 1.0, top_k: 0, top_p: 0.1, min_p: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.1,
+            min_p: 0.0,
+            ..Default::default()
+        });
         for _ in 0..50 {
             assert_eq!(s.sample(&l), 3);
         }
@@ -224,7 +262,12 @@ mod tests {
 
     #[test]
     fn penalties_push_recent_tokens_down() {
-        let mut s = Sampler::new(SamplerParams { repeat_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 1.0, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 1.0,
+            ..Default::default()
+        });
         s.accept(1);
         s.accept(1);
         s.accept(2);

@@ -34,11 +34,22 @@ impl Model {
         let graph = build_graph(&gguf, &hp)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
-        Ok(Model { graph, hp, tokenizer, chat_template, gguf, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+        Ok(Model {
+            graph,
+            hp,
+            tokenizer,
+            chat_template,
+            gguf,
+            load_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
     }
 
     pub fn file_name(&self) -> String {
-        self.gguf.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+        self.gguf
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 
@@ -85,7 +96,13 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { n_ctx: 4096, n_batch: 512, n_threads: 0, backend: BackendChoice::Auto, kv_dtype: DType::F32 }
+        SessionOptions {
+            n_ctx: 4096,
+            n_batch: 512,
+            n_threads: 0,
+            backend: BackendChoice::Auto,
+            kv_dtype: DType::F32,
+        }
     }
 }
 
@@ -132,7 +149,14 @@ impl<'m> Session<'m> {
         let n_ctx = opts.n_ctx.max(1);
         let hp = &model.hp;
         let kv = KvCache::new(opts.kv_dtype, hp.n_layer, hp.head_dim, hp.n_head_kv, n_ctx);
-        Ok(Session { model, exec, kv, n_batch: opts.n_batch.max(1), history: Vec::new(), pool })
+        Ok(Session {
+            model,
+            exec,
+            kv,
+            n_batch: opts.n_batch.max(1),
+            history: Vec::new(),
+            pool,
+        })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -162,19 +186,31 @@ impl<'m> Session<'m> {
     pub fn eval(&mut self, tokens: &[u32], want_logits: bool) -> Result<Option<Vec<f32>>> {
         let need = self.history.len() + tokens.len();
         if need > self.kv.n_ctx {
-            return Err(EngineError::ContextFull { need, n_ctx: self.kv.n_ctx });
+            return Err(EngineError::ContextFull {
+                need,
+                n_ctx: self.kv.n_ctx,
+            });
         }
         let n_vocab = self.model.hp.n_vocab as u32;
         if let Some(&bad) = tokens.iter().find(|&&t| t >= n_vocab) {
-            return Err(EngineError::Invalid(format!("token id {bad} outside the vocabulary of {n_vocab}")));
+            return Err(EngineError::Invalid(format!(
+                "token id {bad} outside the vocabulary of {n_vocab}"
+            )));
         }
         let mut logits = None;
         let chunks: Vec<&[u32]> = tokens.chunks(self.n_batch).collect();
         for (i, chunk) in chunks.iter().enumerate() {
             let last = i + 1 == chunks.len();
-            let out_rows: Vec<usize> = if last && want_logits { vec![chunk.len() - 1] } else { vec![] };
+            let out_rows: Vec<usize> = if last && want_logits {
+                vec![chunk.len() - 1]
+            } else {
+                vec![]
+            };
             let pos0 = self.history.len();
-            let out: Act = self.model.graph.forward(&self.exec, &mut self.kv, chunk, pos0, &out_rows)?;
+            let out: Act =
+                self.model
+                    .graph
+                    .forward(&self.exec, &mut self.kv, chunk, pos0, &out_rows)?;
             self.history.extend_from_slice(chunk);
             self.kv.n_past = self.history.len();
             if !out_rows.is_empty() {
@@ -211,7 +247,9 @@ impl<'m> Session<'m> {
     ) -> Result<(Vec<u32>, Timings)> {
         let mut timings = Timings::default();
         if prompt.is_empty() {
-            return Err(EngineError::Invalid("empty prompt: nothing to continue from".into()));
+            return Err(EngineError::Invalid(
+                "empty prompt: nothing to continue from".into(),
+            ));
         }
         for &t in prompt {
             sampler.accept(t);

@@ -15,13 +15,21 @@ impl Act {
         let mut ne = [1i64; 4];
         ne[..shape.len()].copy_from_slice(shape);
         let n: i64 = ne.iter().product();
-        Act { data: vec![0.0; n as usize], ne }
+        Act {
+            data: vec![0.0; n as usize],
+            ne,
+        }
     }
 
     pub fn from_vec(data: Vec<f32>, shape: &[i64]) -> Act {
         let mut ne = [1i64; 4];
         ne[..shape.len()].copy_from_slice(shape);
-        assert_eq!(ne.iter().product::<i64>() as usize, data.len(), "shape {shape:?} vs {} values", data.len());
+        assert_eq!(
+            ne.iter().product::<i64>() as usize,
+            data.len(),
+            "shape {shape:?} vs {} values",
+            data.len()
+        );
         Act { data, ne }
     }
 
@@ -29,7 +37,12 @@ impl Act {
     pub fn reshape(mut self, shape: &[i64]) -> Act {
         let mut ne = [1i64; 4];
         ne[..shape.len()].copy_from_slice(shape);
-        assert_eq!(ne.iter().product::<i64>(), self.ne.iter().product::<i64>(), "reshape {:?} -> {shape:?}", self.ne);
+        assert_eq!(
+            ne.iter().product::<i64>(),
+            self.ne.iter().product::<i64>(),
+            "reshape {:?} -> {shape:?}",
+            self.ne
+        );
         self.ne = ne;
         self
     }
@@ -75,7 +88,9 @@ unsafe impl Sync for Weight {}
 
 impl Weight {
     pub fn dtype(&self) -> DType {
-        self.desc.dtype().expect("weights are built from known dtypes")
+        self.desc
+            .dtype()
+            .expect("weights are built from known dtypes")
     }
 
     pub fn ne(&self) -> [i64; 4] {

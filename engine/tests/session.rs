@@ -11,7 +11,12 @@ fn smollm2() -> Option<Model> {
     };
     let p = dir.join("smollm2-135m-instruct-q4_1.gguf");
     if !p.exists() {
-        assert_ne!(std::env::var("MOLLM_REQUIRE_MODELS").as_deref(), Ok("1"), "{} missing", p.display());
+        assert_ne!(
+            std::env::var("MOLLM_REQUIRE_MODELS").as_deref(),
+            Ok("1"),
+            "{} missing",
+            p.display()
+        );
         eprintln!("SKIP: {} not found", p.display());
         return None;
     }
@@ -19,37 +24,73 @@ fn smollm2() -> Option<Model> {
 }
 
 fn opts(n_batch: usize) -> SessionOptions {
-    SessionOptions { n_ctx: 256, n_batch, n_threads: 2, ..Default::default() }
+    SessionOptions {
+        n_ctx: 256,
+        n_batch,
+        n_threads: 2,
+        ..Default::default()
+    }
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
 fn chunked_prompt_matches_one_batch() {
     let Some(m) = smollm2() else { return };
-    let ids = m.tokenizer.encode("The quick brown fox jumps over the lazy dog because it was late for dinner", true, true).unwrap();
-    let whole = Session::new(&m, &opts(512)).unwrap().eval(&ids, true).unwrap().unwrap();
-    let chunked = Session::new(&m, &opts(5)).unwrap().eval(&ids, true).unwrap().unwrap();
+    let ids = m
+        .tokenizer
+        .encode(
+            "The quick brown fox jumps over the lazy dog because it was late for dinner",
+            true,
+            true,
+        )
+        .unwrap();
+    let whole = Session::new(&m, &opts(512))
+        .unwrap()
+        .eval(&ids, true)
+        .unwrap()
+        .unwrap();
+    let chunked = Session::new(&m, &opts(5))
+        .unwrap()
+        .eval(&ids, true)
+        .unwrap()
+        .unwrap();
     // Chunks change which kernel sums the products (as in llama.cpp), so only rounding differs.
-    assert!(max_diff(&whole, &chunked) < 2e-2, "max diff {}", max_diff(&whole, &chunked));
+    assert!(
+        max_diff(&whole, &chunked) < 2e-2,
+        "max diff {}",
+        max_diff(&whole, &chunked)
+    );
 }
 
 #[test]
 fn kv_cache_continuation_equals_reprocessing() {
     let Some(m) = smollm2() else { return };
-    let ids = m.tokenizer.encode("Rust is a language that", true, true).unwrap();
+    let ids = m
+        .tokenizer
+        .encode("Rust is a language that", true, true)
+        .unwrap();
     let mut s = Session::new(&m, &opts(512)).unwrap();
     let mut sampler = Sampler::new(SamplerParams::default());
     let (gen, _) = s.generate(&ids, 6, &mut sampler, |_| true).unwrap();
-    assert_eq!(s.history().len(), ids.len() + gen.len() - 1, "the last token is sampled, not yet evaluated");
+    assert_eq!(
+        s.history().len(),
+        ids.len() + gen.len() - 1,
+        "the last token is sampled, not yet evaluated"
+    );
     // Re-run everything in one go: the greedy continuation must be the same tokens.
     let mut all = ids.clone();
     all.extend_from_slice(&gen[..gen.len() - 1]);
     let mut fresh = Session::new(&m, &opts(512)).unwrap();
     let logits = fresh.eval(&all, true).unwrap().unwrap();
-    let best = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a))).unwrap();
+    let best = (0..logits.len())
+        .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+        .unwrap();
     assert_eq!(best as u32, *gen.last().unwrap());
 }
 
@@ -71,12 +112,23 @@ fn truncate_and_regenerate_is_deterministic() {
 #[test]
 fn context_and_vocabulary_limits_are_errors() {
     let Some(m) = smollm2() else { return };
-    let mut s = Session::new(&m, &SessionOptions { n_ctx: 8, n_threads: 1, ..Default::default() }).unwrap();
+    let mut s = Session::new(
+        &m,
+        &SessionOptions {
+            n_ctx: 8,
+            n_threads: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let e = s.eval(&[1; 9], true).unwrap_err().to_string();
     assert!(e.contains("context is full"), "{e}");
     let e = s.eval(&[49152], true).unwrap_err().to_string();
     assert!(e.contains("49152"), "{e}");
     let mut sampler = Sampler::new(SamplerParams::default());
-    let e = s.generate(&[], 4, &mut sampler, |_| true).unwrap_err().to_string();
+    let e = s
+        .generate(&[], 4, &mut sampler, |_| true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("empty prompt"), "{e}");
 }

@@ -173,7 +173,9 @@ mod tests {
 
     /// Templates copied from llama.cpp's models/templates (see fixtures/templates/README.md).
     fn fixture_template(name: &str) -> String {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/templates").join(name);
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/templates")
+            .join(name);
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
 

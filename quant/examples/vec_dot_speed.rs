@@ -13,7 +13,19 @@ fn main() {
         ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     };
     let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
-    for dt in [DType::Q4_K, DType::Q4_1, DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q6_K, DType::Q2_K, DType::Q3_K, DType::Q5_K, DType::F16, DType::F32] {
+    for dt in [
+        DType::Q4_K,
+        DType::Q4_1,
+        DType::Q4_0,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q5_K,
+        DType::F16,
+        DType::F32,
+    ] {
         let rb = quant::row_bytes(dt, n).unwrap();
         let w: Vec<f32> = (0..n * rows).map(|_| rnd()).collect();
         let mut wq = vec![0u8; rb * rows];

@@ -32,7 +32,10 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
 /// loop, so the same functions serve as activation conversions.
 pub(crate) fn quantize(dtype: DType, src: &[f32], dst: &mut [u8]) {
     match dtype {
-        DType::F32 => dst.chunks_exact_mut(4).zip(src).for_each(|(o, &x)| o.copy_from_slice(&x.to_le_bytes())),
+        DType::F32 => dst
+            .chunks_exact_mut(4)
+            .zip(src)
+            .for_each(|(o, &x)| o.copy_from_slice(&x.to_le_bytes())),
         DType::F16 => dst
             .chunks_exact_mut(2)
             .zip(src)

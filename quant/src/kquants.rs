@@ -49,12 +49,22 @@ pub struct BlockQ2K {
 }
 impl Default for BlockQ2K {
     fn default() -> Self {
-        Self { scales: [0; 16], qs: [0; 64], d: f16::ZERO, dmin: f16::ZERO }
+        Self {
+            scales: [0; 16],
+            qs: [0; 64],
+            d: f16::ZERO,
+            dmin: f16::ZERO,
+        }
     }
 }
 impl BlockQ2K {
     fn parse(b: &[u8]) -> Self {
-        Self { scales: arr(b, 0), qs: arr(b, 16), d: f16_at(b, 80), dmin: f16_at(b, 82) }
+        Self {
+            scales: arr(b, 0),
+            qs: arr(b, 16),
+            d: f16_at(b, 80),
+            dmin: f16_at(b, 82),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         put(o, 0, &self.scales);
@@ -90,12 +100,22 @@ pub struct BlockQ3K {
 }
 impl Default for BlockQ3K {
     fn default() -> Self {
-        Self { hmask: [0; 32], qs: [0; 64], scales: [0; 12], d: f16::ZERO }
+        Self {
+            hmask: [0; 32],
+            qs: [0; 64],
+            scales: [0; 12],
+            d: f16::ZERO,
+        }
     }
 }
 impl BlockQ3K {
     fn parse(b: &[u8]) -> Self {
-        Self { hmask: arr(b, 0), qs: arr(b, 32), scales: arr(b, 96), d: f16_at(b, 108) }
+        Self {
+            hmask: arr(b, 0),
+            qs: arr(b, 32),
+            scales: arr(b, 96),
+            d: f16_at(b, 108),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         put(o, 0, &self.hmask);
@@ -162,12 +182,22 @@ pub struct BlockQ4K {
 }
 impl Default for BlockQ4K {
     fn default() -> Self {
-        Self { d: f16::ZERO, dmin: f16::ZERO, scales: [0; 12], qs: [0; 128] }
+        Self {
+            d: f16::ZERO,
+            dmin: f16::ZERO,
+            scales: [0; 12],
+            qs: [0; 128],
+        }
     }
 }
 impl BlockQ4K {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), dmin: f16_at(b, 2), scales: arr(b, 4), qs: arr(b, 16) }
+        Self {
+            d: f16_at(b, 0),
+            dmin: f16_at(b, 2),
+            scales: arr(b, 4),
+            qs: arr(b, 16),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         put(o, 0, &self.d.to_bits().to_le_bytes());
@@ -203,12 +233,24 @@ pub struct BlockQ5K {
 }
 impl Default for BlockQ5K {
     fn default() -> Self {
-        Self { d: f16::ZERO, dmin: f16::ZERO, scales: [0; 12], qh: [0; 32], qs: [0; 128] }
+        Self {
+            d: f16::ZERO,
+            dmin: f16::ZERO,
+            scales: [0; 12],
+            qh: [0; 32],
+            qs: [0; 128],
+        }
     }
 }
 impl BlockQ5K {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), dmin: f16_at(b, 2), scales: arr(b, 4), qh: arr(b, 16), qs: arr(b, 48) }
+        Self {
+            d: f16_at(b, 0),
+            dmin: f16_at(b, 2),
+            scales: arr(b, 4),
+            qh: arr(b, 16),
+            qs: arr(b, 48),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         put(o, 0, &self.d.to_bits().to_le_bytes());
@@ -220,7 +262,11 @@ impl BlockQ5K {
     #[inline(always)]
     pub fn unpack(&self) -> [i8; 256] {
         let mut a = [0i8; 256];
-        for (j, (out, q)) in a.chunks_exact_mut(64).zip(self.qs.chunks_exact(32)).enumerate() {
+        for (j, (out, q)) in a
+            .chunks_exact_mut(64)
+            .zip(self.qs.chunks_exact(32))
+            .enumerate()
+        {
             let (lo, hi) = out.split_at_mut(32);
             let (s1, s2) = (2 * j, 2 * j + 1);
             for l in 0..32 {
@@ -244,12 +290,22 @@ pub struct BlockQ6K {
 }
 impl Default for BlockQ6K {
     fn default() -> Self {
-        Self { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: f16::ZERO }
+        Self {
+            ql: [0; 128],
+            qh: [0; 64],
+            scales: [0; 16],
+            d: f16::ZERO,
+        }
     }
 }
 impl BlockQ6K {
     fn parse(b: &[u8]) -> Self {
-        Self { ql: arr(b, 0), qh: arr(b, 128), scales: arr_i8(b, 192), d: f16_at(b, 208) }
+        Self {
+            ql: arr(b, 0),
+            qh: arr(b, 128),
+            scales: arr_i8(b, 192),
+            d: f16_at(b, 208),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         put(o, 0, &self.ql);
@@ -287,7 +343,11 @@ pub struct BlockQ8K {
 }
 impl Default for BlockQ8K {
     fn default() -> Self {
-        Self { d: 0.0, qs: [0; 256], bsums: [0; 16] }
+        Self {
+            d: 0.0,
+            qs: [0; 256],
+            bsums: [0; 16],
+        }
     }
 }
 impl BlockQ8K {
@@ -296,7 +356,11 @@ impl BlockQ8K {
         for (j, s) in bsums.iter_mut().enumerate() {
             *s = le_u16(b, 260 + 2 * j) as i16;
         }
-        Self { d: f32::from_le_bytes(arr(b, 0)), qs: arr_i8(b, 4), bsums }
+        Self {
+            d: f32::from_le_bytes(arr(b, 0)),
+            qs: arr_i8(b, 4),
+            bsums,
+        }
     }
     fn store(&self, o: &mut [u8]) {
         put(o, 0, &self.d.to_le_bytes());
@@ -320,7 +384,9 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
                 let sc = b.scales[g];
                 let dl = d * (sc & 0xF) as f32;
                 let ml = min * (sc >> 4) as f32;
-                y.iter_mut().zip(q).for_each(|(y, &q)| *y = dl * q as f32 - ml);
+                y.iter_mut()
+                    .zip(q)
+                    .for_each(|(y, &q)| *y = dl * q as f32 - ml);
             }
         }),
         DType::Q3_K => out.zip(blocks::<BlockQ3K>(src)).for_each(|(y, b)| {
@@ -333,11 +399,25 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
         }),
         DType::Q4_K => out.zip(blocks::<BlockQ4K>(src)).for_each(|(y, b)| {
             let (sc, m) = scale_min_k4(&b.scales);
-            dequant_k32(y, &b.unpack(), fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.dmin.to_bits()), &sc, &m);
+            dequant_k32(
+                y,
+                &b.unpack(),
+                fp16_to_f32(b.d.to_bits()),
+                fp16_to_f32(b.dmin.to_bits()),
+                &sc,
+                &m,
+            );
         }),
         DType::Q5_K => out.zip(blocks::<BlockQ5K>(src)).for_each(|(y, b)| {
             let (sc, m) = scale_min_k4(&b.scales);
-            dequant_k32(y, &b.unpack(), fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.dmin.to_bits()), &sc, &m);
+            dequant_k32(
+                y,
+                &b.unpack(),
+                fp16_to_f32(b.d.to_bits()),
+                fp16_to_f32(b.dmin.to_bits()),
+                &sc,
+                &m,
+            );
         }),
         DType::Q6_K => out.zip(blocks::<BlockQ6K>(src)).for_each(|(y, b)| {
             let d = fp16_to_f32(b.d.to_bits());
@@ -349,7 +429,9 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
             }
         }),
         DType::Q8_K => out.zip(blocks::<BlockQ8K>(src)).for_each(|(y, b)| {
-            y.iter_mut().zip(b.qs).for_each(|(y, q)| *y = b.d * q as f32);
+            y.iter_mut()
+                .zip(b.qs)
+                .for_each(|(y, q)| *y = b.d * q as f32);
         }),
         _ => unreachable!("kquants::dequantize({dtype})"),
     }
@@ -360,7 +442,9 @@ fn dequant_k32(y: &mut [f32], a: &[i8; 256], d: f32, min: f32, sc: &[u8; 8], m: 
     for (s, (y, q)) in y.chunks_exact_mut(32).zip(a.chunks_exact(32)).enumerate() {
         let d1 = d * sc[s] as f32;
         let m1 = min * m[s] as f32;
-        y.iter_mut().zip(q).for_each(|(y, &q)| *y = d1 * q as f32 - m1);
+        y.iter_mut()
+            .zip(q)
+            .for_each(|(y, &q)| *y = d1 * q as f32 - m1);
     }
 }
 
@@ -370,7 +454,12 @@ fn dequant_k32(y: &mut [f32], a: &[i8; 256], d: f32, min: f32, sc: &[u8; 8], m: 
 fn dot_q2_k(w: &[u8], act: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in blocks::<BlockQ2K>(w).zip(blocks::<BlockQ8K>(act)) {
-        let summs: i32 = y.bsums.iter().zip(&x.scales).map(|(&b, &s)| b as i32 * (s >> 4) as i32).sum();
+        let summs: i32 = y
+            .bsums
+            .iter()
+            .zip(&x.scales)
+            .map(|(&b, &s)| b as i32 * (s >> 4) as i32)
+            .sum();
         let dall = y.d * fp16_to_f32(x.d.to_bits());
         let dmin = y.d * fp16_to_f32(x.dmin.to_bits());
         let a = x.unpack();
@@ -420,7 +509,15 @@ fn dot_q3_k(w: &[u8], act: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_q4_K_q8_K_generic` / `q5_K`: mins enter through Q8_K's `bsums`.
 #[inline(always)]
-fn dot_k32(a: &[i8; 256], scales: &[u8; 12], d: f16, dmin: f16, y: &BlockQ8K, sums: &mut [f32; 8], sumf: &mut f32) {
+fn dot_k32(
+    a: &[i8; 256],
+    scales: &[u8; 12],
+    d: f16,
+    dmin: f16,
+    y: &BlockQ8K,
+    sums: &mut [f32; 8],
+    sumf: &mut f32,
+) {
     let (sc, m) = scale_min_k4(scales);
     let mut sumi = 0i32;
     for (j, &b) in y.bsums.iter().enumerate() {
@@ -435,7 +532,15 @@ fn dot_k32(a: &[i8; 256], scales: &[u8; 12], d: f16, dmin: f16, y: &BlockQ8K, su
 fn dot_q4_k(w: &[u8], act: &[u8]) -> f32 {
     let (mut sums, mut sumf) = ([0.0f32; 8], 0.0f32);
     for (x, y) in blocks::<BlockQ4K>(w).zip(blocks::<BlockQ8K>(act)) {
-        dot_k32(&x.unpack(), &x.scales, x.d, x.dmin, &y, &mut sums, &mut sumf);
+        dot_k32(
+            &x.unpack(),
+            &x.scales,
+            x.d,
+            x.dmin,
+            &y,
+            &mut sums,
+            &mut sumf,
+        );
     }
     finish(sumf, &sums)
 }
@@ -443,7 +548,15 @@ fn dot_q4_k(w: &[u8], act: &[u8]) -> f32 {
 fn dot_q5_k(w: &[u8], act: &[u8]) -> f32 {
     let (mut sums, mut sumf) = ([0.0f32; 8], 0.0f32);
     for (x, y) in blocks::<BlockQ5K>(w).zip(blocks::<BlockQ8K>(act)) {
-        dot_k32(&x.unpack(), &x.scales, x.d, x.dmin, &y, &mut sums, &mut sumf);
+        dot_k32(
+            &x.unpack(),
+            &x.scales,
+            x.d,
+            x.dmin,
+            &y,
+            &mut sums,
+            &mut sumf,
+        );
     }
     finish(sumf, &sums)
 }
@@ -453,7 +566,14 @@ fn dot_q6_k(w: &[u8], act: &[u8]) -> f32 {
     let mut sums = [0.0f32; 8];
     for (x, y) in blocks::<BlockQ6K>(w).zip(blocks::<BlockQ8K>(act)) {
         let sc = x.scales.map(|s| s as i32);
-        lanes_k(&x.unpack(), &y.qs, &sc, 16, fp16_to_f32(x.d.to_bits()) * y.d, &mut sums);
+        lanes_k(
+            &x.unpack(),
+            &y.qs,
+            &sc,
+            16,
+            fp16_to_f32(x.d.to_bits()) * y.d,
+            &mut sums,
+        );
     }
     finish(0.0, &sums)
 }

@@ -41,7 +41,11 @@ fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], rmse_type: i32) -> f32
         }
         return 1.0 / iscale;
     }
-    let (rmse_type, return_early) = if rmse_type < 0 { (-rmse_type, true) } else { (rmse_type, false) };
+    let (rmse_type, return_early) = if rmse_type < 0 {
+        (-rmse_type, true)
+    } else {
+        (rmse_type, false)
+    };
     let weight = |v: f32| -> f32 {
         match rmse_type {
             1 => v * v,
@@ -60,7 +64,11 @@ fn make_qx_quants(x: &[f32], nmax: i32, l_out: &mut [i8], rmse_type: i32) -> f32
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     if return_early {
-        return if suml2 > 0.0 { 0.5 * (scale + 1.0 / iscale) } else { 1.0 / iscale };
+        return if suml2 > 0.0 {
+            0.5 * (scale + 1.0 / iscale)
+        } else {
+            1.0 / iscale
+        };
     }
     let mut best = scale * sumlx;
     for is in -9..=9 {
@@ -248,7 +256,16 @@ pub fn quantize_q2_k(x: &[f32]) -> BlockQ2K {
         for (w, &v) in weights.iter_mut().zip(xs) {
             *w = v.abs();
         }
-        let (s, m) = make_qkx2_quants(xs, &weights, 3, &mut l[16 * j..16 * j + 16], -0.5, 0.1, 15, true);
+        let (s, m) = make_qkx2_quants(
+            xs,
+            &weights,
+            3,
+            &mut l[16 * j..16 * j + 16],
+            -0.5,
+            0.1,
+            15,
+            true,
+        );
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {
@@ -292,7 +309,8 @@ pub fn quantize_q2_k(x: &[f32]) -> BlockQ2K {
     for n in 0..2 {
         let j = 128 * n;
         for k in 0..32 {
-            y.qs[32 * n + k] = l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
+            y.qs[32 * n + k] =
+                l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
         }
     }
     y
@@ -305,7 +323,12 @@ pub fn quantize_q3_k(x: &[f32]) -> BlockQ3K {
     let mut scales = [0.0f32; 16];
     let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
     for j in 0..16 {
-        scales[j] = make_q3_quants(&x[16 * j..16 * j + 16], 4, &mut l[16 * j..16 * j + 16], true);
+        scales[j] = make_q3_quants(
+            &x[16 * j..16 * j + 16],
+            4,
+            &mut l[16 * j..16 * j + 16],
+            true,
+        );
         let scale = scales[j].abs();
         if scale > amax {
             amax = scale;
@@ -358,7 +381,8 @@ pub fn quantize_q3_k(x: &[f32]) -> BlockQ3K {
         let j = 128 * n;
         for k in 0..32 {
             y.qs[32 * n + k] =
-                (l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6)) as u8;
+                (l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6))
+                    as u8;
         }
     }
     y
@@ -382,7 +406,16 @@ fn quantize_k32(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> (f16, f16, [u8; 
         for (w, &v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(xs, &weights, nmax, &mut l[32 * j..32 * j + 32], rmin, 0.1, nstep, false);
+        let (s, m) = make_qkx2_quants(
+            xs,
+            &weights,
+            nmax,
+            &mut l[32 * j..32 * j + 32],
+            rmin,
+            0.1,
+            nstep,
+            false,
+        );
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {
@@ -392,7 +425,11 @@ fn quantize_k32(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> (f16, f16, [u8; 
             max_min = m;
         }
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut packed = [0u8; 12];
     for j in 0..8 {
@@ -433,7 +470,12 @@ pub fn quantize_q4_k(x: &[f32]) -> BlockQ4K {
             q[k] = lc[k] | (lc[k + 32] << 4);
         }
     }
-    BlockQ4K { d, dmin, scales, qs }
+    BlockQ4K {
+        d,
+        dmin,
+        scales,
+        qs,
+    }
 }
 
 /// `quantize_row_q5_K_ref`.
@@ -459,7 +501,13 @@ pub fn quantize_q5_k(x: &[f32]) -> BlockQ5K {
         m1 <<= 2;
         m2 <<= 2;
     }
-    BlockQ5K { d, dmin, scales, qh, qs }
+    BlockQ5K {
+        d,
+        dmin,
+        scales,
+        qh,
+        qs,
+    }
 }
 
 /// `quantize_row_q6_K_ref`.
@@ -469,7 +517,12 @@ pub fn quantize_q6_k(x: &[f32]) -> BlockQ6K {
     let mut scales = [0.0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
     for ib in 0..16 {
-        let scale = make_qx_quants(&x[16 * ib..16 * ib + 16], 32, &mut l[16 * ib..16 * ib + 16], 1);
+        let scale = make_qx_quants(
+            &x[16 * ib..16 * ib + 16],
+            32,
+            &mut l[16 * ib..16 * ib + 16],
+            1,
+        );
         scales[ib] = scale;
         if scale.abs() > max_abs_scale {
             max_abs_scale = scale.abs();
@@ -496,7 +549,10 @@ pub fn quantize_q6_k(x: &[f32]) -> BlockQ6K {
     }
     for n in 0..2 {
         let j = 128 * n;
-        let (ql, qh) = (&mut y.ql[64 * n..64 * n + 64], &mut y.qh[32 * n..32 * n + 32]);
+        let (ql, qh) = (
+            &mut y.ql[64 * n..64 * n + 64],
+            &mut y.qh[32 * n..32 * n + 32],
+        );
         for k in 0..32 {
             let q1 = l[j + k] as u8 & 0xF;
             let q2 = l[j + k + 32] as u8 & 0xF;

@@ -39,7 +39,10 @@ pub struct BlockQ4_0 {
 }
 impl BlockQ4_0 {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), qs: arr(b, 2) }
+        Self {
+            d: f16_at(b, 0),
+            qs: arr(b, 2),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         o[0..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
@@ -68,7 +71,11 @@ pub struct BlockQ4_1 {
 }
 impl BlockQ4_1 {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), m: f16_at(b, 2), qs: arr(b, 4) }
+        Self {
+            d: f16_at(b, 0),
+            m: f16_at(b, 2),
+            qs: arr(b, 4),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         o[0..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
@@ -111,7 +118,11 @@ pub struct BlockQ5_0 {
 }
 impl BlockQ5_0 {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), qh: arr(b, 2), qs: arr(b, 6) }
+        Self {
+            d: f16_at(b, 0),
+            qh: arr(b, 2),
+            qs: arr(b, 6),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         o[0..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
@@ -136,7 +147,12 @@ pub struct BlockQ5_1 {
 }
 impl BlockQ5_1 {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), m: f16_at(b, 2), qh: arr(b, 4), qs: arr(b, 8) }
+        Self {
+            d: f16_at(b, 0),
+            m: f16_at(b, 2),
+            qh: arr(b, 4),
+            qs: arr(b, 8),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         o[0..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
@@ -160,7 +176,10 @@ pub struct BlockQ8_0 {
 }
 impl BlockQ8_0 {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), qs: arr_i8(b, 2) }
+        Self {
+            d: f16_at(b, 0),
+            qs: arr_i8(b, 2),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         o[0..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
@@ -181,7 +200,11 @@ pub struct BlockQ8_1 {
 }
 impl BlockQ8_1 {
     fn parse(b: &[u8]) -> Self {
-        Self { d: f16_at(b, 0), s: f16_at(b, 2), qs: arr_i8(b, 4) }
+        Self {
+            d: f16_at(b, 0),
+            s: f16_at(b, 2),
+            qs: arr_i8(b, 4),
+        }
     }
     fn store(&self, o: &mut [u8]) {
         o[0..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
@@ -205,19 +228,27 @@ pub(crate) fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) {
     match dtype {
         DType::Q4_0 => out.zip(blocks::<BlockQ4_0>(src)).for_each(|(y, b)| {
             let d = fp16_to_f32(b.d.to_bits());
-            y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d);
+            y.iter_mut()
+                .zip(b.unpack())
+                .for_each(|(y, q)| *y = q as f32 * d);
         }),
         DType::Q4_1 => out.zip(blocks::<BlockQ4_1>(src)).for_each(|(y, b)| {
             let (d, m) = (fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.m.to_bits()));
-            y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d + m);
+            y.iter_mut()
+                .zip(b.unpack())
+                .for_each(|(y, q)| *y = q as f32 * d + m);
         }),
         DType::Q5_0 => out.zip(blocks::<BlockQ5_0>(src)).for_each(|(y, b)| {
             let d = fp16_to_f32(b.d.to_bits());
-            y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d);
+            y.iter_mut()
+                .zip(b.unpack())
+                .for_each(|(y, q)| *y = q as f32 * d);
         }),
         DType::Q5_1 => out.zip(blocks::<BlockQ5_1>(src)).for_each(|(y, b)| {
             let (d, m) = (fp16_to_f32(b.d.to_bits()), fp16_to_f32(b.m.to_bits()));
-            y.iter_mut().zip(b.unpack()).for_each(|(y, q)| *y = q as f32 * d + m);
+            y.iter_mut()
+                .zip(b.unpack())
+                .for_each(|(y, q)| *y = q as f32 * d + m);
         }),
         DType::Q8_0 => out.zip(blocks::<BlockQ8_0>(src)).for_each(|(y, b)| {
             let d = fp16_to_f32(b.d.to_bits());
@@ -287,7 +318,11 @@ pub fn quantize_q4_1(x: &[f32]) -> BlockQ4_1 {
         let q1 = (((x[j + 16] - min) * id + 0.5) as i32 as i8).min(15) as u8;
         qs[j] = q0 | (q1 << 4);
     }
-    BlockQ4_1 { d: h(d), m: h(min), qs }
+    BlockQ4_1 {
+        d: h(d),
+        m: h(min),
+        qs,
+    }
 }
 
 fn pack5(q: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
@@ -324,7 +359,12 @@ pub fn quantize_q5_1(x: &[f32]) -> BlockQ5_1 {
         *q = ((v - min) * id + 0.5) as i32 as u8;
     }
     let (qs, qh) = pack5(&q);
-    BlockQ5_1 { d: h(d), m: h(min), qh, qs }
+    BlockQ5_1 {
+        d: h(d),
+        m: h(min),
+        qh,
+        qs,
+    }
 }
 
 #[inline(always)]
@@ -352,7 +392,11 @@ pub fn quantize_q8_1_ref(x: &[f32]) -> BlockQ8_1 {
         *q = (v * id).round() as i8;
     }
     let sum: i32 = qs.iter().map(|&q| q as i32).sum();
-    BlockQ8_1 { d: h(d), s: h(sum as f32 * d), qs }
+    BlockQ8_1 {
+        d: h(d),
+        s: h(sum as f32 * d),
+        qs,
+    }
 }
 
 /// x86 `quantize_row_q8_0` (ggml-cpu/arch/x86/quants.c, AVX/AVX2 branch), which is what a
@@ -376,7 +420,11 @@ pub fn quantize_q8_1_x86(x: &[f32]) -> BlockQ8_1 {
     let max = amax(x);
     let d = max / 127.0;
     let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
-    BlockQ8_1 { d: b.d, s: h(d * sum as f32), qs: b.qs }
+    BlockQ8_1 {
+        d: b.d,
+        s: h(d * sum as f32),
+        qs: b.qs,
+    }
 }
 
 pub(crate) fn quantize_with<B: Block>(f: fn(&[f32]) -> B, src: &[f32], dst: &mut [u8]) {
@@ -417,17 +465,26 @@ pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
     match dtype {
         DType::Q4_0 => {
             for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(act)) {
-                step(fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&x.unpack(), &y.qs));
+                step(
+                    fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()),
+                    dot_i8_quads(&x.unpack(), &y.qs),
+                );
             }
         }
         DType::Q5_0 => {
             for (x, y) in blocks::<BlockQ5_0>(w).zip(blocks::<BlockQ8_0>(act)) {
-                step(fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&x.unpack(), &y.qs));
+                step(
+                    fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()),
+                    dot_i8_quads(&x.unpack(), &y.qs),
+                );
             }
         }
         DType::Q8_0 => {
             for (x, y) in blocks::<BlockQ8_0>(w).zip(blocks::<BlockQ8_0>(act)) {
-                step(fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&x.qs, &y.qs));
+                step(
+                    fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()),
+                    dot_i8_quads(&x.qs, &y.qs),
+                );
             }
         }
         DType::Q4_1 | DType::Q5_1 => {
@@ -436,7 +493,10 @@ pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
             let mut summs = 0f32;
             let mut one = |d: f16, m: f16, q: [i8; 32], y: &BlockQ8_1| {
                 summs = fma(fp16_to_f32(m.to_bits()), fp16_to_f32(y.s.to_bits()), summs);
-                step(fp16_to_f32(d.to_bits()) * fp16_to_f32(y.d.to_bits()), dot_i8_quads(&q, &y.qs));
+                step(
+                    fp16_to_f32(d.to_bits()) * fp16_to_f32(y.d.to_bits()),
+                    dot_i8_quads(&q, &y.qs),
+                );
             };
             if dtype == DType::Q4_1 {
                 for (x, y) in blocks::<BlockQ4_1>(w).zip(blocks::<BlockQ8_1>(act)) {
@@ -467,7 +527,11 @@ pub(crate) fn dot_repack_q4_0(w: &[u8], act: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (x, y) in blocks::<BlockQ4_0>(w).zip(blocks::<BlockQ8_0>(act)) {
         let sumi = dot_i8(&x.unpack(), &y.qs);
-        acc = fma(sumi as f32, fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()), acc);
+        acc = fma(
+            sumi as f32,
+            fp16_to_f32(x.d.to_bits()) * fp16_to_f32(y.d.to_bits()),
+            acc,
+        );
     }
     acc
 }
@@ -481,8 +545,16 @@ pub(crate) fn dot_with(kernel: crate::Kernel, dtype: DType, n: usize, w: &[u8], 
         (Kernel::TinyBlas, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
         | (Kernel::RepackGemv | Kernel::RepackGemm, DType::Q4_0) => {
             let vt = crate::vec_dot_type(dtype);
-            assert_eq!(crate::row_bytes(dtype, n), Some(w.len()), "dot_with: weight row is not {n} elements of {dtype}");
-            assert_eq!(crate::row_bytes(vt, n), Some(act.len()), "dot_with: activation row is not {n} elements of {vt}");
+            assert_eq!(
+                crate::row_bytes(dtype, n),
+                Some(w.len()),
+                "dot_with: weight row is not {n} elements of {dtype}"
+            );
+            assert_eq!(
+                crate::row_bytes(vt, n),
+                Some(act.len()),
+                "dot_with: activation row is not {n} elements of {vt}"
+            );
             #[cfg(target_arch = "x86_64")]
             if crate::has_fma() {
                 // SAFETY: the CPU has FMA and AVX2 (checked at run time).

@@ -35,10 +35,13 @@ mod util;
 
 pub use block::Block;
 pub use kquants::{scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
-pub use kquants_ref::{quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k, quantize_q8_k};
+pub use kquants_ref::{
+    quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k, quantize_q8_k,
+};
 pub use legacy::{
-    quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1, quantize_q8_0_ref, quantize_q8_0_x86,
-    quantize_q8_1_ref, quantize_q8_1_x86, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK,
+    quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1, quantize_q8_0_ref,
+    quantize_q8_0_x86, quantize_q8_1_ref, quantize_q8_1_x86, BlockQ4_0, BlockQ4_1, BlockQ5_0,
+    BlockQ5_1, BlockQ8_0, BlockQ8_1, QK,
 };
 pub use util::{bf16_to_f32, f32_to_bf16, f32_to_fp16, fp16_to_f32, nearest_int};
 
@@ -47,14 +50,24 @@ pub enum QuantError {
     /// The format has no implementation for this operation.
     Unsupported { dtype: DType, what: &'static str },
     /// Buffer sizes do not match the element count.
-    Size { dtype: DType, elements: usize, bytes: usize },
+    Size {
+        dtype: DType,
+        elements: usize,
+        bytes: usize,
+    },
 }
 
 impl core::fmt::Display for QuantError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            QuantError::Unsupported { dtype, what } => write!(f, "{what} is not implemented for {dtype}"),
-            QuantError::Size { dtype, elements, bytes } => {
+            QuantError::Unsupported { dtype, what } => {
+                write!(f, "{what} is not implemented for {dtype}")
+            }
+            QuantError::Size {
+                dtype,
+                elements,
+                bytes,
+            } => {
                 write!(f, "{elements} elements of {dtype} do not fit {bytes} bytes")
             }
         }
@@ -66,13 +79,19 @@ impl std::error::Error for QuantError {}
 /// Bytes taken by a row of `n` elements of `dtype`, or `None` if `n` is not a whole number of
 /// blocks (or overflows).
 pub fn row_bytes(dtype: DType, n: usize) -> Option<usize> {
-    dtype.row_bytes(n as u64).and_then(|b| usize::try_from(b).ok())
+    dtype
+        .row_bytes(n as u64)
+        .and_then(|b| usize::try_from(b).ok())
 }
 
 fn check(dtype: DType, elements: usize, bytes: usize) -> Result<(), QuantError> {
     match row_bytes(dtype, elements) {
         Some(b) if b == bytes => Ok(()),
-        _ => Err(QuantError::Size { dtype, elements, bytes }),
+        _ => Err(QuantError::Size {
+            dtype,
+            elements,
+            bytes,
+        }),
     }
 }
 
@@ -88,7 +107,12 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
             kquants::dequantize(dtype, src, dst)
         }
-        _ => return Err(QuantError::Unsupported { dtype, what: "dequantize_row" }),
+        _ => {
+            return Err(QuantError::Unsupported {
+                dtype,
+                what: "dequantize_row",
+            })
+        }
     }
     Ok(())
 }
@@ -106,7 +130,12 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
             kquants_ref::quantize_ref(dtype, src, dst)
         }
-        _ => return Err(QuantError::Unsupported { dtype, what: "quantize_row" }),
+        _ => {
+            return Err(QuantError::Unsupported {
+                dtype,
+                what: "quantize_row",
+            })
+        }
     }
     Ok(())
 }
@@ -141,7 +170,12 @@ pub fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result
         DType::Q8_1 => legacy::quantize_with(quantize_q8_1_x86, src, dst),
         DType::Q8_K => kquants_ref::quantize_with(quantize_q8_k, src, dst),
         DType::F32 | DType::F16 | DType::BF16 => float::quantize(vt, src, dst),
-        _ => return Err(QuantError::Unsupported { dtype, what: "quantize_activations" }),
+        _ => {
+            return Err(QuantError::Unsupported {
+                dtype,
+                what: "quantize_activations",
+            })
+        }
     }
     Ok(())
 }
@@ -158,8 +192,16 @@ pub fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result
 /// If `dtype` has no dot product or the buffers do not hold exactly `n` elements.
 pub fn vec_dot(dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     let vt = vec_dot_type(dtype);
-    assert_eq!(row_bytes(dtype, n), Some(w.len()), "vec_dot: weight row is not {n} elements of {dtype}");
-    assert_eq!(row_bytes(vt, n), Some(act.len()), "vec_dot: activation row is not {n} elements of {vt}");
+    assert_eq!(
+        row_bytes(dtype, n),
+        Some(w.len()),
+        "vec_dot: weight row is not {n} elements of {dtype}"
+    );
+    assert_eq!(
+        row_bytes(vt, n),
+        Some(act.len()),
+        "vec_dot: activation row is not {n} elements of {vt}"
+    );
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: the CPU has FMA and AVX2 (checked at run time).
@@ -187,8 +229,12 @@ fn has_fma() -> bool {
 fn vec_dot_any(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => float::vec_dot(dtype, w, act),
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => legacy::vec_dot(dtype, w, act),
-        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => kquants::vec_dot(dtype, w, act),
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => {
+            legacy::vec_dot(dtype, w, act)
+        }
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            kquants::vec_dot(dtype, w, act)
+        }
         _ => panic!("vec_dot is not implemented for {dtype}"),
     }
 }
@@ -259,7 +305,9 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
         // Q2_K..Q6_K or IQ*) and `ggml_tiled_min_batch(src1->ne[1])` = `n_cols >= 8` (unless
         // `GGML_CPU_TILED_MM=0` or `GGML_CPU_TILED_MM_FORCE=1` in the environment). It then
         // computes every column. With fewer columns: `ggml_vec_dot_*_q8_K` (arch/x86/quants.c).
-        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K if n_cols >= 8 => Kernel::Tiled,
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K if n_cols >= 8 => {
+            Kernel::Tiled
+        }
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => Kernel::VecDot,
         _ => Kernel::VecDot,
     }
@@ -267,11 +315,18 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
 
 /// Converts an activation row for `kernel` (see [`quantize_activations`], which is the
 /// `VecDot` case).
-pub fn quantize_activations_for(kernel: Kernel, dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+pub fn quantize_activations_for(
+    kernel: Kernel,
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
     match kernel {
         // Legacy formats: every kernel takes `quantize_row_q8_0` rows (x86); the repack GEMM's
         // `ggml_quantize_mat_q8_0_4x8` is the same per row, only interleaved.
-        _ if matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) => quantize_activations(dtype, src, dst),
+        _ if matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) => {
+            quantize_activations(dtype, src, dst)
+        }
         // K-quant repack GEMM: `ggml_quantize_mat_q8_K_4x8`, which differs from
         // `quantize_row_q8_K` in the scale's sign when +max and -max both occur.
         Kernel::RepackGemm if matches!(dtype, DType::Q2_K | DType::Q4_K) => {
@@ -287,10 +342,24 @@ pub fn quantize_activations_for(kernel: Kernel, dtype: DType, src: &[f32], dst: 
 /// One output element computed as `kernel` computes it; `vec_dot` is the `VecDot` case.
 pub fn dot_with(kernel: Kernel, dtype: DType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     match kernel {
-        _ if matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) => legacy::dot_with(kernel, dtype, n, w, act),
-        _ if matches!(dtype, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K) => {
-            assert_eq!(row_bytes(dtype, n), Some(w.len()), "dot_with: weight row is not {n} elements of {dtype}");
-            assert_eq!(row_bytes(DType::Q8_K, n), Some(act.len()), "dot_with: activation row is not {n} elements of Q8_K");
+        _ if matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) => {
+            legacy::dot_with(kernel, dtype, n, w, act)
+        }
+        _ if matches!(
+            dtype,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K
+        ) =>
+        {
+            assert_eq!(
+                row_bytes(dtype, n),
+                Some(w.len()),
+                "dot_with: weight row is not {n} elements of {dtype}"
+            );
+            assert_eq!(
+                row_bytes(DType::Q8_K, n),
+                Some(act.len()),
+                "dot_with: activation row is not {n} elements of Q8_K"
+            );
             kquants::dot_x86(kernel, dtype, w, act)
         }
         _ => vec_dot(dtype, n, w, act),

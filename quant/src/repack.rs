@@ -42,7 +42,11 @@ pub(crate) fn quantize_q8_k_4x8(x: &[f32]) -> BlockQ8K {
     if amax == 0.0 {
         return y;
     }
-    let iscale = if x.iter().any(|&v| v == amax) { -127.0 / amax } else { 127.0 / amax };
+    let iscale = if x.iter().any(|&v| v == amax) {
+        -127.0 / amax
+    } else {
+        127.0 / amax
+    };
     for (q, &v) in y.qs.iter_mut().zip(x) {
         *q = nearest_int(iscale * v).clamp(-128, 127) as i8;
     }
@@ -112,7 +116,9 @@ pub(crate) fn vec_dot_q4_k(w: &[u8], act: &[u8]) -> f32 {
         let d = y.d * fp16_to_f32(x.d.to_bits());
         let dmin = -y.d * fp16_to_f32(x.dmin.to_bits());
         let (sc, m) = scale_min_k4(&x.scales);
-        let q8s: [i32; 8] = core::array::from_fn(|j| (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32) as i16 as i32);
+        let q8s: [i32; 8] = core::array::from_fn(|j| {
+            (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32) as i16 as i32
+        });
         for k in 0..4 {
             let prod = m[2 * k] as i32 * q8s[2 * k] + m[2 * k + 1] as i32 * q8s[2 * k + 1];
             accm[k] = fma(dmin, prod as f32, accm[k]);
@@ -120,7 +126,10 @@ pub(crate) fn vec_dot_q4_k(w: &[u8], act: &[u8]) -> f32 {
         let a = x.unpack();
         let mut sumi = [0i32; 8];
         for s in 0..8 {
-            let lanes = dot_i8_quads(a[32 * s..32 * s + 32].try_into().unwrap(), y.qs[32 * s..32 * s + 32].try_into().unwrap());
+            let lanes = dot_i8_quads(
+                a[32 * s..32 * s + 32].try_into().unwrap(),
+                y.qs[32 * s..32 * s + 32].try_into().unwrap(),
+            );
             for l in 0..8 {
                 sumi[l] += sc[s] as i32 * lanes[l] as i32;
             }
@@ -155,7 +164,9 @@ pub(crate) fn vec_dot_q6_k(w: &[u8], act: &[u8]) -> f32 {
             }
         }
         for l in 0..8 {
-            let sub = (y.bsums[2 * l] as i32 * x.scales[2 * l] as i32 + y.bsums[2 * l + 1] as i32 * x.scales[2 * l + 1] as i32) << 5;
+            let sub = (y.bsums[2 * l] as i32 * x.scales[2 * l] as i32
+                + y.bsums[2 * l + 1] as i32 * x.scales[2 * l + 1] as i32)
+                << 5;
             acc[l] = fma(d, (sumi[l] - sub) as f32, acc[l]);
         }
     }
@@ -176,13 +187,17 @@ pub(crate) fn vec_dot_q5_k(w: &[u8], act: &[u8]) -> f32 {
         let (sc, m) = scale_min_k4(&x.scales);
         let mut imin = 0i32;
         for j in 0..8 {
-            imin += m[j] as i32 * ((y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32) as i16 as i32);
+            imin +=
+                m[j] as i32 * ((y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32) as i16 as i32);
         }
         summs = fma(dmin, imin as f32, summs);
         let a = x.unpack();
         let mut sumi = [0i32; 8];
         for s in 0..8 {
-            let lanes = dot_i8_quads(a[32 * s..32 * s + 32].try_into().unwrap(), y.qs[32 * s..32 * s + 32].try_into().unwrap());
+            let lanes = dot_i8_quads(
+                a[32 * s..32 * s + 32].try_into().unwrap(),
+                y.qs[32 * s..32 * s + 32].try_into().unwrap(),
+            );
             for l in 0..8 {
                 sumi[l] += sc[s] as i32 * lanes[l] as i32;
             }
@@ -235,7 +250,8 @@ fn q2k_parts(x: &BlockQ2K, y: &BlockQ8K) -> ([i32; 16], [i32; 16]) {
     let mut isum = [0i32; 16];
     let mut imin = [0i32; 16];
     for g in 0..16 {
-        isum[g] = (x.scales[g] & 0xF) as i32 * dot_i8(&a[16 * g..16 * g + 16], &y.qs[16 * g..16 * g + 16]);
+        isum[g] = (x.scales[g] & 0xF) as i32
+            * dot_i8(&a[16 * g..16 * g + 16], &y.qs[16 * g..16 * g + 16]);
         imin[g] = (x.scales[g] >> 4) as i32 * y.bsums[g] as i32;
     }
     (isum, imin)
@@ -263,7 +279,11 @@ pub(crate) fn gemm_q2_k(w: &[u8], act: &[u8]) -> f32 {
         let dm = fp16_to_f32(x.dmin.to_bits()) * y.d;
         for sb in 0..2 {
             acc = fma(isum[8 * sb..8 * sb + 8].iter().sum::<i32>() as f32, dw, acc);
-            accm = fma(imin[8 * sb..8 * sb + 8].iter().sum::<i32>() as f32, dm, accm);
+            accm = fma(
+                imin[8 * sb..8 * sb + 8].iter().sum::<i32>() as f32,
+                dm,
+                accm,
+            );
         }
     }
     acc - accm

@@ -103,7 +103,13 @@ fn dot_q2_k(w: &[u8], act: &[u8]) -> f32 {
         for s in 0..16 {
             s2 = s2.wrapping_add((x.scales[s] >> 4) as i32 * y.bsums[s] as i32);
         }
-        acc = step(acc, s1, fp16_to_f32(x.d.to_bits()), Some((fp16_to_f32(x.dmin.to_bits()), s2)), y.d);
+        acc = step(
+            acc,
+            s1,
+            fp16_to_f32(x.d.to_bits()),
+            Some((fp16_to_f32(x.dmin.to_bits()), s2)),
+            y.d,
+        );
     }
     acc
 }
@@ -123,7 +129,14 @@ fn dot_k4(q: &[i8; 256], scales: &[u8; 12], d: f32, dmin: f32, y: &BlockQ8K, acc
 fn dot_q4_k(w: &[u8], act: &[u8]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in blocks::<BlockQ4K>(w).zip(blocks::<BlockQ8K>(act)) {
-        acc = dot_k4(&x.unpack(), &x.scales, fp16_to_f32(x.d.to_bits()), fp16_to_f32(x.dmin.to_bits()), &y, acc);
+        acc = dot_k4(
+            &x.unpack(),
+            &x.scales,
+            fp16_to_f32(x.d.to_bits()),
+            fp16_to_f32(x.dmin.to_bits()),
+            &y,
+            acc,
+        );
     }
     acc
 }
@@ -131,7 +144,14 @@ fn dot_q4_k(w: &[u8], act: &[u8]) -> f32 {
 fn dot_q5_k(w: &[u8], act: &[u8]) -> f32 {
     let mut acc = 0.0f32;
     for (x, y) in blocks::<BlockQ5K>(w).zip(blocks::<BlockQ8K>(act)) {
-        acc = dot_k4(&x.unpack(), &x.scales, fp16_to_f32(x.d.to_bits()), fp16_to_f32(x.dmin.to_bits()), &y, acc);
+        acc = dot_k4(
+            &x.unpack(),
+            &x.scales,
+            fp16_to_f32(x.d.to_bits()),
+            fp16_to_f32(x.dmin.to_bits()),
+            &y,
+            acc,
+        );
     }
     acc
 }

@@ -31,9 +31,15 @@ pub(crate) fn dot_q0(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
     };
     let ys = blocks::<BlockQ8_0>(act);
     match dtype {
-        DType::Q4_0 => blocks::<BlockQ4_0>(w).zip(ys).for_each(|(x, y)| madd(x.d, y.d, &x.unpack(), &y.qs)),
-        DType::Q5_0 => blocks::<BlockQ5_0>(w).zip(ys).for_each(|(x, y)| madd(x.d, y.d, &x.unpack(), &y.qs)),
-        DType::Q8_0 => blocks::<BlockQ8_0>(w).zip(ys).for_each(|(x, y)| madd(x.d, y.d, &x.qs, &y.qs)),
+        DType::Q4_0 => blocks::<BlockQ4_0>(w)
+            .zip(ys)
+            .for_each(|(x, y)| madd(x.d, y.d, &x.unpack(), &y.qs)),
+        DType::Q5_0 => blocks::<BlockQ5_0>(w)
+            .zip(ys)
+            .for_each(|(x, y)| madd(x.d, y.d, &x.unpack(), &y.qs)),
+        DType::Q8_0 => blocks::<BlockQ8_0>(w)
+            .zip(ys)
+            .for_each(|(x, y)| madd(x.d, y.d, &x.qs, &y.qs)),
         _ => unreachable!("tinyBLAS_Q0_AVX has no {dtype} instance"),
     }
     hsum_float_8(&cv)

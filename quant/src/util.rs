@@ -17,7 +17,11 @@ pub fn fp16_to_f32(bits: u16) -> f32 {
     // exponent 31: inf, or NaN with the same payload made quiet (as F16C `vcvtph2ps` does)
     let quiet = if h & 0x03ff != 0 { 0x0040_0000 } else { 0 };
     let special = mag | 0x7f80_0000 | quiet;
-    let out = if (h & 0x7c00) == 0x7c00 { special } else { finite };
+    let out = if (h & 0x7c00) == 0x7c00 {
+        special
+    } else {
+        finite
+    };
     f32::from_bits(out | sign)
 }
 

@@ -4,11 +4,17 @@ use quant::*;
 use serde_json::Value;
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 fn f32s(s: &str) -> Vec<u32> {
-    (0..s.len()).step_by(8).map(|i| u32::from_str_radix(&s[i..i + 8], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(8)
+        .map(|i| u32::from_str_radix(&s[i..i + 8], 16).unwrap())
+        .collect()
 }
 
 fn fixtures() -> Vec<(DType, Value)> {
@@ -30,7 +36,11 @@ fn fixtures() -> Vec<(DType, Value)> {
 #[test]
 fn dequantize_matches_gguf_bit_exactly() {
     let fx = fixtures();
-    assert!(fx.len() >= 13, "expected fixtures for 13 formats, found {}", fx.len());
+    assert!(
+        fx.len() >= 13,
+        "expected fixtures for 13 formats, found {}",
+        fx.len()
+    );
     for (dt, v) in &fx {
         for row in v["dequantize"].as_array().unwrap() {
             let n = row["n"].as_u64().unwrap() as usize;
@@ -41,7 +51,12 @@ fn dequantize_matches_gguf_bit_exactly() {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 // NaN payloads aside, demand identical bits.
                 let same = g.to_bits() == *w || (g.is_nan() && f32::from_bits(*w).is_nan());
-                assert!(same, "{dt} {}: element {i}: got {g} want {}", row["source"], f32::from_bits(*w));
+                assert!(
+                    same,
+                    "{dt} {}: element {i}: got {g} want {}",
+                    row["source"],
+                    f32::from_bits(*w)
+                );
             }
         }
     }
@@ -52,7 +67,10 @@ fn quantize_matches_gguf_bit_exactly() {
     let mut checked = 0;
     for (dt, v) in fixtures() {
         for row in v["quantize"].as_array().unwrap() {
-            let input: Vec<f32> = f32s(row["input"].as_str().unwrap()).into_iter().map(f32::from_bits).collect();
+            let input: Vec<f32> = f32s(row["input"].as_str().unwrap())
+                .into_iter()
+                .map(f32::from_bits)
+                .collect();
             let want = hex(row["bytes"].as_str().unwrap());
             let mut got = vec![0u8; want.len()];
             quantize_row(dt, &input, &mut got).unwrap();
@@ -76,13 +94,20 @@ fn quantize_matches_ggml_c_bit_exactly() {
     assert!(rows.len() >= 14);
     for row in rows {
         let dt = DType::from_name(row["dtype"].as_str().unwrap()).unwrap();
-        let input: Vec<f32> = f32s(row["input"].as_str().unwrap()).into_iter().map(f32::from_bits).collect();
+        let input: Vec<f32> = f32s(row["input"].as_str().unwrap())
+            .into_iter()
+            .map(f32::from_bits)
+            .collect();
         let want = hex(row["bytes"].as_str().unwrap());
         let mut got = vec![0u8; want.len()];
         quantize_row(dt, &input, &mut got).unwrap();
         if got != want {
             let bb = dt.info().block_bytes as usize;
-            let blk = got.chunks(bb).zip(want.chunks(bb)).position(|(a, b)| a != b).unwrap();
+            let blk = got
+                .chunks(bb)
+                .zip(want.chunks(bb))
+                .position(|(a, b)| a != b)
+                .unwrap();
             let byte = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
             panic!("{dt}: quantize_row differs from ggml C in block {blk}, first byte {byte}");
         }
@@ -99,7 +124,10 @@ fn vec_dot_matches_ggml_c_bit_exactly() {
     assert!(rows.len() >= 20);
     for row in rows {
         let dt = DType::from_name(row["dtype"].as_str().unwrap()).unwrap();
-        if matches!(dt, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0) {
+        if matches!(
+            dt,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+        ) {
             continue;
         }
         let n = row["n"].as_u64().unwrap() as usize;
@@ -107,6 +135,10 @@ fn vec_dot_matches_ggml_c_bit_exactly() {
         let a = hex(row["act"].as_str().unwrap());
         let want = f32::from_bits(f32s(row["result"].as_str().unwrap())[0]);
         let got = vec_dot(dt, n, &w, &a);
-        assert_eq!(got.to_bits(), want.to_bits(), "{dt}: vec_dot {got} vs ggml {want}");
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "{dt}: vec_dot {got} vs ggml {want}"
+        );
     }
 }

@@ -48,7 +48,11 @@ fn dequantized(dt: DType, q: &[u8], n: usize) -> Vec<f32> {
 }
 
 fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
     let den: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
     (num / den).sqrt()
 }
@@ -56,7 +60,11 @@ fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
 #[test]
 fn round_trip_error_is_bounded() {
     let mut rng = Rng::new(1);
-    let all: Vec<DType> = WEIGHTS.iter().copied().chain([DType::Q8_1, DType::Q8_K]).collect();
+    let all: Vec<DType> = WEIGHTS
+        .iter()
+        .copied()
+        .chain([DType::Q8_1, DType::Q8_K])
+        .collect();
     for &dt in &all {
         let x = rng.normals(1024, 0.7);
         let y = dequantized(dt, &quantized(dt, &x), x.len());
@@ -72,19 +80,36 @@ fn round_trip_error_is_bounded() {
 #[test]
 fn sizes_are_checked() {
     let mut out = vec![0u8; 17];
-    assert!(matches!(quantize_row(DType::Q4_0, &[0.0; 32], &mut out), Err(QuantError::Size { .. })));
+    assert!(matches!(
+        quantize_row(DType::Q4_0, &[0.0; 32], &mut out),
+        Err(QuantError::Size { .. })
+    ));
     assert!(dequantize_row(DType::Q4_K, &[0u8; 144], &mut [0f32; 255]).is_err());
     assert_eq!(row_bytes(DType::Q6_K, 512), Some(420));
     assert_eq!(row_bytes(DType::Q4_0, 33), None);
-    assert!(matches!(dequantize_row(DType::I32, &[0u8; 4], &mut [0f32; 1]), Err(QuantError::Unsupported { .. })));
+    assert!(matches!(
+        dequantize_row(DType::I32, &[0u8; 4], &mut [0f32; 1]),
+        Err(QuantError::Unsupported { .. })
+    ));
 }
 
 #[test]
 fn vec_dot_types_match_ggml_cpu() {
     use DType::*;
     for (w, a) in [
-        (F32, F32), (F16, F16), (BF16, BF16), (Q4_0, Q8_0), (Q5_0, Q8_0), (Q8_0, Q8_0), (Q4_1, Q8_1),
-        (Q5_1, Q8_1), (Q2_K, Q8_K), (Q3_K, Q8_K), (Q4_K, Q8_K), (Q5_K, Q8_K), (Q6_K, Q8_K),
+        (F32, F32),
+        (F16, F16),
+        (BF16, BF16),
+        (Q4_0, Q8_0),
+        (Q5_0, Q8_0),
+        (Q8_0, Q8_0),
+        (Q4_1, Q8_1),
+        (Q5_1, Q8_1),
+        (Q2_K, Q8_K),
+        (Q3_K, Q8_K),
+        (Q4_K, Q8_K),
+        (Q5_K, Q8_K),
+        (Q6_K, Q8_K),
     ] {
         assert_eq!(vec_dot_type(w), a, "{w}");
     }
@@ -108,7 +133,11 @@ fn q8_activations_round_half_to_even_like_x86() {
         let mut a = vec![0u8; 34];
         quantize_activations(dt, &x, &mut a).unwrap();
         let b = BlockQ8_0::read(&a);
-        assert_eq!(&b.qs[..10], &even, "{dt}: x86 quantize_row_q8_0 rounds half to even");
+        assert_eq!(
+            &b.qs[..10],
+            &even,
+            "{dt}: x86 quantize_row_q8_0 rounds half to even"
+        );
         assert_eq!(b.d.to_f32(), 1.0);
     }
     for dt in [DType::Q4_1, DType::Q5_1] {
@@ -132,7 +161,10 @@ fn q8_activations_round_half_to_even_like_x86() {
     assert_eq!(k.d, -1.0);
     let negated: Vec<i8> = even.iter().map(|&q| -q).collect();
     assert_eq!(&k.qs[..10], &negated[..]);
-    assert_eq!(k.bsums[0] as i32, negated.iter().map(|&q| q as i32).sum::<i32>());
+    assert_eq!(
+        k.bsums[0] as i32,
+        negated.iter().map(|&q| q as i32).sum::<i32>()
+    );
 }
 
 #[test]
@@ -158,10 +190,22 @@ fn x86_q8_0_scale_is_127_over_max() {
 #[test]
 fn bf16_rounding_and_nan() {
     assert_eq!(f32_to_bf16(1.0), 0x3f80);
-    assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80, "tie to even (down)");
-    assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82, "tie to even (up)");
+    assert_eq!(
+        f32_to_bf16(f32::from_bits(0x3f80_8000)),
+        0x3f80,
+        "tie to even (down)"
+    );
+    assert_eq!(
+        f32_to_bf16(f32::from_bits(0x3f81_8000)),
+        0x3f82,
+        "tie to even (up)"
+    );
     assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
-    assert_eq!(f32_to_bf16(f32::from_bits(0x7f80_0001)), 0x7fc0, "signalling NaN made quiet");
+    assert_eq!(
+        f32_to_bf16(f32::from_bits(0x7f80_0001)),
+        0x7fc0,
+        "signalling NaN made quiet"
+    );
     assert_eq!(f32_to_bf16(f32::INFINITY), 0x7f80);
     assert_eq!(f32_to_bf16(f32::MAX), 0x7f80, "overflow rounds to inf");
 }
@@ -179,18 +223,28 @@ fn check_dot(dt: DType, n: usize, rng: &mut Rng) {
     let wd = dequantized(dt, &wq, n);
     let ad = dequantized(vt, &aq, n);
     let exact: f64 = wd.iter().zip(&ad).map(|(&a, &b)| a as f64 * b as f64).sum();
-    let mag: f64 = wd.iter().zip(&ad).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+    let mag: f64 = wd
+        .iter()
+        .zip(&ad)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
     // Q4_1/Q5_1 use the f16-rounded `s`, so allow f16 rounding of the mins term there.
     let tight = match dt {
         DType::Q4_1 | DType::Q5_1 => 2e-3,
         _ => 1e-5,
     };
-    assert!((got - exact).abs() <= tight * mag + 1e-6, "{dt} n={n}: vec_dot {got} vs dequantized {exact} (mag {mag})");
+    assert!(
+        (got - exact).abs() <= tight * mag + 1e-6,
+        "{dt} n={n}: vec_dot {got} vs dequantized {exact} (mag {mag})"
+    );
 
     // Loose: against the f32 inputs, within the format's error.
     let truth: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
     let loose = 4.0 * (tolerance(dt) + 0.01) * (n as f64).sqrt() * 0.5;
-    assert!((got - truth).abs() <= loose, "{dt} n={n}: vec_dot {got} vs f32 dot {truth}");
+    assert!(
+        (got - truth).abs() <= loose,
+        "{dt} n={n}: vec_dot {got} vs f32 dot {truth}"
+    );
 }
 
 #[test]
@@ -198,7 +252,11 @@ fn vec_dot_agrees_with_dequantized_dot() {
     let mut rng = Rng::new(3);
     for &dt in WEIGHTS {
         let legacy = dt.info().block_len == 32;
-        let ns: &[usize] = if legacy || !dt.info().quantized { &[32, 256, 512] } else { &[256, 512] };
+        let ns: &[usize] = if legacy || !dt.info().quantized {
+            &[32, 256, 512]
+        } else {
+            &[256, 512]
+        };
         for &n in ns {
             for _ in 0..5 {
                 check_dot(dt, n, &mut rng);
@@ -229,7 +287,10 @@ fn fp16_conversion_is_exact_for_all_halves() {
     for b in 0..=u16::MAX {
         let want = half::f16::from_bits(b).to_f32();
         let got = fp16_to_f32(b);
-        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{b:#06x}: {got} vs {want}");
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "{b:#06x}: {got} vs {want}"
+        );
         if got.is_nan() {
             assert_eq!(got.to_bits() >> 22 & 1, want.to_bits() >> 22 & 1);
         }

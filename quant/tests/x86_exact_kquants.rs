@@ -20,21 +20,34 @@ fn b64(s: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for ch in s.as_bytes().chunks(4) {
         let pad = ch.iter().filter(|&&c| c == b'=').count();
-        let v = ch.iter().fold(0u32, |a, &c| (a << 6) | if c == b'=' { 0 } else { val(c) });
+        let v = ch
+            .iter()
+            .fold(0u32, |a, &c| (a << 6) | if c == b'=' { 0 } else { val(c) });
         out.extend_from_slice(&[(v >> 16) as u8, (v >> 8) as u8, v as u8][..3 - pad]);
     }
     out
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 #[test]
 fn kquant_matmuls_match_llama_cpp_x86_bit_exactly() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/quant/x86_kquants/kquants.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let acts: Vec<Vec<f32>> = v["acts"].as_array().unwrap().iter().map(|a| f32s(&b64(a["x"].as_str().unwrap()))).collect();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/quant/x86_kquants/kquants.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let acts: Vec<Vec<f32>> = v["acts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| f32s(&b64(a["x"].as_str().unwrap())))
+        .collect();
     let only = std::env::var("KQ_ONLY").ok();
     let mut failures = Vec::new();
     let mut checked = 0;
@@ -49,7 +62,11 @@ fn kquant_matmuls_match_llama_cpp_x86_bit_exactly() {
             continue;
         }
         let dt = DType::from_name(name).unwrap();
-        let (k, rows, cols) = (case["k"].as_u64().unwrap() as usize, case["rows"].as_u64().unwrap() as usize, case["cols"].as_u64().unwrap() as usize);
+        let (k, rows, cols) = (
+            case["k"].as_u64().unwrap() as usize,
+            case["rows"].as_u64().unwrap() as usize,
+            case["cols"].as_u64().unwrap() as usize,
+        );
         let x = &acts[case["acts"].as_u64().unwrap() as usize];
         assert_eq!(x.len(), k * cols);
         let w = b64(case["w"].as_str().unwrap());
@@ -59,10 +76,18 @@ fn kquant_matmuls_match_llama_cpp_x86_bit_exactly() {
         let repacked = case["kernel"].as_str().unwrap() == "repack";
         for c in 0..cols {
             let kernel = matmul_kernel(dt, k, rows, cols, c);
-            assert_eq!(matches!(kernel, Kernel::RepackGemm | Kernel::RepackGemv), repacked, "{name} k={k} rows={rows}: kernel {kernel:?}");
+            assert_eq!(
+                matches!(kernel, Kernel::RepackGemm | Kernel::RepackGemv),
+                repacked,
+                "{name} k={k} rows={rows}: kernel {kernel:?}"
+            );
             // The oracle calls `ggml_vec_dot_*_q8_K` directly for non-repacked cases; in a real
             // graph >= 8 columns go to the tiled matmul (tested in x86_exact_tiled.rs).
-            let kernel = if kernel == Kernel::Tiled { Kernel::VecDot } else { kernel };
+            let kernel = if kernel == Kernel::Tiled {
+                Kernel::VecDot
+            } else {
+                kernel
+            };
             quantize_activations_for(kernel, dt, &x[c * k..(c + 1) * k], &mut act).unwrap();
             for r in 0..rows {
                 let got = dot_with(kernel, dt, k, &w[r * rb..(r + 1) * rb], &act);
@@ -74,5 +99,10 @@ fn kquant_matmuls_match_llama_cpp_x86_bit_exactly() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {checked} differ:\n{}", failures.len(), failures[..failures.len().min(40)].join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} differ:\n{}",
+        failures.len(),
+        failures[..failures.len().min(40)].join("\n")
+    );
 }

@@ -21,19 +21,25 @@ fn b64(s: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for ch in s.as_bytes().chunks(4) {
         let pad = ch.iter().filter(|&&c| c == b'=').count();
-        let v = ch.iter().fold(0u32, |a, &c| (a << 6) | if c == b'=' { 0 } else { val(c) });
+        let v = ch
+            .iter()
+            .fold(0u32, |a, &c| (a << 6) | if c == b'=' { 0 } else { val(c) });
         out.extend_from_slice(&[(v >> 16) as u8, (v >> 8) as u8, v as u8][..3 - pad]);
     }
     out
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 /// Activations are stored as f16 (they were generated f16-representable).
 fn f16s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(2).map(|c| quant::fp16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()
+    b.chunks_exact(2)
+        .map(|c| quant::fp16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+        .collect()
 }
 
 #[test]
@@ -61,15 +67,28 @@ fn tiled_kernel_choice_mirrors_ggml() {
 
 #[test]
 fn tiled_matmuls_match_llama_cpp_x86_bit_exactly() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/quant/x86_tiled/tiled.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let acts: Vec<Vec<f32>> = v["acts"].as_array().unwrap().iter().map(|a| f16s(&b64(a["x"].as_str().unwrap()))).collect();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/quant/x86_tiled/tiled.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let acts: Vec<Vec<f32>> = v["acts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| f16s(&b64(a["x"].as_str().unwrap())))
+        .collect();
     let mut failures = Vec::new();
     let (mut checked, mut tiled_checked, mut vec_dot_differs) = (0, 0, 0);
     for case in v["cases"].as_array().unwrap() {
         let name = case["dtype"].as_str().unwrap();
         let dt = DType::from_name(name).unwrap();
-        let (k, rows, cols) = (case["k"].as_u64().unwrap() as usize, case["rows"].as_u64().unwrap() as usize, case["cols"].as_u64().unwrap() as usize);
+        let (k, rows, cols) = (
+            case["k"].as_u64().unwrap() as usize,
+            case["rows"].as_u64().unwrap() as usize,
+            case["cols"].as_u64().unwrap() as usize,
+        );
         let tiled = case["kernel"].as_str().unwrap() == "tiled";
         // Q3_K's x86 vec_dot is not emulated yet (see x86_exact_kquants.rs): skip its control.
         if !tiled && dt == DType::Q3_K {
@@ -109,6 +128,11 @@ fn tiled_matmuls_match_llama_cpp_x86_bit_exactly() {
         }
     }
     eprintln!("checked {checked} elements ({tiled_checked} tiled; vec_dot would differ on {vec_dot_differs})");
-    assert!(failures.is_empty(), "{} of {checked} differ:\n{}", failures.len(), failures[..failures.len().min(40)].join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} differ:\n{}",
+        failures.len(),
+        failures[..failures.len().min(40)].join("\n")
+    );
     assert!(tiled_checked > 0);
 }

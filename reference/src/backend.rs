@@ -42,7 +42,10 @@ extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
         return Status::InvalidArgument as i32;
     }
     let host = unsafe { *host };
-    let ctx = Box::new(Context { host, last_error: Mutex::new(String::new()) });
+    let ctx = Box::new(Context {
+        host,
+        last_error: Mutex::new(String::new()),
+    });
     unsafe { *out = Box::into_raw(ctx) as *mut c_void };
     Status::Ok as i32
 }
@@ -62,7 +65,17 @@ fn status_of(e: &Error) -> Status {
 }
 
 /// Decodes a call; `None` op means an unknown id.
-unsafe fn decode(call: *const OpCall) -> Result<(Op, &'static [abi::TensorDesc], &'static [abi::TensorDesc], abi::OpParams), Error> {
+unsafe fn decode(
+    call: *const OpCall,
+) -> Result<
+    (
+        Op,
+        &'static [abi::TensorDesc],
+        &'static [abi::TensorDesc],
+        abi::OpParams,
+    ),
+    Error,
+> {
     if call.is_null() {
         return Err(Error::Invalid("null call".into()));
     }
@@ -107,7 +120,11 @@ extern "C" fn last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
         return 0;
     }
     let cx = unsafe { &*(ctx as *const Context) };
-    let msg = cx.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let msg = cx
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     if !buf.is_null() {
         let n = msg.len().min(cap);
         // SAFETY: the caller provides `cap` writable bytes.
@@ -157,8 +174,12 @@ pub static TABLE: BackendTable = BackendTable {
 };
 
 /// The header `mollm_backend_entry` returns.
-pub static HEADER: BackendHeader =
-    BackendHeader::layout(b"reference\0".as_ptr() as *const c_char, DeviceKind::Cpu, 0, &TABLE);
+pub static HEADER: BackendHeader = BackendHeader::layout(
+    b"reference\0".as_ptr() as *const c_char,
+    DeviceKind::Cpu,
+    0,
+    &TABLE,
+);
 
 /// The backend entry symbol.
 #[no_mangle]

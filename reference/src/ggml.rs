@@ -151,7 +151,7 @@ pub fn v_expf(x: f32) -> f32 {
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0f
     let n = z - r;
     let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e), // 0x1.7f7d1cp-20f
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20f
         (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1f
     );
     let u = b * b;
@@ -160,7 +160,10 @@ pub fn v_expf(x: f32) -> f32 {
     let c_c = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3f
     let c_d = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2f
     let c_e = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1f
-    let j = c_a.mul_add(b, c_b).mul_add(u, c_c.mul_add(b, c_d)).mul_add(u, c_e.mul_add(b, 1.0));
+    let j = c_a
+        .mul_add(b, c_b)
+        .mul_add(u, c_c.mul_add(b, c_d))
+        .mul_add(u, c_e.mul_add(b, 1.0));
     if n.abs() > 192.0 {
         // _CMP_GT_OQ is false for NaN, so NaN falls through to scalef below.
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
@@ -235,7 +238,9 @@ pub fn gelu_fp16_table(x: f32) -> f32 {
         x
     } else {
         let t = GELU_TABLE.get_or_init(|| {
-            (0..=u16::MAX).map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32())).to_bits()).collect()
+            (0..=u16::MAX)
+                .map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32())).to_bits())
+                .collect()
         });
         f16::from_bits(t[f16::from_f32(x).to_bits() as usize]).to_f32()
     }
@@ -264,10 +269,18 @@ mod tests {
 
     #[test]
     fn dots_agree_with_f64() {
-        let x: Vec<f32> = (0..200).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-        let y: Vec<f32> = (0..200).map(|i| ((i * 53 % 89) as f32 - 44.0) / 13.0).collect();
+        let x: Vec<f32> = (0..200)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        let y: Vec<f32> = (0..200)
+            .map(|i| ((i * 53 % 89) as f32 - 44.0) / 13.0)
+            .collect();
         let exact: f64 = x.iter().zip(&y).map(|(a, b)| *a as f64 * *b as f64).sum();
-        for v in [dot_vec_f32(&x, &y), dot_tile(&x[..192], &y[..192]) + dot_vec_f32(&x[192..], &y[192..]), dot_vec_f16(&x, &y)] {
+        for v in [
+            dot_vec_f32(&x, &y),
+            dot_tile(&x[..192], &y[..192]) + dot_vec_f32(&x[192..], &y[192..]),
+            dot_vec_f16(&x, &y),
+        ] {
             assert!((v as f64 - exact).abs() < 1e-3, "{v} vs {exact}");
         }
     }
@@ -276,8 +289,14 @@ mod tests {
     fn gelu_table_matches_formula() {
         for i in -100..100 {
             let x = i as f32 * 0.1;
-            let g = 0.5 * x * (1.0 + ((2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
-            assert!((gelu_fp16_table(x) - g).abs() < 1e-2 * (1.0 + g.abs()), "{x}");
+            let g = 0.5
+                * x
+                * (1.0
+                    + ((2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+            assert!(
+                (gelu_fp16_table(x) - g).abs() < 1e-2 * (1.0 + g.abs()),
+                "{x}"
+            );
         }
         assert_eq!(gelu_fp16_table(-11.0), 0.0);
         assert_eq!(gelu_fp16_table(12.0), 12.0);

@@ -25,6 +25,12 @@ use abi::{HostApi, Op, OpParams, TensorDesc};
 ///
 /// # Safety
 /// Every descriptor's memory must be valid for its shape and strides for the call.
-pub unsafe fn run(host: &HostApi, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], params: &OpParams) -> Result<(), Error> {
+pub unsafe fn run(
+    host: &HostApi,
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    params: &OpParams,
+) -> Result<(), Error> {
     ops::compute(host, op, inputs, outputs, params)
 }

@@ -29,8 +29,16 @@ pub fn parallel_for<F: Fn(u32) + Sync>(host: &HostApi, n: u32, f: F) {
             slot.get_or_insert(msg);
         }
     }
-    let job = Job { f: &f, panic: Mutex::new(None) };
-    (host.parallel_for)(host.host_ctx, n, trampoline::<F>, &job as *const Job<F> as *mut c_void);
+    let job = Job {
+        f: &f,
+        panic: Mutex::new(None),
+    };
+    (host.parallel_for)(
+        host.host_ctx,
+        n,
+        trampoline::<F>,
+        &job as *const Job<F> as *mut c_void,
+    );
     if let Some(msg) = job.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
         panic!("{msg}");
     }
@@ -47,7 +55,12 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-extern "C" fn serial_parallel_for(_ctx: *mut c_void, n_tasks: u32, task: TaskFn, user: *mut c_void) {
+extern "C" fn serial_parallel_for(
+    _ctx: *mut c_void,
+    n_tasks: u32,
+    task: TaskFn,
+    user: *mut c_void,
+) {
     for i in 0..n_tasks {
         task(user, i);
     }

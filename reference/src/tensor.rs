@@ -31,24 +31,37 @@ pub fn invalid<T>(msg: impl Into<String>) -> Result<T> {
 /// Layout checks that need no data: host memory, non-negative strides that are whole elements,
 /// block formats with contiguous rows. `name` is used in messages.
 pub fn check_layout(t: &TensorDesc, name: &str) -> Result<()> {
-    let dt = t.dtype().ok_or_else(|| Error::Invalid(format!("{name}: unknown dtype id {}", t.dtype)))?;
+    let dt = t
+        .dtype()
+        .ok_or_else(|| Error::Invalid(format!("{name}: unknown dtype id {}", t.dtype)))?;
     if t.buffer != 0 {
-        return Err(Error::Unsupported(format!("{name}: device buffers are not supported by the reference")));
+        return Err(Error::Unsupported(format!(
+            "{name}: device buffers are not supported by the reference"
+        )));
     }
     let info = dt.info();
     if t.nb.iter().any(|&b| b < 0) {
-        return Err(Error::Unsupported(format!("{name}: negative strides {:?}", t.nb)));
+        return Err(Error::Unsupported(format!(
+            "{name}: negative strides {:?}",
+            t.nb
+        )));
     }
     if info.quantized || !matches!(dt, DType::F32 | DType::I32) {
         // Block formats and 16-bit rows: elements of one row must be packed.
         if t.ne[0] > 1 && t.nb[0] != info.block_bytes as i64 {
-            return Err(Error::Unsupported(format!("{name}: {dt} rows must be contiguous (nb[0] = {})", t.nb[0])));
+            return Err(Error::Unsupported(format!(
+                "{name}: {dt} rows must be contiguous (nb[0] = {})",
+                t.nb[0]
+            )));
         }
     } else {
         let es = info.block_bytes as i64;
         for d in 0..abi::MAX_DIMS {
             if t.ne[d] > 1 && t.nb[d] % es != 0 {
-                return Err(Error::Invalid(format!("{name}: stride nb[{d}] = {} is not a multiple of {es}", t.nb[d])));
+                return Err(Error::Invalid(format!(
+                    "{name}: stride nb[{d}] = {} is not a multiple of {es}",
+                    t.nb[d]
+                )));
             }
         }
     }
@@ -84,7 +97,8 @@ pub fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
 /// Byte address of element `(0, i1, i2, i3)`.
 #[inline]
 pub fn row_ptr(t: &TensorDesc, i1: i64, i2: i64, i3: i64) -> *mut u8 {
-    t.data.wrapping_offset((i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]) as isize)
+    t.data
+        .wrapping_offset((i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]) as isize)
 }
 
 /// An f32 row as an ndarray view.
@@ -159,7 +173,8 @@ pub fn widen_row(dt: DType, src: &[u8], dst: &mut [f32]) -> bool {
         DType::F16 if (src.as_ptr() as usize) % 2 == 0 && src.len() >= 2 * dst.len() => {
             use half::slice::HalfFloatSliceExt;
             // SAFETY: aligned, and `dst.len()` f16 values fit in `src`.
-            let h = unsafe { core::slice::from_raw_parts(src.as_ptr() as *const half::f16, dst.len()) };
+            let h =
+                unsafe { core::slice::from_raw_parts(src.as_ptr() as *const half::f16, dst.len()) };
             h.convert_to_f32_slice(dst); // exact; uses F16C when the CPU has it
         }
         DType::F16 => {

@@ -2,7 +2,7 @@
 
 use abi::{DType, Op, OpCall, OpParams, Status, TensorDesc};
 use half::f16;
-use reference::{serial_host, scoped_threads_host};
+use reference::{scoped_threads_host, serial_host};
 
 fn f32d(v: &mut [f32], shape: &[i64]) -> TensorDesc {
     TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, shape)
@@ -11,7 +11,8 @@ fn i32d(v: &mut [i32], shape: &[i64]) -> TensorDesc {
     TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::I32, shape)
 }
 fn run(op: Op, i: &[TensorDesc], o: &[TensorDesc], p: OpParams) {
-    unsafe { reference::run(&serial_host(), op, i, o, &p) }.unwrap_or_else(|e| panic!("{op:?}: {e}"));
+    unsafe { reference::run(&serial_host(), op, i, o, &p) }
+        .unwrap_or_else(|e| panic!("{op:?}: {e}"));
 }
 fn close(a: f32, b: f32, tol: f32) -> bool {
     (a - b).abs() <= tol * (1.0 + b.abs())
@@ -24,7 +25,12 @@ fn rms_norm_small() {
     let mut y = vec![0.0; 4];
     let mut p = OpParams::default();
     p.f[0] = 0.0;
-    run(Op::RmsNorm, &[f32d(&mut x, &[4]), f32d(&mut w, &[4])], &[f32d(&mut y, &[4])], p);
+    run(
+        Op::RmsNorm,
+        &[f32d(&mut x, &[4]), f32d(&mut w, &[4])],
+        &[f32d(&mut y, &[4])],
+        p,
+    );
     let s = 1.0 / 7.5f32.sqrt();
     let want = [1.0 * s, 2.0 * s, 3.0 * s * 2.0, 4.0 * s * 0.5];
     for (a, b) in y.iter().zip(want) {
@@ -53,18 +59,33 @@ fn rope_identity_at_zero_and_known_angle() {
         let mut x = src.clone();
         let mut pos = vec![0, 1];
         let mut y = vec![0.0; 12];
-        run(Op::Rope, &[f32d(&mut x, &[6, 1, 2]), i32d(&mut pos, &[2])], &[f32d(&mut y, &[6, 1, 2])], rope_params(mode, 4));
+        run(
+            Op::Rope,
+            &[f32d(&mut x, &[6, 1, 2]), i32d(&mut pos, &[2])],
+            &[f32d(&mut y, &[6, 1, 2])],
+            rope_params(mode, 4),
+        );
         assert_eq!(&y[..6], &src[..6], "position 0 is the identity");
         assert_eq!(&y[10..12], &src[10..12], "dims past n_dims pass through");
         // theta_0 = 1 rad, theta_1 = 10000^(-1/2) = 0.01.
         let (c0, s0, c1, s1) = (1f32.cos(), 1f32.sin(), 0.01f32.cos(), 0.01f32.sin());
         let t = &src[6..];
-        let (pa, pb) = if mode == abi::ROPE_NEOX { ((0, 2), (1, 3)) } else { ((0, 1), (2, 3)) };
+        let (pa, pb) = if mode == abi::ROPE_NEOX {
+            ((0, 2), (1, 3))
+        } else {
+            ((0, 1), (2, 3))
+        };
         let want0 = (t[pa.0] * c0 - t[pa.1] * s0, t[pa.0] * s0 + t[pa.1] * c0);
         let want1 = (t[pb.0] * c1 - t[pb.1] * s1, t[pb.0] * s1 + t[pb.1] * c1);
         let got = &y[6..];
-        assert!(close(got[pa.0], want0.0, 1e-6) && close(got[pa.1], want0.1, 1e-6), "{mode}: {got:?}");
-        assert!(close(got[pb.0], want1.0, 1e-5) && close(got[pb.1], want1.1, 1e-5), "{mode}: {got:?}");
+        assert!(
+            close(got[pa.0], want0.0, 1e-6) && close(got[pa.1], want0.1, 1e-6),
+            "{mode}: {got:?}"
+        );
+        assert!(
+            close(got[pb.0], want1.0, 1e-5) && close(got[pb.1], want1.1, 1e-5),
+            "{mode}: {got:?}"
+        );
     }
 }
 
@@ -87,7 +108,12 @@ fn attention_single_key_returns_its_value() {
         let mut out = vec![0.0; d];
         let k = TensorDesc::contiguous(kb.as_mut_ptr(), dt, &[d as i64, 1, 1]);
         let v = TensorDesc::contiguous(vb.as_mut_ptr(), dt, &[d as i64, 1, 1]);
-        run(Op::Attention, &[f32d(&mut q, &[d as i64, 1, 1]), k, v, i32d(&mut pos, &[1])], &[f32d(&mut out, &[d as i64, 1, 1])], attn_params(1, 0, 0.5));
+        run(
+            Op::Attention,
+            &[f32d(&mut q, &[d as i64, 1, 1]), k, v, i32d(&mut pos, &[1])],
+            &[f32d(&mut out, &[d as i64, 1, 1])],
+            attn_params(1, 0, 0.5),
+        );
         assert_eq!(out, kv, "{dt}");
     }
 }
@@ -95,7 +121,10 @@ fn attention_single_key_returns_its_value() {
 fn cache(v: &[f32], dt: DType) -> Vec<u8> {
     match dt {
         DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => v.iter().flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes()).collect(),
+        _ => v
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+            .collect(),
     }
 }
 
@@ -119,19 +148,33 @@ fn attention_gqa_mapping_and_sliding_window() {
         let mut out = vec![0f32; d * hq * 2];
         run(
             Op::Attention,
-            &[f32d(&mut q, &[d as i64, hq as i64, 2]), f32d(&mut k, &[d as i64, hkv as i64, c as i64]), f32d(&mut v, &[d as i64, hkv as i64, c as i64]), i32d(&mut pos, &[2])],
+            &[
+                f32d(&mut q, &[d as i64, hq as i64, 2]),
+                f32d(&mut k, &[d as i64, hkv as i64, c as i64]),
+                f32d(&mut v, &[d as i64, hkv as i64, c as i64]),
+                i32d(&mut pos, &[2]),
+            ],
             &[f32d(&mut out, &[d as i64, hq as i64, 2])],
             attn_params(6, window, 1.0),
         );
         for t in 0..2 {
             let p = pos[t] as usize;
-            let rows: Vec<usize> = (0..=p).filter(|&j| window == 0 || (p - j) < window as usize).collect();
+            let rows: Vec<usize> = (0..=p)
+                .filter(|&j| window == 0 || (p - j) < window as usize)
+                .collect();
             for h in 0..hq {
                 let hk = h / (hq / hkv);
                 for i in 0..d {
-                    let want = rows.iter().map(|&j| (hk * 100 + j * 10 + i) as f32).sum::<f32>() / rows.len() as f32;
+                    let want = rows
+                        .iter()
+                        .map(|&j| (hk * 100 + j * 10 + i) as f32)
+                        .sum::<f32>()
+                        / rows.len() as f32;
                     let got = out[t * hq * d + h * d + i];
-                    assert!(close(got, want, 1e-5), "window {window} t {t} h {h} i {i}: {got} vs {want}");
+                    assert!(
+                        close(got, want, 1e-5),
+                        "window {window} t {t} h {h} i {i}: {got} vs {want}"
+                    );
                 }
             }
         }
@@ -149,19 +192,57 @@ fn attention_softcap_and_scale() {
     let mut out = vec![0f32; 2];
     let mut p = attn_params(2, 0, 0.5);
     p.f[1] = 2.0;
-    run(Op::Attention, &[f32d(&mut q, &[d, 1, 1]), f32d(&mut k, &[d, 1, 2]), f32d(&mut v, &[d, 1, 2]), i32d(&mut pos, &[1])], &[f32d(&mut out, &[d, 1, 1])], p);
-    let s: Vec<f32> = [1.0f32, 6.0].iter().map(|x| 2.0 * (x / 2.0).tanh() * 0.5).collect();
+    run(
+        Op::Attention,
+        &[
+            f32d(&mut q, &[d, 1, 1]),
+            f32d(&mut k, &[d, 1, 2]),
+            f32d(&mut v, &[d, 1, 2]),
+            i32d(&mut pos, &[1]),
+        ],
+        &[f32d(&mut out, &[d, 1, 1])],
+        p,
+    );
+    let s: Vec<f32> = [1.0f32, 6.0]
+        .iter()
+        .map(|x| 2.0 * (x / 2.0).tanh() * 0.5)
+        .collect();
     let e: Vec<f32> = s.iter().map(|x| x.exp()).collect();
     let z = e[0] + e[1];
-    assert!(close(out[0], e[0] / z, 1e-6) && close(out[1], e[1] / z, 1e-6), "{out:?}");
+    assert!(
+        close(out[0], e[0] / z, 1e-6) && close(out[1], e[1] / z, 1e-6),
+        "{out:?}"
+    );
 }
 
 #[test]
 fn argmax_ties_and_nan() {
     let nan = f32::NAN;
-    let mut x = vec![1.0, 3.0, 3.0, 2.0, nan, 5.0, nan, 5.0, nan, nan, nan, nan, -1.0, -1.0, f32::NEG_INFINITY, -2.0];
+    let mut x = vec![
+        1.0,
+        3.0,
+        3.0,
+        2.0,
+        nan,
+        5.0,
+        nan,
+        5.0,
+        nan,
+        nan,
+        nan,
+        nan,
+        -1.0,
+        -1.0,
+        f32::NEG_INFINITY,
+        -2.0,
+    ];
     let mut out = vec![-7i32; 4];
-    run(Op::Argmax, &[f32d(&mut x, &[4, 4])], &[i32d(&mut out, &[4])], OpParams::default());
+    run(
+        Op::Argmax,
+        &[f32d(&mut x, &[4, 4])],
+        &[i32d(&mut out, &[4])],
+        OpParams::default(),
+    );
     assert_eq!(out, vec![1, 1, 0, 0]);
 }
 
@@ -171,14 +252,23 @@ fn softmax_rows() {
     let mut y = vec![0f32; 40];
     let mut p = OpParams::default();
     p.f[0] = 0.5;
-    run(Op::Softmax, &[f32d(&mut x, &[20, 2])], &[f32d(&mut y, &[20, 2])], p);
+    run(
+        Op::Softmax,
+        &[f32d(&mut x, &[20, 2])],
+        &[f32d(&mut y, &[20, 2])],
+        p,
+    );
     for r in 0..2 {
         let row = &x[r * 20..(r + 1) * 20];
         let m = row.iter().cloned().fold(f32::MIN, f32::max) * 0.5;
         let z: f64 = row.iter().map(|v| ((v * 0.5 - m) as f64).exp()).sum();
         for i in 0..20 {
             let want = ((row[i] * 0.5 - m) as f64).exp() / z;
-            assert!(close(y[r * 20 + i], want as f32, 2e-6), "{} vs {want}", y[r * 20 + i]);
+            assert!(
+                close(y[r * 20 + i], want as f32, 2e-6),
+                "{} vs {want}",
+                y[r * 20 + i]
+            );
         }
     }
 }
@@ -191,16 +281,28 @@ fn glu_silu_and_gelu() {
         let mut y = vec![0f32; 20];
         let mut p = OpParams::default();
         p.i[0] = act;
-        run(Op::Glu, &[f32d(&mut g, &[20]), f32d(&mut u, &[20])], &[f32d(&mut y, &[20])], p);
+        run(
+            Op::Glu,
+            &[f32d(&mut g, &[20]), f32d(&mut u, &[20])],
+            &[f32d(&mut y, &[20])],
+            p,
+        );
         for i in 0..20 {
             let x = g[i] as f64;
             let a = if act == abi::GLU_SILU {
                 x / (1.0 + (-x).exp())
             } else {
-                0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                0.5 * x
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
             };
             let tol = if act == abi::GLU_SILU { 1e-6 } else { 2e-3 }; // f16 table
-            assert!(close(y[i], (a * u[i] as f64) as f32, tol), "act {act} x {x}: {} vs {}", y[i], a * u[i] as f64);
+            assert!(
+                close(y[i], (a * u[i] as f64) as f32, tol),
+                "act {act} x {x}: {} vs {}",
+                y[i],
+                a * u[i] as f64
+            );
         }
     }
 }
@@ -210,13 +312,28 @@ fn add_mul_scale_broadcast() {
     let mut a: Vec<f32> = (0..12).map(|i| i as f32).collect();
     let mut b = vec![10.0f32, 20.0, 30.0]; // [3] broadcast over [3, 4]
     let mut out = vec![0f32; 12];
-    run(Op::Add, &[f32d(&mut a, &[3, 4]), f32d(&mut b, &[3])], &[f32d(&mut out, &[3, 4])], OpParams::default());
+    run(
+        Op::Add,
+        &[f32d(&mut a, &[3, 4]), f32d(&mut b, &[3])],
+        &[f32d(&mut out, &[3, 4])],
+        OpParams::default(),
+    );
     assert_eq!(out[4], 4.0 + 20.0);
-    run(Op::Mul, &[f32d(&mut a, &[3, 4]), f32d(&mut b, &[3])], &[f32d(&mut out, &[3, 4])], OpParams::default());
+    run(
+        Op::Mul,
+        &[f32d(&mut a, &[3, 4]), f32d(&mut b, &[3])],
+        &[f32d(&mut out, &[3, 4])],
+        OpParams::default(),
+    );
     assert_eq!(out[5], 5.0 * 30.0);
     let mut p = OpParams::default();
     p.f[0] = -0.5;
-    run(Op::Scale, &[f32d(&mut a, &[3, 4])], &[f32d(&mut out, &[3, 4])], p);
+    run(
+        Op::Scale,
+        &[f32d(&mut a, &[3, 4])],
+        &[f32d(&mut out, &[3, 4])],
+        p,
+    );
     assert_eq!(out[11], -5.5);
     // In place (output aliases a) and a strided (transposed) view of a.
     let ad = f32d(&mut a, &[3, 4]);
@@ -237,23 +354,54 @@ fn get_rows_and_set_rows() {
     let mut t16: Vec<u8> = cache(&table, DType::F16);
     let mut t32 = table.clone();
     let mut ids = vec![2, 0, 2];
-    for (desc, name) in [(f32d(&mut t32, &[3, 4]), "f32"), (TensorDesc::contiguous(t16.as_mut_ptr(), DType::F16, &[3, 4]), "f16")] {
+    for (desc, name) in [
+        (f32d(&mut t32, &[3, 4]), "f32"),
+        (
+            TensorDesc::contiguous(t16.as_mut_ptr(), DType::F16, &[3, 4]),
+            "f16",
+        ),
+    ] {
         let mut out = vec![0f32; 9];
-        run(Op::GetRows, &[desc, i32d(&mut ids, &[3])], &[f32d(&mut out, &[3, 3])], OpParams::default());
-        assert_eq!(out, vec![3.0, 3.5, 4.0, 0.0, 0.5, 1.0, 3.0, 3.5, 4.0], "{name}");
+        run(
+            Op::GetRows,
+            &[desc, i32d(&mut ids, &[3])],
+            &[f32d(&mut out, &[3, 3])],
+            OpParams::default(),
+        );
+        assert_eq!(
+            out,
+            vec![3.0, 3.5, 4.0, 0.0, 0.5, 1.0, 3.0, 3.5, 4.0],
+            "{name}"
+        );
     }
     // set_rows into an f16 cache: rounding to nearest even, other rows untouched.
     let mut src = vec![1.0f32 + 1.0 / 4096.0, 2.0, -3.0, 4.0]; // [2, 2]
     let mut idx = vec![3, 1];
     let mut dst = cache(&[9.0; 8], DType::F16); // [2, 4]
     let dd = TensorDesc::contiguous(dst.as_mut_ptr(), DType::F16, &[2, 4]);
-    run(Op::SetRows, &[f32d(&mut src, &[2, 2]), i32d(&mut idx, &[2]), dd], &[dd], OpParams::default());
-    let got: Vec<f32> = dst.chunks(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect();
+    run(
+        Op::SetRows,
+        &[f32d(&mut src, &[2, 2]), i32d(&mut idx, &[2]), dd],
+        &[dd],
+        OpParams::default(),
+    );
+    let got: Vec<f32> = dst
+        .chunks(2)
+        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect();
     assert_eq!(got, vec![9.0, 9.0, -3.0, 4.0, 9.0, 9.0, 1.0, 2.0]);
     // Out-of-range ids are an argument error, not a panic.
     let mut bad = vec![7, 0, 0];
     let mut out = vec![0f32; 9];
-    let e = unsafe { reference::run(&serial_host(), Op::GetRows, &[f32d(&mut t32, &[3, 4]), i32d(&mut bad, &[3])], &[f32d(&mut out, &[3, 3])], &OpParams::default()) };
+    let e = unsafe {
+        reference::run(
+            &serial_host(),
+            Op::GetRows,
+            &[f32d(&mut t32, &[3, 4]), i32d(&mut bad, &[3])],
+            &[f32d(&mut out, &[3, 3])],
+            &OpParams::default(),
+        )
+    };
     assert!(matches!(e, Err(reference::Error::Invalid(_))), "{e:?}");
 }
 
@@ -262,17 +410,23 @@ fn naive(w: &[f32], x: &[f32], k: usize) -> Vec<f64> {
     let mut out = vec![0f64; n * m];
     for c in 0..m {
         for r in 0..n {
-            out[c * n + r] = (0..k).map(|i| w[r * k + i] as f64 * x[c * k + i] as f64).sum();
+            out[c * n + r] = (0..k)
+                .map(|i| w[r * k + i] as f64 * x[c * k + i] as f64)
+                .sum();
         }
     }
     out
 }
 
 fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -280,7 +434,12 @@ fn rnd(n: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn matmul_f32_and_f16_match_naive() {
-    for &(k, n, m) in &[(64usize, 8usize, 1usize), (64, 8, 3), (40, 6, 2), (130, 5, 4)] {
+    for &(k, n, m) in &[
+        (64usize, 8usize, 1usize),
+        (64, 8, 3),
+        (40, 6, 2),
+        (130, 5, 4),
+    ] {
         let mut w = rnd(k * n, 1);
         let mut x = rnd(k * m, 2);
         let want = naive(&w, &x, k);
@@ -289,10 +448,22 @@ fn matmul_f32_and_f16_match_naive() {
             let mut out = vec![0f32; n * m];
             let wd = TensorDesc::contiguous(wb.as_mut_ptr(), dt, &[k as i64, n as i64]);
             let host = scoped_threads_host(2);
-            unsafe { reference::run(&host, Op::MatMul, &[wd, f32d(&mut x, &[k as i64, m as i64])], &[f32d(&mut out, &[n as i64, m as i64])], &OpParams::default()) }.unwrap();
+            unsafe {
+                reference::run(
+                    &host,
+                    Op::MatMul,
+                    &[wd, f32d(&mut x, &[k as i64, m as i64])],
+                    &[f32d(&mut out, &[n as i64, m as i64])],
+                    &OpParams::default(),
+                )
+            }
+            .unwrap();
             let tol = if dt == DType::F32 { 1e-5 } else { 3e-3 };
             for (a, b) in out.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < tol * (1.0 + b.abs()), "{dt} {k}x{n}x{m}: {a} vs {b}");
+                assert!(
+                    (*a as f64 - b).abs() < tol * (1.0 + b.abs()),
+                    "{dt} {k}x{n}x{m}: {a} vs {b}"
+                );
             }
         }
         let _ = &mut w;
@@ -312,7 +483,18 @@ fn matmul_quantized_agrees_with_dequantized() {
     let (k, n, m) = (256usize, 8usize, 3usize);
     let w = rnd(k * n, 3);
     let mut x = rnd(k * m, 4);
-    for &dt in &[DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    for &dt in &[
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ] {
         let rb = dt.row_bytes(k as u64).unwrap() as usize;
         let mut wq = vec![0u8; rb * n];
         for r in 0..n {
@@ -320,21 +502,39 @@ fn matmul_quantized_agrees_with_dequantized() {
         }
         let mut wdq = vec![0f32; k * n];
         for r in 0..n {
-            quant::dequantize_row(dt, &wq[r * rb..(r + 1) * rb], &mut wdq[r * k..(r + 1) * k]).unwrap();
+            quant::dequantize_row(dt, &wq[r * rb..(r + 1) * rb], &mut wdq[r * k..(r + 1) * k])
+                .unwrap();
         }
         let want = naive(&wdq, &x, k);
         let mut out = vec![0f32; n * m];
         let wd = TensorDesc::contiguous(wq.as_mut_ptr(), dt, &[k as i64, n as i64]);
-        unsafe { reference::run(&serial_host(), Op::MatMul, &[wd, f32d(&mut x, &[k as i64, m as i64])], &[f32d(&mut out, &[n as i64, m as i64])], &OpParams::default()) }.unwrap();
+        unsafe {
+            reference::run(
+                &serial_host(),
+                Op::MatMul,
+                &[wd, f32d(&mut x, &[k as i64, m as i64])],
+                &[f32d(&mut out, &[n as i64, m as i64])],
+                &OpParams::default(),
+            )
+        }
+        .unwrap();
         let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
         for (a, b) in out.iter().zip(&want) {
             // The activations are quantized too (8-bit): allow ~1% of the output scale.
-            assert!((*a as f64 - b).abs() < 0.02 * scale + 0.05, "{dt}: {a} vs {b}");
+            assert!(
+                (*a as f64 - b).abs() < 0.02 * scale + 0.05,
+                "{dt}: {a} vs {b}"
+            );
         }
         // get_rows dequantizes exactly.
         let mut ids = vec![5, 1];
         let mut rows = vec![0f32; 2 * k];
-        run(Op::GetRows, &[wd, i32d(&mut ids, &[2])], &[f32d(&mut rows, &[k as i64, 2])], OpParams::default());
+        run(
+            Op::GetRows,
+            &[wd, i32d(&mut ids, &[2])],
+            &[f32d(&mut rows, &[k as i64, 2])],
+            OpParams::default(),
+        );
         assert_eq!(&rows[..k], &wdq[5 * k..6 * k]);
     }
 }
@@ -365,7 +565,10 @@ impl Drop for Backend {
 
 fn call(b: &Backend, c: &OpCall) -> (Status, String) {
     let s = Status::from_raw((reference::TABLE.compute)(b.ctx, c));
-    (s, reference::backend::last_error_string(&reference::TABLE, b.ctx))
+    (
+        s,
+        reference::backend::last_error_string(&reference::TABLE, b.ctx),
+    )
 }
 
 #[test]
@@ -380,7 +583,10 @@ fn abi_errors_are_statuses() {
     p.f[0] = 2.0;
     let ins = [xd];
     let outs = [yd];
-    assert_eq!(call(&b, &OpCall::new(Op::Scale, &ins, &outs, p)).0, Status::Ok);
+    assert_eq!(
+        call(&b, &OpCall::new(Op::Scale, &ins, &outs, p)).0,
+        Status::Ok
+    );
     assert_eq!(y, vec![2.0, 4.0, 6.0, 8.0]);
     // Wrong operand count.
     let (s, e) = call(&b, &OpCall::new(Op::Add, &ins, &outs, OpParams::default()));
@@ -400,18 +606,33 @@ fn abi_errors_are_statuses() {
     assert!(e.contains("4242"), "{e}");
     // Null data with a valid shape.
     let nul = TensorDesc::contiguous(core::ptr::null_mut(), DType::F32, &[4]);
-    assert_eq!(call(&b, &OpCall::new(Op::Scale, &[nul], &outs, p)).0, Status::InvalidArgument);
+    assert_eq!(
+        call(&b, &OpCall::new(Op::Scale, &[nul], &outs, p)).0,
+        Status::InvalidArgument
+    );
     // Unsupported: a device buffer; supports() answers without data.
     let mut dev = xd;
     dev.buffer = 7;
-    assert_eq!(call(&b, &OpCall::new(Op::Scale, &[dev], &outs, p)).0, Status::Unsupported);
+    assert_eq!(
+        call(&b, &OpCall::new(Op::Scale, &[dev], &outs, p)).0,
+        Status::Unsupported
+    );
     let sup = reference::TABLE.supports.unwrap();
-    assert_eq!(Status::from_raw(sup(b.ctx, &OpCall::new(Op::Scale, &[nul], &outs, p))), Status::Ok);
-    assert_eq!(Status::from_raw(sup(b.ctx, &OpCall::new(Op::Scale, &[dev], &outs, p))), Status::Unsupported);
+    assert_eq!(
+        Status::from_raw(sup(b.ctx, &OpCall::new(Op::Scale, &[nul], &outs, p))),
+        Status::Ok
+    );
+    assert_eq!(
+        Status::from_raw(sup(b.ctx, &OpCall::new(Op::Scale, &[dev], &outs, p))),
+        Status::Unsupported
+    );
     // Bad glu activation id / rope mode are argument errors.
     let mut gp = OpParams::default();
     gp.i[0] = 9;
-    assert_eq!(call(&b, &OpCall::new(Op::Glu, &[xd, xd], &outs, gp)).0, Status::InvalidArgument);
+    assert_eq!(
+        call(&b, &OpCall::new(Op::Glu, &[xd, xd], &outs, gp)).0,
+        Status::InvalidArgument
+    );
 }
 
 #[test]
@@ -422,11 +643,21 @@ fn abi_catches_panics() {
     let ins = [f32d(&mut x, &[4])];
     let outs = [f32d(&mut y, &[4])];
     reference::backend::panic_on_next_compute();
-    let (s, e) = call(&b, &OpCall::new(Op::Scale, &ins, &outs, OpParams::default()));
+    let (s, e) = call(
+        &b,
+        &OpCall::new(Op::Scale, &ins, &outs, OpParams::default()),
+    );
     assert_eq!(s, Status::Panic);
     assert!(e.contains("deliberate test panic"), "{e}");
     // The context still works afterwards.
-    assert_eq!(call(&b, &OpCall::new(Op::Scale, &ins, &outs, OpParams::default())).0, Status::Ok);
+    assert_eq!(
+        call(
+            &b,
+            &OpCall::new(Op::Scale, &ins, &outs, OpParams::default())
+        )
+        .0,
+        Status::Ok
+    );
     // A panic inside a parallel task is carried back to the caller.
     let r = std::panic::catch_unwind(|| {
         reference::parallel_for(&scoped_threads_host(2), 4, |i| {
@@ -443,7 +674,13 @@ fn abi_catches_panics() {
 #[ignore]
 fn bench_matmul() {
     let (k, n) = (576usize, 1536usize);
-    for dt in [DType::F32, DType::F16, DType::Q4_1, DType::Q8_0, DType::Q4_K] {
+    for dt in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+    ] {
         if dt.info().quantized && !quant_ready() {
             continue;
         }
@@ -454,7 +691,8 @@ fn bench_matmul() {
             DType::F32 | DType::F16 => wq = cache(&w, dt),
             _ => {
                 for r in 0..n {
-                    quant::quantize_row(dt, &w[r * k..(r + 1) * k], &mut wq[r * rb..(r + 1) * rb]).unwrap();
+                    quant::quantize_row(dt, &w[r * k..(r + 1) * k], &mut wq[r * rb..(r + 1) * rb])
+                        .unwrap();
                 }
             }
         }
@@ -467,11 +705,22 @@ fn bench_matmul() {
                 let iters = if m == 1 { 50 } else { 5 };
                 let t0 = std::time::Instant::now();
                 for _ in 0..iters {
-                    unsafe { reference::run(&host, Op::MatMul, &[wd, f32d(&mut x, &[k as i64, m as i64])], &[f32d(&mut out, &[n as i64, m as i64])], &OpParams::default()) }.unwrap();
+                    unsafe {
+                        reference::run(
+                            &host,
+                            Op::MatMul,
+                            &[wd, f32d(&mut x, &[k as i64, m as i64])],
+                            &[f32d(&mut out, &[n as i64, m as i64])],
+                            &OpParams::default(),
+                        )
+                    }
+                    .unwrap();
                 }
                 let ms = t0.elapsed().as_secs_f64() * 1e3 / iters as f64;
                 let gflops = 2.0 * (k * n * m) as f64 / ms / 1e6;
-                println!("{dt} [{k}x{n}] x {m} cols, {threads} thr: {ms:.3} ms ({gflops:.2} GFLOP/s)");
+                println!(
+                    "{dt} [{k}x{n}] x {m} cols, {threads} thr: {ms:.3} ms ({gflops:.2} GFLOP/s)"
+                );
             }
         }
     }

@@ -34,7 +34,14 @@ pub fn cached_attention(
 }
 
 /// `down(act(gate(x)) * up(x))`.
-pub fn gated_ffn(ex: &Exec, x: &Act, gate: &crate::tensor::Weight, up: &crate::tensor::Weight, down: &crate::tensor::Weight, act: i64) -> Result<Act> {
+pub fn gated_ffn(
+    ex: &Exec,
+    x: &Act,
+    gate: &crate::tensor::Weight,
+    up: &crate::tensor::Weight,
+    down: &crate::tensor::Weight,
+    act: i64,
+) -> Result<Act> {
     let g = ex.matmul(gate, x)?;
     let u = ex.matmul(up, x)?;
     let h = ex.glu(&g, &u, act)?;

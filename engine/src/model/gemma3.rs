@@ -80,20 +80,41 @@ pub fn build(g: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
 }
 
 impl Graph for Gemma3 {
-    fn forward(&self, ex: &Exec, kv: &mut KvCache, tokens: &[u32], pos0: usize, out_rows: &[usize]) -> Result<Act> {
+    fn forward(
+        &self,
+        ex: &Exec,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        out_rows: &[usize],
+    ) -> Result<Act> {
         let hp = &self.hp;
         let t = tokens.len() as i64;
         let (hd, nh, nkv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let pos = positions(pos0, tokens.len());
-        let rope_global = RopeParams::new(ROPE_NEOX, hp.n_rot as i64, hp.rope_base, hp.n_ctx_train as i64);
-        let rope_local = RopeParams::new(ROPE_NEOX, hp.n_rot as i64, hp.rope_base_swa, hp.n_ctx_train as i64);
+        let rope_global = RopeParams::new(
+            ROPE_NEOX,
+            hp.n_rot as i64,
+            hp.rope_base,
+            hp.n_ctx_train as i64,
+        );
+        let rope_local = RopeParams::new(
+            ROPE_NEOX,
+            hp.n_rot as i64,
+            hp.rope_base_swa,
+            hp.n_ctx_train as i64,
+        );
 
         let inp_embd = ex.get_rows(&self.tok_embd, &ids)?;
         let mut inp_l = ex.scale(&inp_embd, (hp.n_embd as f32).sqrt())?;
         for (il, l) in self.layers.iter().enumerate() {
             let local = hp.swa_layers[il];
-            let (rope, window) = if local { (&rope_local, hp.n_swa) } else { (&rope_global, 0) };
+            let (rope, window) = if local {
+                (&rope_local, hp.n_swa)
+            } else {
+                (&rope_global, 0)
+            };
 
             let attn_norm = ex.rms_norm(&inp_l, &l.attn_norm, hp.eps)?;
             let q = ex.matmul(&l.wq, &attn_norm)?.reshape(&[hd, nh, t]);
@@ -104,7 +125,16 @@ impl Graph for Gemma3 {
             let k_normed = ex.rms_norm(&k, &l.attn_k_norm, hp.eps)?;
             let k_roped = ex.rope(&k_normed, &pos, rope)?;
             let q_scaled = ex.scale(&q_roped, self.attn_scale)?;
-            let attn = cached_attention(ex, &mut kv.layers[il], &q_scaled, k_roped, v, &pos, window, 1.0)?;
+            let attn = cached_attention(
+                ex,
+                &mut kv.layers[il],
+                &q_scaled,
+                k_roped,
+                v,
+                &pos,
+                window,
+                1.0,
+            )?;
             let mut attn_out = ex.matmul(&l.wo, &attn)?;
             if il == self.layers.len() - 1 {
                 if out_rows.is_empty() {
@@ -116,7 +146,14 @@ impl Graph for Gemma3 {
             let attn_post_norm = ex.rms_norm(&attn_out, &l.attn_post_norm, hp.eps)?;
             let sa_out = ex.add(&attn_post_norm, &inp_l)?;
             let ffn_norm = ex.rms_norm(&sa_out, &l.ffn_norm, hp.eps)?;
-            let ffn_out = gated_ffn(ex, &ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down, GLU_GELU_TANH)?;
+            let ffn_out = gated_ffn(
+                ex,
+                &ffn_norm,
+                &l.ffn_gate,
+                &l.ffn_up,
+                &l.ffn_down,
+                GLU_GELU_TANH,
+            )?;
             let ffn_post_norm = ex.rms_norm(&ffn_out, &l.ffn_post_norm, hp.eps)?;
             inp_l = ex.add(&ffn_post_norm, &sa_out)?;
         }

@@ -27,13 +27,19 @@ pub struct HParams {
 impl HParams {
     pub fn from_gguf(g: &GgufFile) -> Result<HParams> {
         let file = g.path.display().to_string();
-        let err = |msg: String| EngineError::Model { file: file.clone(), msg };
+        let err = |msg: String| EngineError::Model {
+            file: file.clone(),
+            msg,
+        };
         let arch = g.architecture()?.to_string();
         let key = |k: &str| format!("{arch}.{k}");
         let req_u = |k: &str| -> Result<usize> {
-            g.get_u64(&key(k))?.map(|v| v as usize).ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
+            g.get_u64(&key(k))?
+                .map(|v| v as usize)
+                .ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
         };
-        let opt_u = |k: &str| -> Result<Option<usize>> { Ok(g.get_u64(&key(k))?.map(|v| v as usize)) };
+        let opt_u =
+            |k: &str| -> Result<Option<usize>> { Ok(g.get_u64(&key(k))?.map(|v| v as usize)) };
         let opt_f = |k: &str| -> Result<Option<f32>> { Ok(g.get_f32(&key(k))?) };
 
         let n_layer = req_u("block_count")?;
@@ -41,15 +47,25 @@ impl HParams {
         let n_ff = req_u("feed_forward_length")?;
         let n_head = req_u("attention.head_count")?;
         let n_head_kv = opt_u("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_layer == 0 || n_layer > 1024 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        if n_layer == 0
+            || n_layer > 1024
+            || n_embd == 0
+            || n_head == 0
+            || n_head_kv == 0
+            || n_head % n_head_kv != 0
+        {
             return Err(err(format!(
                 "implausible shape: {n_layer} layers, {n_embd} wide, {n_head} heads / {n_head_kv} kv heads"
             )));
         }
         let head_dim = opt_u("attention.key_length")?.unwrap_or(n_embd / n_head);
         let n_rot = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
-        let eps = opt_f("attention.layer_norm_rms_epsilon")?
-            .ok_or_else(|| err(format!("missing metadata key '{}'", key("attention.layer_norm_rms_epsilon"))))?;
+        let eps = opt_f("attention.layer_norm_rms_epsilon")?.ok_or_else(|| {
+            err(format!(
+                "missing metadata key '{}'",
+                key("attention.layer_norm_rms_epsilon")
+            ))
+        })?;
         let rope_base = opt_f("rope.freq_base")?.unwrap_or(10000.0);
         let mut rope_freq_scale = 1.0;
         if let Some(kind) = g.get_str(&key("rope.scaling.type"))? {

@@ -61,13 +61,25 @@ pub fn build(g: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
 }
 
 impl Graph for Llama {
-    fn forward(&self, ex: &Exec, kv: &mut KvCache, tokens: &[u32], pos0: usize, out_rows: &[usize]) -> Result<Act> {
+    fn forward(
+        &self,
+        ex: &Exec,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        out_rows: &[usize],
+    ) -> Result<Act> {
         let hp = &self.hp;
         let t = tokens.len() as i64;
         let (hd, nh, nkv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let pos = positions(pos0, tokens.len());
-        let mut rope = RopeParams::new(ROPE_NORMAL, hp.n_rot as i64, hp.rope_base, hp.n_ctx_train as i64);
+        let mut rope = RopeParams::new(
+            ROPE_NORMAL,
+            hp.n_rot as i64,
+            hp.rope_base,
+            hp.n_ctx_train as i64,
+        );
         rope.freq_scale = hp.rope_freq_scale;
         let kq_scale = 1.0 / (hd as f32).sqrt();
 

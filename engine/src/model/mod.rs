@@ -20,16 +20,35 @@ use loader::GgufFile;
 /// values to `kv`, and returns logits `[n_vocab, out_rows.len()]` for the tokens at the given
 /// indices (an empty list computes no logits).
 pub trait Graph: Send + Sync {
-    fn forward(&self, ex: &Exec, kv: &mut KvCache, tokens: &[u32], pos0: usize, out_rows: &[usize]) -> Result<Act>;
+    fn forward(
+        &self,
+        ex: &Exec,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        out_rows: &[usize],
+    ) -> Result<Act>;
 }
 
 type Builder = fn(&GgufFile, &HParams) -> Result<Box<dyn Graph>>;
 
 /// Architectures mollm runs, by GGUF `general.architecture`.
 pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
-    ("llama", "Llama 2/3 family, SmolLM (RMSNorm, rope, SwiGLU, GQA)", llama::build),
-    ("qwen2", "Qwen2 / Qwen2.5 (llama plus QKV bias, neox rope)", qwen2::build),
-    ("gemma3", "Gemma 3 (sliding-window + global layers, q/k norms, GeGLU, sandwich norms)", gemma3::build),
+    (
+        "llama",
+        "Llama 2/3 family, SmolLM (RMSNorm, rope, SwiGLU, GQA)",
+        llama::build,
+    ),
+    (
+        "qwen2",
+        "Qwen2 / Qwen2.5 (llama plus QKV bias, neox rope)",
+        qwen2::build,
+    ),
+    (
+        "gemma3",
+        "Gemma 3 (sliding-window + global layers, q/k norms, GeGLU, sandwich norms)",
+        gemma3::build,
+    ),
 ];
 
 /// Refuses a file whose architecture mollm has no graph for, naming what it does have.
@@ -42,23 +61,31 @@ pub fn check_architecture(gguf: &GgufFile) -> Result<()> {
         file: gguf.path.display().to_string(),
         msg: format!(
             "unknown architecture '{arch}' (supported: {})",
-            ARCHITECTURES.iter().map(|a| a.0).collect::<Vec<_>>().join(", ")
+            ARCHITECTURES
+                .iter()
+                .map(|a| a.0)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     })
 }
 
 pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
     check_architecture(gguf)?;
-    let (_, _, build) = ARCHITECTURES.iter().find(|(name, _, _)| *name == hp.arch).expect("checked");
+    let (_, _, build) = ARCHITECTURES
+        .iter()
+        .find(|(name, _, _)| *name == hp.arch)
+        .expect("checked");
     build(gguf, hp)
 }
 
 /// Looks a weight up by name and checks its shape (ggml order).
 pub(crate) fn weight(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Weight> {
     let file = || gguf.path.display().to_string();
-    let info = gguf
-        .tensor(name)
-        .ok_or_else(|| EngineError::Model { file: file(), msg: format!("missing tensor '{name}'") })?;
+    let info = gguf.tensor(name).ok_or_else(|| EngineError::Model {
+        file: file(),
+        msg: format!("missing tensor '{name}'"),
+    })?;
     let got: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
     let mut want = shape.to_vec();
     while want.len() > 1 && *want.last().unwrap() == 1 && want.len() > got.len() {
@@ -71,7 +98,9 @@ pub(crate) fn weight(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Weigh
         });
     }
     let data = gguf.tensor_data(info);
-    Ok(Weight { desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, shape) })
+    Ok(Weight {
+        desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, shape),
+    })
 }
 
 pub(crate) fn weight_opt(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Option<Weight>> {

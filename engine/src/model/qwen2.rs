@@ -68,13 +68,25 @@ pub fn build(g: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
 }
 
 impl Graph for Qwen2 {
-    fn forward(&self, ex: &Exec, kv: &mut KvCache, tokens: &[u32], pos0: usize, out_rows: &[usize]) -> Result<Act> {
+    fn forward(
+        &self,
+        ex: &Exec,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        out_rows: &[usize],
+    ) -> Result<Act> {
         let hp = &self.hp;
         let t = tokens.len() as i64;
         let (hd, nh, nkv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let pos = positions(pos0, tokens.len());
-        let mut rope = RopeParams::new(ROPE_NEOX, hp.n_rot as i64, hp.rope_base, hp.n_ctx_train as i64);
+        let mut rope = RopeParams::new(
+            ROPE_NEOX,
+            hp.n_rot as i64,
+            hp.rope_base,
+            hp.n_ctx_train as i64,
+        );
         rope.freq_scale = hp.rope_freq_scale;
         let kq_scale = 1.0 / (hd as f32).sqrt();
 
@@ -82,9 +94,15 @@ impl Graph for Qwen2 {
         for (il, l) in self.layers.iter().enumerate() {
             let mut inp_sa = inp_l;
             let attn_norm = ex.rms_norm(&inp_sa, &l.attn_norm, hp.eps)?;
-            let q = ex.linear(&l.wq, Some(&l.bq), &attn_norm)?.reshape(&[hd, nh, t]);
-            let k = ex.linear(&l.wk, Some(&l.bk), &attn_norm)?.reshape(&[hd, nkv, t]);
-            let v = ex.linear(&l.wv, Some(&l.bv), &attn_norm)?.reshape(&[hd, nkv, t]);
+            let q = ex
+                .linear(&l.wq, Some(&l.bq), &attn_norm)?
+                .reshape(&[hd, nh, t]);
+            let k = ex
+                .linear(&l.wk, Some(&l.bk), &attn_norm)?
+                .reshape(&[hd, nkv, t]);
+            let v = ex
+                .linear(&l.wv, Some(&l.bv), &attn_norm)?
+                .reshape(&[hd, nkv, t]);
             let q = ex.rope(&q, &pos, &rope)?;
             let k = ex.rope(&k, &pos, &rope)?;
             let attn = cached_attention(ex, &mut kv.layers[il], &q, k, v, &pos, 0, kq_scale)?;

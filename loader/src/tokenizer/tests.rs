@@ -74,17 +74,26 @@ fn check_vectors(name: &str) -> bool {
 
 #[test]
 fn vectors_llama_spm() {
-    assert!(check_vectors("llama-spm"), "committed vectors fixtures/tokenizer/ggml-vocab-llama-spm.* missing");
+    assert!(
+        check_vectors("llama-spm"),
+        "committed vectors fixtures/tokenizer/ggml-vocab-llama-spm.* missing"
+    );
 }
 
 #[test]
 fn vectors_gpt2() {
-    assert!(check_vectors("gpt-2"), "committed vectors fixtures/tokenizer/ggml-vocab-gpt-2.* missing");
+    assert!(
+        check_vectors("gpt-2"),
+        "committed vectors fixtures/tokenizer/ggml-vocab-gpt-2.* missing"
+    );
 }
 
 #[test]
 fn vectors_qwen2() {
-    assert!(check_vectors("qwen2"), "committed vectors fixtures/tokenizer/ggml-vocab-qwen2.* missing");
+    assert!(
+        check_vectors("qwen2"),
+        "committed vectors fixtures/tokenizer/ggml-vocab-qwen2.* missing"
+    );
 }
 
 #[test]
@@ -97,14 +106,11 @@ fn vectors_other_bpe_pre_tokenizers() {
     // Same regex families as smollm (starcoder/refact: digits split, then GPT-2), plus the
     // other pre-tokenizers the table supports.
     // starcoder's vectors are committed (SmolLM2's pre-tokenizer); the others are optional.
-    assert!(check_vectors("starcoder"), "committed vectors fixtures/tokenizer/ggml-vocab-starcoder.* missing");
-    for name in [
-        "refact",
-        "command-r",
-        "mpt",
-        "falcon",
-        "qwen35",
-    ] {
+    assert!(
+        check_vectors("starcoder"),
+        "committed vectors fixtures/tokenizer/ggml-vocab-starcoder.* missing"
+    );
+    for name in ["refact", "command-r", "mpt", "falcon", "qwen35"] {
         check_vectors(name);
     }
 }

@@ -26,7 +26,10 @@ pub unsafe fn run(_host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]
     for r in 0..x.nrows() {
         let (i1, i2, i3) = split_row(x, r);
         let v = argmax_row(&read_row(x, i1, i2, i3));
-        let p = out.data.wrapping_offset((i1 * out.nb[0] + i2 * out.nb[1] + i3 * out.nb[2]) as isize) as *mut i32;
+        let p = out
+            .data
+            .wrapping_offset((i1 * out.nb[0] + i2 * out.nb[1] + i3 * out.nb[2]) as isize)
+            as *mut i32;
         p.write(v);
     }
     Ok(())

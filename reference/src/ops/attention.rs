@@ -37,7 +37,12 @@ fn round_up(v: i64, m: i64) -> i64 {
 
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) -> Result<()> {
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<()> {
     let (q, k, v, pos, out) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3], &outputs[0]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
     let (hkv, c) = (k.ne[1], k.ne[2]);
@@ -71,7 +76,11 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc],
             }
         }
         // Scores over the rows that can matter, rounded up to whole 16-blocks.
-        let len = if last < 0 { n_eff.min(16) } else { round_up(last + 1, 16).min(n_eff) } as usize;
+        let len = if last < 0 {
+            n_eff.min(16)
+        } else {
+            round_up(last + 1, 16).min(n_eff)
+        } as usize;
         let mut w = vec![f32::NEG_INFINITY; len];
         let mut krow = vec![0f32; du];
         for j in 0..=last {
@@ -108,8 +117,16 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc],
         }
         // kqv: out[i] = dot over rows j of v[j][i] * p[j], lane-wise as the chosen kernel.
         let lanes: usize = if kqv_tile { 16 } else { 64 };
-        let np = if kqv_tile { n_eff as usize } else { n_eff as usize & !63 };
-        let span = if last < 0 { 0 } else { (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize) };
+        let np = if kqv_tile {
+            n_eff as usize
+        } else {
+            n_eff as usize & !63
+        };
+        let span = if last < 0 {
+            0
+        } else {
+            (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
+        };
         let simd_end = span.min(np);
         let mut acc = vec![0f32; du * lanes];
         let mut vrow = vec![0f32; du];

@@ -8,14 +8,23 @@ use abi::{HostApi, OpParams, TensorDesc};
 ///
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn binary(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], op: fn(f32, f32) -> f32) -> Result<()> {
+pub unsafe fn binary(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    op: fn(f32, f32) -> f32,
+) -> Result<()> {
     let (a, b, out) = (&inputs[0], &inputs[1], &outputs[0]);
     for_rows(host, a.nrows(), a.ne[0], |r| {
         let (i1, i2, i3) = split_row(a, r);
         let x = read_row(a, i1, i2, i3);
         let y = read_row(b, i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
         let nb0 = y.len();
-        let z: Vec<f32> = x.iter().enumerate().map(|(i, &v)| op(v, y[i % nb0])).collect();
+        let z: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| op(v, y[i % nb0]))
+            .collect();
         write_row(out, i1, i2, i3, &z);
     });
     Ok(())
@@ -25,7 +34,12 @@ pub unsafe fn binary(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDes
 ///
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn scale(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) -> Result<()> {
+pub unsafe fn scale(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<()> {
     let (x, out, s) = (&inputs[0], &outputs[0], p.f[0]);
     for_rows(host, x.nrows(), x.ne[0], |r| {
         let (i1, i2, i3) = split_row(x, r);

@@ -13,7 +13,10 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
     for i in 0..m {
         let id = read_i32(ids, i) as i64;
         if id < 0 || id >= table.ne[1] {
-            return invalid(format!("get_rows: id {id} at {i} outside 0..{}", table.ne[1]));
+            return invalid(format!(
+                "get_rows: id {id} at {i} outside 0..{}",
+                table.ne[1]
+            ));
         }
         rows.push(id);
     }
@@ -25,11 +28,16 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
         if dt == DType::F32 && table.nb[0] != 4 {
             // Strided f32 table: gather.
             for (j, d) in dst.iter_mut().enumerate() {
-                *d = (table.data.wrapping_offset((rows[i as usize] * table.nb[1] + j as i64 * table.nb[0]) as isize) as *const f32).read();
+                *d = (table.data.wrapping_offset(
+                    (rows[i as usize] * table.nb[1] + j as i64 * table.nb[0]) as isize,
+                ) as *const f32)
+                    .read();
             }
         } else if !widen_row(dt, src, &mut dst) {
             if let Err(e) = quant::dequantize_row(dt, src, &mut dst) {
-                err.lock().unwrap().get_or_insert(Error::Unsupported(format!("get_rows: {e}")));
+                err.lock()
+                    .unwrap()
+                    .get_or_insert(Error::Unsupported(format!("get_rows: {e}")));
                 return;
             }
         }

@@ -10,7 +10,11 @@ pub fn swiglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
     let n = x.len();
     let full = n & !15;
     for i in 0..n {
-        let s = if i < full { v_silu(x[i]) } else { silu_scalar(x[i]) };
+        let s = if i < full {
+            v_silu(x[i])
+        } else {
+            silu_scalar(x[i])
+        };
         y[i] = s * g[i];
     }
 }
@@ -18,13 +22,22 @@ pub fn swiglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
 /// GeGLU row through ggml's f16 GELU table.
 pub fn geglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {
     for i in 0..x.len() {
-        y[i] = if x[i] <= -10.0 { 0.0 } else { gelu_fp16_table(x[i]) * g[i] };
+        y[i] = if x[i] <= -10.0 {
+            0.0
+        } else {
+            gelu_fp16_table(x[i]) * g[i]
+        };
     }
 }
 
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) -> Result<()> {
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<()> {
     let (gate, up, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let act = p.i[0];
     for_rows(host, gate.nrows(), gate.ne[0], |r| {

@@ -22,7 +22,9 @@ pub fn check_formats(inputs: &[TensorDesc]) -> Result<()> {
     let w = &inputs[0];
     let dt = w.dtype().expect("validated");
     if w.ne[0] > 1 && w.nb[0] != dt.info().block_bytes as i64 {
-        return Err(Error::Unsupported(format!("mat_mul: weight rows of {dt} must be packed")));
+        return Err(Error::Unsupported(format!(
+            "mat_mul: weight rows of {dt} must be packed"
+        )));
     }
     Ok(())
 }
@@ -43,7 +45,10 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
     let out_desc = *out;
     let write = move |row: usize, c: usize, v: f32| {
         let (i1, i2, i3) = col_index[c];
-        let off = row as i64 * out_desc.nb[0] + i1 * out_desc.nb[1] + i2 * out_desc.nb[2] + i3 * out_desc.nb[3];
+        let off = row as i64 * out_desc.nb[0]
+            + i1 * out_desc.nb[1]
+            + i2 * out_desc.nb[2]
+            + i3 * out_desc.nb[3];
         // SAFETY: each (row, column) is written by exactly one task.
         unsafe { (out_ptr.0.wrapping_offset(off as isize) as *mut f32).write(v) };
     };
@@ -59,7 +64,8 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
                 *d = if dt == DType::F16 { round_f16(s) } else { s };
             }
         }
-        let tile = x.ne[1] >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
+        let tile =
+            x.ne[1] >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
         let dot: fn(&[f32], &[f32]) -> f32 = match (tile, dt) {
             (true, _) => dot_tile,
             (false, DType::F32) => dot_vec_f32,
@@ -79,9 +85,11 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
     }
 
     let vdt = quant::vec_dot_type(dt);
-    let rb = vdt
-        .row_bytes(k as u64)
-        .ok_or_else(|| Error::Invalid(format!("mat_mul: {k} is not a whole number of {vdt} blocks")))? as usize;
+    let rb = vdt.row_bytes(k as u64).ok_or_else(|| {
+        Error::Invalid(format!(
+            "mat_mul: {k} is not a whole number of {vdt} blocks"
+        ))
+    })? as usize;
     let mut act = vec![0u8; cols * rb];
     let qerr = std::sync::Mutex::new(None);
     {
@@ -91,14 +99,19 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
             let mut col = vec![0f32; k];
             for c in t as usize * per..((t as usize + 1) * per).min(cols) {
                 let (i1, i2, i3) = split_row(x, c as i64);
-                for (d, &s) in col.iter_mut().zip(crate::tensor::row_f32(x, i1, i2, i3).iter()) {
+                for (d, &s) in col
+                    .iter_mut()
+                    .zip(crate::tensor::row_f32(x, i1, i2, i3).iter())
+                {
                     *d = s;
                 }
                 // SAFETY: column c owns bytes c*rb..(c+1)*rb.
                 let dst = unsafe { core::slice::from_raw_parts_mut(act_ptr.0.add(c * rb), rb) };
                 let kernel = quant::matmul_kernel(dt, k, n, cols, c);
                 if let Err(e) = quant::quantize_activations_for(kernel, dt, &col, dst) {
-                    qerr.lock().unwrap().get_or_insert(Error::Unsupported(format!("mat_mul: {e}")));
+                    qerr.lock()
+                        .unwrap()
+                        .get_or_insert(Error::Unsupported(format!("mat_mul: {e}")));
                 }
             }
         });
@@ -107,13 +120,19 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
         return Err(e);
     }
     // ggml picks a kernel (and with it a float summation order) per column; see quant::Kernel.
-    let kernels: Vec<quant::Kernel> = (0..cols).map(|c| quant::matmul_kernel(dt, k, n, cols, c)).collect();
+    let kernels: Vec<quant::Kernel> = (0..cols)
+        .map(|c| quant::matmul_kernel(dt, k, n, cols, c))
+        .collect();
     parallel_for(host, n_tasks, |t| {
         let r0 = t as usize * ROWS_PER_TASK;
         for r in r0..(r0 + ROWS_PER_TASK).min(n) {
             let wrow = block_row(w, r as i64, 0, 0);
             for (c, &kernel) in kernels.iter().enumerate() {
-                write(r, c, quant::dot_with(kernel, dt, k, wrow, &act[c * rb..(c + 1) * rb]));
+                write(
+                    r,
+                    c,
+                    quant::dot_with(kernel, dt, k, wrow, &act[c * rb..(c + 1) * rb]),
+                );
             }
         }
     });

@@ -31,9 +31,17 @@ pub fn check(op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams
             return Err(Error::Invalid(format!("rope: unknown mode {}", p.i[0])))
         }
         Op::Glu if !matches!(p.i[0], abi::GLU_SILU | abi::GLU_GELU_TANH) => {
-            return Err(Error::Invalid(format!("glu: unknown activation {}", p.i[0])))
+            return Err(Error::Invalid(format!(
+                "glu: unknown activation {}",
+                p.i[0]
+            )))
         }
-        Op::Attention if p.i[1] < 0 => return Err(Error::Invalid(format!("attention: negative window {}", p.i[1]))),
+        Op::Attention if p.i[1] < 0 => {
+            return Err(Error::Invalid(format!(
+                "attention: negative window {}",
+                p.i[1]
+            )))
+        }
         Op::MatMul => matmul::check_formats(inputs)?,
         _ => {}
     }
@@ -41,7 +49,13 @@ pub fn check(op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams
 }
 
 /// Runs one op on host memory, validating it first.
-pub fn compute(host: &HostApi, op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) -> Result<()> {
+pub fn compute(
+    host: &HostApi,
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<()> {
     check(op, inputs, outputs, p)?;
     let s = op.schema();
     for (t, o) in inputs.iter().zip(s.inputs) {

@@ -21,7 +21,12 @@ pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) -> Result<()> {
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<()> {
     let (x, wt, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let w = read_row(wt, 0, 0, 0);
     let eps = p.f[0];

@@ -35,7 +35,8 @@ impl RopeParams {
 }
 
 fn corr_dim(n_dims: i64, n_ctx_orig: i64, n_rot: f32, base: f32) -> f32 {
-    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
 }
 
 /// `ggml_rope_yarn_corr_dims`.
@@ -43,7 +44,11 @@ pub fn corr_dims(p: &RopeParams) -> [f32; 2] {
     let start = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base).floor();
     let end = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base).ceil();
     let lo = if 0.0 > start { 0.0 } else { start };
-    let hi = if ((p.n_dims - 1) as f32) < end { (p.n_dims - 1) as f32 } else { end };
+    let hi = if ((p.n_dims - 1) as f32) < end {
+        (p.n_dims - 1) as f32
+    } else {
+        end
+    };
     [lo, hi]
 }
 
@@ -80,7 +85,11 @@ pub fn rope_cache(pos: i32, p: &RopeParams, corr: [f32; 2], theta_scale: f32) ->
 pub fn rotate(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
     for i0 in (0..n_dims).step_by(2) {
         let (c, s) = (cache[i0], cache[i0 + 1]);
-        let (a, b) = if neox { (i0 / 2, i0 / 2 + n_dims / 2) } else { (i0, i0 + 1) };
+        let (a, b) = if neox {
+            (i0 / 2, i0 / 2 + n_dims / 2)
+        } else {
+            (i0, i0 + 1)
+        };
         let (x0, x1) = (x[a], x[b]);
         x[a] = x0.mul_add(c, -(x1 * s));
         x[b] = x0.mul_add(s, x1 * c);
@@ -89,12 +98,19 @@ pub fn rotate(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
 
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], op: &OpParams) -> Result<()> {
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    op: &OpParams,
+) -> Result<()> {
     let (x, pos, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let p = RopeParams::from_op(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
-    let caches: Vec<Vec<f32>> = (0..x.ne[2]).map(|t| rope_cache(read_i32(pos, t), &p, corr, theta_scale)).collect();
+    let caches: Vec<Vec<f32>> = (0..x.ne[2])
+        .map(|t| rope_cache(read_i32(pos, t), &p, corr, theta_scale))
+        .collect();
     let neox = p.mode == abi::ROPE_NEOX;
     for_rows(host, x.nrows(), x.ne[0], |r| {
         let (i1, i2, i3) = split_row(x, r);

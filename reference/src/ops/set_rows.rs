@@ -9,7 +9,8 @@ unsafe fn store(dst: &TensorDesc, r: i64, v: &[f32]) {
     match dst.dtype() {
         Some(DType::F16) => {
             for (j, &x) in v.iter().enumerate() {
-                (p.wrapping_offset(j as isize * dst.nb[0] as isize) as *mut u16).write_unaligned(f16::from_f32(x).to_bits());
+                (p.wrapping_offset(j as isize * dst.nb[0] as isize) as *mut u16)
+                    .write_unaligned(f16::from_f32(x).to_bits());
             }
         }
         _ => {
@@ -32,7 +33,10 @@ pub unsafe fn run(_host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]
     for i in 0..m {
         let r = read_i32(idx, i) as i64;
         if r < 0 || r >= dst.ne[1] {
-            return invalid(format!("set_rows: index {r} at {i} outside 0..{}", dst.ne[1]));
+            return invalid(format!(
+                "set_rows: index {r} at {i} outside 0..{}",
+                dst.ne[1]
+            ));
         }
         rows.push(r);
     }
