@@ -132,7 +132,10 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         a.prompt.clone()
     };
-    let prompt = model.tokenizer.encode(&text, true, true)?;
+    // A chat template that writes the BOS text itself (Gemma's does) must not get a second BOS.
+    let tok = &model.tokenizer;
+    let template_has_bos = a.chat && tok.bos().is_some_and(|b| text.starts_with(tok.token_text(b)));
+    let prompt = tok.encode(&text, !template_has_bos, true)?;
     if prompt.is_empty() {
         return Err("the prompt is empty after tokenization".into());
     }
@@ -162,7 +165,6 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         seed,
     });
 
-    let tok = &model.tokenizer;
     let mut stream = StreamDecoder::new(tok, false);
     let mut stdout = std::io::stdout().lock();
     let json = a.json;
