@@ -1,5 +1,6 @@
 //! `mollm`: run local language models.
 
+mod devices;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -22,12 +23,25 @@ enum Command {
     Run(run::RunArgs),
     /// List the model architectures this build can run.
     Architectures,
+    /// List the backends found (built in and plugins): device, score, available or why not.
+    Devices(devices::LibArgs),
+    /// What each backend declares: per op, the formats its supports() accepts.
+    Backends(devices::LibArgs),
+    /// Which backend an op call goes to, and why each other one is rejected.
+    Ops(devices::OpsArgs),
+    /// Conformance gate child (run by mollm itself on a backend library).
+    #[command(name = "__gate", hide = true)]
+    Gate(devices::GateArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Devices(a) => devices::devices(a),
+        Command::Backends(a) => devices::backends(a),
+        Command::Ops(a) => devices::ops(a),
+        Command::Gate(a) => devices::gate(a),
         Command::Architectures => {
             for (name, desc, _) in engine::model::ARCHITECTURES {
                 println!("{name:<10} {desc}");

@@ -49,9 +49,15 @@ pub struct RunArgs {
     /// Random seed [default: from the clock]. The same seed gives the same text.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Backend: auto, or a backend name (see README).
+    /// Backend: auto (conforming native plugins by score, then reference), reference, or a
+    /// backend name (see `mollm devices`).
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// Never fall back to the reference: an op no native backend takes is an error.
+    #[arg(long)]
+    pub require_native: bool,
+    #[command(flatten)]
+    pub libs: crate::devices::LibArgs,
     /// Compute threads [default: one per core].
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
@@ -61,6 +67,9 @@ pub struct RunArgs {
     /// Prompt tokens processed per step.
     #[arg(long, short = 'b', default_value_t = 512)]
     pub batch: usize,
+    /// Keep generating past end-of-generation tokens (for benchmarks).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Print one JSON object (ids, text, timings) instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -106,9 +115,15 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         n_batch: a.batch,
         n_threads: a.threads,
         backend: BackendChoice::parse(&a.backend),
+        plugins: Some(engine::registry::PluginOptions {
+            libs: a.libs.backend_lib.clone(),
+            gate: engine::registry::GateRunner::self_exec()?,
+            require_native: a.require_native,
+        }),
         ..Default::default()
     };
     let mut session = Session::new(&model, &opts)?;
+    session.stop_at_eog = !a.ignore_eos;
 
     let text = if a.chat {
         let tmpl = model.chat_template.as_ref().ok_or_else(|| {

@@ -10,6 +10,12 @@ pub struct Backend {
     ctx: *mut c_void,
     /// Kept so the pointer handed to `init` outlives the instance.
     _host: Box<HostApi>,
+    /// Ops refused for this backend (bit `1 << op`), e.g. by the conformance gate: `supports`
+    /// answers false for them, so dispatch passes them on.
+    refused: u32,
+    /// The plugin library the table lives in, for backends loaded at run time; dropped after
+    /// `shutdown` (fields drop after `Drop::drop`).
+    _lib: Option<std::sync::Arc<libloading::Library>>,
 }
 
 // SAFETY: a backend context is used from one engine thread at a time (calls are sequential);
@@ -25,6 +31,30 @@ impl Backend {
             .to_string_lossy()
             .into_owned();
         let table: &'static BackendTable = unsafe { &*header.table };
+        Self::open_table(name, table, host, None)
+    }
+
+    /// Opens a backend whose table lives in a loaded plugin library; `lib` is kept alive as
+    /// long as the instance.
+    ///
+    /// # Safety
+    /// `table` must stay valid while `lib` is loaded (the registry passes a table from the
+    /// library itself, or a padded copy of a short one).
+    pub(crate) unsafe fn open_plugin(
+        name: String,
+        table: &'static BackendTable,
+        host: HostApi,
+        lib: std::sync::Arc<libloading::Library>,
+    ) -> Result<Backend> {
+        Self::open_table(name, table, host, Some(lib))
+    }
+
+    fn open_table(
+        name: String,
+        table: &'static BackendTable,
+        host: HostApi,
+        lib: Option<std::sync::Arc<libloading::Library>>,
+    ) -> Result<Backend> {
         let host = Box::new(host);
         let mut ctx = core::ptr::null_mut();
         let st = Status::from_raw((table.init)(&*host, &mut ctx));
@@ -40,7 +70,18 @@ impl Backend {
             table,
             ctx,
             _host: host,
+            refused: 0,
+            _lib: lib,
         })
+    }
+
+    /// Refuses `op` on this backend: `supports` answers false for it from now on.
+    pub fn refuse(&mut self, op: Op) {
+        self.refused |= 1 << (op as u32);
+    }
+
+    pub fn is_refused(&self, op: Op) -> bool {
+        self.refused & (1 << (op as u32)) != 0
     }
 
     pub fn name(&self) -> &str {
@@ -55,6 +96,9 @@ impl Backend {
         outputs: &[TensorDesc],
         params: &OpParams,
     ) -> bool {
+        if self.is_refused(op) {
+            return false;
+        }
         let call = OpCall::new(op, inputs, outputs, *params);
         match self.table.supports {
             Some(f) => Status::from_raw(f(self.ctx, &call)) == Status::Ok,

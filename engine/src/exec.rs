@@ -67,6 +67,9 @@ impl OpStats {
 pub struct Exec {
     /// In priority order; each call goes to the first that supports it.
     backends: Vec<Backend>,
+    /// No fallback: every call needs a backend whose `supports` accepts it
+    /// (`--require-native`). Otherwise the last backend takes whatever the others decline.
+    strict: bool,
     stats: std::cell::RefCell<OpStats>,
     /// MOLLM_TRACE=1: print every op's output summary to stderr (compare with llama.cpp's
     /// eval-callback output when chasing a numerics difference).
@@ -109,12 +112,19 @@ fn i32_desc(v: &[i32]) -> TensorDesc {
 
 impl Exec {
     pub fn new(backends: Vec<Backend>) -> Result<Exec> {
+        Self::with_fallback(backends, true)
+    }
+
+    /// `fallback == false`: a call that no backend declares is an error instead of going to
+    /// the last backend.
+    pub fn with_fallback(backends: Vec<Backend>, fallback: bool) -> Result<Exec> {
         if backends.is_empty() {
             return Err(EngineError::Invalid("no backend available".into()));
         }
         let trace = std::env::var("MOLLM_TRACE").is_ok_and(|v| v == "1");
         Ok(Exec {
             backends,
+            strict: !fallback,
             stats: Default::default(),
             trace,
         })
@@ -138,7 +148,7 @@ impl Exec {
         let t0 = std::time::Instant::now();
         let last = self.backends.len() - 1;
         for (i, b) in self.backends.iter().enumerate() {
-            if i == last || b.supports(op, inputs, outputs, &params) {
+            if (i == last && !self.strict) || b.supports(op, inputs, outputs, &params) {
                 b.compute(op, inputs, outputs, params)?;
                 let mut st = self.stats.borrow_mut();
                 st.calls[op as usize] += 1;
@@ -150,7 +160,15 @@ impl Exec {
                 return Ok(());
             }
         }
-        unreachable!()
+        Err(EngineError::Invalid(format!(
+            "no native backend takes this {} call ({}), and --require-native forbids the reference fallback",
+            op.name(),
+            inputs
+                .iter()
+                .map(|t| t.dtype().map(|d| d.to_string()).unwrap_or_else(|| "?".into()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     pub fn get_rows(&self, table: &Weight, ids: &[i32]) -> Result<Act> {

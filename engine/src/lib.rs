@@ -11,6 +11,7 @@ pub mod exec;
 pub mod kv;
 pub mod model;
 pub mod pool;
+pub mod registry;
 pub mod sampler;
 pub mod session;
 pub mod tensor;

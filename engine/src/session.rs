@@ -56,7 +56,7 @@ impl Model {
 /// Which backends run the ops.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// The best available for each op (today: the reference).
+    /// The best available for each op: conforming native plugins by score, then the reference.
     Auto,
     Named(String),
 }
@@ -73,14 +73,21 @@ impl BackendChoice {
 /// Backends built into this binary. Native plugins join this list through the registry.
 pub const BUILTIN_BACKENDS: &[&str] = &["reference"];
 
-fn open_backends(choice: &BackendChoice, pool: &Pool) -> Result<Vec<Backend>> {
-    match choice {
-        BackendChoice::Auto => Ok(vec![Backend::open(&reference::HEADER, pool.host_api())?]),
-        BackendChoice::Named(n) if n == "reference" => Ok(vec![Backend::open(&reference::HEADER, pool.host_api())?]),
-        BackendChoice::Named(n) => Err(EngineError::Invalid(format!(
-            "backend '{n}' is not available: this build has only {:?} (native CPU backends are not built yet)",
-            BUILTIN_BACKENDS
-        ))),
+/// The backends for a session and whether the last one is a fallback for every call.
+fn open_backends(opts: &SessionOptions, pool: &Pool) -> Result<(Vec<Backend>, bool)> {
+    let choice = &opts.backend;
+    match &opts.plugins {
+        Some(p) => crate::registry::select(choice, p, pool),
+        None => match choice {
+            BackendChoice::Auto => Ok((vec![Backend::open(&reference::HEADER, pool.host_api())?], true)),
+            BackendChoice::Named(n) if n == "reference" => {
+                Ok((vec![Backend::open(&reference::HEADER, pool.host_api())?], true))
+            }
+            BackendChoice::Named(n) => Err(EngineError::Invalid(format!(
+                "backend '{n}' is not available: plugins are not enabled for this session, built in: {:?}",
+                BUILTIN_BACKENDS
+            ))),
+        },
     }
 }
 
@@ -92,6 +99,9 @@ pub struct SessionOptions {
     pub n_threads: usize,
     pub backend: BackendChoice,
     pub kv_dtype: DType,
+    /// Native backend plugins (discovery, conformance gate, `--require-native`); `None` = the
+    /// built-in reference only.
+    pub plugins: Option<crate::registry::PluginOptions>,
 }
 
 impl Default for SessionOptions {
@@ -102,6 +112,7 @@ impl Default for SessionOptions {
             n_threads: 0,
             backend: BackendChoice::Auto,
             kv_dtype: DType::F32,
+            plugins: None,
         }
     }
 }
@@ -138,6 +149,8 @@ pub struct Session<'m> {
     n_batch: usize,
     /// Tokens whose keys and values are in the cache, in order.
     history: Vec<u32>,
+    /// Whether `generate` ends at an end-of-generation token (benchmarks turn this off).
+    pub stop_at_eog: bool,
     /// Declared last: backends hold the pool's host API until `exec` drops.
     pool: Pool,
 }
@@ -145,7 +158,8 @@ pub struct Session<'m> {
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model, opts: &SessionOptions) -> Result<Session<'m>> {
         let pool = Pool::new(opts.n_threads);
-        let exec = Exec::new(open_backends(&opts.backend, &pool)?)?;
+        let (backends, fallback) = open_backends(opts, &pool)?;
+        let exec = Exec::with_fallback(backends, fallback)?;
         let n_ctx = opts.n_ctx.max(1);
         let hp = &model.hp;
         let kv = KvCache::new(opts.kv_dtype, hp.n_layer, hp.head_dim, hp.n_head_kv, n_ctx);
@@ -155,6 +169,7 @@ impl<'m> Session<'m> {
             kv,
             n_batch: opts.n_batch.max(1),
             history: Vec::new(),
+            stop_at_eog: true,
             pool,
         })
     }
@@ -266,7 +281,8 @@ impl<'m> Session<'m> {
             sampler.accept(tok);
             out.push(tok);
             let go_on = on_token(tok);
-            if !go_on || self.model.tokenizer.is_eog(tok) || out.len() >= max_tokens {
+            let eog = self.stop_at_eog && self.model.tokenizer.is_eog(tok);
+            if !go_on || eog || out.len() >= max_tokens {
                 break;
             }
             if self.history.len() >= self.kv.n_ctx {

@@ -1,0 +1,403 @@
+//! Shared code of mollm's native x86 CPU backends (`mollm-x86-avx2`, `mollm-x86-avx512`).
+//!
+//! The kernels are SIMD twins of the reference's x86 kernels: the same kernel choice per
+//! output column (`quant::matmul_kernel`), the same activation conversion
+//! (`quant::quantize_activations_for`), and for every output element the same float
+//! operations in the same order as `quant::dot_with`, so results are bit-identical to the
+//! reference (and so to llama.cpp's x86 build). ISA-specific code lives behind
+//! `#[target_feature]` in [`simd`] and runs only after run-time detection ([`Isa::detected`]);
+//! nothing needs a global `-C target-cpu`.
+//!
+//! What is implemented: `mat_mul` with Q4_1, Q8_0, Q5_0, Q6_K and Q4_K weights, every x86
+//! kernel ggml picks for those formats (vec_dot, tinyBLAS, the Q4_K repack GEMV/GEMM, the
+//! tiled K-quant matmul). Every other op and format answers `Unsupported` in `supports`, so
+//! the host runs it on the reference.
+//!
+//! Each cdylib exports `mollm_backend_entry` returning [`HEADER_AVX2`] or [`HEADER_AVX512`].
+
+use abi::{
+    BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,
+};
+use core::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+pub mod matmul;
+pub mod par;
+#[cfg(target_arch = "x86_64")]
+pub mod simd;
+
+/// Bits of `BackendHeader::cpu_features` (the CPU features a library's kernels use).
+pub mod features {
+    pub const AVX2: u64 = 1 << 0;
+    pub const FMA: u64 = 1 << 1;
+    pub const F16C: u64 = 1 << 2;
+    pub const AVX512F: u64 = 1 << 3;
+    pub const AVX512BW: u64 = 1 << 4;
+    pub const AVX512VL: u64 = 1 << 5;
+    pub const AVX512VNNI: u64 = 1 << 6;
+}
+
+/// The instruction set a backend instance computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Isa {
+    /// AVX2 + FMA + F16C.
+    Avx2 = 0,
+    /// AVX2 + FMA + F16C + AVX-512 F/BW/VL/VNNI.
+    Avx512 = 1,
+}
+
+pub const ISA_AVX2: u8 = Isa::Avx2 as u8;
+pub const ISA_AVX512: u8 = Isa::Avx512 as u8;
+
+impl Isa {
+    pub const fn from_u8(v: u8) -> Isa {
+        if v == ISA_AVX512 {
+            Isa::Avx512
+        } else {
+            Isa::Avx2
+        }
+    }
+
+    /// The `cpu_features` bits of a library built for this ISA.
+    pub const fn feature_bits(self) -> u64 {
+        use features::*;
+        match self {
+            Isa::Avx2 => AVX2 | FMA | F16C,
+            Isa::Avx512 => AVX2 | FMA | F16C | AVX512F | AVX512BW | AVX512VL | AVX512VNNI,
+        }
+    }
+
+    /// Whether this CPU runs the ISA (run-time detection, cached).
+    pub fn detected(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::sync::OnceLock;
+            static AVX2: OnceLock<bool> = OnceLock::new();
+            static AVX512: OnceLock<bool> = OnceLock::new();
+            let avx2 = *AVX2.get_or_init(|| {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            });
+            match self {
+                Isa::Avx2 => avx2,
+                Isa::Avx512 => {
+                    avx2 && *AVX512.get_or_init(|| {
+                        is_x86_feature_detected!("avx512f")
+                            && is_x86_feature_detected!("avx512bw")
+                            && is_x86_feature_detected!("avx512vl")
+                            && is_x86_feature_detected!("avx512vnni")
+                    })
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// `score()` of the backend: 0 when the CPU lacks the ISA.
+    pub fn score(self) -> u32 {
+        match (self, self.detected()) {
+            (_, false) => 0,
+            (Isa::Avx2, true) => 20,
+            (Isa::Avx512, true) => 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    Invalid(String),
+    Unsupported(String),
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Error::Invalid(m) | Error::Unsupported(m) => f.write_str(m),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn simd_has_kernel(kernel: quant::Kernel, dtype: abi::DType) -> bool {
+    simd::has_kernel(kernel, dtype)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn simd_has_kernel(_: quant::Kernel, _: abi::DType) -> bool {
+    false
+}
+
+/// # Safety
+/// As `simd::rows_avx2` / `simd::rows_avx512` (the CPU supports `isa`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn simd_rows(
+    isa: Isa,
+    kernel: quant::Kernel,
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Avx2 => simd::rows_avx2(kernel, dtype, n, w, w_stride, act, out),
+        Isa::Avx512 => simd::rows_avx512(kernel, dtype, n, w, w_stride, act, out),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "x86 kernels on {isa:?}: {kernel:?} {dtype} {n} {w:?} {w_stride} {act:?} {}",
+        out.len()
+    )
+}
+
+// ---------------------------------------------------------------- op entry points
+
+/// Whether `compute` accepts this call (schema check, then formats/shapes/kernels).
+///
+/// # Safety
+/// Descriptors as in an `OpCall` (data pointers may be null).
+pub unsafe fn check(
+    isa: Isa,
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    params: &OpParams,
+) -> Result<(), Error> {
+    abi::validate(op, inputs, outputs, params).map_err(Error::Invalid)?;
+    if !isa.detected() {
+        return Err(Error::Unsupported(format!("this CPU lacks {isa:?}")));
+    }
+    match op {
+        Op::MatMul => matmul::check(inputs, outputs),
+        _ => Err(Error::Unsupported(format!(
+            "{}: not implemented by the x86 backend",
+            op.schema().name
+        ))),
+    }
+}
+
+/// Runs one op.
+///
+/// # Safety
+/// A call on valid memory, as `BackendTable::compute` receives it.
+pub unsafe fn compute_op(
+    isa: Isa,
+    host: &HostApi,
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    params: &OpParams,
+) -> Result<(), Error> {
+    check(isa, op, inputs, outputs, params)?;
+    match op {
+        Op::MatMul => matmul::run(isa, host, inputs, outputs),
+        _ => unreachable!("checked"),
+    }
+}
+
+// ---------------------------------------------------------------- the C table
+
+/// One backend instance.
+pub struct Context {
+    pub host: HostApi,
+    last_error: Mutex<String>,
+}
+
+impl Context {
+    fn set_error(&self, msg: String) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = msg;
+    }
+}
+
+extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
+    if host.is_null() || out.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: the host passes a valid HostApi; only struct_size is read before trusting it.
+    let size = unsafe { core::ptr::addr_of!((*host).struct_size).read() } as usize;
+    if size < core::mem::size_of::<HostApi>() {
+        return Status::InvalidArgument as i32;
+    }
+    let host = unsafe { *host };
+    let ctx = Box::new(Context {
+        host,
+        last_error: Mutex::new(String::new()),
+    });
+    unsafe { *out = Box::into_raw(ctx) as *mut c_void };
+    Status::Ok as i32
+}
+
+extern "C" fn shutdown(ctx: *mut c_void) {
+    if !ctx.is_null() {
+        // SAFETY: ctx came from init.
+        drop(unsafe { Box::from_raw(ctx as *mut Context) });
+    }
+}
+
+type Decoded = (Op, &'static [TensorDesc], &'static [TensorDesc], OpParams);
+
+unsafe fn decode(call: *const OpCall) -> Result<Decoded, Error> {
+    if call.is_null() {
+        return Err(Error::Invalid("null call".into()));
+    }
+    let c = &*call;
+    if (c.n_inputs > 0 && c.inputs.is_null()) || (c.n_outputs > 0 && c.outputs.is_null()) {
+        return Err(Error::Invalid("null operand array".into()));
+    }
+    let (op, i, o) = c.parts();
+    let op = op.ok_or_else(|| Error::Invalid(format!("unknown op id {}", c.op)))?;
+    Ok((op, i, o, c.params))
+}
+
+extern "C" fn compute<const ISA: u8>(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    if ctx.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: ctx came from init.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        let (op, i, o, p) = decode(call)?;
+        compute_op(Isa::from_u8(ISA), &cx.host, op, i, o, &p)
+    }));
+    match r {
+        Ok(Ok(())) => Status::Ok as i32,
+        Ok(Err(e)) => {
+            let s = match e {
+                Error::Invalid(_) => Status::InvalidArgument,
+                Error::Unsupported(_) => Status::Unsupported,
+            };
+            cx.set_error(e.to_string());
+            s as i32
+        }
+        Err(p) => {
+            cx.set_error(format!("panic: {}", par::panic_message(&*p)));
+            Status::Panic as i32
+        }
+    }
+}
+
+extern "C" fn last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
+    if ctx.is_null() {
+        return 0;
+    }
+    let cx = unsafe { &*(ctx as *const Context) };
+    let msg = cx
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if !buf.is_null() {
+        let n = msg.len().min(cap);
+        // SAFETY: the caller provides `cap` writable bytes.
+        unsafe { core::ptr::copy_nonoverlapping(msg.as_ptr(), buf, n) };
+    }
+    msg.len()
+}
+
+extern "C" fn score<const ISA: u8>() -> u32 {
+    catch_unwind(|| Isa::from_u8(ISA).score()).unwrap_or(0)
+}
+
+extern "C" fn supports<const ISA: u8>(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        let (op, i, o, p) = decode(call)?;
+        check(Isa::from_u8(ISA), op, i, o, &p)
+    }));
+    match r {
+        Ok(Ok(())) => Status::Ok as i32,
+        Ok(Err(e)) => {
+            if !ctx.is_null() {
+                unsafe { &*(ctx as *const Context) }.set_error(e.to_string());
+            }
+            Status::Unsupported as i32
+        }
+        Err(_) => Status::Unsupported as i32,
+    }
+}
+
+extern "C" fn synchronize(_ctx: *mut c_void) -> i32 {
+    Status::Ok as i32
+}
+
+/// The function table of a backend computing with `ISA` ([`ISA_AVX2`] or [`ISA_AVX512`]).
+pub const fn table<const ISA: u8>() -> BackendTable {
+    BackendTable {
+        init,
+        shutdown,
+        compute: compute::<ISA>,
+        last_error,
+        score: Some(score::<ISA>),
+        supports: Some(supports::<ISA>),
+        synchronize: Some(synchronize),
+        buffer_alloc: None,
+        buffer_free: None,
+        buffer_copy: None,
+        prepare_weight: None,
+    }
+}
+
+pub static TABLE_AVX2: BackendTable = table::<ISA_AVX2>();
+pub static TABLE_AVX512: BackendTable = table::<ISA_AVX512>();
+
+/// What `mollm_x86_avx2`'s `mollm_backend_entry` returns.
+pub static HEADER_AVX2: BackendHeader = BackendHeader::layout(
+    c"x86-avx2".as_ptr(),
+    DeviceKind::Cpu,
+    Isa::Avx2.feature_bits(),
+    &TABLE_AVX2,
+);
+
+/// What `mollm_x86_avx512`'s `mollm_backend_entry` returns.
+pub static HEADER_AVX512: BackendHeader = BackendHeader::layout(
+    c"x86-avx512".as_ptr(),
+    DeviceKind::Cpu,
+    Isa::Avx512.feature_bits(),
+    &TABLE_AVX512,
+);
+
+/// Reads the last error of a context (helper for tests and tools).
+pub fn last_error_string(table: &BackendTable, ctx: *mut c_void) -> String {
+    let n = (table.last_error)(ctx, core::ptr::null_mut(), 0);
+    let mut buf = vec![0u8; n];
+    (table.last_error)(ctx, buf.as_mut_ptr(), n);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Safe entry to the SIMD kernels (tests, benchmarks): `out[r]` = output element of `kernel`
+/// for weight row `r` of `w` (`out.len()` packed rows of `n` elements of `dtype`) and the
+/// activation row `act` (already converted with `quant::quantize_activations_for`).
+///
+/// # Panics
+/// If the CPU lacks `isa`, there is no SIMD kernel for `(kernel, dtype)`, or sizes disagree.
+pub fn dot_rows(
+    isa: Isa,
+    kernel: quant::Kernel,
+    dtype: abi::DType,
+    n: usize,
+    w: &[u8],
+    act: &[u8],
+    out: &mut [f32],
+) {
+    assert!(isa.detected(), "this CPU lacks {isa:?}");
+    assert!(
+        simd_has_kernel(kernel, dtype),
+        "no SIMD {kernel:?} kernel for {dtype}"
+    );
+    let rb = quant::row_bytes(dtype, n).expect("whole blocks");
+    assert_eq!(w.len(), rb * out.len(), "weight size");
+    assert_eq!(
+        Some(act.len()),
+        quant::row_bytes(quant::vec_dot_type(dtype), n),
+        "activation size"
+    );
+    // SAFETY: checked above.
+    unsafe { simd_rows(isa, kernel, dtype, n, w.as_ptr(), rb, act.as_ptr(), out) }
+}

@@ -1,0 +1,154 @@
+//! `mat_mul` for the x86 backends: the reference's kernel choice and activation conversion
+//! (`quant::matmul_kernel`, `quant::quantize_activations_for`), the per-element products by
+//! the SIMD twins in [`crate::simd`].
+
+use crate::par::{parallel_for, SyncPtr};
+use crate::{Error, Isa};
+use abi::{DType, HostApi, TensorDesc};
+
+/// Weight rows per `parallel_for` task.
+pub const ROWS_PER_TASK: usize = 32;
+
+/// Weight formats with SIMD kernels (every kernel ggml's x86 build picks for them).
+pub const FORMATS: &[DType] = &[
+    DType::Q4_1,
+    DType::Q8_0,
+    DType::Q5_0,
+    DType::Q6_K,
+    DType::Q4_K,
+];
+
+fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
+    let (n1, n2) = (t.ne[1], t.ne[2]);
+    (r % n1, (r / n1) % n2, r / (n1 * n2))
+}
+
+/// Whether this backend computes this (already validated) mat_mul call.
+pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let dt = w.dtype().expect("validated");
+    if !FORMATS.contains(&dt) {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: no x86 kernels for {dt} weights"
+        )));
+    }
+    if w.buffer != 0 || x.buffer != 0 || out.buffer != 0 {
+        return Err(Error::Unsupported("mat_mul: device buffers".into()));
+    }
+    if w.nb[0] != dt.info().block_bytes as i64 || w.nb[1] < 0 {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: weight rows of {dt} must be packed"
+        )));
+    }
+    let (k, n, cols) = (
+        w.ne[0] as usize,
+        w.ne[1] as usize,
+        x.nrows().max(0) as usize,
+    );
+    for c in 0..cols.min(64) {
+        let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+        if !crate::simd_has_kernel(kernel, dt) {
+            return Err(Error::Unsupported(format!(
+                "mat_mul: no x86 {kernel:?} kernel for {dt}"
+            )));
+        }
+    }
+    // Columns past 64 get the same kernels as those below (the choice depends on col only
+    // through `col < n_cols / 4 * 4`); check the last one too.
+    if cols > 64 {
+        let kernel = quant::matmul_kernel(dt, k, n, cols, cols - 1);
+        if !crate::simd_has_kernel(kernel, dt) {
+            return Err(Error::Unsupported(format!(
+                "mat_mul: no x86 {kernel:?} kernel for {dt}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// Validated and [`check`]ed call on valid host memory; the CPU supports `isa`.
+pub unsafe fn run(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
+    let dt = w.dtype().expect("validated");
+    let k = w.ne[0] as usize;
+    let n = w.ne[1] as usize;
+    let cols = x.nrows() as usize;
+    if n == 0 || cols == 0 || k == 0 {
+        return Ok(());
+    }
+    let vdt = quant::vec_dot_type(dt);
+    let rb = quant::row_bytes(vdt, k).ok_or_else(|| {
+        Error::Invalid(format!(
+            "mat_mul: {k} is not a whole number of {vdt} blocks"
+        ))
+    })?;
+    let kernels: Vec<quant::Kernel> = (0..cols)
+        .map(|c| quant::matmul_kernel(dt, k, n, cols, c))
+        .collect();
+    let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(&x, c)).collect();
+
+    // Activations, one converted row per column (scalar quant code: O(K) per column).
+    let mut act = vec![0u8; cols * rb];
+    {
+        let act_ptr = SyncPtr(act.as_mut_ptr());
+        let per = cols.div_ceil(host.n_threads.max(1) as usize).max(1);
+        let n_tasks = cols.div_ceil(per) as u32;
+        let (kernels, col_index) = (&kernels, &col_index);
+        let xp = SyncPtr(x.data);
+        let qerr = std::sync::Mutex::new(None::<String>);
+        parallel_for(host, n_tasks, |t| {
+            let mut col = vec![0f32; k];
+            for c in t as usize * per..((t as usize + 1) * per).min(cols) {
+                let (i1, i2, i3) = col_index[c];
+                let base =
+                    xp.0.wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
+                for (e, v) in col.iter_mut().enumerate() {
+                    // SAFETY: element e of a validated f32 row.
+                    *v = unsafe {
+                        (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                            .read_unaligned()
+                    };
+                }
+                // SAFETY: column c owns bytes c*rb..(c+1)*rb.
+                let dst = unsafe { core::slice::from_raw_parts_mut(act_ptr.0.add(c * rb), rb) };
+                if let Err(e) = quant::quantize_activations_for(kernels[c], dt, &col, dst) {
+                    qerr.lock().unwrap().get_or_insert(e.to_string());
+                }
+            }
+        });
+        if let Some(e) = qerr.into_inner().unwrap() {
+            return Err(Error::Unsupported(format!("mat_mul: {e}")));
+        }
+    }
+
+    let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;
+    let (act, kernels, col_index) = (&act, &kernels, &col_index);
+    let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
+    let w_stride = w.nb[1] as usize;
+    parallel_for(host, n_tasks, |t| {
+        let r0 = t as usize * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(n);
+        let mut buf = [0f32; ROWS_PER_TASK];
+        let buf = &mut buf[..r1 - r0];
+        let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
+        for c in 0..cols {
+            let a = act[c * rb..].as_ptr();
+            // SAFETY: the CPU supports `isa` (checked by the caller); the kernel exists (check).
+            unsafe { crate::simd_rows(isa, kernels[c], dt, k, wrow, w_stride, a, buf) };
+            let (i1, i2, i3) = col_index[c];
+            let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+            for (j, &v) in buf.iter().enumerate() {
+                let off = (r0 + j) as i64 * out.nb[0] + col_off;
+                // SAFETY: each (row, column) is written by exactly one task.
+                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+            }
+        }
+    });
+    Ok(())
+}

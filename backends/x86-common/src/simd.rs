@@ -1,0 +1,494 @@
+//! x86-64 SIMD twins of quant's scalar x86 kernels (`quant::dot_with`).
+//!
+//! Integer parts are exact in every kernel (no saturation is reachable: the `maddubs` inputs
+//! are unsigned quants <= 63 times i8, signed-by-signed products go through i16), so any
+//! grouping of the integer sums gives the same integers. The float operations are replayed in
+//! quant's order: `_mm256_fmadd_ps` into eight lanes where the twin has eight lanes
+//! (`hsum_float_8` at the end), scalar `mul_add` where the twin has one lane per output.
+//!
+//! Every kernel body is `#[inline(always)]` and generic over `VNNI`; the public entry points
+//! are compiled twice, once per ISA (`#[target_feature]`), so the AVX2 build never contains an
+//! instruction outside AVX2/FMA/F16C on its reachable paths and no build needs a global
+//! `-C target-cpu`.
+
+#![allow(clippy::needless_range_loop)]
+
+use core::arch::x86_64::*;
+use quant::{fp16_to_f32, scale_min_k4, Kernel};
+
+/// Bytes of one block of each format used here.
+const Q4_1_B: usize = 20;
+const Q5_0_B: usize = 22;
+const Q8_0_B: usize = 34;
+const Q8_1_B: usize = 36;
+const Q4_K_B: usize = 144;
+const Q6_K_B: usize = 210;
+const Q8_K_B: usize = 292;
+
+#[inline(always)]
+unsafe fn ld(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn h16(p: *const u8) -> f32 {
+    fp16_to_f32(u16::from_le_bytes([*p, *p.add(1)]))
+}
+
+#[inline(always)]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
+}
+
+#[inline(always)]
+unsafe fn i16_at(p: *const u8, i: usize) -> i32 {
+    i16::from_le_bytes([*p.add(2 * i), *p.add(2 * i + 1)]) as i32
+}
+
+/// ggml's `hsum_float_8`, replayed on the stored lanes: `((x0+x4) + (x2+x6)) + ((x1+x5) +
+/// (x3+x7))`.
+#[inline(always)]
+unsafe fn hsum_float_8(v: __m256) -> f32 {
+    let mut x = [0f32; 8];
+    _mm256_storeu_ps(x.as_mut_ptr(), v);
+    let r = [x[4] + x[0], x[5] + x[1], x[6] + x[2], x[7] + x[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// Sum of eight i32 lanes (exact up to wrapping, which is order-independent).
+#[inline(always)]
+unsafe fn hsum_i32_8(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Eight i32 lanes, lane `k` = Σ u[4k..4k+4]·s[4k..4k+4], `u` unsigned bytes (< 128 here), `s`
+/// signed bytes.
+#[inline(always)]
+unsafe fn quads_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+/// As [`quads_us`] with each product pair scaled by the i16 lanes of `sc` (exact).
+#[inline(always)]
+unsafe fn quads_us_scaled(u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc)
+}
+
+/// Eight i32 lanes of quad sums of two signed byte vectors, through i16 (exact for every i8).
+#[inline(always)]
+unsafe fn quads_ss(a: __m256i, b: __m256i) -> __m256i {
+    let alo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a));
+    let ahi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(a));
+    let blo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
+    let bhi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(b));
+    let plo = _mm256_madd_epi16(alo, blo);
+    let phi = _mm256_madd_epi16(ahi, bhi);
+    // [q0 q1 q4 q5 | q2 q3 q6 q7] -> [q0 .. q7]
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(plo, phi))
+}
+
+/// 16 packed bytes -> 32 nibbles: low nibbles (elements 0..16) then high nibbles (16..32).
+#[inline(always)]
+unsafe fn nibbles_32(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// ggml's `bytes_from_bits_32`: byte `j` is 0xFF where bit `j` of the little-endian u32 is set.
+#[inline(always)]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0x0000000000000000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+// ---------------------------------------------------------------- legacy formats
+//
+// Every kernel computes `R` weight rows (row `r` at `w + r * ws`) against one activation row
+// at once: each row keeps its own accumulators and float chain (bit-identical to R = 1); the
+// rows only share the activation loads and hide each other's FMA latency.
+
+/// `ggml_vec_dot_{q8_0,q5_0}_q8_0` and tinyBLAS_Q0_AVX (same chain): per block
+/// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`.
+#[inline(always)]
+unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    nb: usize,
+) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let y = a.add(i * Q8_0_B);
+        let yq = ld(y.add(2));
+        let dy = h16(y);
+        // Σ y per quad, for the unsigned-weight forms below.
+        let ys = quads_us::<VNNI>(_mm256_set1_epi8(1), yq);
+        for r in 0..R {
+            let (dx, quads) = if FMT == 8 {
+                let x = w.add(r * ws + i * Q8_0_B);
+                let q = ld(x.add(2));
+                let quads = if VNNI {
+                    // (q + 128) as u8 times y, minus 128 * Σ y: exact in i32.
+                    let qu = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
+                    _mm256_sub_epi32(quads_us::<true>(qu, yq), _mm256_slli_epi32::<7>(ys))
+                } else {
+                    quads_ss(q, yq)
+                };
+                (h16(x), quads)
+            } else {
+                // unsigned codes 0..32 times y, minus 16 * Σ y: exact.
+                let x = w.add(r * ws + i * Q5_0_B);
+                let nib = nibbles_32(x.add(6));
+                let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
+                let qu = _mm256_or_si256(nib, hb);
+                (
+                    h16(x),
+                    _mm256_sub_epi32(quads_us::<VNNI>(qu, yq), _mm256_slli_epi32::<4>(ys)),
+                )
+            };
+            let d = dx * dy;
+            let p = _mm256_cvtepi32_ps(quads);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[r]);
+        }
+    }
+    core::array::from_fn(|r| hsum_float_8(acc[r]))
+}
+
+/// `ggml_vec_dot_q4_1_q8_1`: `acc = fma(quads, dx*dy, acc)`, `summs = fma(m, s, summs)`,
+/// `hsum_float_8(acc) + summs`.
+#[inline(always)]
+unsafe fn dot_q4_1<const VNNI: bool, const R: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    nb: usize,
+) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summs = [0f32; R];
+    for i in 0..nb {
+        let y = a.add(i * Q8_1_B);
+        let (dy, sy) = (h16(y), h16(y.add(2)));
+        let yq = ld(y.add(4));
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q4_1_B);
+            summs[r] = h16(x.add(2)).mul_add(sy, summs[r]);
+            let d = h16(x) * dy;
+            let p = _mm256_cvtepi32_ps(quads_us::<VNNI>(nibbles_32(x.add(4)), yq));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[r]);
+        }
+    }
+    core::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
+}
+
+// ---------------------------------------------------------------- Q4_K
+
+const Q4K_VECDOT: u8 = 0;
+const Q4K_GEMV: u8 = 1;
+const Q4K_GEMM: u8 = 2;
+const Q4K_TILED: u8 = 3;
+
+/// All four x86 Q4_K kernels (see quant's `repack.rs` / `tiled.rs`), by `MODE`.
+#[inline(always)]
+unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    nb: usize,
+) -> [f32; R] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc8 = [_mm256_setzero_ps(); R];
+    let mut accm4 = [[0f32; 4]; R];
+    let (mut acc, mut accm) = ([0f32; R], [0f32; R]);
+    for i in 0..nb {
+        let y = a.add(i * Q8_K_B);
+        let yd = f32_at(y);
+        let bs = y.add(260);
+        let yq = y.add(4);
+        let q8s: [i32; 8] =
+            core::array::from_fn(|j| (i16_at(bs, 2 * j) + i16_at(bs, 2 * j + 1)) as i16 as i32);
+        let bsum2: [i32; 8] = core::array::from_fn(|j| i16_at(bs, 2 * j) + i16_at(bs, 2 * j + 1));
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q4_K_B);
+            let xd = h16(x);
+            let xdmin = h16(x.add(2));
+            let scales: [u8; 12] = core::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
+            let (sc, m) = scale_min_k4(&scales);
+            let qs = x.add(16);
+            // pair[j] = sc[2j]*dot(sub 2j) + sc[2j+1]*dot(sub 2j+1), eight i32 quad lanes each
+            let mut pair = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let bits = ld(qs.add(32 * j));
+                let lo = _mm256_and_si256(bits, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                let p0 =
+                    quads_us_scaled(lo, ld(yq.add(64 * j)), _mm256_set1_epi16(sc[2 * j] as i16));
+                let p1 = quads_us_scaled(
+                    hi,
+                    ld(yq.add(64 * j + 32)),
+                    _mm256_set1_epi16(sc[2 * j + 1] as i16),
+                );
+                pair[j] = _mm256_add_epi32(p0, p1);
+            }
+            let sumi = || {
+                _mm256_add_epi32(
+                    _mm256_add_epi32(pair[0], pair[1]),
+                    _mm256_add_epi32(pair[2], pair[3]),
+                )
+            };
+            match MODE {
+                Q4K_VECDOT => {
+                    let d = yd * xd;
+                    let dmin = -yd * xdmin;
+                    for k in 0..4 {
+                        let prod =
+                            m[2 * k] as i32 * q8s[2 * k] + m[2 * k + 1] as i32 * q8s[2 * k + 1];
+                        accm4[r][k] = dmin.mul_add(prod as f32, accm4[r][k]);
+                    }
+                    acc8[r] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi()), acc8[r]);
+                }
+                _ => {
+                    let imin: [i32; 8] = core::array::from_fn(|s| m[s] as i32 * bsum2[s]);
+                    match MODE {
+                        Q4K_GEMV => {
+                            let dw = xd * yd;
+                            let dm = xdmin * yd;
+                            acc[r] = (hsum_i32_8(sumi()) as f32).mul_add(dw, acc[r]);
+                            accm[r] = (imin.iter().sum::<i32>() as f32).mul_add(dm, accm[r]);
+                        }
+                        Q4K_GEMM => {
+                            let dw = xd * yd;
+                            let dm = xdmin * yd;
+                            for sb in 0..4 {
+                                acc[r] = (hsum_i32_8(pair[sb]) as f32).mul_add(dw, acc[r]);
+                                accm[r] =
+                                    ((imin[2 * sb] + imin[2 * sb + 1]) as f32).mul_add(dm, accm[r]);
+                            }
+                        }
+                        _ => {
+                            // tiled: res = f32(s1)*d; res = fma(-dmin, f32(s2), res);
+                            // acc = fma(res, da, acc)
+                            let s1 = hsum_i32_8(sumi());
+                            let s2 = imin.iter().fold(0i32, |a, &b| a.wrapping_add(b));
+                            let mut res = s1 as f32 * xd;
+                            res = (-xdmin).mul_add(s2 as f32, res);
+                            acc[r] = res.mul_add(yd, acc[r]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    core::array::from_fn(|r| match MODE {
+        Q4K_VECDOT => {
+            let m01 = [accm4[r][0] + accm4[r][2], accm4[r][1] + accm4[r][3]];
+            hsum_float_8(acc8[r]) + (m01[0] + m01[1])
+        }
+        Q4K_TILED => acc[r],
+        _ => acc[r] - accm[r],
+    })
+}
+
+// ---------------------------------------------------------------- Q6_K
+
+/// `ggml_vec_dot_q6_K_q8_K` (AVX2 lanes) or, with `TILED`, the tiled matmul's per-block chain.
+#[inline(always)]
+unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    nb: usize,
+) -> [f32; R] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let m0c = _mm256_set1_epi8(0x0C);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc8 = [_mm256_setzero_ps(); R];
+    let mut acc = [0f32; R];
+    for i in 0..nb {
+        let y = a.add(i * Q8_K_B);
+        let yq = y.add(4);
+        let yd = f32_at(y);
+        let bsums = ld(y.add(260));
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q6_K_B);
+            let scp = x.add(192) as *const i8;
+            let mut sumi = _mm256_setzero_si256();
+            for n in 0..2 {
+                let ql0 = ld(x.add(64 * n));
+                let ql1 = ld(x.add(64 * n + 32));
+                let qh = ld(x.add(128 + 32 * n));
+                let u = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16::<2>(_mm256_and_si256(qh, m0c)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                    ),
+                ];
+                for (k, &u) in u.iter().enumerate() {
+                    let g = 4 * n + k;
+                    let sc = _mm256_set_m128i(
+                        _mm_set1_epi16(*scp.add(2 * g + 1) as i16),
+                        _mm_set1_epi16(*scp.add(2 * g) as i16),
+                    );
+                    let p = quads_us_scaled(u, ld(yq.add(32 * g)), sc);
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+            }
+            // lane l: 32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scp as *const __m128i));
+            let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, sc16));
+            let lanes = _mm256_sub_epi32(sumi, sub);
+            if TILED {
+                let s1 = hsum_i32_8(lanes);
+                let res = s1 as f32 * h16(x.add(208));
+                acc[r] = res.mul_add(yd, acc[r]);
+            } else {
+                let d = yd * h16(x.add(208));
+                acc8[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc8[r]);
+            }
+        }
+    }
+    core::array::from_fn(|r| if TILED { acc[r] } else { hsum_float_8(acc8[r]) })
+}
+
+// ---------------------------------------------------------------- dispatch
+
+/// Whether this module has a SIMD twin of `kernel` for `dtype`.
+pub fn has_kernel(kernel: Kernel, dtype: abi::DType) -> bool {
+    use abi::DType::*;
+    match dtype {
+        Q4_1 => kernel == Kernel::VecDot,
+        Q8_0 | Q5_0 => matches!(kernel, Kernel::VecDot | Kernel::TinyBlas),
+        Q6_K => matches!(kernel, Kernel::VecDot | Kernel::Tiled),
+        Q4_K => matches!(
+            kernel,
+            Kernel::VecDot | Kernel::RepackGemv | Kernel::RepackGemm | Kernel::Tiled
+        ),
+        _ => false,
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_any<const VNNI: bool, const R: usize>(
+    kernel: Kernel,
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+) -> [f32; R] {
+    use abi::DType::*;
+    match (dtype, kernel) {
+        (Q4_1, _) => dot_q4_1::<VNNI, R>(w, ws, a, n / 32),
+        (Q8_0, _) => dot_q0::<8, VNNI, R>(w, ws, a, n / 32),
+        (Q5_0, _) => dot_q0::<5, VNNI, R>(w, ws, a, n / 32),
+        (Q6_K, Kernel::Tiled) => dot_q6_k::<true, R>(w, ws, a, n / 256),
+        (Q6_K, _) => dot_q6_k::<false, R>(w, ws, a, n / 256),
+        (Q4_K, Kernel::RepackGemv) => dot_q4_k::<Q4K_GEMV, R>(w, ws, a, n / 256),
+        (Q4_K, Kernel::RepackGemm) => dot_q4_k::<Q4K_GEMM, R>(w, ws, a, n / 256),
+        (Q4_K, Kernel::Tiled) => dot_q4_k::<Q4K_TILED, R>(w, ws, a, n / 256),
+        (Q4_K, _) => dot_q4_k::<Q4K_VECDOT, R>(w, ws, a, n / 256),
+        _ => unreachable!("no SIMD kernel {kernel:?} for {dtype}"),
+    }
+}
+
+/// Rows in groups of [`ROWS`] (then one at a time), each group through one kernel call.
+#[inline(always)]
+unsafe fn rows_any<const VNNI: bool>(
+    kernel: Kernel,
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    act: *const u8,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    if dtype.info().block_len == 32 {
+        while r + ROWS <= out.len() {
+            let v = dot_any::<VNNI, ROWS>(kernel, dtype, n, w.add(r * ws), ws, act);
+            out[r..r + ROWS].copy_from_slice(&v);
+            r += ROWS;
+        }
+    } else {
+        // K-quants keep more vectors live per row: two rows at a time avoid spills.
+        while r + ROWS_K <= out.len() {
+            let v = dot_any::<VNNI, ROWS_K>(kernel, dtype, n, w.add(r * ws), ws, act);
+            out[r..r + ROWS_K].copy_from_slice(&v);
+            r += ROWS_K;
+        }
+    }
+    while r < out.len() {
+        out[r] = dot_any::<VNNI, 1>(kernel, dtype, n, w.add(r * ws), ws, act)[0];
+        r += 1;
+    }
+}
+
+/// Weight rows computed together by one kernel call (32-element formats, K-quants).
+pub const ROWS: usize = 4;
+pub const ROWS_K: usize = 2;
+
+/// Computes `out[r] = dot_with(kernel, dtype, n, w_row(r), act)` for each row `r` of
+/// `rows`, where row `r` starts at `w + r * w_stride`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `has_kernel(kernel, dtype)`; `n` is a whole number of
+/// blocks; the pointers cover the rows and one activation row of `n` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows_avx2(
+    kernel: Kernel,
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    out: &mut [f32],
+) {
+    rows_any::<false>(kernel, dtype, n, w, w_stride, act, out)
+}
+
+/// As [`rows_avx2`], compiled for AVX-512 (F, BW, VL, VNNI): the 256-bit kernels with EVEX
+/// encodings, 32 vector registers and `vpdpbusd` for the unsigned-by-signed quad sums.
+///
+/// # Safety
+/// As [`rows_avx2`], and the CPU has AVX-512 F/BW/VL/VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_avx512(
+    kernel: Kernel,
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    out: &mut [f32],
+) {
+    rows_any::<true>(kernel, dtype, n, w, w_stride, act, out)
+}

@@ -1,0 +1,289 @@
+//! The SIMD kernels against quant's scalar twins (`quant::dot_with`), bit for bit, and the
+//! backend's mat_mul against the reference backend's, bit for bit.
+
+use abi::{BackendTable, DType, Op, OpCall, OpParams, Status, TensorDesc};
+use mollm_x86_common::{dot_rows, Isa, HEADER_AVX2, HEADER_AVX512};
+use quant::Kernel;
+
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f32::consts::PI * v).cos()
+    }
+    /// Normal samples with ~1% outliers up to 60x.
+    fn data(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let v = self.normal() * scale;
+                if self.next_u64() % 97 == 0 {
+                    v * (1.0 + 60.0 * self.uniform())
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+}
+
+fn isas() -> Vec<Isa> {
+    let v: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.detected())
+        .collect();
+    if v.is_empty() {
+        eprintln!("this CPU has neither AVX2 nor AVX-512: SIMD kernels not tested");
+    }
+    v
+}
+
+/// Byte offsets of the f16 scale fields in a block of `dt`.
+fn scale_fields(dt: DType) -> &'static [usize] {
+    match dt {
+        DType::Q4_1 => &[0, 2],
+        DType::Q8_0 | DType::Q5_0 => &[0],
+        DType::Q6_K => &[208],
+        DType::Q4_K => &[0, 2],
+        _ => unreachable!(),
+    }
+}
+
+/// `rows` weight rows: even rows quantized from data with outliers, odd rows random bytes
+/// (every quant and sub-scale bit pattern) with finite random f16 scales.
+fn weights(rng: &mut Rng, dt: DType, n: usize, rows: usize) -> Vec<u8> {
+    let rb = quant::row_bytes(dt, n).unwrap();
+    let info = dt.info();
+    let mut w = vec![0u8; rb * rows];
+    for (r, row) in w.chunks_exact_mut(rb).enumerate() {
+        if r % 2 == 0 {
+            let s = 0.05 + rng.uniform();
+            let x = rng.data(n, s);
+            quant::quantize_row(dt, &x, row).unwrap();
+        } else {
+            row.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+            for blk in row.chunks_exact_mut(info.block_bytes as usize) {
+                for &off in scale_fields(dt) {
+                    let v = (rng.uniform() - 0.3) * 0.1 * (1.0 + 4.0 * rng.uniform());
+                    blk[off..off + 2].copy_from_slice(&quant::f32_to_fp16(v).to_le_bytes());
+                }
+            }
+        }
+    }
+    w
+}
+
+fn kernels_of(dt: DType) -> &'static [Kernel] {
+    match dt {
+        DType::Q4_1 => &[Kernel::VecDot],
+        DType::Q8_0 | DType::Q5_0 => &[Kernel::VecDot, Kernel::TinyBlas],
+        DType::Q6_K => &[Kernel::VecDot, Kernel::Tiled],
+        DType::Q4_K => &[
+            Kernel::VecDot,
+            Kernel::RepackGemv,
+            Kernel::RepackGemm,
+            Kernel::Tiled,
+        ],
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn simd_kernels_match_scalar_twins_bit_for_bit() {
+    let isas = isas();
+    let mut rng = Rng::new(7);
+    let mut checked = 0usize;
+    for dt in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::Q6_K,
+        DType::Q4_K,
+    ] {
+        let sizes: &[usize] = if dt.info().block_len == 32 {
+            &[32, 64, 96, 160, 512, 1024, 1536, 4096]
+        } else {
+            &[256, 512, 768, 1536, 4096]
+        };
+        for &n in sizes {
+            for rows in [1usize, 5, 17] {
+                let w = weights(&mut rng, dt, n, rows);
+                let rb = w.len() / rows;
+                for &kernel in kernels_of(dt) {
+                    let s = 0.1 + 2.0 * rng.uniform();
+                    let x = rng.data(n, s);
+                    let vt = quant::vec_dot_type(dt);
+                    let mut act = vec![0u8; quant::row_bytes(vt, n).unwrap()];
+                    quant::quantize_activations_for(kernel, dt, &x, &mut act).unwrap();
+                    let want: Vec<f32> = w
+                        .chunks_exact(rb)
+                        .map(|row| quant::dot_with(kernel, dt, n, row, &act))
+                        .collect();
+                    for &isa in &isas {
+                        let mut got = vec![f32::NAN; rows];
+                        dot_rows(isa, kernel, dt, n, &w, &act, &mut got);
+                        for r in 0..rows {
+                            assert_eq!(
+                                got[r].to_bits(),
+                                want[r].to_bits(),
+                                "{isa:?} {dt} {kernel:?} n={n} row {r}: {} vs {}",
+                                got[r],
+                                want[r]
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{checked} outputs bit-identical");
+}
+
+// ---------------------------------------------------------------- through the table
+
+fn f32_desc(v: &mut [f32], shape: &[i64]) -> TensorDesc {
+    TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, shape)
+}
+
+struct Instance {
+    table: &'static BackendTable,
+    ctx: *mut core::ffi::c_void,
+}
+
+impl Instance {
+    fn new(table: &'static BackendTable, host: &abi::HostApi) -> Instance {
+        let mut ctx = core::ptr::null_mut();
+        assert_eq!((table.init)(host, &mut ctx), 0);
+        Instance { table, ctx }
+    }
+    fn run(&self, call: &OpCall) -> Status {
+        Status::from_raw((self.table.compute)(self.ctx, call))
+    }
+    fn supports(&self, call: &OpCall) -> Status {
+        Status::from_raw((self.table.supports.unwrap())(self.ctx, call))
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        (self.table.shutdown)(self.ctx)
+    }
+}
+
+fn tables() -> Vec<(Isa, &'static BackendTable)> {
+    let mut v = Vec::new();
+    for (isa, h) in [(Isa::Avx2, &HEADER_AVX2), (Isa::Avx512, &HEADER_AVX512)] {
+        h.check_layout().unwrap();
+        if isa.detected() {
+            v.push((isa, unsafe { &*h.table }));
+        }
+    }
+    v
+}
+
+#[test]
+fn mat_mul_matches_reference_backend_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let refi = Instance::new(&reference::TABLE, &host);
+    let mut rng = Rng::new(11);
+    let cases: &[(DType, usize, usize)] = &[
+        (DType::Q4_1, 576, 72),
+        (DType::Q4_1, 96, 13),
+        (DType::Q8_0, 576, 64),
+        (DType::Q5_0, 896, 40),
+        (DType::Q6_K, 512, 72),
+        (DType::Q4_K, 512, 64), // repacked (rows % 8 == 0): GEMV / GEMM
+        (DType::Q4_K, 768, 36), // not repacked: vec_dot / tiled
+    ];
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        for &(dt, k, n) in cases {
+            let mut w = weights(&mut rng, dt, k, n);
+            let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            for cols in [1usize, 2, 3, 4, 5, 7, 8, 9, 17] {
+                let mut x = rng.data(k * cols, 1.0);
+                let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
+                let mut want = vec![0f32; n * cols];
+                let mut got = vec![f32::NAN; n * cols];
+                let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
+                let od = f32_desc(&mut got, &[n as i64, cols as i64]);
+                let p = OpParams::default();
+                let (ins, outs_ref, outs) = ([wd, xd], [od_ref], [od]);
+                let call_ref = OpCall::new(Op::MatMul, &ins, &outs_ref, p);
+                let call = OpCall::new(Op::MatMul, &ins, &outs, p);
+                assert_eq!(
+                    refi.run(&call_ref),
+                    Status::Ok,
+                    "reference: {}",
+                    mollm_x86_common::last_error_string(&reference::TABLE, refi.ctx)
+                );
+                assert_eq!(
+                    me.supports(&call),
+                    Status::Ok,
+                    "{isa:?} {dt} {k}x{n} cols {cols}"
+                );
+                let st = me.run(&call);
+                assert_eq!(
+                    st,
+                    Status::Ok,
+                    "{}",
+                    mollm_x86_common::last_error_string(table, me.ctx)
+                );
+                for i in 0..n * cols {
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "{isa:?} {dt} {k}x{n} cols {cols} elem {i}: {} vs {}",
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn other_ops_and_formats_are_unsupported_and_bad_calls_invalid() {
+    let host = reference::serial_host();
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        let (k, n) = (64usize, 8usize);
+        let mut w = vec![0u8; quant::row_bytes(DType::Q5_1, k).unwrap() * n];
+        let wd = TensorDesc::contiguous(w.as_mut_ptr(), DType::Q5_1, &[k as i64, n as i64]);
+        let mut x = vec![0f32; k];
+        let xd = f32_desc(&mut x, &[k as i64, 1]);
+        let mut o = vec![0f32; n];
+        let od = f32_desc(&mut o, &[n as i64, 1]);
+        let (ins, outs) = ([wd, xd], [od]);
+        let call = OpCall::new(Op::MatMul, &ins, &outs, OpParams::default());
+        assert_eq!(me.supports(&call), Status::Unsupported, "{isa:?}");
+        assert_eq!(me.run(&call), Status::Unsupported, "{isa:?}");
+        assert!(mollm_x86_common::last_error_string(table, me.ctx).contains("q5_1"));
+        // wrong output shape
+        let od_bad = f32_desc(&mut o, &[n as i64 - 1, 1]);
+        let outs_bad = [od_bad];
+        let bad = OpCall::new(Op::MatMul, &ins, &outs_bad, OpParams::default());
+        assert_eq!(me.run(&bad), Status::InvalidArgument);
+        // another op
+        let mut y = vec![0f32; k];
+        let yd = f32_desc(&mut y, &[k as i64, 1]);
+        let mut p = OpParams::default();
+        p.f[0] = 1e-6;
+        let (rin, rout) = ([xd], [yd]);
+        let rms = OpCall::new(Op::RmsNorm, &rin, &rout, p);
+        assert_eq!(me.supports(&rms), Status::Unsupported);
+    }
+}

@@ -1,0 +1,408 @@
+//! `mollm devices`, `mollm backends`, `mollm ops`: what native backend plugins were found, what
+//! they declare, and which backend an op call would go to. Also the hidden `__gate` child.
+
+use abi::{DType, Op};
+use clap::Args;
+use conformance::cases::{case, Case};
+use engine::backend::Backend;
+use engine::pool::Pool;
+use engine::registry::{self, Assessed, GateRunner, IsaCap};
+use std::path::PathBuf;
+
+/// Plugin libraries named on the command line.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LibArgs {
+    /// A backend plugin library to consider besides those found next to the executable and in
+    /// MOLLM_BACKEND_DIR (repeatable).
+    #[arg(long = "backend-lib", value_name = "PATH")]
+    pub backend_lib: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct OpsArgs {
+    /// Op name (e.g. matmul, add, attention).
+    #[arg(long)]
+    pub op: String,
+    /// Only backends on this device kind (cpu or gpu).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// The format of the op's main operand (e.g. Q4_K for matmul); default: its first case.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    #[command(flatten)]
+    pub libs: LibArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GateArgs {
+    /// The library to check [default: $MOLLM_GATE_LIB].
+    #[arg(long)]
+    pub lib: Option<PathBuf>,
+    /// Print the verdict as JSON (the only format; accepted for clarity).
+    #[arg(long)]
+    pub json: bool,
+}
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+/// Seeds probed when listing what a backend declares.
+const PROBE_SEEDS: u64 = 48;
+
+/// The operand whose format names a case: the weight, the KV cache or the destination.
+fn case_format(c: &Case) -> DType {
+    match c.op {
+        Op::Attention => c.inputs[1].dtype,
+        Op::SetRows => c.inputs[2].dtype,
+        _ => c.inputs[0].dtype,
+    }
+}
+
+/// Does `b` declare this case (its `supports` accepts the call)?
+fn declares(b: &Backend, c: &mut Case) -> bool {
+    let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+    let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+    b.supports(c.op, &ins, &outs, &c.params)
+}
+
+/// Per op: formats declared and formats not declared, over the probe cases.
+fn declared_formats(b: &Backend, op: Op) -> (Vec<DType>, Vec<DType>) {
+    let (mut yes, mut no) = (Vec::new(), Vec::new());
+    for seed in 0..PROBE_SEEDS {
+        let mut c = case(op, seed);
+        let f = case_format(&c);
+        if declares(b, &mut c) {
+            if !yes.contains(&f) {
+                yes.push(f);
+            }
+        } else if !no.contains(&f) {
+            no.push(f);
+        }
+    }
+    // A format declared for some shapes is listed as declared.
+    no.retain(|f| !yes.contains(f));
+    yes.sort_by_key(|d| d.id());
+    no.sort_by_key(|d| d.id());
+    (yes, no)
+}
+
+fn declared_ops(b: &Backend) -> usize {
+    Op::ALL
+        .iter()
+        .filter(|&&op| !declared_formats(b, op).0.is_empty())
+        .count()
+}
+
+fn assess_all(libs: &LibArgs) -> Result<Vec<Assessed>, Box<dyn std::error::Error>> {
+    let cap = IsaCap::from_env()?;
+    let runner = GateRunner::self_exec()?;
+    Ok(registry::assess(
+        registry::discover(&libs.backend_lib),
+        &runner,
+        cap,
+        None,
+    ))
+}
+
+/// A backend instance for probing `supports`, when it is safe to make one (score > 0).
+fn probe_instance(a: &Assessed, pool: &Pool) -> Option<Backend> {
+    let p = a.plugin()?;
+    if p.score == 0 {
+        return None;
+    }
+    p.open_backend(pool.host_api()).ok()
+}
+
+fn table(rows: &[Vec<String>]) -> String {
+    let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let w: Vec<usize> = (0..n)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r.get(i).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let mut line = String::new();
+            for (i, s) in r.iter().enumerate() {
+                if i + 1 == r.len() {
+                    line.push_str(s);
+                } else {
+                    line.push_str(&format!("{s:<width$}  ", width = w[i]));
+                }
+            }
+            line.trim_end().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn status_text(a: &Assessed) -> String {
+    match &a.status {
+        Err(e) => format!("unavailable: {e}"),
+        Ok(failed) if failed.is_empty() => "available".into(),
+        Ok(failed) => format!(
+            "available; refused by the conformance gate: {}",
+            failed
+                .iter()
+                .map(|(o, _)| o.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+pub fn devices(libs: LibArgs) -> Res {
+    let assessed = assess_all(&libs)?;
+    let pool = Pool::new(1);
+    let mut rows = vec![vec![
+        "NAME".to_string(),
+        "DEVICE".into(),
+        "SCORE".into(),
+        "OPS".into(),
+        "STATUS".into(),
+        "PATH".into(),
+    ]];
+    for a in &assessed {
+        let (dev, score) = match a.plugin() {
+            Some(p) => (p.device().to_string(), p.score.to_string()),
+            None => ("-".into(), "-".into()),
+        };
+        let ops = match probe_instance(a, &pool) {
+            Some(b) => {
+                let d = declared_ops(&b);
+                let refused = a.status.as_ref().map(|f| f.len()).unwrap_or(0);
+                if a.usable() {
+                    format!("{}/{d}", d.saturating_sub(refused))
+                } else {
+                    format!("-/{d}")
+                }
+            }
+            None => "-".into(),
+        };
+        rows.push(vec![
+            a.candidate.name(),
+            dev,
+            score,
+            ops,
+            status_text(a),
+            a.candidate.path.display().to_string(),
+        ]);
+    }
+    let reference = Backend::open(&reference::HEADER, pool.host_api())?;
+    let d = declared_ops(&reference);
+    rows.push(vec![
+        "reference".into(),
+        "cpu".into(),
+        "1".into(),
+        format!("{d}/{d}"),
+        "available (built in, fallback)".into(),
+        "-".into(),
+    ]);
+    println!("{}", table(&rows));
+    println!("OPS = ops usable after the conformance gate / ops declared (supports() over the conformance cases)");
+    Ok(())
+}
+
+pub fn backends(libs: LibArgs) -> Res {
+    let assessed = assess_all(&libs)?;
+    let pool = Pool::new(1);
+    let mut first = true;
+    let mut show = |name: &str, header: String, b: Option<&Backend>, a: Option<&Assessed>| {
+        if !first {
+            println!();
+        }
+        first = false;
+        println!("{name}  {header}");
+        let Some(b) = b else { return };
+        let mut rows = vec![vec![
+            "  OP".to_string(),
+            "DECLARED FORMATS".into(),
+            "NOT DECLARED".into(),
+            "GATE".into(),
+        ]];
+        for &op in Op::ALL {
+            let (yes, no) = declared_formats(b, op);
+            let fmt = |v: &[DType]| {
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                }
+            };
+            let gate = match a {
+                None => "-".to_string(),
+                Some(a) => match (&a.status, a.refused(op)) {
+                    (Err(_), _) => "-".into(),
+                    (Ok(_), Some(e)) => format!("refused: {e}"),
+                    (Ok(_), None) if yes.is_empty() => "-".into(),
+                    (Ok(_), None) => "passed".into(),
+                },
+            };
+            rows.push(vec![format!("  {}", op.name()), fmt(&yes), fmt(&no), gate]);
+        }
+        println!("{}", table(&rows));
+    };
+    for a in &assessed {
+        let header = match a.plugin() {
+            Some(p) => format!(
+                "[{}, score {}, {}] {}",
+                p.device(),
+                p.score,
+                status_text(a),
+                a.candidate.path.display()
+            ),
+            None => format!("[{}] {}", status_text(a), a.candidate.path.display()),
+        };
+        let inst = probe_instance(a, &pool);
+        show(&a.candidate.name(), header, inst.as_ref(), Some(a));
+    }
+    let reference = Backend::open(&reference::HEADER, pool.host_api())?;
+    show(
+        "reference",
+        "[cpu, score 1, built in]".into(),
+        Some(&reference),
+        None,
+    );
+    Ok(())
+}
+
+pub fn ops(a: OpsArgs) -> Res {
+    let squash = |s: &str| s.replace(['_', '-'], "").to_ascii_lowercase();
+    let op = Op::from_name(&a.op)
+        .or_else(|| {
+            Op::ALL
+                .iter()
+                .copied()
+                .find(|o| squash(o.name()) == squash(&a.op))
+        })
+        .ok_or_else(|| {
+            format!(
+                "unknown op '{}' (ops: {})",
+                a.op,
+                Op::ALL
+                    .iter()
+                    .map(|o| o.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+    if let Some(d) = &a.device {
+        if d != "cpu" && d != "gpu" {
+            return Err(format!("unknown device '{d}' (cpu or gpu)").into());
+        }
+    }
+    let want = match &a.dtype {
+        None => None,
+        Some(s) => Some(
+            DType::ALL
+                .iter()
+                .copied()
+                .find(|d| d.name().eq_ignore_ascii_case(s))
+                .ok_or_else(|| format!("unknown dtype '{s}'"))?,
+        ),
+    };
+    let mut probe = None;
+    let mut formats = Vec::new();
+    for seed in 0..PROBE_SEEDS {
+        let c = case(op, seed);
+        let f = case_format(&c);
+        if !formats.contains(&f) {
+            formats.push(f);
+        }
+        if probe.is_none() && want.map_or(true, |w| w == f) {
+            probe = Some(c);
+        }
+    }
+    let mut probe = probe.ok_or_else(|| {
+        format!(
+            "no {} call with dtype {} to probe (formats: {})",
+            op.name(),
+            a.dtype.as_deref().unwrap_or("?"),
+            formats
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    })?;
+    println!(
+        "{} call probed: {} ({})",
+        op.name(),
+        probe.label,
+        case_format(&probe)
+    );
+
+    let assessed = assess_all(&a.libs)?;
+    let pool = Pool::new(1);
+    let dev_ok = |d: &str| a.device.as_deref().map_or(true, |w| w == d);
+    // Dispatch order: usable natives by score, then the reference; then the unusable ones.
+    let mut order: Vec<&Assessed> = registry::ranked(&assessed);
+    order.retain(|x| dev_ok(x.plugin().map(|p| p.device()).unwrap_or("?")));
+    let mut rows = vec![vec![
+        "BACKEND".to_string(),
+        "SCORE".into(),
+        "VERDICT".into(),
+    ]];
+    let mut winner: Option<(String, u32)> = None;
+    for x in &order {
+        let p = x.plugin().expect("usable");
+        let verdict = if let Some(e) = x.refused(op) {
+            format!("rejected: failed the conformance gate: {e}")
+        } else {
+            match probe_instance(x, &pool) {
+                Some(b) if declares(&b, &mut probe) => match &winner {
+                    None => {
+                        winner = Some((p.name.clone(), p.score));
+                        "WINNER".into()
+                    }
+                    Some((w, s)) => format!("rejected: lower score than {w} ({} < {s})", p.score),
+                },
+                Some(_) => "rejected: unsupported (supports() declines this call)".into(),
+                None => "rejected: cannot open an instance".into(),
+            }
+        };
+        rows.push(vec![p.name.clone(), p.score.to_string(), verdict]);
+    }
+    if dev_ok("cpu") {
+        let r = Backend::open(&reference::HEADER, pool.host_api())?;
+        let verdict = match &winner {
+            None if declares(&r, &mut probe) => {
+                winner = Some(("reference".into(), 1));
+                "WINNER (fallback)".to_string()
+            }
+            None => "rejected: unsupported".to_string(),
+            Some((w, _)) => format!("not needed: fallback behind {w}"),
+        };
+        rows.push(vec!["reference".into(), "1".into(), verdict]);
+    }
+    for x in assessed.iter().filter(|x| !x.usable()) {
+        let dev = x.plugin().map(|p| p.device()).unwrap_or("?");
+        if x.plugin().is_some() && !dev_ok(dev) {
+            continue;
+        }
+        rows.push(vec![
+            x.candidate.name(),
+            x.plugin()
+                .map(|p| p.score.to_string())
+                .unwrap_or("-".into()),
+            format!("rejected: {}", status_text(x)),
+        ]);
+    }
+    println!("{}", table(&rows));
+    match winner {
+        Some((w, _)) => println!("winner: {w}"),
+        None => println!("winner: none"),
+    }
+    Ok(())
+}
+
+pub fn gate(a: GateArgs) -> Res {
+    let _ = a.json;
+    println!("{}", registry::gate_child(a.lib.as_deref()));
+    Ok(())
+}
