@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-models.sh
-cargo build --release -p cli
+cargo build --release --workspace
 if [ $# -eq 0 ]; then
   set -- --chat --prompt "Write a haiku about running language models on a laptop." --max-tokens 64
 fi

@@ -149,7 +149,10 @@ pub fn run(a: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     // A chat template that writes the BOS text itself (Gemma's does) must not get a second BOS.
     let tok = &model.tokenizer;
-    let template_has_bos = a.chat && tok.bos().is_some_and(|b| text.starts_with(tok.token_text(b)));
+    let template_has_bos = a.chat
+        && tok
+            .bos()
+            .is_some_and(|b| text.starts_with(tok.token_text(b)));
     let prompt = tok.encode(&text, !template_has_bos, true)?;
     if prompt.is_empty() {
         return Err("the prompt is empty after tokenization".into());

@@ -159,7 +159,11 @@ fn json_output_has_every_field() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["architecture"], "llama");
     // auto: native backends found next to mollm first, the reference always last.
-    assert!(v["backend"].as_str().unwrap().ends_with("reference"), "{}", v["backend"]);
+    assert!(
+        v["backend"].as_str().unwrap().ends_with("reference"),
+        "{}",
+        v["backend"]
+    );
     assert_eq!(v["model"], SMOLLM2);
     assert!(!v["prompt_tokens"].as_array().unwrap().is_empty());
     let n = v["tokens"].as_array().unwrap().len();

@@ -23,8 +23,32 @@ fn models_dir() -> PathBuf {
     }
 }
 
-fn backend() -> String {
-    std::env::var("MOLLM_TEST_BACKEND").unwrap_or_else(|_| "reference".into())
+/// Backends the parity tests run on: the reference, then each native backend built next to
+/// `mollm` that can run on this CPU (MOLLM_TEST_BACKENDS=a,b overrides the list).
+fn backends() -> Vec<String> {
+    let wanted = std::env::var("MOLLM_TEST_BACKENDS")
+        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512".into());
+    let devices = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .arg("devices")
+        .output()
+        .expect("mollm devices");
+    let devices = String::from_utf8_lossy(&devices.stdout).into_owned();
+    let mut out = Vec::new();
+    for name in wanted.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let line = devices
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name));
+        match line {
+            Some(l) if l.contains("available") && !l.contains("unavailable") => {
+                out.push(name.to_string())
+            }
+            // Built, but this CPU lacks what it needs: nothing to test here.
+            Some(l) if l.contains("CPU lacks") => eprintln!("SKIP backend {name}: {l}"),
+            Some(l) => panic!("backend {name} is not usable: {l}"),
+            None => panic!("backend {name} was not found by `mollm devices`:\n{devices}"),
+        }
+    }
+    out
 }
 
 fn ids(v: &Value) -> Vec<u64> {
@@ -53,74 +77,85 @@ fn check_model(key: &str) {
         );
         return;
     }
-    let mut failures = Vec::new();
     let cases = golden["cases"].as_array().unwrap();
-    for case in cases {
-        let name = case["name"].as_str().unwrap();
-        let want = ids(&case["tokens"]);
-        let out = Command::new(env!("CARGO_BIN_EXE_mollm"))
-            .args([
-                "run",
-                "--json",
-                "--temperature",
-                "0",
-                "--threads",
-                "2",
-                "--ctx",
-                "2048",
-            ])
-            .arg("--backend")
-            .arg(backend())
-            .arg("--model")
-            .arg(&model)
-            .arg("--max-tokens")
-            .arg(want.len().to_string())
-            .arg("--prompt")
-            .arg(case["prompt"].as_str().unwrap())
-            .output()
-            .expect("run mollm");
-        assert!(
-            out.status.success(),
-            "{key}/{name}: mollm failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let got: Value = serde_json::from_slice(&out.stdout).expect("json output");
-        let got_prompt = ids(&got["prompt_tokens"]);
-        let want_prompt = ids(&case["prompt_tokens"]);
-        if got_prompt != want_prompt {
-            failures.push(format!(
-                "{name}: prompt tokens differ\n  mollm: {got_prompt:?}\n  llama: {want_prompt:?}"
-            ));
-            continue;
-        }
-        let got_tokens = ids(&got["tokens"]);
-        if got_tokens != want {
-            let at = got_tokens
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got_tokens.len().min(want.len()));
-            failures.push(format!(
-                "{name}: generated tokens differ at {at}\n  mollm: {got_tokens:?}\n  llama: {want:?}\n  mollm text: {:?}",
-                got["text"]
-            ));
-        } else {
-            eprintln!(
-                "{key}/{name}: {} tokens equal ({:.1} tok/s decode)",
-                want.len(),
-                got["timings"]["decode_tokens_per_s"]
-                    .as_f64()
-                    .unwrap_or(0.0)
-            );
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for backend in backends() {
+        for case in cases {
+            runs += 1;
+            if let Err(e) = check_case(key, &model, &backend, case) {
+                failures.push(e);
+            }
         }
     }
     assert!(
         failures.is_empty(),
-        "{key}: {} of {} cases differ from llama.cpp:\n{}",
+        "{key}: {} of {runs} runs differ from llama.cpp:\n{}",
         failures.len(),
-        cases.len(),
         failures.join("\n")
     );
+}
+
+fn check_case(
+    key: &str,
+    model: &std::path::Path,
+    backend: &str,
+    case: &Value,
+) -> Result<(), String> {
+    let name = case["name"].as_str().unwrap();
+    let want = ids(&case["tokens"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args([
+            "run",
+            "--json",
+            "--temperature",
+            "0",
+            "--threads",
+            "2",
+            "--ctx",
+            "2048",
+        ])
+        .args(["--backend", backend])
+        .arg("--model")
+        .arg(model)
+        .args(["--max-tokens", &want.len().to_string()])
+        .args(["--prompt", case["prompt"].as_str().unwrap()])
+        .output()
+        .expect("run mollm");
+    if !out.status.success() {
+        return Err(format!(
+            "{name} on {backend}: mollm failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let got: Value = serde_json::from_slice(&out.stdout).expect("json output");
+    let got_prompt = ids(&got["prompt_tokens"]);
+    let want_prompt = ids(&case["prompt_tokens"]);
+    if got_prompt != want_prompt {
+        return Err(format!(
+            "{name}: prompt tokens differ\n  mollm: {got_prompt:?}\n  llama: {want_prompt:?}"
+        ));
+    }
+    let got_tokens = ids(&got["tokens"]);
+    if got_tokens != want {
+        let at = got_tokens
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got_tokens.len().min(want.len()));
+        return Err(format!(
+            "{name} on {backend}: generated tokens differ at {at}\n  mollm: {got_tokens:?}\n  llama: {want:?}\n  mollm text: {:?}",
+            got["text"]
+        ));
+    }
+    eprintln!(
+        "{key}/{name} on {backend}: {} tokens equal ({:.1} tok/s decode)",
+        want.len(),
+        got["timings"]["decode_tokens_per_s"]
+            .as_f64()
+            .unwrap_or(0.0)
+    );
+    Ok(())
 }
 
 #[test]

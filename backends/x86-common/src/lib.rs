@@ -10,8 +10,10 @@
 //!
 //! What is implemented: `mat_mul` with Q4_1, Q8_0, Q5_0, Q6_K and Q4_K weights, every x86
 //! kernel ggml picks for those formats (vec_dot, tinyBLAS, the Q4_K repack GEMV/GEMM, the
-//! tiled K-quant matmul). Every other op and format answers `Unsupported` in `supports`, so
-//! the host runs it on the reference.
+//! tiled K-quant matmul); and in [`ops`], bit-identical to the reference: attention (f32
+//! caches), glu, rms_norm, rope (no YaRN), add, mul, scale, get_rows, set_rows (f32),
+//! softmax, argmax. Everything else (f16 caches, YaRN, other formats) answers `Unsupported`
+//! in `supports`, so the host runs it on the reference.
 //!
 //! Each cdylib exports `mollm_backend_entry` returning [`HEADER_AVX2`] or [`HEADER_AVX512`].
 
@@ -23,6 +25,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 pub mod matmul;
+#[cfg(target_arch = "x86_64")]
+pub mod ops;
 pub mod par;
 #[cfg(target_arch = "x86_64")]
 pub mod simd;
@@ -177,6 +181,9 @@ pub unsafe fn check(
     }
     match op {
         Op::MatMul => matmul::check(inputs, outputs),
+        #[cfg(target_arch = "x86_64")]
+        _ => ops::check(op, inputs, outputs, params),
+        #[cfg(not(target_arch = "x86_64"))]
         _ => Err(Error::Unsupported(format!(
             "{}: not implemented by the x86 backend",
             op.schema().name
@@ -199,6 +206,9 @@ pub unsafe fn compute_op(
     check(isa, op, inputs, outputs, params)?;
     match op {
         Op::MatMul => matmul::run(isa, host, inputs, outputs),
+        #[cfg(target_arch = "x86_64")]
+        _ => ops::run(isa, host, op, inputs, outputs, params),
+        #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("checked"),
     }
 }

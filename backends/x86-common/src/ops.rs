@@ -1,0 +1,875 @@
+//! Native x86 versions of the non-matmul ops, bit-identical to the reference backend (which
+//! mirrors llama.cpp's AVX-512 build). Where the order of float operations matters, the
+//! reference's scalar formulas are replayed exactly (see `reference/src/ggml.rs`); SIMD is used
+//! only where the lane structure *is* the reference's structure: the 16-lane FMA accumulators
+//! of `ggml_vec_dot_f32` / tinyBLAS in attention, and element-wise loops (add, mul, scale,
+//! `p·V` accumulation per output element). Every row body runs inside a `#[target_feature]`
+//! frame ([`with_isa`]), so the compiler may vectorize independent element-wise work with the
+//! ISA's registers; that never changes a result, since each element's operations are the same.
+//!
+//! Supported: host memory, f32 tensors with packed elements (`nb[0] == 4`), any row strides.
+//! attention: f32 K/V caches only (f16 caches -> Unsupported). rope: no YaRN (`ext_factor !=
+//! 0` -> Unsupported). set_rows: f32 destination only.
+
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
+use crate::par::{parallel_for, SyncPtr};
+use crate::{Error, Isa};
+use abi::{DType, HostApi, Op, OpParams, TensorDesc};
+
+/// llama.cpp's KV padding (`max(n_pad, 256)`), as the reference.
+pub const KV_PAD: i64 = 256;
+
+/// The ops this module computes.
+pub const OPS: &[Op] = &[
+    Op::Attention,
+    Op::Glu,
+    Op::RmsNorm,
+    Op::Rope,
+    Op::Add,
+    Op::Mul,
+    Op::Scale,
+    Op::GetRows,
+    Op::SetRows,
+    Op::Softmax,
+    Op::Argmax,
+];
+
+// ---------------------------------------------------------------- ISA frames
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn with_avx2<R, F: FnOnce() -> R>(f: F) -> R {
+    f()
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn with_avx512<R, F: FnOnce() -> R>(f: F) -> R {
+    f()
+}
+
+/// Runs `f` inside a frame compiled for `isa` (the closure is inlined into it).
+///
+/// # Safety
+/// The CPU supports `isa`.
+#[inline(always)]
+unsafe fn with_isa<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
+    match isa {
+        Isa::Avx2 => with_avx2(f),
+        Isa::Avx512 => with_avx512(f),
+    }
+}
+
+// ---------------------------------------------------------------- checks
+
+fn unsupported<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error::Unsupported(msg.into()))
+}
+
+fn invalid<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error::Invalid(msg.into()))
+}
+
+/// Host memory, non-negative strides; f32/i32 tensors with packed elements; block formats and
+/// f16 with packed rows.
+fn layout(op: Op, t: &TensorDesc) -> Result<(), Error> {
+    let name = op.schema().name;
+    let dt = t
+        .dtype()
+        .ok_or_else(|| Error::Invalid(format!("{name}: unknown dtype id {}", t.dtype)))?;
+    if t.buffer != 0 {
+        return unsupported(format!("{name}: device buffers"));
+    }
+    if t.nb.iter().any(|&b| b < 0) {
+        return unsupported(format!("{name}: negative strides"));
+    }
+    let es = dt.info().block_bytes as i64;
+    if t.ne[0] > 1 && t.nb[0] != es {
+        return unsupported(format!("{name}: {dt} elements must be packed"));
+    }
+    if matches!(dt, DType::F32 | DType::I32) {
+        for d in 0..abi::MAX_DIMS {
+            if t.ne[d] > 1 && t.nb[d] % es != 0 {
+                return invalid(format!("{name}: stride nb[{d}] is not a multiple of {es}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn need_dtype(op: Op, t: &TensorDesc, dt: DType) -> Result<(), Error> {
+    if t.dtype() != Some(dt) {
+        return unsupported(format!(
+            "{}: {} operands are not implemented by the x86 backend",
+            op.schema().name,
+            t.dtype().map(|d| d.to_string()).unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
+fn dequantizable(dt: DType) -> bool {
+    let info = dt.info();
+    let src = vec![0u8; info.block_bytes as usize];
+    let mut dst = vec![0f32; info.block_len as usize];
+    quant::dequantize_row(dt, &src, &mut dst).is_ok()
+}
+
+/// Whether this module computes this (schema-validated) call.
+pub fn check(
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<(), Error> {
+    for t in inputs.iter().chain(outputs) {
+        layout(op, t)?;
+    }
+    match op {
+        Op::Attention => {
+            if p.i[1] < 0 {
+                return invalid(format!("attention: negative window {}", p.i[1]));
+            }
+            for t in &inputs[..3] {
+                need_dtype(op, t, DType::F32)?;
+            }
+            for t in [&inputs[0], &inputs[1], &inputs[2], &outputs[0]] {
+                if t.ne[3] != 1 {
+                    return unsupported("attention: 4-d operands");
+                }
+            }
+        }
+        Op::Rope => {
+            if !matches!(p.i[0], abi::ROPE_NORMAL | abi::ROPE_NEOX) {
+                return invalid(format!("rope: unknown mode {}", p.i[0]));
+            }
+            if p.f[2] != 0.0 {
+                return unsupported("rope: YaRN (ext_factor != 0) is not implemented");
+            }
+            need_dtype(op, &inputs[0], DType::F32)?;
+        }
+        Op::Glu => {
+            if !matches!(p.i[0], abi::GLU_SILU | abi::GLU_GELU_TANH) {
+                return invalid(format!("glu: unknown activation {}", p.i[0]));
+            }
+        }
+        Op::GetRows => {
+            let dt = inputs[0].dtype().expect("validated");
+            if !dequantizable(dt) {
+                return unsupported(format!("get_rows: {dt} tables"));
+            }
+        }
+        Op::SetRows => {
+            need_dtype(op, &outputs[0], DType::F32)?;
+            need_dtype(op, &inputs[2], DType::F32)?;
+        }
+        Op::MatMul => unreachable!("handled by matmul"),
+        _ => {}
+    }
+    for t in inputs.iter().chain(outputs) {
+        if matches!(t.dtype(), Some(DType::F32) | Some(DType::I32)) {
+            continue;
+        }
+        if !matches!(op, Op::GetRows) {
+            return unsupported(format!(
+                "{}: {} operands",
+                op.schema().name,
+                t.dtype().unwrap()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Null / misaligned data of a non-empty tensor: invalid (as the reference).
+fn data_ok(t: &TensorDesc) -> Result<(), Error> {
+    if t.numel().unwrap_or(0) == 0 {
+        return Ok(());
+    }
+    if t.data.is_null() {
+        return invalid("null data pointer");
+    }
+    let align = match t.dtype() {
+        Some(DType::F32) | Some(DType::I32) => 4,
+        Some(DType::F16) | Some(DType::BF16) => 2,
+        _ => 1,
+    };
+    if (t.data as usize) % align != 0 {
+        return invalid(format!("data pointer is not {align}-byte aligned"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- tensor access
+
+#[inline(always)]
+fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
+    let (n1, n2) = (t.ne[1], t.ne[2]);
+    (r % n1, (r / n1) % n2, r / (n1 * n2))
+}
+
+#[inline(always)]
+fn row_ptr(t: &TensorDesc, i1: i64, i2: i64, i3: i64) -> *mut u8 {
+    t.data
+        .wrapping_offset((i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]) as isize)
+}
+
+/// Copies an f32 row (packed elements) into `dst` (so outputs may alias inputs).
+#[inline(always)]
+unsafe fn read_into(t: &TensorDesc, i1: i64, i2: i64, i3: i64, dst: &mut [f32]) {
+    let n = t.ne[0] as usize;
+    core::ptr::copy(row_ptr(t, i1, i2, i3) as *const f32, dst.as_mut_ptr(), n);
+}
+
+#[inline(always)]
+unsafe fn write_from(t: &TensorDesc, i1: i64, i2: i64, i3: i64, v: &[f32]) {
+    let n = t.ne[0] as usize;
+    core::ptr::copy(v.as_ptr(), row_ptr(t, i1, i2, i3) as *mut f32, n);
+}
+
+#[inline(always)]
+unsafe fn read_i32(t: &TensorDesc, i: i64) -> i32 {
+    (t.data.wrapping_offset((i * t.nb[0]) as isize) as *const i32).read()
+}
+
+/// `f(row)` for every row, in parallel tasks when the work is large (the split never changes
+/// a result).
+unsafe fn for_rows<F: Fn(i64)>(host: &HostApi, nrows: i64, row_len: i64, f: F) {
+    let total = nrows.saturating_mul(row_len.max(1));
+    let n_tasks = if total < 32 * 1024 || host.n_threads <= 1 {
+        1
+    } else {
+        (host.n_threads as i64 * 4).min(nrows).max(1)
+    };
+    let per = (nrows + n_tasks - 1) / n_tasks.max(1);
+    parallel_for(host, n_tasks as u32, |t| {
+        let start = t as i64 * per;
+        for r in start..(start + per).min(nrows) {
+            f(r);
+        }
+    });
+}
+
+// ---------------------------------------------------------------- ggml scalar twins
+
+/// `_mm512_reduce_add_ps` as GCC implements it.
+#[inline(always)]
+fn reduce16(v: &[f32; 16]) -> f32 {
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = v[i + 8] + v[i];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i + 4] + t8[i];
+    }
+    let a = t4[0] + t4[2];
+    let b = t4[1] + t4[3];
+    a + b
+}
+
+/// Scalar twin of the AVX-512 `ggml_v_expf` (one lane), as the reference.
+#[inline(always)]
+fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000);
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let u = b * b;
+    let c_a = f32::from_bits(0x3c07_2010);
+    let c_b = f32::from_bits(0x3d2b_9f17);
+    let c_c = f32::from_bits(0x3e2a_af33);
+    let c_d = f32::from_bits(0x3eff_fedb);
+    let c_e = f32::from_bits(0x3f7f_fff6);
+    let j = c_a
+        .mul_add(b, c_b)
+        .mul_add(u, c_c.mul_add(b, c_d))
+        .mul_add(u, c_e.mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    if j.is_nan() || n.is_nan() {
+        return f32::NAN;
+    }
+    let e = n.floor() as i32;
+    (j as f64 * 2f64.powi(e)) as f32
+}
+
+#[inline(always)]
+fn v_silu(x: f32) -> f32 {
+    x / (1.0 + v_expf(0.0 - x))
+}
+
+#[inline(always)]
+fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `ggml_vec_soft_max_f32` (AVX-512): exps into `y`, their sum in f64.
+#[inline(always)]
+fn soft_max_f32(x: &[f32], y: &mut [f32], max: f32) -> f64 {
+    let n = x.len();
+    let mut sum = 0f64;
+    let mut i = 0;
+    while i + 15 < n {
+        let mut v = [0f32; 16];
+        for l in 0..16 {
+            v[l] = v_expf(x[i + l] - max);
+            y[i + l] = v[l];
+        }
+        sum += reduce16(&v) as f64;
+        i += 16;
+    }
+    while i < n {
+        let v = (x[i] - max).exp();
+        sum += v as f64;
+        y[i] = v;
+        i += 1;
+    }
+    sum
+}
+
+#[inline(always)]
+fn ggml_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+fn gelu_f32(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = f32::from_bits(0x3f4c_422a);
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
+static GELU_TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+
+fn gelu_table() -> &'static [u16] {
+    GELU_TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|i| quant::f32_to_fp16(gelu_f32(quant::fp16_to_f32(i))))
+            .collect()
+    })
+}
+
+// ---------------------------------------------------------------- element-wise ops
+
+unsafe fn binary(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    mul: bool,
+) {
+    let (a, b, out) = (inputs[0], inputs[1], outputs[0]);
+    let k = a.ne[0] as usize;
+    let kb = b.ne[0] as usize;
+    for_rows(host, a.nrows(), a.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&a, r);
+        let mut x = vec![0f32; k];
+        let mut y = vec![0f32; kb];
+        read_into(&a, i1, i2, i3, &mut x);
+        read_into(&b, i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], &mut y);
+        with_isa(isa, || {
+            for c in x.chunks_exact_mut(kb) {
+                if mul {
+                    for (v, &w) in c.iter_mut().zip(&y) {
+                        *v *= w;
+                    }
+                } else {
+                    for (v, &w) in c.iter_mut().zip(&y) {
+                        *v += w;
+                    }
+                }
+            }
+        });
+        write_from(&out, i1, i2, i3, &x);
+    });
+}
+
+unsafe fn scale(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], s: f32) {
+    let (x, out) = (inputs[0], outputs[0]);
+    let k = x.ne[0] as usize;
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&x, r);
+        let mut v = vec![0f32; k];
+        read_into(&x, i1, i2, i3, &mut v);
+        with_isa(isa, || v.iter_mut().for_each(|e| *e *= s));
+        write_from(&out, i1, i2, i3, &v);
+    });
+}
+
+unsafe fn glu(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], act: i64) {
+    let (gate, up, out) = (inputs[0], inputs[1], outputs[0]);
+    let k = gate.ne[0] as usize;
+    let table = if act == abi::GLU_SILU {
+        None
+    } else {
+        Some(gelu_table())
+    };
+    for_rows(host, gate.nrows(), gate.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&gate, r);
+        let mut x = vec![0f32; k];
+        let mut g = vec![0f32; k];
+        read_into(&gate, i1, i2, i3, &mut x);
+        read_into(&up, i1, i2, i3, &mut g);
+        with_isa(isa, || match table {
+            None => {
+                let full = k & !15;
+                for i in 0..full {
+                    x[i] = v_silu(x[i]) * g[i];
+                }
+                for i in full..k {
+                    x[i] = silu_scalar(x[i]) * g[i];
+                }
+            }
+            Some(t) => {
+                for i in 0..k {
+                    let v = x[i];
+                    x[i] = if v <= -10.0 {
+                        0.0
+                    } else {
+                        let gl = if v >= 10.0 {
+                            v
+                        } else {
+                            quant::fp16_to_f32(t[quant::f32_to_fp16(v) as usize])
+                        };
+                        gl * g[i]
+                    };
+                }
+            }
+        });
+        write_from(&out, i1, i2, i3, &x);
+    });
+}
+
+unsafe fn rms_norm(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    eps: f32,
+) {
+    let (x, wt, out) = (inputs[0], inputs[1], outputs[0]);
+    let k = x.ne[0] as usize;
+    let mut w = vec![0f32; k];
+    read_into(&wt, 0, 0, 0, &mut w);
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&x, r);
+        let mut v = vec![0f32; k];
+        read_into(&x, i1, i2, i3, &mut v);
+        with_isa(isa, || {
+            let mut sum = 0f64;
+            for &e in v.iter() {
+                sum += (e * e) as f64;
+            }
+            let mean = (sum / k as f64) as f32;
+            let sc = 1.0f32 / (mean + eps).sqrt();
+            for (e, &g) in v.iter_mut().zip(&w) {
+                *e = *e * sc * g;
+            }
+        });
+        write_from(&out, i1, i2, i3, &v);
+    });
+}
+
+unsafe fn rope(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) {
+    let (x, pos, out) = (inputs[0], inputs[1], outputs[0]);
+    let (mode, n_dims) = (p.i[0], p.i[1] as usize);
+    let (freq_base, freq_scale, attn_factor) = (p.f[0], p.f[1], p.f[3]);
+    let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
+    // ggml_rope_cache_init without YaRN (ext_factor == 0: checked).
+    let caches: Vec<Vec<f32>> = (0..x.ne[2])
+        .map(|t| {
+            let mut cache = vec![0f32; n_dims];
+            let mut theta = read_i32(&pos, t) as f32;
+            for i0 in (0..n_dims).step_by(2) {
+                let th = freq_scale * theta;
+                cache[i0] = th.cos() * attn_factor;
+                cache[i0 + 1] = th.sin() * attn_factor;
+                theta *= theta_scale;
+            }
+            cache
+        })
+        .collect();
+    let neox = mode == abi::ROPE_NEOX;
+    let k = x.ne[0] as usize;
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&x, r);
+        let mut v = vec![0f32; k];
+        read_into(&x, i1, i2, i3, &mut v);
+        let cache = &caches[i2 as usize];
+        with_isa(isa, || {
+            for i0 in (0..n_dims).step_by(2) {
+                let (c, s) = (cache[i0], cache[i0 + 1]);
+                let (a, b) = if neox {
+                    (i0 / 2, i0 / 2 + n_dims / 2)
+                } else {
+                    (i0, i0 + 1)
+                };
+                let (x0, x1) = (v[a], v[b]);
+                v[a] = x0.mul_add(c, -(x1 * s));
+                v[b] = x0.mul_add(s, x1 * c);
+            }
+        });
+        write_from(&out, i1, i2, i3, &v);
+    });
+}
+
+unsafe fn softmax(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], s: f32) {
+    let (x, out) = (inputs[0], outputs[0]);
+    let k = x.ne[0] as usize;
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&x, r);
+        let mut src = vec![0f32; k];
+        read_into(&x, i1, i2, i3, &mut src);
+        let mut w = vec![0f32; k];
+        with_isa(isa, || {
+            for e in src.iter_mut() {
+                *e *= s;
+            }
+            let max = src.iter().fold(f32::NEG_INFINITY, |m, &v| ggml_max(m, v));
+            let sum = soft_max_f32(&src, &mut w, max);
+            let inv = (1.0 / sum) as f32;
+            for e in w.iter_mut() {
+                *e *= inv;
+            }
+        });
+        write_from(&out, i1, i2, i3, &w);
+    });
+}
+
+unsafe fn argmax(inputs: &[TensorDesc], outputs: &[TensorDesc]) {
+    let (x, out) = (inputs[0], outputs[0]);
+    let k = x.ne[0] as usize;
+    let mut v = vec![0f32; k];
+    for r in 0..x.nrows() {
+        let (i1, i2, i3) = split_row(&x, r);
+        read_into(&x, i1, i2, i3, &mut v);
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &e) in v.iter().enumerate() {
+            if e.is_nan() {
+                continue;
+            }
+            match best {
+                Some((_, b)) if !(e > b) => {}
+                _ => best = Some((i, e)),
+            }
+        }
+        let idx = best.map_or(0, |(i, _)| i as i32);
+        let p = out
+            .data
+            .wrapping_offset((i1 * out.nb[0] + i2 * out.nb[1] + i3 * out.nb[2]) as isize)
+            as *mut i32;
+        p.write(idx);
+    }
+}
+
+unsafe fn get_rows(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+    let (table, ids, out) = (inputs[0], inputs[1], outputs[0]);
+    let dt = table.dtype().expect("validated");
+    let m = ids.ne[0];
+    let mut rows = Vec::with_capacity(m as usize);
+    for i in 0..m {
+        let id = read_i32(&ids, i) as i64;
+        if id < 0 || id >= table.ne[1] {
+            return invalid(format!(
+                "get_rows: id {id} at {i} outside 0..{}",
+                table.ne[1]
+            ));
+        }
+        rows.push(id);
+    }
+    let k = table.ne[0] as usize;
+    let bytes = dt.row_bytes(k as u64).expect("validated") as usize;
+    let err = std::sync::Mutex::new(None);
+    for_rows(host, m, table.ne[0], |i| {
+        let src = core::slice::from_raw_parts(row_ptr(&table, rows[i as usize], 0, 0), bytes);
+        let mut dst = vec![0f32; k];
+        if let Err(e) = quant::dequantize_row(dt, src, &mut dst) {
+            err.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(Error::Unsupported(format!("get_rows: {e}")));
+            return;
+        }
+        write_from(&out, i, 0, 0, &dst);
+    });
+    match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+unsafe fn set_rows(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+    let (src, idx, dst_in, dst) = (inputs[0], inputs[1], inputs[2], outputs[0]);
+    let m = src.ne[1];
+    let mut rows = Vec::with_capacity(m as usize);
+    for i in 0..m {
+        let r = read_i32(&idx, i) as i64;
+        if r < 0 || r >= dst.ne[1] {
+            return invalid(format!(
+                "set_rows: index {r} at {i} outside 0..{}",
+                dst.ne[1]
+            ));
+        }
+        rows.push(r);
+    }
+    let k = dst.ne[0] as usize;
+    if dst_in.data != dst.data || dst_in.nb != dst.nb {
+        for r in 0..dst.ne[1] {
+            core::ptr::copy(
+                row_ptr(&dst_in, r, 0, 0),
+                row_ptr(&dst, r, 0, 0),
+                4 * k,
+            );
+        }
+    }
+    let mut v = vec![0f32; k];
+    for (i, &r) in rows.iter().enumerate() {
+        read_into(&src, i as i64, 0, 0, &mut v);
+        write_from(&dst, r, 0, 0, &v);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- attention
+
+/// `ggml_vec_dot_f32` (AVX-512 build): 4 x 16 FMA accumulators over 64-element steps,
+/// `GGML_F32x16_REDUCE`, then scalar FMA leftovers.
+#[inline(always)]
+unsafe fn dot_vec_f32(isa: Isa, x: *const f32, y: *const f32, n: usize) -> f32 {
+    match isa {
+        Isa::Avx512 => dot512(x, y, n),
+        Isa::Avx2 => dot256(x, y, n),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
+    use core::arch::x86_64::*;
+    let np = n & !63;
+    let mut acc = [0f32; 16];
+    let mut a = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for j in 0..4 {
+            a[j] = _mm512_fmadd_ps(
+                _mm512_loadu_ps(x.add(i + 16 * j)),
+                _mm512_loadu_ps(y.add(i + 16 * j)),
+                a[j],
+            );
+        }
+        i += 64;
+    }
+    a[0] = _mm512_add_ps(a[0], a[2]);
+    a[1] = _mm512_add_ps(a[1], a[3]);
+    a[0] = _mm512_add_ps(a[0], a[1]);
+    _mm512_storeu_ps(acc.as_mut_ptr(), a[0]);
+    let mut sumf = reduce16(&acc);
+    for i in np..n {
+        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot256(x: *const f32, y: *const f32, n: usize) -> f32 {
+    use core::arch::x86_64::*;
+    let np = n & !63;
+    let mut acc = [0f32; 16];
+    // 16-lane accumulator j = (a[2j], a[2j+1]).
+    let mut a = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < np {
+        for j in 0..8 {
+            a[j] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.add(i + 8 * j)),
+                _mm256_loadu_ps(y.add(i + 8 * j)),
+                a[j],
+            );
+        }
+        i += 64;
+    }
+    for h in 0..2 {
+        a[h] = _mm256_add_ps(a[h], a[4 + h]);
+        a[2 + h] = _mm256_add_ps(a[2 + h], a[6 + h]);
+        a[h] = _mm256_add_ps(a[h], a[2 + h]);
+    }
+    _mm256_storeu_ps(acc.as_mut_ptr(), a[0]);
+    _mm256_storeu_ps(acc.as_mut_ptr().add(8), a[1]);
+    let mut sumf = reduce16(&acc);
+    for i in np..n {
+        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
+    }
+    sumf
+}
+
+#[inline(always)]
+fn round_up(v: i64, m: i64) -> i64 {
+    (v + m - 1) / m * m
+}
+
+/// As `reference::ops::attention::run` for f32 caches, with the `p·V` accumulators stored
+/// lane-major (`acc[lane][i]`) so the per-row update is a contiguous FMA over the head.
+unsafe fn attention(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) {
+    let (q, k, v, pos, out) = (inputs[0], inputs[1], inputs[2], inputs[3], outputs[0]);
+    let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
+    let (hkv, c) = (k.ne[1], k.ne[2]);
+    let n_kv = p.i[0];
+    let window = p.i[1];
+    let (scale, softcap) = (p.f[0], p.f[1]);
+    let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
+    let group = hq / hkv;
+    let positions: Vec<i64> = (0..nt).map(|t| read_i32(&pos, t) as i64).collect();
+    let kqv_tile = nt >= 2 && n_eff % 16 == 0 && d % 4 == 0;
+    let du = d as usize;
+    let out_ptr = SyncPtr(out.data);
+
+    parallel_for(host, (hq * nt) as u32, |task| {
+        let (h, t) = (task as i64 % hq, task as i64 / hq);
+        let hk = h / group;
+        let pt = positions[t as usize];
+        let visible = |j: i64| j <= pt && (window == 0 || pt - j < window);
+        let last = (n_kv - 1).min(pt);
+        let mut qv = vec![0f32; du];
+        read_into(&q, h, t, 0, &mut qv);
+        let len = if last < 0 {
+            n_eff.min(16)
+        } else {
+            round_up(last + 1, 16).min(n_eff)
+        } as usize;
+        let mut w = vec![f32::NEG_INFINITY; len];
+        let lanes: usize = if kqv_tile { 16 } else { 64 };
+        let np = if kqv_tile {
+            n_eff as usize
+        } else {
+            n_eff as usize & !63
+        };
+        let span = if last < 0 {
+            0
+        } else {
+            (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
+        };
+        let simd_end = span.min(np);
+        let mut acc = vec![0f32; du * lanes];
+        let mut res = vec![0f32; du];
+        let mut src = vec![0f32; len];
+        with_isa(isa, || {
+            for j in 0..=last {
+                if !visible(j) {
+                    continue;
+                }
+                let kr = row_ptr(&k, hk, j, 0) as *const f32;
+                let s = dot_vec_f32(isa, kr, qv.as_ptr(), du);
+                let s = if softcap > 0.0 {
+                    ((s * (1.0 / softcap)).tanh() * softcap) * scale
+                } else {
+                    s * scale
+                };
+                w[j as usize] = s;
+            }
+            let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
+            src.copy_from_slice(&w);
+            let sum = soft_max_f32(&src, &mut w, max);
+            let inv = (1.0 / sum) as f32;
+            for x in w.iter_mut() {
+                *x *= inv;
+            }
+            for j in 0..simd_end.min(len) {
+                let pj = w[j];
+                if pj == 0.0 {
+                    continue;
+                }
+                let vr = core::slice::from_raw_parts(row_ptr(&v, hk, j as i64, 0) as *const f32, du);
+                let lane = j % lanes;
+                let a = &mut acc[lane * du..(lane + 1) * du];
+                for i in 0..du {
+                    a[i] = vr[i].mul_add(pj, a[i]);
+                }
+            }
+            if kqv_tile {
+                for i in 0..du {
+                    let mut g = [0f32; 16];
+                    for l in 0..16 {
+                        g[l] = acc[l * du + i];
+                    }
+                    res[i] = reduce16(&g);
+                }
+            } else {
+                for i in 0..du {
+                    let mut g = [[0f32; 16]; 4];
+                    for q4 in 0..4 {
+                        for l in 0..16 {
+                            g[q4][l] = acc[(q4 * 16 + l) * du + i];
+                        }
+                    }
+                    for l in 0..16 {
+                        g[0][l] += g[2][l];
+                        g[1][l] += g[3][l];
+                    }
+                    for l in 0..16 {
+                        g[0][l] += g[1][l];
+                    }
+                    res[i] = reduce16(&g[0]);
+                }
+            }
+            if !kqv_tile && (np as i64) < n_eff && span > np {
+                for j in np..(n_eff as usize) {
+                    let pj = if j < len { w[j] } else { 0.0 };
+                    if j as i64 >= n_kv {
+                        continue;
+                    }
+                    let vr =
+                        core::slice::from_raw_parts(row_ptr(&v, hk, j as i64, 0) as *const f32, du);
+                    for i in 0..du {
+                        res[i] = vr[i].mul_add(pj, res[i]);
+                    }
+                }
+            }
+        });
+        for (i, &x) in res.iter().enumerate() {
+            let off = i as i64 * out.nb[0] + h * out.nb[1] + t * out.nb[2];
+            // SAFETY: each (h, t) output row is written by one task only.
+            (out_ptr.0.wrapping_offset(off as isize) as *mut f32).write(x);
+        }
+    });
+}
+
+/// Runs one checked op.
+///
+/// # Safety
+/// A checked call on valid memory; the CPU supports `isa`.
+pub unsafe fn run(
+    isa: Isa,
+    host: &HostApi,
+    op: Op,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<(), Error> {
+    for t in inputs.iter().chain(outputs) {
+        data_ok(t)?;
+    }
+    match op {
+        Op::Attention => attention(isa, host, inputs, outputs, p),
+        Op::Glu => glu(isa, host, inputs, outputs, p.i[0]),
+        Op::RmsNorm => rms_norm(isa, host, inputs, outputs, p.f[0]),
+        Op::Rope => rope(isa, host, inputs, outputs, p),
+        Op::Add => binary(isa, host, inputs, outputs, false),
+        Op::Mul => binary(isa, host, inputs, outputs, true),
+        Op::Scale => scale(isa, host, inputs, outputs, p.f[0]),
+        Op::Softmax => softmax(isa, host, inputs, outputs, p.f[0]),
+        Op::Argmax => argmax(inputs, outputs),
+        Op::GetRows => return get_rows(host, inputs, outputs),
+        Op::SetRows => return set_rows(inputs, outputs),
+        Op::MatMul => unreachable!("handled by matmul"),
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! The native non-matmul ops against the reference backend, bit for bit (output bytes, so
+//! `to_bits` of every f32), on seeded random cases (the conformance generator, plus larger
+//! attention shapes covering KV padding, both p·V kernels and GQA), on both ISAs.
+
+use abi::{BackendTable, DType, Op, OpCall, OpParams, Status, TensorDesc};
+use conformance::cases::{case, Case, Owned, Rng};
+use mollm_x86_common::{Isa, HEADER_AVX2, HEADER_AVX512};
+
+struct Instance {
+    table: &'static BackendTable,
+    ctx: *mut core::ffi::c_void,
+}
+
+impl Instance {
+    fn new(table: &'static BackendTable, host: &abi::HostApi) -> Instance {
+        let mut ctx = core::ptr::null_mut();
+        assert_eq!((table.init)(host, &mut ctx), 0);
+        Instance { table, ctx }
+    }
+    fn supports(&self, c: &mut Case) -> Status {
+        let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+        let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+        let call = OpCall::new(c.op, &ins, &outs, c.params);
+        Status::from_raw((self.table.supports.unwrap())(self.ctx, &call))
+    }
+    /// Runs the case; the output bytes (set_rows: the cache, updated in place).
+    fn run(&self, c: &mut Case) -> (Status, Vec<Vec<u8>>) {
+        let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+        let mut outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+        if c.op == Op::SetRows {
+            outs[0] = ins[2];
+        }
+        let call = OpCall::new(c.op, &ins, &outs, c.params);
+        let st = Status::from_raw((self.table.compute)(self.ctx, &call));
+        if st != Status::Ok {
+            eprintln!(
+                "{:?}: {}",
+                st,
+                mollm_x86_common::last_error_string(self.table, self.ctx)
+            );
+        }
+        let o = if c.op == Op::SetRows {
+            vec![c.inputs[2].data.clone()]
+        } else {
+            c.outputs.iter().map(|o| o.data.clone()).collect()
+        };
+        (st, o)
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        (self.table.shutdown)(self.ctx)
+    }
+}
+
+fn tables() -> Vec<(Isa, &'static BackendTable)> {
+    let mut v = Vec::new();
+    for (isa, h) in [(Isa::Avx2, &HEADER_AVX2), (Isa::Avx512, &HEADER_AVX512)] {
+        if isa.detected() {
+            v.push((isa, unsafe { &*h.table }));
+        } else {
+            eprintln!("this CPU lacks {isa:?}: not tested");
+        }
+    }
+    v
+}
+
+/// Runs `c` on the reference and on every ISA; asserts identical bytes. Returns whether the
+/// native backend supported it (on every ISA).
+fn same(c: &Case, host: &abi::HostApi, label: &str) -> bool {
+    let refi = Instance::new(&reference::TABLE, host);
+    let mut cr = c.clone();
+    let (st, want) = refi.run(&mut cr);
+    assert_eq!(st, Status::Ok, "reference failed on {label}");
+    let mut supported = true;
+    for (isa, table) in tables() {
+        let me = Instance::new(table, host);
+        let mut cm = c.clone();
+        // Poison the outputs: every element must be written.
+        for o in cm.outputs.iter_mut() {
+            o.data.iter_mut().for_each(|b| *b = 0xA5);
+        }
+        if me.supports(&mut cm) != Status::Ok {
+            supported = false;
+            continue;
+        }
+        let (st, got) = me.run(&mut cm);
+        assert_eq!(st, Status::Ok, "{isa:?} {label}");
+        for (g, w) in got.iter().zip(&want) {
+            if g != w {
+                let f = |b: &[u8]| -> Vec<u32> {
+                    b.chunks_exact(4)
+                        .map(|x| u32::from_le_bytes(x.try_into().unwrap()))
+                        .collect()
+                };
+                let (gf, wf) = (f(g), f(w));
+                let i = gf.iter().zip(&wf).position(|(a, b)| a != b).unwrap();
+                panic!(
+                    "{isa:?} {label}: element {i}: {} vs reference {} (bits {:08x} vs {:08x})",
+                    f32::from_bits(gf[i]),
+                    f32::from_bits(wf[i]),
+                    gf[i],
+                    wf[i]
+                );
+            }
+        }
+    }
+    supported
+}
+
+#[test]
+fn every_native_op_matches_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let ops = [
+        Op::Attention,
+        Op::Glu,
+        Op::RmsNorm,
+        Op::Rope,
+        Op::Add,
+        Op::Mul,
+        Op::Scale,
+        Op::GetRows,
+        Op::SetRows,
+        Op::Softmax,
+        Op::Argmax,
+    ];
+    for op in ops {
+        let mut n_supported = 0;
+        for seed in 0..120 {
+            let c = case(op, seed);
+            let label = format!("{} seed {seed} ({})", op.name(), c.label);
+            if same(&c, &host, &label) {
+                n_supported += 1;
+            }
+        }
+        eprintln!("{}: {n_supported}/120 cases native", op.name());
+        assert!(n_supported > 0, "{}: no case ran natively", op.name());
+    }
+}
+
+fn attention_case(
+    r: &mut Rng,
+    d: i64,
+    hkv: i64,
+    group: i64,
+    cache: i64,
+    t: i64,
+    n_kv: i64,
+    window: i64,
+    softcap: f32,
+) -> Case {
+    let hq = hkv * group;
+    let pos0 = n_kv - t;
+    let pos: Vec<i32> = (0..t).map(|i| (pos0 + i) as i32).collect();
+    let mut p = OpParams::default();
+    p.i[0] = n_kv;
+    p.i[1] = window;
+    p.f[0] = 1.0 / (d as f32).sqrt();
+    p.f[1] = softcap;
+    let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
+    let kc = Owned::f32(&[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
+    let vc = Owned::f32(&[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
+    Case {
+        op: Op::Attention,
+        label: format!(
+            "d={d} hkv={hkv} group={group} cache={cache} t={t} n_kv={n_kv} window={window} softcap={softcap}"
+        ),
+        inputs: vec![q, kc, vc, Owned::i32(&pos)],
+        outputs: vec![Owned::zeros(DType::F32, &[d, hq, t])],
+        params: p,
+    }
+}
+
+#[test]
+fn attention_edge_shapes_match_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let mut r = Rng::new(7);
+    // (d, hkv, group, cache, t, n_kv, window, softcap)
+    let shapes: &[(i64, i64, i64, i64, i64, i64, i64, f32)] = &[
+        (64, 3, 3, 512, 1, 1, 0, 0.0),     // decode, first token
+        (64, 3, 3, 512, 1, 130, 0, 0.0),   // decode: 64-lane vec_dot over n_eff = 256
+        (64, 3, 3, 512, 1, 300, 0, 0.0),   // decode past one pad block
+        (64, 3, 3, 300, 1, 280, 0, 0.0),   // n_eff = cache = 300: vec_dot leftovers
+        (64, 3, 3, 512, 7, 100, 0, 0.0),   // prompt: tinyBLAS p·V (16 lanes)
+        (64, 3, 3, 300, 5, 290, 0, 0.0),   // n_eff = 300 (not a multiple of 16): 64 lanes
+        (64, 2, 1, 512, 33, 260, 40, 0.0), // sliding window
+        (64, 1, 4, 256, 9, 200, 0, 30.0),  // soft-cap
+        (48, 2, 2, 256, 4, 70, 0, 0.0),    // head size with a vec_dot tail (48 < 64)
+        (80, 1, 2, 512, 3, 77, 0, 0.0),    // 64 + 16 tail
+        (6, 2, 1, 40, 3, 20, 0, 0.0),      // d % 4 != 0: no tile
+        (64, 3, 3, 1024, 64, 384, 0, 0.0), // SmolLM2-like prompt chunk
+    ];
+    for &(d, hkv, g, c, t, n, w, sc) in shapes {
+        let cs = attention_case(&mut r, d, hkv, g, c, t, n, w, sc);
+        let label = cs.label.clone();
+        assert!(same(&cs, &host, &label), "{label}: not supported natively");
+    }
+}
+
+#[test]
+fn unimplemented_variants_are_unsupported() {
+    let host = reference::serial_host();
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        // f16 caches
+        let mut n_f16 = 0;
+        for seed in 0..60 {
+            let mut c = case(Op::Attention, seed);
+            if c.inputs[1].dtype == DType::F16 {
+                n_f16 += 1;
+                assert_eq!(me.supports(&mut c), Status::Unsupported, "{isa:?} {}", c.label);
+            }
+        }
+        assert!(n_f16 > 0);
+        // YaRN
+        let mut c = case(Op::Rope, 1);
+        c.params.f[2] = 1.0;
+        assert_eq!(me.supports(&mut c), Status::Unsupported, "{isa:?} yarn");
+        // f16 set_rows
+        for seed in 0..40 {
+            let mut c = case(Op::SetRows, seed);
+            if c.inputs[2].dtype == DType::F16 {
+                assert_eq!(me.supports(&mut c), Status::Unsupported, "{isa:?} {}", c.label);
+            }
+        }
+        // non-packed f32 elements
+        let mut v = vec![0f32; 16];
+        let mut o = vec![0f32; 8];
+        let mut xd = TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, &[8, 1]);
+        xd.nb[0] = 8;
+        let od = TensorDesc::contiguous(o.as_mut_ptr() as *mut u8, DType::F32, &[8, 1]);
+        let mut p = OpParams::default();
+        p.f[0] = 2.0;
+        let (ins, outs) = ([xd], [od]);
+        let call = OpCall::new(Op::Scale, &ins, &outs, p);
+        assert_eq!(
+            Status::from_raw((table.supports.unwrap())(me.ctx, &call)),
+            Status::Unsupported
+        );
+    }
+}
