@@ -11,9 +11,17 @@ fn lib_dir() -> PathBuf {
 }
 
 fn check(lib_name: &str) {
-    let file = format!("{}{lib_name}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let file = format!(
+        "{}{lib_name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
     let path = lib_dir().join(&file);
-    assert!(path.exists(), "{} not built (run cargo build --release --workspace first)", path.display());
+    assert!(
+        path.exists(),
+        "{} not built (run cargo build --release --workspace first)",
+        path.display()
+    );
     // SAFETY: a library of this workspace, built from this source tree.
     let lib = unsafe { libloading::Library::new(&path) }.unwrap();
     let entry: libloading::Symbol<extern "C" fn() -> *const abi::BackendHeader> =
@@ -28,7 +36,10 @@ fn check(lib_name: &str) {
     }
     let host = reference::scoped_threads_host(2);
     let failures = conformance::check_backend(table, &host, 16).unwrap();
-    assert!(failures.is_empty(), "{lib_name} fails the gate: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "{lib_name} fails the gate: {failures:?}"
+    );
     // It must declare something, or the gate proves nothing.
     let inst = conformance::Instance::open(table, &host).unwrap();
     let declared = abi::Op::ALL.iter().filter(|&&op| {
@@ -37,7 +48,10 @@ fn check(lib_name: &str) {
             let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
             let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
             let call = abi::OpCall::new(op, &ins, &outs, c.params);
-            table.supports.map(|f| f(inst.ctx, &call) == abi::Status::Ok as i32).unwrap_or(true)
+            table
+                .supports
+                .map(|f| f(inst.ctx, &call) == abi::Status::Ok as i32)
+                .unwrap_or(true)
         })
     });
     assert!(declared.count() > 0, "{lib_name} declares no op");

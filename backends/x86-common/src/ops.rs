@@ -4,7 +4,7 @@
 //! only where the lane structure *is* the reference's structure: the 16-lane FMA accumulators
 //! of `ggml_vec_dot_f32` / tinyBLAS in attention, and element-wise loops (add, mul, scale,
 //! `p·V` accumulation per output element). Every row body runs inside a `#[target_feature]`
-//! frame ([`with_isa`]), so the compiler may vectorize independent element-wise work with the
+//! function (`isa_dispatch!`), so the compiler may vectorize independent element-wise work with the
 //! ISA's registers; that never changes a result, since each element's operations are the same.
 //!
 //! Supported: host memory, f32 tensors with packed elements (`nb[0] == 4`), any row strides.
@@ -37,26 +37,27 @@ pub const OPS: &[Op] = &[
 
 // ---------------------------------------------------------------- ISA frames
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn with_avx2<R, F: FnOnce() -> R>(f: F) -> R {
-    f()
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn with_avx512<R, F: FnOnce() -> R>(f: F) -> R {
-    f()
-}
-
-/// Runs `f` inside a frame compiled for `isa` (the closure is inlined into it).
-///
-/// # Safety
-/// The CPU supports `isa`.
-#[inline(always)]
-unsafe fn with_isa<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
-    match isa {
-        Isa::Avx2 => with_avx2(f),
-        Isa::Avx512 => with_avx512(f),
-    }
+/// Defines `$name(isa, args..)`, which runs the `#[inline(always)]` body `$body(args..)`
+/// inside a function compiled for `isa` (`#[target_feature]`), so the body's element-wise
+/// loops and `mul_add`s use the ISA's vector and FMA instructions.
+macro_rules! isa_dispatch {
+    ($name:ident => $body:ident($($arg:ident: $ty:ty),*)) => {
+        #[inline]
+        unsafe fn $name(isa: Isa, $($arg: $ty),*) {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx2($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+            unsafe fn avx512($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            match isa {
+                Isa::Avx2 => avx2($($arg),*),
+                Isa::Avx512 => avx512($($arg),*),
+            }
+        }
+    };
 }
 
 // ---------------------------------------------------------------- checks
@@ -293,8 +294,10 @@ fn v_expf(x: f32) -> f32 {
     if j.is_nan() || n.is_nan() {
         return f32::NAN;
     }
+    // n is integral here; 2^n is exact in f64 (|n| <= 192), so one rounding follows, as in
+    // the reference's `j as f64 * 2f64.powi(n)`.
     let e = n.floor() as i32;
-    (j as f64 * 2f64.powi(e)) as f32
+    (j as f64 * f64::from_bits(((e + 1023) as u64) << 52)) as f32
 }
 
 #[inline(always)]
@@ -359,6 +362,111 @@ fn gelu_table() -> &'static [u16] {
 
 // ---------------------------------------------------------------- element-wise ops
 
+#[inline(always)]
+unsafe fn add_row_body(x: &mut [f32], y: &[f32]) {
+    for c in x.chunks_exact_mut(y.len()) {
+        for (v, &w) in c.iter_mut().zip(y) {
+            *v += w;
+        }
+    }
+}
+isa_dispatch!(add_row => add_row_body(x: &mut [f32], y: &[f32]));
+
+#[inline(always)]
+unsafe fn mul_row_body(x: &mut [f32], y: &[f32]) {
+    for c in x.chunks_exact_mut(y.len()) {
+        for (v, &w) in c.iter_mut().zip(y) {
+            *v *= w;
+        }
+    }
+}
+isa_dispatch!(mul_row => mul_row_body(x: &mut [f32], y: &[f32]));
+
+#[inline(always)]
+unsafe fn scale_row_body(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+isa_dispatch!(scale_row => scale_row_body(x: &mut [f32], s: f32));
+
+/// SwiGLU row: whole 16-blocks through `ggml_v_silu`, the tail through `ggml_silu_f32`.
+#[inline(always)]
+unsafe fn swiglu_row_body(x: &mut [f32], g: &[f32]) {
+    let k = x.len();
+    let full = k & !15;
+    for i in 0..full {
+        x[i] = v_silu(x[i]) * g[i];
+    }
+    for i in full..k {
+        x[i] = silu_scalar(x[i]) * g[i];
+    }
+}
+isa_dispatch!(swiglu_row => swiglu_row_body(x: &mut [f32], g: &[f32]));
+
+/// GeGLU row through ggml's f16 GELU table.
+#[inline(always)]
+unsafe fn geglu_row_body(x: &mut [f32], g: &[f32], t: &[u16]) {
+    for i in 0..x.len() {
+        let v = x[i];
+        x[i] = if v <= -10.0 {
+            0.0
+        } else {
+            let gl = if v >= 10.0 {
+                v
+            } else {
+                quant::fp16_to_f32(t[quant::f32_to_fp16(v) as usize])
+            };
+            gl * g[i]
+        };
+    }
+}
+isa_dispatch!(geglu_row => geglu_row_body(x: &mut [f32], g: &[f32], t: &[u16]));
+
+/// rms_norm row: f64 sum of f32 squares, in order; `y = (x * scale) * w`.
+#[inline(always)]
+unsafe fn rms_row_body(v: &mut [f32], w: &[f32], eps: f32) {
+    let mut sum = 0f64;
+    for &e in v.iter() {
+        sum += (e * e) as f64;
+    }
+    let mean = (sum / v.len() as f64) as f32;
+    let sc = 1.0f32 / (mean + eps).sqrt();
+    for (e, &g) in v.iter_mut().zip(w) {
+        *e = *e * sc * g;
+    }
+}
+isa_dispatch!(rms_row => rms_row_body(v: &mut [f32], w: &[f32], eps: f32));
+
+/// Rotation of one head: `y0 = fma(x0, cos, -(x1*sin))`, `y1 = fma(x0, sin, x1*cos)`.
+#[inline(always)]
+unsafe fn rope_row_body(v: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
+    for i0 in (0..n_dims).step_by(2) {
+        let (c, s) = (cache[i0], cache[i0 + 1]);
+        let (a, b) = if neox {
+            (i0 / 2, i0 / 2 + n_dims / 2)
+        } else {
+            (i0, i0 + 1)
+        };
+        let (x0, x1) = (v[a], v[b]);
+        v[a] = x0.mul_add(c, -(x1 * s));
+        v[b] = x0.mul_add(s, x1 * c);
+    }
+}
+isa_dispatch!(rope_row => rope_row_body(v: &mut [f32], cache: &[f32], n_dims: usize, neox: bool));
+
+/// Softmax of `src` (already scaled) into `w`.
+#[inline(always)]
+unsafe fn softmax_row_body(src: &[f32], w: &mut [f32]) {
+    let max = src.iter().fold(f32::NEG_INFINITY, |m, &v| ggml_max(m, v));
+    let sum = soft_max_f32(src, w, max);
+    let inv = (1.0 / sum) as f32;
+    for e in w.iter_mut() {
+        *e *= inv;
+    }
+}
+isa_dispatch!(softmax_row => softmax_row_body(src: &[f32], w: &mut [f32]));
+
 unsafe fn binary(
     isa: Isa,
     host: &HostApi,
@@ -375,19 +483,11 @@ unsafe fn binary(
         let mut y = vec![0f32; kb];
         read_into(&a, i1, i2, i3, &mut x);
         read_into(&b, i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], &mut y);
-        with_isa(isa, || {
-            for c in x.chunks_exact_mut(kb) {
-                if mul {
-                    for (v, &w) in c.iter_mut().zip(&y) {
-                        *v *= w;
-                    }
-                } else {
-                    for (v, &w) in c.iter_mut().zip(&y) {
-                        *v += w;
-                    }
-                }
-            }
-        });
+        if mul {
+            mul_row(isa, &mut x, &y);
+        } else {
+            add_row(isa, &mut x, &y);
+        }
         write_from(&out, i1, i2, i3, &x);
     });
 }
@@ -399,7 +499,7 @@ unsafe fn scale(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[Tens
         let (i1, i2, i3) = split_row(&x, r);
         let mut v = vec![0f32; k];
         read_into(&x, i1, i2, i3, &mut v);
-        with_isa(isa, || v.iter_mut().for_each(|e| *e *= s));
+        scale_row(isa, &mut v, s);
         write_from(&out, i1, i2, i3, &v);
     });
 }
@@ -418,32 +518,10 @@ unsafe fn glu(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[Tensor
         let mut g = vec![0f32; k];
         read_into(&gate, i1, i2, i3, &mut x);
         read_into(&up, i1, i2, i3, &mut g);
-        with_isa(isa, || match table {
-            None => {
-                let full = k & !15;
-                for i in 0..full {
-                    x[i] = v_silu(x[i]) * g[i];
-                }
-                for i in full..k {
-                    x[i] = silu_scalar(x[i]) * g[i];
-                }
-            }
-            Some(t) => {
-                for i in 0..k {
-                    let v = x[i];
-                    x[i] = if v <= -10.0 {
-                        0.0
-                    } else {
-                        let gl = if v >= 10.0 {
-                            v
-                        } else {
-                            quant::fp16_to_f32(t[quant::f32_to_fp16(v) as usize])
-                        };
-                        gl * g[i]
-                    };
-                }
-            }
-        });
+        match table {
+            None => swiglu_row(isa, &mut x, &g),
+            Some(t) => geglu_row(isa, &mut x, &g, t),
+        }
         write_from(&out, i1, i2, i3, &x);
     });
 }
@@ -463,22 +541,18 @@ unsafe fn rms_norm(
         let (i1, i2, i3) = split_row(&x, r);
         let mut v = vec![0f32; k];
         read_into(&x, i1, i2, i3, &mut v);
-        with_isa(isa, || {
-            let mut sum = 0f64;
-            for &e in v.iter() {
-                sum += (e * e) as f64;
-            }
-            let mean = (sum / k as f64) as f32;
-            let sc = 1.0f32 / (mean + eps).sqrt();
-            for (e, &g) in v.iter_mut().zip(&w) {
-                *e = *e * sc * g;
-            }
-        });
+        rms_row(isa, &mut v, &w, eps);
         write_from(&out, i1, i2, i3, &v);
     });
 }
 
-unsafe fn rope(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) {
+unsafe fn rope(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) {
     let (x, pos, out) = (inputs[0], inputs[1], outputs[0]);
     let (mode, n_dims) = (p.i[0], p.i[1] as usize);
     let (freq_base, freq_scale, attn_factor) = (p.f[0], p.f[1], p.f[3]);
@@ -503,20 +577,7 @@ unsafe fn rope(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[Tenso
         let (i1, i2, i3) = split_row(&x, r);
         let mut v = vec![0f32; k];
         read_into(&x, i1, i2, i3, &mut v);
-        let cache = &caches[i2 as usize];
-        with_isa(isa, || {
-            for i0 in (0..n_dims).step_by(2) {
-                let (c, s) = (cache[i0], cache[i0 + 1]);
-                let (a, b) = if neox {
-                    (i0 / 2, i0 / 2 + n_dims / 2)
-                } else {
-                    (i0, i0 + 1)
-                };
-                let (x0, x1) = (v[a], v[b]);
-                v[a] = x0.mul_add(c, -(x1 * s));
-                v[b] = x0.mul_add(s, x1 * c);
-            }
-        });
+        rope_row(isa, &mut v, &caches[i2 as usize], n_dims, neox);
         write_from(&out, i1, i2, i3, &v);
     });
 }
@@ -529,17 +590,8 @@ unsafe fn softmax(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[Te
         let mut src = vec![0f32; k];
         read_into(&x, i1, i2, i3, &mut src);
         let mut w = vec![0f32; k];
-        with_isa(isa, || {
-            for e in src.iter_mut() {
-                *e *= s;
-            }
-            let max = src.iter().fold(f32::NEG_INFINITY, |m, &v| ggml_max(m, v));
-            let sum = soft_max_f32(&src, &mut w, max);
-            let inv = (1.0 / sum) as f32;
-            for e in w.iter_mut() {
-                *e *= inv;
-            }
-        });
+        scale_row(isa, &mut src, s);
+        softmax_row(isa, &src, &mut w);
         write_from(&out, i1, i2, i3, &w);
     });
 }
@@ -570,7 +622,11 @@ unsafe fn argmax(inputs: &[TensorDesc], outputs: &[TensorDesc]) {
     }
 }
 
-unsafe fn get_rows(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+unsafe fn get_rows(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
     let (table, ids, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = table.dtype().expect("validated");
     let m = ids.ne[0];
@@ -622,11 +678,7 @@ unsafe fn set_rows(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), 
     let k = dst.ne[0] as usize;
     if dst_in.data != dst.data || dst_in.nb != dst.nb {
         for r in 0..dst.ne[1] {
-            core::ptr::copy(
-                row_ptr(&dst_in, r, 0, 0),
-                row_ptr(&dst, r, 0, 0),
-                4 * k,
-            );
+            core::ptr::copy(row_ptr(&dst_in, r, 0, 0), row_ptr(&dst, r, 0, 0), 4 * k);
         }
     }
     let mut v = vec![0f32; k];
@@ -716,129 +768,171 @@ fn round_up(v: i64, m: i64) -> i64 {
     (v + m - 1) / m * m
 }
 
-/// As `reference::ops::attention::run` for f32 caches, with the `p·V` accumulators stored
-/// lane-major (`acc[lane][i]`) so the per-row update is a contiguous FMA over the head.
-unsafe fn attention(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) {
-    let (q, k, v, pos, out) = (inputs[0], inputs[1], inputs[2], inputs[3], outputs[0]);
+/// One attention call, shared by its tasks.
+struct Attn {
+    isa: Isa,
+    q: TensorDesc,
+    k: TensorDesc,
+    v: TensorDesc,
+    out: TensorDesc,
+    hq: i64,
+    group: i64,
+    n_kv: i64,
+    n_eff: i64,
+    window: i64,
+    scale: f32,
+    softcap: f32,
+    kqv_tile: bool,
+    positions: Vec<i64>,
+}
+
+/// Output row `(h, t)` of attention, as `reference::ops::attention::run` computes it for f32
+/// caches (same kernels, lanes and order), with the `p·V` accumulators stored lane-major
+/// (`acc[lane][i]`) so the per-row update is a contiguous FMA over the head.
+#[inline(always)]
+unsafe fn attn_task_body(a: &Attn, task: u32) {
+    let (q, k, v, out) = (&a.q, &a.k, &a.v, &a.out);
+    let (n_kv, n_eff, window) = (a.n_kv, a.n_eff, a.window);
+    let du = q.ne[0] as usize;
+    let (h, t) = (task as i64 % a.hq, task as i64 / a.hq);
+    let hk = h / a.group;
+    let pt = a.positions[t as usize];
+    let visible = |j: i64| j <= pt && (window == 0 || pt - j < window);
+    let last = (n_kv - 1).min(pt);
+    let mut qv = vec![0f32; du];
+    read_into(q, h, t, 0, &mut qv);
+    let len = if last < 0 {
+        n_eff.min(16)
+    } else {
+        round_up(last + 1, 16).min(n_eff)
+    } as usize;
+    let mut w = vec![f32::NEG_INFINITY; len];
+    let lanes: usize = if a.kqv_tile { 16 } else { 64 };
+    let np = if a.kqv_tile {
+        n_eff as usize
+    } else {
+        n_eff as usize & !63
+    };
+    let span = if last < 0 {
+        0
+    } else {
+        (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
+    };
+    let simd_end = span.min(np);
+    let mut res = vec![0f32; du];
+    for j in 0..=last {
+        if !visible(j) {
+            continue;
+        }
+        let kr = row_ptr(k, hk, j, 0) as *const f32;
+        let s = dot_vec_f32(a.isa, kr, qv.as_ptr(), du);
+        let s = if a.softcap > 0.0 {
+            ((s * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale
+        } else {
+            s * a.scale
+        };
+        w[j as usize] = s;
+    }
+    let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
+    let src = w.clone();
+    let sum = soft_max_f32(&src, &mut w, max);
+    let inv = (1.0 / sum) as f32;
+    for x in w.iter_mut() {
+        *x *= inv;
+    }
+    let mut acc = vec![0f32; du * lanes];
+    for j in 0..simd_end.min(len) {
+        let pj = w[j];
+        if pj == 0.0 {
+            continue;
+        }
+        let vr = core::slice::from_raw_parts(row_ptr(v, hk, j as i64, 0) as *const f32, du);
+        let lane = j % lanes;
+        let acc_l = &mut acc[lane * du..(lane + 1) * du];
+        for i in 0..du {
+            acc_l[i] = vr[i].mul_add(pj, acc_l[i]);
+        }
+    }
+    if a.kqv_tile {
+        for i in 0..du {
+            let mut g = [0f32; 16];
+            for l in 0..16 {
+                g[l] = acc[l * du + i];
+            }
+            res[i] = reduce16(&g);
+        }
+    } else {
+        for i in 0..du {
+            let mut g = [[0f32; 16]; 4];
+            for q4 in 0..4 {
+                for l in 0..16 {
+                    g[q4][l] = acc[(q4 * 16 + l) * du + i];
+                }
+            }
+            for l in 0..16 {
+                g[0][l] += g[2][l];
+                g[1][l] += g[3][l];
+            }
+            for l in 0..16 {
+                g[0][l] += g[1][l];
+            }
+            res[i] = reduce16(&g[0]);
+        }
+    }
+    // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA.
+    if !a.kqv_tile && (np as i64) < n_eff && span > np {
+        for j in np..(n_eff as usize) {
+            let pj = if j < len { w[j] } else { 0.0 };
+            if j as i64 >= n_kv {
+                continue; // padding: v treated as zero
+            }
+            let vr = core::slice::from_raw_parts(row_ptr(v, hk, j as i64, 0) as *const f32, du);
+            for i in 0..du {
+                res[i] = vr[i].mul_add(pj, res[i]);
+            }
+        }
+    }
+    for (i, &x) in res.iter().enumerate() {
+        let off = i as i64 * out.nb[0] + h * out.nb[1] + t * out.nb[2];
+        // each (h, t) output row is written by one task only.
+        (out.data.wrapping_offset(off as isize) as *mut f32).write(x);
+    }
+}
+isa_dispatch!(attn_task => attn_task_body(a: &Attn, task: u32));
+
+unsafe fn attention(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) {
+    let (q, k, pos) = (inputs[0], inputs[1], inputs[3]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
     let (hkv, c) = (k.ne[1], k.ne[2]);
     let n_kv = p.i[0];
-    let window = p.i[1];
-    let (scale, softcap) = (p.f[0], p.f[1]);
     let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
-    let group = hq / hkv;
-    let positions: Vec<i64> = (0..nt).map(|t| read_i32(&pos, t) as i64).collect();
-    let kqv_tile = nt >= 2 && n_eff % 16 == 0 && d % 4 == 0;
-    let du = d as usize;
-    let out_ptr = SyncPtr(out.data);
-
+    let a = Attn {
+        isa,
+        q,
+        k,
+        v: inputs[2],
+        out: outputs[0],
+        hq,
+        group: hq / hkv,
+        n_kv,
+        n_eff,
+        window: p.i[1],
+        scale: p.f[0],
+        softcap: p.f[1],
+        kqv_tile: nt >= 2 && n_eff % 16 == 0 && d % 4 == 0,
+        positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
+    };
+    let shared = SyncPtr(&a as *const Attn as *mut u8);
     parallel_for(host, (hq * nt) as u32, |task| {
-        let (h, t) = (task as i64 % hq, task as i64 / hq);
-        let hk = h / group;
-        let pt = positions[t as usize];
-        let visible = |j: i64| j <= pt && (window == 0 || pt - j < window);
-        let last = (n_kv - 1).min(pt);
-        let mut qv = vec![0f32; du];
-        read_into(&q, h, t, 0, &mut qv);
-        let len = if last < 0 {
-            n_eff.min(16)
-        } else {
-            round_up(last + 1, 16).min(n_eff)
-        } as usize;
-        let mut w = vec![f32::NEG_INFINITY; len];
-        let lanes: usize = if kqv_tile { 16 } else { 64 };
-        let np = if kqv_tile {
-            n_eff as usize
-        } else {
-            n_eff as usize & !63
-        };
-        let span = if last < 0 {
-            0
-        } else {
-            (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
-        };
-        let simd_end = span.min(np);
-        let mut acc = vec![0f32; du * lanes];
-        let mut res = vec![0f32; du];
-        let mut src = vec![0f32; len];
-        with_isa(isa, || {
-            for j in 0..=last {
-                if !visible(j) {
-                    continue;
-                }
-                let kr = row_ptr(&k, hk, j, 0) as *const f32;
-                let s = dot_vec_f32(isa, kr, qv.as_ptr(), du);
-                let s = if softcap > 0.0 {
-                    ((s * (1.0 / softcap)).tanh() * softcap) * scale
-                } else {
-                    s * scale
-                };
-                w[j as usize] = s;
-            }
-            let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
-            src.copy_from_slice(&w);
-            let sum = soft_max_f32(&src, &mut w, max);
-            let inv = (1.0 / sum) as f32;
-            for x in w.iter_mut() {
-                *x *= inv;
-            }
-            for j in 0..simd_end.min(len) {
-                let pj = w[j];
-                if pj == 0.0 {
-                    continue;
-                }
-                let vr = core::slice::from_raw_parts(row_ptr(&v, hk, j as i64, 0) as *const f32, du);
-                let lane = j % lanes;
-                let a = &mut acc[lane * du..(lane + 1) * du];
-                for i in 0..du {
-                    a[i] = vr[i].mul_add(pj, a[i]);
-                }
-            }
-            if kqv_tile {
-                for i in 0..du {
-                    let mut g = [0f32; 16];
-                    for l in 0..16 {
-                        g[l] = acc[l * du + i];
-                    }
-                    res[i] = reduce16(&g);
-                }
-            } else {
-                for i in 0..du {
-                    let mut g = [[0f32; 16]; 4];
-                    for q4 in 0..4 {
-                        for l in 0..16 {
-                            g[q4][l] = acc[(q4 * 16 + l) * du + i];
-                        }
-                    }
-                    for l in 0..16 {
-                        g[0][l] += g[2][l];
-                        g[1][l] += g[3][l];
-                    }
-                    for l in 0..16 {
-                        g[0][l] += g[1][l];
-                    }
-                    res[i] = reduce16(&g[0]);
-                }
-            }
-            if !kqv_tile && (np as i64) < n_eff && span > np {
-                for j in np..(n_eff as usize) {
-                    let pj = if j < len { w[j] } else { 0.0 };
-                    if j as i64 >= n_kv {
-                        continue;
-                    }
-                    let vr =
-                        core::slice::from_raw_parts(row_ptr(&v, hk, j as i64, 0) as *const f32, du);
-                    for i in 0..du {
-                        res[i] = vr[i].mul_add(pj, res[i]);
-                    }
-                }
-            }
-        });
-        for (i, &x) in res.iter().enumerate() {
-            let off = i as i64 * out.nb[0] + h * out.nb[1] + t * out.nb[2];
-            // SAFETY: each (h, t) output row is written by one task only.
-            (out_ptr.0.wrapping_offset(off as isize) as *mut f32).write(x);
-        }
+        let _ = &shared;
+        // SAFETY: `a` outlives parallel_for; tasks write disjoint output rows.
+        attn_task(isa, &*(shared.0 as *const Attn), task);
     });
 }
 

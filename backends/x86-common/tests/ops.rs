@@ -209,7 +209,12 @@ fn unimplemented_variants_are_unsupported() {
             let mut c = case(Op::Attention, seed);
             if c.inputs[1].dtype == DType::F16 {
                 n_f16 += 1;
-                assert_eq!(me.supports(&mut c), Status::Unsupported, "{isa:?} {}", c.label);
+                assert_eq!(
+                    me.supports(&mut c),
+                    Status::Unsupported,
+                    "{isa:?} {}",
+                    c.label
+                );
             }
         }
         assert!(n_f16 > 0);
@@ -221,7 +226,12 @@ fn unimplemented_variants_are_unsupported() {
         for seed in 0..40 {
             let mut c = case(Op::SetRows, seed);
             if c.inputs[2].dtype == DType::F16 {
-                assert_eq!(me.supports(&mut c), Status::Unsupported, "{isa:?} {}", c.label);
+                assert_eq!(
+                    me.supports(&mut c),
+                    Status::Unsupported,
+                    "{isa:?} {}",
+                    c.label
+                );
             }
         }
         // non-packed f32 elements
