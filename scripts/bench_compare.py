@@ -6,8 +6,9 @@ repeated and cut to length by mollm's tokenizer), --gen tokens generated greedil
 end-of-generation ignored, --threads threads, one warm-up run then --reps measured runs,
 median tokens/s. mollm is timed by its own --json timings (prefill = prompt processing,
 decode = generation after the first token); llama.cpp by llama-bench (pp = prompt processing
-of the same length, tg = generation), with flash attention off and an F32 KV cache, the
-configuration the golden tests mirror.
+of the same length, tg = generation) in its default configuration (F16 KV cache, flash
+attention auto, CPU repack on): what a llama.cpp user gets. llama-bench cannot use an F32 KV
+cache; mollm runs with its F32 cache, the configuration the golden tests mirror.
 
 Usage: scripts/bench_compare.py --model M.gguf [--backend auto] [--prompt-tokens 256]
        [--gen 64] [--reps 5] [--threads 2] [--llama-bench PATH]
@@ -54,8 +55,8 @@ def llama_runs(a, n_prompt):
     if not os.path.exists(exe):
         return None
     out = subprocess.run([exe, "-m", a.model, "-p", str(n_prompt), "-n", str(a.gen), "-t", str(a.threads),
-                          "-r", str(a.reps), "-fa", "0", "-ctk", "f32", "-ctv", "f32", "-o", "json"],
-                         capture_output=True, text=True, check=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+                          "-r", str(a.reps), "-o", "json"],
+                         capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)
     pp = next(r for r in rows if r["n_prompt"] > 0)
     tg = next(r for r in rows if r["n_gen"] > 0)
@@ -76,7 +77,7 @@ def main():
     n, m_pp, m_tg = mollm_runs(a)
     ll = llama_runs(a, n)
     print(f"model {os.path.basename(a.model)}; prompt {n} tokens, {a.gen} generated, {a.threads} threads, "
-          f"1 warm-up + {a.reps} runs, median; mollm --backend {a.backend}; llama.cpp -fa 0 -ctk f32 -ctv f32")
+          f"1 warm-up + {a.reps} runs, median; mollm --backend {a.backend} (F32 KV); llama-bench defaults (F16 KV, FA auto)")
     print(f"{'':10} {'mollm t/s':>10} {'llama.cpp t/s':>14} {'ratio':>7}")
     for name, m, l in [("prompt", m_pp, ll[0] if ll else None), ("generate", m_tg, ll[1] if ll else None)]:
         print(f"{name:10} {m:10.2f} {l if l is not None else float('nan'):14.2f} {m / l if l else float('nan'):7.2f}")
