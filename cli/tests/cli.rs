@@ -137,9 +137,9 @@ fn unknown_backend_is_refused_plainly() {
         "--prompt",
         "hi",
         "--backend",
-        "x86-avx512",
+        "x86-avx1024",
     ]);
-    assert_clean_error(&o, "x86-avx512");
+    assert_clean_error(&o, "x86-avx1024");
 }
 
 #[test]
