@@ -35,6 +35,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `mollm devices | head` must end quietly when the reader goes away, as other command-line
+    // tools do, instead of panicking inside println!: restore the default SIGPIPE action that
+    // Rust's runtime replaces.
+    #[cfg(unix)]
+    // SAFETY: called first thing, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Run(args) => run::run(args),

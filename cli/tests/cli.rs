@@ -278,3 +278,18 @@ fn prompt_longer_than_context_is_refused() {
     ]);
     assert_clean_error(&o, "--ctx");
 }
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .arg("devices")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader leaves before mollm writes
+    let o = child.wait_with_output().unwrap();
+    let e = stderr(&o);
+    assert!(!e.contains("panicked"), "{e}");
+}
