@@ -1,9 +1,15 @@
 //! `mollm`: run local language models.
 
+mod bench;
+mod chat;
+mod common;
 mod devices;
+mod ppl;
+mod progress;
 mod run;
+mod signals;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -21,6 +27,12 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt (plain completion, or one chat turn with --chat).
     Run(run::RunArgs),
+    /// Talk with a model through its chat template (interactive; piped lines are turns).
+    Chat(chat::ChatArgs),
+    /// Measure prompt processing and generation speed (llama-bench style rows).
+    Bench(bench::BenchArgs),
+    /// Perplexity of a model over a text file, computed as llama-perplexity does.
+    Ppl(ppl::PplArgs),
     /// List the model architectures this build can run.
     Architectures,
     /// List the backends found (built in and plugins): device, score, available or why not.
@@ -29,6 +41,11 @@ enum Command {
     Backends(devices::LibArgs),
     /// Which backend an op call goes to, and why each other one is rejected.
     Ops(devices::OpsArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Conformance gate child (run by mollm itself on a backend library).
     #[command(name = "__gate", hide = true)]
     Gate(devices::GateArgs),
@@ -46,6 +63,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::chat(args),
+        Command::Bench(args) => bench::bench(args),
+        Command::Ppl(args) => ppl::ppl(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "mollm", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Devices(a) => devices::devices(a),
         Command::Backends(a) => devices::backends(a),
         Command::Ops(a) => devices::ops(a),
@@ -59,6 +83,10 @@ fn main() -> ExitCode {
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<common::Interrupted>() => {
+            eprintln!("{e}");
+            ExitCode::from(signals::EXIT_INTERRUPTED)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

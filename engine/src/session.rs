@@ -199,6 +199,14 @@ impl<'m> Session<'m> {
     /// Appends `tokens` to the context, `n_batch` at a time, and returns the logits after the
     /// last one (`want_logits`), or `None`.
     pub fn eval(&mut self, tokens: &[u32], want_logits: bool) -> Result<Option<Vec<f32>>> {
+        let from = if want_logits { tokens.len().saturating_sub(1) } else { tokens.len() };
+        let out = self.eval_from(tokens, from)?;
+        Ok(want_logits.then_some(out))
+    }
+
+    /// Appends `tokens` to the context, `n_batch` at a time, and returns the logits after each
+    /// of `tokens[from..]`, row after row (`n_vocab` values each): what perplexity scores.
+    pub fn eval_from(&mut self, tokens: &[u32], from: usize) -> Result<Vec<f32>> {
         let need = self.history.len() + tokens.len();
         if need > self.kv.n_ctx {
             return Err(EngineError::ContextFull {
@@ -212,15 +220,12 @@ impl<'m> Session<'m> {
                 "token id {bad} outside the vocabulary of {n_vocab}"
             )));
         }
-        let mut logits = None;
-        let chunks: Vec<&[u32]> = tokens.chunks(self.n_batch).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            let out_rows: Vec<usize> = if last && want_logits {
-                vec![chunk.len() - 1]
-            } else {
-                vec![]
-            };
+        let mut logits = Vec::new();
+        for (i, chunk) in tokens.chunks(self.n_batch).enumerate() {
+            let start = i * self.n_batch;
+            let out_rows: Vec<usize> = (from.max(start)..start + chunk.len())
+                .map(|j| j - start)
+                .collect();
             let pos0 = self.history.len();
             let out: Act =
                 self.model
@@ -229,7 +234,7 @@ impl<'m> Session<'m> {
             self.history.extend_from_slice(chunk);
             self.kv.n_past = self.history.len();
             if !out_rows.is_empty() {
-                logits = Some(out.data);
+                logits.extend_from_slice(&out.data);
             }
         }
         Ok(logits)

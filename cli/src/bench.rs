@@ -1,0 +1,315 @@
+//! `mollm bench`: prompt processing (pp) and generation (tg) measured separately, the way
+//! llama-bench does, so its numbers sit next to llama-bench's and its JSON reads in the same
+//! scripts.
+//!
+//! pp N: an empty context, N random token ids (BOS first when the model adds one) evaluated in
+//! --batch chunks, logits of the last; tokens/s = N / time. tg N: an empty context, N single-
+//! token steps (BOS or a random id first, then random ids, as llama-bench feeds them: no
+//! sampling in the timed loop); tokens/s = N / time. Each row: --warmup untimed runs, then
+//! --reps timed ones; mean ± sample standard deviation and median of the per-run tokens/s.
+
+use crate::common::{
+    human_bytes, human_count, model_n_params, model_size, model_type, peak_rss_bytes, CliResult,
+    ModelArgs,
+};
+use clap::Args;
+use engine::sampler::Rng;
+use engine::{Model, Session};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF model file [default: SmolLM2-135M-Instruct from the model cache]
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Prompt lengths to measure (comma-separated: one pp row each; 0 = none).
+    #[arg(long, short = 'p', value_delimiter = ',', default_value = "256")]
+    pub prompt_tokens: Vec<usize>,
+    /// Generation lengths to measure (comma-separated: one tg row each; 0 = none).
+    #[arg(long, short = 'n', value_delimiter = ',', default_value = "64")]
+    pub gen_tokens: Vec<usize>,
+    /// Untimed runs before each row's measured ones.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Measured runs per row.
+    #[arg(long, short = 'r', default_value_t = 5)]
+    pub reps: usize,
+    /// Compute threads (comma-separated: rows for each) [default: one per core].
+    #[arg(long, short = 't', value_delimiter = ',', default_value = "0")]
+    pub threads: Vec<usize>,
+    /// Prompt tokens per forward pass (comma-separated: rows for each).
+    #[arg(long, short = 'b', value_delimiter = ',', default_value = "512")]
+    pub batch: Vec<usize>,
+    /// Backend: auto, reference, or a backend name (see `mollm devices`).
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Never fall back to the reference.
+    #[arg(long)]
+    pub require_native: bool,
+    #[command(flatten)]
+    pub libs: crate::devices::LibArgs,
+    /// Print a JSON array of rows (llama-bench's fields plus median_ts, backend, ttft_ms,
+    /// tpot_ms, peak_rss_bytes) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seed of the random token ids.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// No progress display.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Test {
+    Prompt(usize),
+    Gen(usize),
+}
+
+impl Test {
+    fn name(self) -> String {
+        match self {
+            Test::Prompt(n) => format!("pp{n}"),
+            Test::Gen(n) => format!("tg{n}"),
+        }
+    }
+    fn n_tokens(self) -> usize {
+        match self {
+            Test::Prompt(n) | Test::Gen(n) => n,
+        }
+    }
+}
+
+/// One timed run: total seconds and seconds to the first token (logits ready).
+struct Sample {
+    secs: f64,
+    first_secs: f64,
+}
+
+fn random_tokens(rng: &mut Rng, model: &Model, n: usize) -> Vec<u32> {
+    let n_vocab = model.hp.n_vocab as u64;
+    let mut v: Vec<u32> = (0..n).map(|_| (rng.next_u64() % n_vocab) as u32).collect();
+    if let (Some(first), Some(bos)) = (v.first_mut(), model.tokenizer.bos()) {
+        if model.tokenizer.add_bos() {
+            *first = bos;
+        }
+    }
+    v
+}
+
+fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliResult<Sample> {
+    s.truncate(0);
+    let toks = random_tokens(rng, model, test.n_tokens());
+    match test {
+        Test::Prompt(_) => {
+            let t0 = Instant::now();
+            s.eval(&toks, true)?;
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(Sample {
+                secs,
+                first_secs: secs,
+            })
+        }
+        Test::Gen(_) => {
+            let t0 = Instant::now();
+            let mut first_secs = 0.0;
+            for (i, &t) in toks.iter().enumerate() {
+                s.eval(&[t], true)?;
+                if i == 0 {
+                    first_secs = t0.elapsed().as_secs_f64();
+                }
+            }
+            Ok(Sample {
+                secs: t0.elapsed().as_secs_f64(),
+                first_secs,
+            })
+        }
+    }
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+pub fn bench(a: BenchArgs) -> CliResult {
+    if a.reps == 0 {
+        return Err("--reps must be at least 1".into());
+    }
+    let mut tests: Vec<Test> = a
+        .prompt_tokens
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| Test::Prompt(n))
+        .collect();
+    tests.extend(a.gen_tokens.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)));
+    if tests.is_empty() {
+        return Err("nothing to measure: --prompt-tokens and --gen-tokens are all 0".into());
+    }
+    let base = ModelArgs {
+        model: a.model.clone(),
+        backend: a.backend.clone(),
+        require_native: a.require_native,
+        libs: a.libs.clone(),
+        threads: 0,
+        batch: 512,
+        quiet: a.quiet,
+    };
+    let (_, model) = base.load()?;
+    let need = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
+    let n_ctx = base.n_ctx(&model, Some(need.max(1)), need)
+        .map_err(|e| format!("{e} (lower --prompt-tokens / --gen-tokens)"))?;
+
+    let mut rows = Vec::new();
+    let mut rng = Rng::new(a.seed);
+    for &threads in &a.threads {
+        for &batch in &a.batch {
+            let margs = ModelArgs {
+                threads,
+                batch,
+                ..base.clone()
+            };
+            let mut s = margs.session(&model, n_ctx)?;
+            for &test in &tests {
+                let total = (a.warmup + a.reps) as u64;
+                let bar = crate::progress::bar(a.quiet, total, &test.name());
+                let mut samples = Vec::new();
+                for i in 0..a.warmup + a.reps {
+                    let smp = run_once(&mut s, &model, test, &mut rng)?;
+                    if i >= a.warmup {
+                        samples.push(smp);
+                    }
+                    bar.inc(1);
+                }
+                bar.finish_and_clear();
+                rows.push(row(&a, &model, &s, batch, test, &samples));
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+fn row(
+    a: &BenchArgs,
+    model: &Model,
+    s: &Session,
+    batch: usize,
+    test: Test,
+    samples: &[Sample],
+) -> serde_json::Value {
+    let n = test.n_tokens() as f64;
+    let ts: Vec<f64> = samples.iter().map(|x| n / x.secs).collect();
+    let ns: Vec<f64> = samples.iter().map(|x| x.secs * 1e9).collect();
+    let (avg_ts, stddev_ts) = mean_sd(&ts);
+    let (avg_ns, stddev_ns) = mean_sd(&ns);
+    let ttft: Vec<f64> = samples.iter().map(|x| x.first_secs * 1e3).collect();
+    let (n_prompt, n_gen) = match test {
+        Test::Prompt(p) => (p, 0),
+        Test::Gen(g) => (0, g),
+    };
+    serde_json::json!({
+        "build_commit": option_env!("MOLLM_GIT_COMMIT").unwrap_or("unknown"),
+        "model_filename": model.gguf.path.display().to_string(),
+        "model_type": model_type(model),
+        "model_size": model_size(model),
+        "model_n_params": model_n_params(model),
+        "n_batch": batch,
+        "n_threads": s.n_threads(),
+        "type_k": "f32",
+        "type_v": "f32",
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "n_depth": 0,
+        "test_time": now_rfc3339(),
+        "avg_ns": avg_ns.round() as u64,
+        "stddev_ns": stddev_ns.round() as u64,
+        "avg_ts": avg_ts,
+        "stddev_ts": stddev_ts,
+        "samples_ns": ns.iter().map(|x| x.round() as u64).collect::<Vec<_>>(),
+        "samples_ts": ts,
+        "median_ts": median(&ts),
+        "backend": s.backend_names().join(","),
+        "ttft_ms": median(&ttft),
+        "tpot_ms": 1e3 / median(&ts),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "warmup": a.warmup,
+        "reps": a.reps,
+    })
+}
+
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn print_table(rows: &[serde_json::Value]) {
+    println!(
+        "| model | size | params | backend | threads | n_batch | test | t/s | median t/s | ttft ms | ms/token | peak RSS |"
+    );
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        let test = if r["n_prompt"].as_u64() > Some(0) {
+            format!("pp{}", r["n_prompt"])
+        } else {
+            format!("tg{}", r["n_gen"])
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+            r["model_type"].as_str().unwrap_or(""),
+            human_bytes(r["model_size"].as_u64().unwrap_or(0)),
+            human_count(r["model_n_params"].as_u64().unwrap_or(0)),
+            r["backend"].as_str().unwrap_or(""),
+            r["n_threads"],
+            r["n_batch"],
+            test,
+            r["avg_ts"].as_f64().unwrap_or(0.0),
+            r["stddev_ts"].as_f64().unwrap_or(0.0),
+            r["median_ts"].as_f64().unwrap_or(0.0),
+            r["ttft_ms"].as_f64().unwrap_or(0.0),
+            r["tpot_ms"].as_f64().unwrap_or(0.0),
+            human_bytes(r["peak_rss_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
+}

@@ -1,0 +1,276 @@
+//! Flags and set-up shared by the commands that run a model (`run`, `chat`, `bench`, `ppl`):
+//! declared once here and flattened into each command so their help reads the same.
+
+use crate::progress;
+use clap::Args;
+use engine::{BackendChoice, Model, Sampler, SamplerParams, Session, SessionOptions};
+use std::path::PathBuf;
+
+/// File name of the default model that `scripts/fetch-models.sh` puts in the model cache.
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file [default: SmolLM2-135M-Instruct from the model cache]
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Backend: auto (conforming native plugins by score, then reference), reference, or a
+    /// backend name (see `mollm devices`).
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Never fall back to the reference: an op no native backend takes is an error.
+    #[arg(long)]
+    pub require_native: bool,
+    #[command(flatten)]
+    pub libs: crate::devices::LibArgs,
+    /// Compute threads [default: one per core].
+    #[arg(long, short = 't', default_value_t = 0)]
+    pub threads: usize,
+    /// Prompt tokens processed per step.
+    #[arg(long, short = 'b', default_value_t = 512)]
+    pub batch: usize,
+    /// No progress bars or banners (they are also off when stderr is not a terminal).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than M times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for recently seen tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Subtracted from the logit of every token seen in the last --repeat-last-n (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtracted once per occurrence in the last --repeat-last-n (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Recent tokens the penalties consider.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed [default: from the clock]. The same seed gives the same text.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn sampler(&self) -> Sampler {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        Sampler::new(SamplerParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        })
+    }
+}
+
+pub fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MOLLM_MODELS_DIR") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache/mollm/models")
+}
+
+pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
+    match arg {
+        Some(p) => Ok(p.clone()),
+        None => {
+            let p = models_dir().join(DEFAULT_MODEL);
+            if p.exists() {
+                Ok(p)
+            } else {
+                Err(format!("no --model given and the default model is missing at {} (run scripts/fetch-models.sh)", p.display()))
+            }
+        }
+    }
+}
+
+impl ModelArgs {
+    /// Loads the model, with a spinner when that is worth showing.
+    pub fn load(&self) -> CliResult<(PathBuf, Model)> {
+        let path = resolve_model(&self.model)?;
+        let spin = progress::spinner(self.quiet, format!("loading {}", path.display()));
+        let model = Model::load(&path);
+        spin.finish_and_clear();
+        Ok((path, model?))
+    }
+
+    /// The context length: `ctx` if given (refused above the model's training context),
+    /// else `default` capped at the training context.
+    pub fn n_ctx(&self, model: &Model, ctx: Option<usize>, default: usize) -> CliResult<usize> {
+        let train = model.hp.n_ctx_train;
+        match ctx {
+            Some(0) => Err("--ctx must be at least 1".into()),
+            Some(n) if n > train => Err(format!(
+                "--ctx {n} exceeds the model's training context of {train}"
+            )
+            .into()),
+            Some(n) => Ok(n),
+            None => Ok(default.min(train)),
+        }
+    }
+
+    /// A session on `model`: backends chosen and gated, KV cache for `n_ctx` tokens.
+    pub fn session<'m>(&self, model: &'m Model, n_ctx: usize) -> CliResult<Session<'m>> {
+        if self.batch == 0 {
+            return Err("--batch must be at least 1".into());
+        }
+        let opts = SessionOptions {
+            n_ctx,
+            n_batch: self.batch,
+            n_threads: self.threads,
+            backend: BackendChoice::parse(&self.backend),
+            plugins: Some(engine::registry::PluginOptions {
+                libs: self.libs.backend_lib.clone(),
+                gate: engine::registry::GateRunner::self_exec()?,
+                require_native: self.require_native,
+            }),
+            ..Default::default()
+        };
+        let spin = progress::spinner(self.quiet, "preparing backends".to_string());
+        let s = Session::new(model, &opts);
+        spin.finish_and_clear();
+        Ok(s?)
+    }
+}
+
+/// Model type as llama-bench words it: "llama 135M Q4_1".
+pub fn model_type(model: &Model) -> String {
+    format!(
+        "{} {} {}",
+        model.hp.arch,
+        human_count(model_n_params(model)),
+        model_ftype(model)
+    )
+}
+
+/// The dominant weight format: the one holding the most bytes among 2-D weights.
+pub fn model_ftype(model: &Model) -> String {
+    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+    for t in model.gguf.tensors.iter().filter(|t| t.shape.len() >= 2) {
+        *by.entry(t.dtype.name().to_uppercase()).or_default() += t.size;
+    }
+    by.into_iter()
+        .max_by_key(|(_, b)| *b)
+        .map(|(n, _)| n)
+        .unwrap_or_else(|| "?".into())
+}
+
+pub fn model_n_params(model: &Model) -> u64 {
+    model
+        .gguf
+        .tensors
+        .iter()
+        .map(|t| t.n_elements())
+        .sum()
+}
+
+pub fn model_size(model: &Model) -> u64 {
+    model.gguf.tensors.iter().map(|t| t.size).sum()
+}
+
+pub fn human_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{}M", (n as f64 / 1e6).round() as u64),
+        n => format!("{n}"),
+    }
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    if n as f64 >= 1024.0 * MIB {
+        format!("{:.2} GiB", n as f64 / (1024.0 * MIB))
+    } else {
+        format!("{:.2} MiB", n as f64 / MIB)
+    }
+}
+
+/// Peak resident set size of this process so far, in bytes (0 where the OS does not say).
+pub fn peak_rss_bytes() -> u64 {
+    #[cfg(unix)]
+    {
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: getrusage fills the struct we own.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+            // Linux reports kilobytes, macOS bytes.
+            let v = ru.ru_maxrss as u64;
+            return if cfg!(target_os = "macos") { v } else { v * 1024 };
+        }
+    }
+    0
+}
+
+/// Token ids for a conversation rendered through the model's chat template, ending with the
+/// assistant's turn opened when `add_generation_prompt`.
+pub fn chat_tokens(
+    model: &Model,
+    msgs: &[loader::ChatMessage],
+    add_generation_prompt: bool,
+) -> CliResult<Vec<u32>> {
+    let tmpl = model.chat_template.as_ref().ok_or_else(|| {
+        format!(
+            "{}: the model has no chat template (tokenizer.chat_template)",
+            model.gguf.path.display()
+        )
+    })?;
+    let text = tmpl.render(msgs, add_generation_prompt)?;
+    // A chat template that writes the BOS text itself (Gemma's does) must not get a second BOS.
+    let tok = &model.tokenizer;
+    let template_has_bos = tok
+        .bos()
+        .is_some_and(|b| text.starts_with(tok.token_text(b)));
+    Ok(tok.encode(&text, !template_has_bos, true)?)
+}
+
+/// The user pressed Ctrl-C: what was produced stands, the exit status says it was cut short.
+#[derive(Debug)]
+pub struct Interrupted(pub String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Runs one token through the model and forgets it, as llama.cpp does at start-up: the weights
+/// are paged in and the kernels' first-call costs paid before the user waits on them.
+pub fn warm_up(session: &mut Session, model: &Model, quiet: bool) -> CliResult {
+    let spin = progress::spinner(quiet, "warming up".to_string());
+    let tok = model.tokenizer.bos().unwrap_or(0);
+    let r = session.eval(&[tok], true);
+    session.truncate(0);
+    spin.finish_and_clear();
+    r?;
+    Ok(())
+}

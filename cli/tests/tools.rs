@@ -1,0 +1,336 @@
+//! The everyday commands: `chat` (turns reuse the KV cache, commands, Ctrl-C), `bench` (rows
+//! shaped like llama-bench's), `ppl` (bad input; the llama.cpp comparison is in ppl.rs),
+//! interrupted `run`, help and shell completions.
+
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn mollm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(args)
+        .output()
+        .expect("run mollm")
+}
+
+fn mollm_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mollm");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn assert_clean_error(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "expected failure; stderr: {e}");
+    assert!(!e.contains("panicked"), "panic instead of an error: {e}");
+    assert!(e.contains(needle), "error does not mention {needle:?}: {e}");
+}
+
+fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mollm-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn model(name: &str) -> Option<String> {
+    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
+    };
+    let p = dir.join(name);
+    if p.exists() {
+        Some(p.to_string_lossy().into_owned())
+    } else if std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!("{} is missing (run scripts/fetch-models.sh)", p.display())
+    } else {
+        eprintln!("SKIP: {} not found", p.display());
+        None
+    }
+}
+
+const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+/// (processed, reused, generated) from each `--verbose` turn line.
+fn turn_stats(err: &str) -> Vec<(usize, usize, usize)> {
+    err.lines()
+        .filter(|l| l.starts_with("[turn "))
+        .map(|l| {
+            let nums: Vec<usize> = l
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().unwrap())
+                .collect();
+            // [turn T: P prompt tokens processed, R reused from the cache, G generated; ...
+            (nums[1], nums[2], nums[3])
+        })
+        .collect()
+}
+
+#[test]
+fn chat_turns_reuse_the_cache() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm_stdin(
+        &["chat", "-m", &m, "-v", "-n", "12", "--quiet"],
+        "Hi there!\nWhat is the capital of France?\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let turns = turn_stats(&stderr(&o));
+    assert_eq!(turns.len(), 2, "{}", stderr(&o));
+    let (p1, r1, g1) = turns[0];
+    let (p2, r2, _) = turns[1];
+    assert_eq!(r1, 0, "nothing cached before the first turn");
+    assert!(g1 > 0);
+    // The second turn keeps the first prompt and the reply in the cache and processes only
+    // the closing of the reply and the new message.
+    assert!(r2 >= p1, "turn 2 reused {r2} < turn 1 prompt {p1}");
+    assert!(p2 < p1 + g1, "turn 2 reprocessed too much: {p2}");
+    assert!(p2 < r2, "turn 2 processed {p2}, reused {r2}");
+    let out = stdout(&o);
+    assert!(out.lines().filter(|l| !l.trim().is_empty()).count() >= 2, "{out}");
+}
+
+#[test]
+fn chat_reset_starts_over_and_answers_alike() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm_stdin(
+        &["chat", "-m", &m, "-v", "-n", "10", "--quiet"],
+        "Say hello.\n/reset\nSay hello.\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("[conversation cleared]"), "{err}");
+    let turns = turn_stats(&err);
+    assert_eq!(turns.len(), 2, "{err}");
+    assert_eq!(turns[1].1, 0, "/reset empties the cache");
+    assert_eq!(turns[0].0 + turns[0].1, turns[1].0 + turns[1].1, "same prompt both times");
+    let out = stdout(&o);
+    let replies: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    assert_eq!(replies[0], replies[1], "greedy: the same conversation, the same reply");
+}
+
+#[test]
+fn chat_banner_and_commands() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm_stdin(
+        &["chat", "-m", &m],
+        "/help\n/bogus\n\n/quit\nThis line is never read as a turn.\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for needle in [
+        SMOLLM2,
+        "architecture llama",
+        "quant Q4_1",
+        "context 4096",
+        "threads",
+        "backend",
+        "/reset",
+        "unknown command /bogus",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    assert!(stdout(&o).trim().is_empty(), "no turn was run: {}", stdout(&o));
+}
+
+#[test]
+fn chat_ctrl_c_stops_the_reply_not_the_chat() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(["chat", "-m", &m, "--quiet", "-v", "--ctx", "2048"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"Write a very long story about a dragon, in many chapters.\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    // Wait for the reply to start, then press Ctrl-C.
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 8];
+    out.read_exact(&mut first).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all(b"/quit\n").unwrap();
+    drop(stdin);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "chat did not stop the reply on Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert!(err.contains("[stopped]"), "{err}");
+    let turns = turn_stats(&err);
+    assert_eq!(turns.len(), 1, "{err}");
+    assert!(turns[0].2 < 1900, "the reply ran on: {:?}", turns[0]);
+}
+
+#[test]
+fn run_ctrl_c_exits_130_keeping_the_text() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args([
+            "run", "-m", &m, "-p", "Once upon a time", "-n", "2000", "--ignore-eos", "--ctx",
+            "2048",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 8];
+    out.read_exact(&mut first).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let mut rest = Vec::new();
+    out.read_to_end(&mut rest).unwrap();
+    assert!(rest.ends_with(b"\n"), "the text so far is kept and the line ended");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("interrupted after"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn run_empty_prompt_is_refused() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm(&["run", "-m", &m, "-p", ""]);
+    assert_clean_error(&o, "empty");
+}
+
+#[test]
+fn ctx_beyond_the_model_is_refused() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let text = tmp("ctx.txt", b"Some text.\n");
+    for cmd in ["run", "chat", "ppl"] {
+        let mut args = vec![cmd, "-m", &m, "--ctx", "1000000"];
+        match cmd {
+            "run" => args.extend(["-p", "hi"]),
+            "ppl" => args.extend(["-f", text.to_str().unwrap()]),
+            _ => {}
+        }
+        let o = mollm(&args);
+        assert_clean_error(&o, "training context of 8192");
+    }
+}
+
+#[test]
+fn bench_json_rows_read_like_llama_bench() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm(&[
+        "bench", "-m", &m, "--prompt-tokens", "16,32", "--gen-tokens", "4", "--warmup", "1",
+        "--reps", "2", "--threads", "1", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let shape: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|r| (r["n_prompt"].as_u64().unwrap(), r["n_gen"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(shape, vec![(16, 0), (32, 0), (0, 4)]);
+    for r in &rows {
+        assert_eq!(r["n_threads"], 1);
+        for k in ["avg_ts", "stddev_ts", "median_ts", "ttft_ms", "tpot_ms"] {
+            assert!(r[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {r}");
+        }
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+        assert!(r["peak_rss_bytes"].as_u64().unwrap() > 10 << 20, "{r}");
+        assert!(!r["backend"].as_str().unwrap().is_empty());
+        assert_eq!(r["model_type"], "llama 135M Q4_1");
+    }
+}
+
+#[test]
+fn bench_table_and_bad_flags() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let o = mollm(&[
+        "bench", "-m", &m, "-p", "8", "-n", "2", "--warmup", "0", "--reps", "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = stdout(&o);
+    assert!(t.starts_with("| model"), "{t}");
+    assert!(t.contains("| pp8 |") && t.contains("| tg2 |"), "{t}");
+    assert_clean_error(&mollm(&["bench", "-m", &m, "-p", "0", "-n", "0"]), "nothing to measure");
+    assert_clean_error(&mollm(&["bench", "-m", &m, "-p", "100000"]), "--ctx");
+    assert_clean_error(&mollm(&["bench", "-m", &m, "--reps", "0"]), "--reps");
+}
+
+#[test]
+fn ppl_refuses_bad_files() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let bin = tmp("latin1.txt", b"caf\xe9 au lait, s'il vous pla\xeet\n");
+    assert_clean_error(&mollm(&["ppl", "-m", &m, "-f", bin.to_str().unwrap()]), "not UTF-8");
+    let short = tmp("short.txt", b"Only a few words here.\n");
+    assert_clean_error(
+        &mollm(&["ppl", "-m", &m, "-f", short.to_str().unwrap()]),
+        "needs at least 1024",
+    );
+    assert_clean_error(
+        &mollm(&["ppl", "-m", &m, "-f", "/nonexistent/text.txt"]),
+        "/nonexistent/text.txt",
+    );
+}
+
+#[test]
+fn help_covers_every_command_and_completions_work() {
+    let o = mollm(&["--help"]);
+    let h = stdout(&o);
+    for cmd in [
+        "run", "chat", "bench", "ppl", "architectures", "devices", "backends", "ops",
+        "completions",
+    ] {
+        assert!(h.contains(&format!("  {cmd} ")), "--help lacks {cmd}: {h}");
+        let sub = mollm(&[cmd, "--help"]);
+        assert!(sub.status.success(), "{cmd} --help failed");
+        assert!(stdout(&sub).contains("Usage: mollm"), "{cmd}");
+    }
+    assert!(!h.contains("__gate"), "the internal gate command stays hidden");
+    for shell in ["bash", "zsh", "fish"] {
+        let o = mollm(&["completions", shell]);
+        assert!(o.status.success());
+        let s = stdout(&o);
+        assert!(s.contains("mollm") && s.contains("ppl") && s.contains("prompt-tokens"), "{shell}");
+    }
+    assert_clean_error(&mollm(&["completions", "cmd.exe"]), "cmd.exe");
+}
