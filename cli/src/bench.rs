@@ -160,7 +160,12 @@ pub fn bench(a: BenchArgs) -> CliResult {
         .filter(|&&n| n > 0)
         .map(|&n| Test::Prompt(n))
         .collect();
-    tests.extend(a.gen_tokens.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)));
+    tests.extend(
+        a.gen_tokens
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| Test::Gen(n)),
+    );
     if tests.is_empty() {
         return Err("nothing to measure: --prompt-tokens and --gen-tokens are all 0".into());
     }
@@ -175,7 +180,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
     };
     let (_, model) = base.load()?;
     let need = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
-    let n_ctx = base.n_ctx(&model, Some(need.max(1)), need)
+    let n_ctx = base
+        .n_ctx(&model, Some(need.max(1)), need)
         .map_err(|e| format!("{e} (lower --prompt-tokens / --gen-tokens)"))?;
 
     let mut rows = Vec::new();

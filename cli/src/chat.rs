@@ -243,6 +243,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
     chat.reset();
 
     let mut input = Input::open()?;
+    let interactive = matches!(input, Input::Editor(..));
+    let mut failed = 0usize;
     let mut stdout = std::io::stdout().lock();
     loop {
         let line = match input.read()? {
@@ -272,10 +274,15 @@ pub fn chat(a: ChatArgs) -> CliResult {
                         chat.messages.pop();
                     }
                     eprintln!("error: {e}");
+                    failed += 1;
                 }
             }
         }
     }
     input.save();
+    // A script feeding turns through a pipe learns from the exit status that one failed.
+    if failed > 0 && !interactive {
+        return Err(format!("{failed} turn(s) failed (see above)").into());
+    }
     Ok(())
 }

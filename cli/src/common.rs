@@ -129,10 +129,9 @@ impl ModelArgs {
         let train = model.hp.n_ctx_train;
         match ctx {
             Some(0) => Err("--ctx must be at least 1".into()),
-            Some(n) if n > train => Err(format!(
-                "--ctx {n} exceeds the model's training context of {train}"
-            )
-            .into()),
+            Some(n) if n > train => {
+                Err(format!("--ctx {n} exceeds the model's training context of {train}").into())
+            }
             Some(n) => Ok(n),
             None => Ok(default.min(train)),
         }
@@ -185,12 +184,7 @@ pub fn model_ftype(model: &Model) -> String {
 }
 
 pub fn model_n_params(model: &Model) -> u64 {
-    model
-        .gguf
-        .tensors
-        .iter()
-        .map(|t| t.n_elements())
-        .sum()
+    model.gguf.tensors.iter().map(|t| t.n_elements()).sum()
 }
 
 pub fn model_size(model: &Model) -> u64 {
@@ -223,7 +217,11 @@ pub fn peak_rss_bytes() -> u64 {
         if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
             // Linux reports kilobytes, macOS bytes.
             let v = ru.ru_maxrss as u64;
-            return if cfg!(target_os = "macos") { v } else { v * 1024 };
+            return if cfg!(target_os = "macos") {
+                v
+            } else {
+                v * 1024
+            };
         }
     }
     0

@@ -1,6 +1,6 @@
-use clap::Args;
 use crate::common::{chat_tokens, CliResult, Interrupted, ModelArgs, SamplingArgs};
 use crate::signals;
+use clap::Args;
 use loader::{ChatMessage, StreamDecoder};
 use std::io::Write;
 
@@ -115,7 +115,11 @@ pub fn run(a: RunArgs) -> CliResult {
         writeln!(stdout, "{rest}")?;
     }
     if interrupted {
-        return Err(Interrupted(format!("interrupted after {} generated tokens", tokens.len())).into());
+        return Err(Interrupted(format!(
+            "interrupted after {} generated tokens",
+            tokens.len()
+        ))
+        .into());
     }
     Ok(())
 }

@@ -109,7 +109,10 @@ fn chat_turns_reuse_the_cache() {
     assert!(p2 < p1 + g1, "turn 2 reprocessed too much: {p2}");
     assert!(p2 < r2, "turn 2 processed {p2}, reused {r2}");
     let out = stdout(&o);
-    assert!(out.lines().filter(|l| !l.trim().is_empty()).count() >= 2, "{out}");
+    assert!(
+        out.lines().filter(|l| !l.trim().is_empty()).count() >= 2,
+        "{out}"
+    );
 }
 
 #[test]
@@ -125,11 +128,18 @@ fn chat_reset_starts_over_and_answers_alike() {
     let turns = turn_stats(&err);
     assert_eq!(turns.len(), 2, "{err}");
     assert_eq!(turns[1].1, 0, "/reset empties the cache");
-    assert_eq!(turns[0].0 + turns[0].1, turns[1].0 + turns[1].1, "same prompt both times");
+    assert_eq!(
+        turns[0].0 + turns[0].1,
+        turns[1].0 + turns[1].1,
+        "same prompt both times"
+    );
     let out = stdout(&o);
     let replies: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(replies.len(), 2, "{replies:?}");
-    assert_eq!(replies[0], replies[1], "greedy: the same conversation, the same reply");
+    assert_eq!(
+        replies[0], replies[1],
+        "greedy: the same conversation, the same reply"
+    );
 }
 
 #[test]
@@ -153,7 +163,11 @@ fn chat_banner_and_commands() {
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
-    assert!(stdout(&o).trim().is_empty(), "no turn was run: {}", stdout(&o));
+    assert!(
+        stdout(&o).trim().is_empty(),
+        "no turn was run: {}",
+        stdout(&o)
+    );
 }
 
 #[test]
@@ -194,7 +208,12 @@ fn chat_ctrl_c_stops_the_reply_not_the_chat() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(status.success(), "{err}");
     assert!(err.contains("[stopped]"), "{err}");
     let turns = turn_stats(&err);
@@ -203,11 +222,42 @@ fn chat_ctrl_c_stops_the_reply_not_the_chat() {
 }
 
 #[test]
+fn chat_turn_too_long_for_the_context_is_refused_and_the_chat_goes_on() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let long = "many words ".repeat(100);
+    let o = mollm_stdin(
+        &["chat", "-m", &m, "--ctx", "96", "-n", "4", "-v", "--quiet"],
+        &format!("{long}\nHi\n"),
+    );
+    let err = stderr(&o);
+    assert!(err.contains("raise --ctx"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        turn_stats(&err).len(),
+        1,
+        "the short turn still runs: {err}"
+    );
+    assert!(
+        !o.status.success(),
+        "a failed piped turn shows in the exit status"
+    );
+    assert!(err.contains("1 turn(s) failed"), "{err}");
+}
+
+#[test]
 fn run_ctrl_c_exits_130_keeping_the_text() {
     let Some(m) = model(SMOLLM2) else { return };
     let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
         .args([
-            "run", "-m", &m, "-p", "Once upon a time", "-n", "2000", "--ignore-eos", "--ctx",
+            "run",
+            "-m",
+            &m,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "2000",
+            "--ignore-eos",
+            "--ctx",
             "2048",
         ])
         .stdout(Stdio::piped())
@@ -223,7 +273,10 @@ fn run_ctrl_c_exits_130_keeping_the_text() {
     }
     let mut rest = Vec::new();
     out.read_to_end(&mut rest).unwrap();
-    assert!(rest.ends_with(b"\n"), "the text so far is kept and the line ended");
+    assert!(
+        rest.ends_with(b"\n"),
+        "the text so far is kept and the line ended"
+    );
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let err = stderr(&o);
@@ -258,14 +311,31 @@ fn ctx_beyond_the_model_is_refused() {
 fn bench_json_rows_read_like_llama_bench() {
     let Some(m) = model(SMOLLM2) else { return };
     let o = mollm(&[
-        "bench", "-m", &m, "--prompt-tokens", "16,32", "--gen-tokens", "4", "--warmup", "1",
-        "--reps", "2", "--threads", "1", "--json",
+        "bench",
+        "-m",
+        &m,
+        "--prompt-tokens",
+        "16,32",
+        "--gen-tokens",
+        "4",
+        "--warmup",
+        "1",
+        "--reps",
+        "2",
+        "--threads",
+        "1",
+        "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
     let shape: Vec<(u64, u64)> = rows
         .iter()
-        .map(|r| (r["n_prompt"].as_u64().unwrap(), r["n_gen"].as_u64().unwrap()))
+        .map(|r| {
+            (
+                r["n_prompt"].as_u64().unwrap(),
+                r["n_gen"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(shape, vec![(16, 0), (32, 0), (0, 4)]);
     for r in &rows {
@@ -291,7 +361,10 @@ fn bench_table_and_bad_flags() {
     let t = stdout(&o);
     assert!(t.starts_with("| model"), "{t}");
     assert!(t.contains("| pp8 |") && t.contains("| tg2 |"), "{t}");
-    assert_clean_error(&mollm(&["bench", "-m", &m, "-p", "0", "-n", "0"]), "nothing to measure");
+    assert_clean_error(
+        &mollm(&["bench", "-m", &m, "-p", "0", "-n", "0"]),
+        "nothing to measure",
+    );
     assert_clean_error(&mollm(&["bench", "-m", &m, "-p", "100000"]), "--ctx");
     assert_clean_error(&mollm(&["bench", "-m", &m, "--reps", "0"]), "--reps");
 }
@@ -300,7 +373,10 @@ fn bench_table_and_bad_flags() {
 fn ppl_refuses_bad_files() {
     let Some(m) = model(SMOLLM2) else { return };
     let bin = tmp("latin1.txt", b"caf\xe9 au lait, s'il vous pla\xeet\n");
-    assert_clean_error(&mollm(&["ppl", "-m", &m, "-f", bin.to_str().unwrap()]), "not UTF-8");
+    assert_clean_error(
+        &mollm(&["ppl", "-m", &m, "-f", bin.to_str().unwrap()]),
+        "not UTF-8",
+    );
     let short = tmp("short.txt", b"Only a few words here.\n");
     assert_clean_error(
         &mollm(&["ppl", "-m", &m, "-f", short.to_str().unwrap()]),
@@ -317,7 +393,14 @@ fn help_covers_every_command_and_completions_work() {
     let o = mollm(&["--help"]);
     let h = stdout(&o);
     for cmd in [
-        "run", "chat", "bench", "ppl", "architectures", "devices", "backends", "ops",
+        "run",
+        "chat",
+        "bench",
+        "ppl",
+        "architectures",
+        "devices",
+        "backends",
+        "ops",
         "completions",
     ] {
         assert!(h.contains(&format!("  {cmd} ")), "--help lacks {cmd}: {h}");
@@ -325,12 +408,18 @@ fn help_covers_every_command_and_completions_work() {
         assert!(sub.status.success(), "{cmd} --help failed");
         assert!(stdout(&sub).contains("Usage: mollm"), "{cmd}");
     }
-    assert!(!h.contains("__gate"), "the internal gate command stays hidden");
+    assert!(
+        !h.contains("__gate"),
+        "the internal gate command stays hidden"
+    );
     for shell in ["bash", "zsh", "fish"] {
         let o = mollm(&["completions", shell]);
         assert!(o.status.success());
         let s = stdout(&o);
-        assert!(s.contains("mollm") && s.contains("ppl") && s.contains("prompt-tokens"), "{shell}");
+        assert!(
+            s.contains("mollm") && s.contains("ppl") && s.contains("prompt-tokens"),
+            "{shell}"
+        );
     }
     assert_clean_error(&mollm(&["completions", "cmd.exe"]), "cmd.exe");
 }

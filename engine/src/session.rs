@@ -199,7 +199,11 @@ impl<'m> Session<'m> {
     /// Appends `tokens` to the context, `n_batch` at a time, and returns the logits after the
     /// last one (`want_logits`), or `None`.
     pub fn eval(&mut self, tokens: &[u32], want_logits: bool) -> Result<Option<Vec<f32>>> {
-        let from = if want_logits { tokens.len().saturating_sub(1) } else { tokens.len() };
+        let from = if want_logits {
+            tokens.len().saturating_sub(1)
+        } else {
+            tokens.len()
+        };
         let out = self.eval_from(tokens, from)?;
         Ok(want_logits.then_some(out))
     }
