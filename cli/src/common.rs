@@ -31,7 +31,8 @@ pub struct ModelArgs {
     /// Prompt tokens processed per step.
     #[arg(long, short = 'b', default_value_t = 512)]
     pub batch: usize,
-    /// No progress bars or banners (they are also off when stderr is not a terminal).
+    /// No progress bars or banners (progress bars are also off when stdout or stderr is not a
+    /// terminal).
     #[arg(long, short = 'q')]
     pub quiet: bool,
 }

@@ -82,6 +82,7 @@ pub fn ppl(a: PplArgs) -> CliResult {
         );
     }
     let bar = crate::progress::bar(a.model.quiet, n_chunk as u64, "windows");
+    let show_bar = crate::progress::enabled(a.model.quiet);
     let t0 = Instant::now();
     let (mut sum, mut sum2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(n_chunk);
@@ -104,7 +105,9 @@ pub fn ppl(a: PplArgs) -> CliResult {
         count += n_ctx - 1 - first;
         let est = (sum / count as f64).exp();
         running.push(est);
-        if !a.json {
+        // With a bar on the terminal the estimates wait for the end (the bar shows the latest);
+        // otherwise they stream as llama-perplexity prints them.
+        if !a.json && !show_bar {
             write!(stdout, "[{}]{est:.4},", i + 1)?;
             stdout.flush()?;
         }
@@ -138,6 +141,11 @@ pub fn ppl(a: PplArgs) -> CliResult {
         });
         writeln!(stdout, "{v}")?;
     } else {
+        if show_bar {
+            for (i, est) in running.iter().enumerate() {
+                write!(stdout, "[{}]{est:.4},", i + 1)?;
+            }
+        }
         writeln!(stdout)?;
         writeln!(stdout, "Final estimate: PPL = {ppl:.4} +/- {err:.5}")?;
         eprintln!(

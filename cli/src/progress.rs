@@ -1,12 +1,12 @@
-//! Progress display on stderr, for a person watching: off with `--quiet` and whenever stderr is
-//! not a terminal, so pipes, logs and tests see only the results.
+//! Progress display on stderr, for a person watching: off with `--quiet` and whenever stdout or
+//! stderr is not a terminal, so pipes, redirected output, logs and tests see only the results.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::Duration;
 
 pub fn enabled(quiet: bool) -> bool {
-    !quiet && std::io::stderr().is_terminal()
+    !quiet && std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
 }
 
 fn hidden_unless(quiet: bool, bar: ProgressBar) -> ProgressBar {
