@@ -14,6 +14,7 @@
 //! - [`Op`], [`OpSchema`], [`SCHEMAS`]: operators, their operands, attributes and shape rules.
 //! - [`BackendHeader`], [`BackendTable`], [`HostApi`], [`OpCall`], [`Status`]: the table.
 
+pub mod cpu;
 mod dtype;
 mod ops;
 mod table;

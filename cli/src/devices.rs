@@ -6,7 +6,7 @@ use clap::Args;
 use conformance::cases::{case, Case};
 use engine::backend::Backend;
 use engine::pool::Pool;
-use engine::registry::{self, Assessed, GateRunner, IsaCap};
+use engine::registry::{self, Assessed, Caps, GateRunner};
 use std::path::PathBuf;
 
 /// Plugin libraries named on the command line.
@@ -93,7 +93,7 @@ fn declared_ops(b: &Backend) -> usize {
 }
 
 fn assess_all(libs: &LibArgs) -> Result<Vec<Assessed>, Box<dyn std::error::Error>> {
-    let cap = IsaCap::from_env()?;
+    let cap = Caps::from_env()?;
     let runner = GateRunner::self_exec()?;
     Ok(registry::assess(
         registry::discover(&libs.backend_lib),

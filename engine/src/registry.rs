@@ -17,7 +17,8 @@
 //! - **Selection** ([`select`]): `auto` = every conforming native backend by score, highest
 //!   first, then the reference as fallback; `reference`; or one backend by name (+ reference
 //!   fallback unless `require_native`). `MOLLM_X86_ISA=scalar|avx2|avx512|auto` caps which x86
-//!   backends (name containing `x86` or `avx`) may be used.
+//!   backends (name containing `x86` or `avx`) may be used, `MOLLM_ARM_ISA=scalar|neon|i8mm|auto`
+//!   which ARM backends (name starting with `arm-`).
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
@@ -269,7 +270,8 @@ fn one_line(s: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // CPU signature and the ISA cap.
 
-/// x86 features that matter to the native backends, as `(name, detected)`.
+/// CPU features that matter to the native backends, as `(name, detected)`; the names are
+/// those of `abi::cpu::FEATURES` (plus a few shown for information).
 pub fn cpu_features() -> Vec<(&'static str, bool)> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -292,10 +294,36 @@ pub fn cpu_features() -> Vec<(&'static str, bool)> {
             ),
         ]
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        vec![
+            ("neon", std::arch::is_aarch64_feature_detected!("neon")),
+            (
+                "dotprod",
+                std::arch::is_aarch64_feature_detected!("dotprod"),
+            ),
+            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
+            ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
+            ("sve", std::arch::is_aarch64_feature_detected!("sve")),
+            ("sve2", std::arch::is_aarch64_feature_detected!("sve2")),
+        ]
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         Vec::new()
     }
+}
+
+/// The features a library declares (`cpu_features` bits) that this CPU does not report.
+pub fn missing_features(bits: u64) -> Vec<String> {
+    let have = cpu_features();
+    abi::cpu::feature_names(bits)
+        .filter(|n| match n {
+            abi::cpu::FeatureName::Known(name) => !have.iter().any(|(h, on)| h == name && *on),
+            abi::cpu::FeatureName::Unknown(_) => true,
+        })
+        .map(|n| n.to_string())
+        .collect()
 }
 
 /// A short stable name for this CPU's feature set, e.g. `x86_64-03fe`.
@@ -305,6 +333,69 @@ pub fn cpu_signature() -> String {
         .enumerate()
         .fold(0u64, |acc, (i, (_, on))| acc | ((*on as u64) << i));
     format!("{}-{bits:04x}", std::env::consts::ARCH)
+}
+
+/// The ISA caps from `MOLLM_X86_ISA` and `MOLLM_ARM_ISA`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    pub x86: IsaCap,
+    pub arm: ArmIsaCap,
+}
+
+impl Caps {
+    pub fn from_env() -> Result<Caps> {
+        Ok(Caps {
+            x86: IsaCap::from_env()?,
+            arm: ArmIsaCap::from_env()?,
+        })
+    }
+
+    /// Why the backend `name` is excluded by a cap, if it is.
+    pub fn excludes(self, name: &str) -> Option<String> {
+        self.x86.excludes(name).or_else(|| self.arm.excludes(name))
+    }
+}
+
+/// `neon|i8mm|scalar|auto`: which ARM backends may be selected.
+pub const ARM_ISA_ENV: &str = "MOLLM_ARM_ISA";
+
+/// The `MOLLM_ARM_ISA` cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArmIsaCap {
+    Scalar,
+    Neon,
+    I8mm,
+    Auto,
+}
+
+impl ArmIsaCap {
+    pub fn from_env() -> Result<ArmIsaCap> {
+        match std::env::var(ARM_ISA_ENV).ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(ArmIsaCap::Auto),
+            Some("scalar") => Ok(ArmIsaCap::Scalar),
+            Some("neon") => Ok(ArmIsaCap::Neon),
+            Some("i8mm") => Ok(ArmIsaCap::I8mm),
+            Some(v) => Err(EngineError::Invalid(format!(
+                "{ARM_ISA_ENV}={v}: expected scalar, neon, i8mm or auto"
+            ))),
+        }
+    }
+
+    /// Why the backend `name` is excluded by this cap, if it is. Only ARM backends (names
+    /// starting with `arm-`) are capped.
+    pub fn excludes(self, name: &str) -> Option<String> {
+        let n = name.to_ascii_lowercase();
+        if !n.starts_with("arm-") {
+            return None;
+        }
+        let (allowed, v) = match self {
+            ArmIsaCap::Auto => (true, "auto"),
+            ArmIsaCap::Scalar => (false, "scalar"),
+            ArmIsaCap::Neon => (n == "arm-neon", "neon"),
+            ArmIsaCap::I8mm => (true, "i8mm"),
+        };
+        (!allowed).then(|| format!("excluded by {ARM_ISA_ENV}={v}"))
+    }
 }
 
 /// The `MOLLM_X86_ISA` cap.
@@ -633,8 +724,12 @@ impl Assessed {
 }
 
 /// Why a plugin cannot be used before any gate runs (score 0 or the ISA cap), if so.
-pub fn precheck(p: &Plugin, cap: IsaCap) -> Option<String> {
+pub fn precheck(p: &Plugin, cap: Caps) -> Option<String> {
     if p.score == 0 {
+        let missing = missing_features(p.cpu_features);
+        if !missing.is_empty() {
+            return Some(format!("unavailable: CPU lacks {}", missing.join(" ")));
+        }
         return Some(format!(
             "unavailable: CPU lacks the features this backend was built for (library cpu_features {:#x}; this CPU: {})",
             p.cpu_features,
@@ -653,7 +748,7 @@ pub fn precheck(p: &Plugin, cap: IsaCap) -> Option<String> {
 pub fn assess(
     candidates: Vec<Candidate>,
     runner: &GateRunner,
-    cap: IsaCap,
+    cap: Caps,
     gate_names: Option<&[String]>,
 ) -> Vec<Assessed> {
     candidates
@@ -705,7 +800,7 @@ pub fn select(
     pool: &Pool,
 ) -> Result<(Vec<Backend>, bool)> {
     use crate::BackendChoice;
-    let cap = IsaCap::from_env()?;
+    let cap = Caps::from_env()?;
     let reference = || Backend::open(&reference::HEADER, pool.host_api());
     if matches!(choice, BackendChoice::Named(n) if n == "reference") {
         if opts.require_native {

@@ -1,7 +1,7 @@
 //! The plugin registry without the CLI: file names, loading refusals, the gate protocol run
 //! through this test binary as the child, the ISA cap.
 
-use engine::registry::{self, GateRunner, IsaCap, Verdict};
+use engine::registry::{self, ArmIsaCap, Caps, GateRunner, IsaCap, Verdict};
 use std::path::PathBuf;
 
 /// When this test binary is started as the gate child (see `runner()`), it runs the gate and
@@ -92,6 +92,46 @@ fn isa_cap_rules() {
     assert!(IsaCap::Avx512.excludes("x86-avx512").is_none());
     assert!(IsaCap::Avx512.excludes("x86-avx2").is_none());
     assert!(IsaCap::Auto.excludes("x86-avx512").is_none());
+    assert!(
+        IsaCap::Scalar.excludes("arm-neon").is_none(),
+        "x86 cap leaves ARM alone"
+    );
+}
+
+#[test]
+fn arm_isa_cap_rules() {
+    assert!(ArmIsaCap::Scalar.excludes("arm-neon").is_some());
+    assert!(ArmIsaCap::Neon.excludes("arm-neon").is_none());
+    assert!(ArmIsaCap::Neon.excludes("arm-i8mm").is_some());
+    assert!(ArmIsaCap::I8mm.excludes("arm-i8mm").is_none());
+    assert!(ArmIsaCap::I8mm.excludes("arm-neon").is_none());
+    assert!(ArmIsaCap::Auto.excludes("arm-i8mm").is_none());
+    assert!(
+        ArmIsaCap::Scalar.excludes("x86-avx2").is_none(),
+        "ARM cap leaves x86 alone"
+    );
+    let caps = Caps {
+        x86: IsaCap::Avx2,
+        arm: ArmIsaCap::Neon,
+    };
+    assert!(caps.excludes("x86-avx512").is_some());
+    assert!(caps.excludes("arm-i8mm").is_some());
+    assert!(caps.excludes("arm-neon").is_none());
+}
+
+#[test]
+fn missing_features_are_named() {
+    // A feature no CPU of the other architecture has is always missing, by name.
+    let other = if cfg!(target_arch = "aarch64") {
+        abi::cpu::X86_AVX2
+    } else {
+        abi::cpu::ARM_I8MM
+    };
+    let m = registry::missing_features(other | (1 << 50));
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m[0] == "avx2" || m[0] == "i8mm", "{m:?}");
+    assert_eq!(m[1], "bit 50");
+    assert!(registry::missing_features(0).is_empty());
 }
 
 #[test]
