@@ -1,6 +1,6 @@
-//! The conformance gate on the native x86 backends built by this workspace
+//! The conformance gate on the native backends (x86 and ARM) built by this workspace
 //! (`cargo build --release --workspace` puts them next to `mollm`). Both tiers are checked
-//! whatever MOLLM_X86_ISA says; a tier this CPU cannot run is skipped with a note.
+//! whatever MOLLM_X86_ISA says; a backend this CPU cannot run (score 0) is skipped with a note.
 
 use std::path::PathBuf;
 
@@ -65,4 +65,9 @@ fn x86_avx2_conforms() {
 #[test]
 fn x86_avx512_conforms() {
     check("mollm_x86_avx512");
+}
+
+#[test]
+fn arm_neon_conforms() {
+    check("mollm_arm_neon");
 }

@@ -728,10 +728,10 @@ pub fn precheck(p: &Plugin, cap: Caps) -> Option<String> {
     if p.score == 0 {
         let missing = missing_features(p.cpu_features);
         if !missing.is_empty() {
-            return Some(format!("unavailable: CPU lacks {}", missing.join(" ")));
+            return Some(format!("CPU lacks {}", missing.join(" ")));
         }
         return Some(format!(
-            "unavailable: CPU lacks the features this backend was built for (library cpu_features {:#x}; this CPU: {})",
+            "CPU lacks the features this backend was built for (library cpu_features {:#x}; this CPU: {})",
             p.cpu_features,
             {
                 let on: Vec<&str> = cpu_features().iter().filter(|f| f.1).map(|f| f.0).collect();

@@ -1,0 +1,123 @@
+//! `mat_mul` on ARM: the reference's kernel choice and activation conversion
+//! (`quant::matmul_kernel`, `quant::quantize_activations_for`), the per-element products by
+//! [`crate::simd`]. Only columns for which ggml's x86 build runs `vec_dot` on a legacy format
+//! are taken; a call with any other column is left to the next backend.
+
+use crate::simd;
+use crate::IntPath;
+use abi::{HostApi, TensorDesc};
+use mollm_cpu_glue::par::{parallel_for, SyncPtr};
+use mollm_cpu_glue::Error;
+
+/// Weight rows per `parallel_for` task.
+pub const ROWS_PER_TASK: usize = 32;
+
+/// Whether this backend computes this (already validated) mat_mul call.
+pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let dt = w.dtype().expect("validated");
+    if !simd::FORMATS.contains(&dt) {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: no ARM kernels for {dt} weights"
+        )));
+    }
+    if w.buffer != 0 || x.buffer != 0 || out.buffer != 0 {
+        return Err(Error::Unsupported("mat_mul: device buffers".into()));
+    }
+    if w.nb[0] != dt.info().block_bytes as i64 || w.nb[1] < 0 {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: weight rows of {dt} must be packed"
+        )));
+    }
+    let (k, n, cols) = (
+        w.ne[0] as usize,
+        w.ne[1] as usize,
+        x.nrows().max(0) as usize,
+    );
+    // The kernel depends on the column only through `col < n_cols / 4 * 4`: the first and the
+    // last column cover every case.
+    for c in [0, cols.saturating_sub(1)] {
+        let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+        if kernel != quant::Kernel::VecDot {
+            return Err(Error::Unsupported(format!(
+                "mat_mul: no ARM {kernel:?} kernel for {dt} ({cols} columns)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
+    let (n1, n2) = (t.ne[1], t.ne[2]);
+    (r % n1, (r / n1) % n2, r / (n1 * n2))
+}
+
+/// # Safety
+/// A validated, [`check`]ed call on valid host memory; the CPU runs `path`.
+pub unsafe fn run(
+    path: IntPath,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
+    let dt = w.dtype().expect("validated");
+    let (k, n, cols) = (w.ne[0] as usize, w.ne[1] as usize, x.nrows() as usize);
+    if n == 0 || cols == 0 || k == 0 {
+        return Ok(());
+    }
+    let vdt = quant::vec_dot_type(dt);
+    let rb = quant::row_bytes(vdt, k).ok_or_else(|| {
+        Error::Invalid(format!(
+            "mat_mul: {k} is not a whole number of {vdt} blocks"
+        ))
+    })?;
+    let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(&x, c)).collect();
+
+    // Activations: one converted row per column (exact scalar conversion from `quant`).
+    let mut act = vec![0u8; cols * rb];
+    let mut col = vec![0f32; k];
+    for c in 0..cols {
+        let (i1, i2, i3) = col_index[c];
+        let base = x
+            .data
+            .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
+        for (e, v) in col.iter_mut().enumerate() {
+            // SAFETY: element e of a validated f32 row.
+            *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                .read_unaligned();
+        }
+        quant::quantize_activations_for(
+            quant::Kernel::VecDot,
+            dt,
+            &col,
+            &mut act[c * rb..(c + 1) * rb],
+        )
+        .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
+    }
+
+    let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;
+    let (act, col_index) = (&act, &col_index);
+    let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
+    let w_stride = w.nb[1] as usize;
+    let wrb = quant::row_bytes(dt, k).expect("validated");
+    parallel_for(host, n_tasks, |t| {
+        let r0 = t as usize * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(n);
+        for c in 0..cols {
+            let a = &act[c * rb..(c + 1) * rb];
+            let (i1, i2, i3) = col_index[c];
+            let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+            for r in r0..r1 {
+                // SAFETY: row r of the validated weight tensor.
+                let wrow = unsafe { core::slice::from_raw_parts(wp.0.add(r * w_stride), wrb) };
+                // SAFETY: the caller checked that the CPU runs `path`.
+                let v = unsafe { simd::vec_dot(path, dt, wrow, a) };
+                let off = r as i64 * out.nb[0] + col_off;
+                // SAFETY: each (row, column) is written by exactly one task.
+                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+            }
+        }
+    });
+    Ok(())
+}

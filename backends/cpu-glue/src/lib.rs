@@ -1,0 +1,232 @@
+//! What every native CPU backend needs besides its kernels: the `abi::BackendTable` built from
+//! a [`CpuBackend`] implementation, with every entry point catching panics (none may cross the
+//! C boundary) and turning errors into statuses plus a `last_error` text; and [`par`], the
+//! host's thread pool for Rust closures. A backend crate implements [`CpuBackend`] and exports
+//! `mollm_backend_entry` returning a `static` [`abi::BackendHeader`] built with [`header`].
+//!
+//! (The x86 backends predate this crate and still carry their own copy of this glue; they are
+//! to move onto it.)
+
+use abi::{
+    BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,
+};
+use core::ffi::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+pub mod par;
+
+/// Why a call was not computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The call breaks the op's schema or the ABI (`Status::InvalidArgument`).
+    Invalid(String),
+    /// A valid call this backend does not compute (`Status::Unsupported`): the host sends it
+    /// to the next backend.
+    Unsupported(String),
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Error::Invalid(m) | Error::Unsupported(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A native CPU backend: the contract behind the table [`table`] builds.
+pub trait CpuBackend: 'static {
+    /// `score()`: 0 when this CPU cannot run the backend (it must not execute instructions
+    /// the CPU lacks to find out), higher = better fit.
+    fn score() -> u32;
+
+    /// Whether [`CpuBackend::compute`] would compute this call (`supports`). Implementations
+    /// call [`abi::validate`] first.
+    ///
+    /// # Safety
+    /// Descriptors as in an `OpCall`; data pointers may be null and must not be read.
+    unsafe fn check(
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error>;
+
+    /// Computes one call; everything [`CpuBackend::check`] accepts.
+    ///
+    /// # Safety
+    /// A call on valid host memory, as `BackendTable::compute` receives it.
+    unsafe fn compute(
+        host: &HostApi,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error>;
+}
+
+/// One backend instance.
+struct Context {
+    host: HostApi,
+    last_error: Mutex<String>,
+}
+
+impl Context {
+    fn set_error(&self, msg: String) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = msg;
+    }
+}
+
+extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
+    if host.is_null() || out.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: the host passes a valid HostApi; only struct_size is read before trusting it.
+    let size = unsafe { core::ptr::addr_of!((*host).struct_size).read() } as usize;
+    if size < core::mem::size_of::<HostApi>() {
+        return Status::InvalidArgument as i32;
+    }
+    let host = unsafe { *host };
+    let ctx = Box::new(Context {
+        host,
+        last_error: Mutex::new(String::new()),
+    });
+    // SAFETY: `out` is a valid pointer (checked non-null).
+    unsafe { *out = Box::into_raw(ctx) as *mut c_void };
+    Status::Ok as i32
+}
+
+extern "C" fn shutdown(ctx: *mut c_void) {
+    if !ctx.is_null() {
+        // SAFETY: ctx came from init.
+        drop(unsafe { Box::from_raw(ctx as *mut Context) });
+    }
+}
+
+type Decoded = (Op, &'static [TensorDesc], &'static [TensorDesc], OpParams);
+
+unsafe fn decode(call: *const OpCall) -> Result<Decoded, Error> {
+    if call.is_null() {
+        return Err(Error::Invalid("null call".into()));
+    }
+    let c = &*call;
+    if (c.n_inputs > 0 && c.inputs.is_null()) || (c.n_outputs > 0 && c.outputs.is_null()) {
+        return Err(Error::Invalid("null operand array".into()));
+    }
+    let (op, i, o) = c.parts();
+    let op = op.ok_or_else(|| Error::Invalid(format!("unknown op id {}", c.op)))?;
+    Ok((op, i, o, c.params))
+}
+
+fn status_of(e: &Error) -> Status {
+    match e {
+        Error::Invalid(_) => Status::InvalidArgument,
+        Error::Unsupported(_) => Status::Unsupported,
+    }
+}
+
+extern "C" fn compute<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    if ctx.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: ctx came from init.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        let (op, i, o, p) = decode(call)?;
+        B::check(op, i, o, &p)?;
+        B::compute(&cx.host, op, i, o, &p)
+    }));
+    match r {
+        Ok(Ok(())) => Status::Ok as i32,
+        Ok(Err(e)) => {
+            cx.set_error(e.to_string());
+            status_of(&e) as i32
+        }
+        Err(p) => {
+            cx.set_error(format!("panic: {}", par::panic_message(&*p)));
+            Status::Panic as i32
+        }
+    }
+}
+
+extern "C" fn last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
+    if ctx.is_null() {
+        return 0;
+    }
+    // SAFETY: ctx came from init.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let msg = cx
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if !buf.is_null() {
+        let n = msg.len().min(cap);
+        // SAFETY: the caller provides `cap` writable bytes.
+        unsafe { core::ptr::copy_nonoverlapping(msg.as_ptr(), buf, n) };
+    }
+    msg.len()
+}
+
+extern "C" fn score<B: CpuBackend>() -> u32 {
+    catch_unwind(B::score).unwrap_or(0)
+}
+
+extern "C" fn supports<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        let (op, i, o, p) = decode(call)?;
+        B::check(op, i, o, &p)
+    }));
+    match r {
+        Ok(Ok(())) => Status::Ok as i32,
+        Ok(Err(e)) => {
+            if !ctx.is_null() {
+                // SAFETY: ctx came from init.
+                unsafe { &*(ctx as *const Context) }.set_error(e.to_string());
+            }
+            Status::Unsupported as i32
+        }
+        Err(_) => Status::Unsupported as i32,
+    }
+}
+
+extern "C" fn synchronize(_ctx: *mut c_void) -> i32 {
+    // CPU work is finished when `compute` returns.
+    Status::Ok as i32
+}
+
+/// The function table of backend `B`. CPU backends compute on host memory: no buffers, no
+/// weight repacking yet.
+pub const fn table<B: CpuBackend>() -> BackendTable {
+    BackendTable {
+        init,
+        shutdown,
+        compute: compute::<B>,
+        last_error,
+        score: Some(score::<B>),
+        supports: Some(supports::<B>),
+        synchronize: Some(synchronize),
+        buffer_alloc: None,
+        buffer_free: None,
+        buffer_copy: None,
+        prepare_weight: None,
+    }
+}
+
+/// The header of a CPU backend named `name` whose kernels use the `abi::cpu` feature bits
+/// `cpu_features`.
+pub const fn header(
+    name: *const c_char,
+    cpu_features: u64,
+    table: *const BackendTable,
+) -> BackendHeader {
+    BackendHeader::layout(name, DeviceKind::Cpu, cpu_features, table)
+}
+
+/// Reads the last error of a context (tests and tools).
+pub fn last_error_string(table: &BackendTable, ctx: *mut c_void) -> String {
+    let n = (table.last_error)(ctx, core::ptr::null_mut(), 0);
+    let mut buf = vec![0u8; n];
+    (table.last_error)(ctx, buf.as_mut_ptr(), n);
+    String::from_utf8_lossy(&buf).into_owned()
+}
