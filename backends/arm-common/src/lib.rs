@@ -22,7 +22,7 @@
 //! the backend scores 0.
 
 use abi::{HostApi, Op, OpParams, TensorDesc};
-use mollm_cpu_glue::{CpuBackend, Error};
+use mollm_cpu_common::{CpuBackend, Error};
 
 pub mod matmul;
 pub mod simd;
@@ -116,9 +116,9 @@ impl CpuBackend for ArmNeon {
     }
 }
 
-pub static TABLE_NEON: abi::BackendTable = mollm_cpu_glue::table::<ArmNeon>();
+pub static TABLE_NEON: abi::BackendTable = mollm_cpu_common::table::<ArmNeon>();
 
 /// What `mollm_arm_neon`'s `mollm_backend_entry` returns. It requires NEON only (dotprod is
 /// used when present).
 pub static HEADER_NEON: abi::BackendHeader =
-    mollm_cpu_glue::header(c"arm-neon".as_ptr(), abi::cpu::ARM_NEON, &TABLE_NEON);
+    mollm_cpu_common::header(c"arm-neon".as_ptr(), abi::cpu::ARM_NEON, &TABLE_NEON);

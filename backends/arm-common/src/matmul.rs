@@ -6,8 +6,8 @@
 use crate::simd;
 use crate::IntPath;
 use abi::{HostApi, TensorDesc};
-use mollm_cpu_glue::par::{parallel_for, SyncPtr};
-use mollm_cpu_glue::Error;
+use mollm_cpu_common::par::{parallel_for, SyncPtr};
+use mollm_cpu_common::Error;
 
 /// Weight rows per `parallel_for` task.
 pub const ROWS_PER_TASK: usize = 32;
