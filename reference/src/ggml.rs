@@ -94,6 +94,7 @@ unsafe fn dot_tile_fma(x: &[f32], y: &[f32]) -> f32 {
 }
 
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn has_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
