@@ -31,7 +31,7 @@ def llama_ppl(bin_dir, model, text, extra):
     running = [float(x) for x in re.findall(r"\[\d+\](\d+\.\d+),", log)]
     m = re.search(r"Final estimate: PPL = (\d+\.\d+) \+/- (\d+\.\d+)", log)
     return {"ppl": float(m.group(1)), "stderr": float(m.group(2)), "running": running,
-            "args": cmd[3:]}
+            "args": [os.path.basename(x) if x.startswith("/") else x for x in cmd[3:]]}
 
 
 def mollm_ppl(model, text):

@@ -12,8 +12,9 @@
 //! `hsum_float_8`) is the same per lane on both ISAs.
 //!
 //! Implemented so far: `mat_mul` for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights wherever ggml's
-//! x86 build runs `vec_dot` (decode; every column of Q4_1/Q5_1). Every other op and kernel
-//! (tinyBLAS and repack GEMMs, K-quants, attention, norms, elementwise) answers `Unsupported`
+//! x86 build runs `vec_dot` or llamafile's tinyBLAS (the same per-element chain): decode for
+//! all five, prompts for all but Q4_0 rows in the repack buffer. Every other op and kernel
+//! (repack GEMMs, K-quants, attention, norms, elementwise) answers `Unsupported`
 //! in `supports`, so the host runs it on the next backend (the reference), and `mollm ops`
 //! says so.
 //!

@@ -1,7 +1,7 @@
 //! `mat_mul` on ARM: the reference's kernel choice and activation conversion
 //! (`quant::matmul_kernel`, `quant::quantize_activations_for`), the per-element products by
-//! [`crate::simd`]. Only columns for which ggml's x86 build runs `vec_dot` on a legacy format
-//! are taken; a call with any other column is left to the next backend.
+//! [`crate::simd`]. Only calls whose every column gets a kernel `simd::has_kernel` knows are
+//! taken; any other call is left to the next backend.
 
 use crate::simd;
 use crate::IntPath;
@@ -38,7 +38,7 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
     // last column cover every case.
     for c in [0, cols.saturating_sub(1)] {
         let kernel = quant::matmul_kernel(dt, k, n, cols, c);
-        if kernel != quant::Kernel::VecDot {
+        if !simd::has_kernel(kernel, dt) {
             return Err(Error::Unsupported(format!(
                 "mat_mul: no ARM {kernel:?} kernel for {dt} ({cols} columns)"
             )));
@@ -87,13 +87,9 @@ pub unsafe fn run(
             *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
                 .read_unaligned();
         }
-        quant::quantize_activations_for(
-            quant::Kernel::VecDot,
-            dt,
-            &col,
-            &mut act[c * rb..(c + 1) * rb],
-        )
-        .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
+        let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+        quant::quantize_activations_for(kernel, dt, &col, &mut act[c * rb..(c + 1) * rb])
+            .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
     }
 
     let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;

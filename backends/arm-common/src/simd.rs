@@ -17,6 +17,17 @@ pub const FORMATS: &[DType] = &[
     DType::Q8_0,
 ];
 
+/// Whether [`vec_dot`] computes `kernel`'s output elements for `dt`: `vec_dot` itself, and
+/// llamafile's tinyBLAS for Q4_0/Q5_0/Q8_0, whose per-element chain is the same (eight lanes,
+/// one FMA per block, `hsum_float_8`; see quant/src/tinyblas.rs).
+pub fn has_kernel(kernel: quant::Kernel, dt: DType) -> bool {
+    match kernel {
+        quant::Kernel::VecDot => FORMATS.contains(&dt),
+        quant::Kernel::TinyBlas => matches!(dt, DType::Q4_0 | DType::Q5_0 | DType::Q8_0),
+        _ => false,
+    }
+}
+
 #[inline(always)]
 fn f16_at(b: &[u8], off: usize) -> f32 {
     fp16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))

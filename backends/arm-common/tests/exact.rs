@@ -50,6 +50,18 @@ fn every_path_matches_the_reference_bit_for_bit() {
                 let mut act = vec![0u8; quant::row_bytes(quant::vec_dot_type(dt), n).unwrap()];
                 quant::quantize_activations(dt, &x, &mut act).unwrap();
                 let want = quant::vec_dot(dt, n, &wq, &act);
+                if mollm_arm_common::simd::has_kernel(quant::Kernel::TinyBlas, dt) {
+                    let mut act_t = act.clone();
+                    quant::quantize_activations_for(quant::Kernel::TinyBlas, dt, &x, &mut act_t)
+                        .unwrap();
+                    assert_eq!(act_t, act, "{dt}: tinyBLAS takes the same activations");
+                    let t = quant::dot_with(quant::Kernel::TinyBlas, dt, n, &wq, &act);
+                    assert_eq!(
+                        t.to_bits(),
+                        want.to_bits(),
+                        "{dt}: tinyBLAS = vec_dot per element"
+                    );
+                }
                 assert_eq!(
                     vec_dot_scalar(dt, &wq, &act).to_bits(),
                     want.to_bits(),
