@@ -1,62 +1,11 @@
 //! End-to-end behaviour of `mollm run`: bad input fails with one clear line, sampling is
 //! reproducible by seed, chat mode goes through the template, JSON output has its fields.
 
+mod common;
+
+use common::{assert_one_line_error as assert_clean_error, model, mollm, stderr, tmp, SMOLLM2};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn mollm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mollm"))
-        .args(args)
-        .output()
-        .expect("run mollm")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mollm-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
-}
-
-/// One line on stderr naming `needle`, non-zero exit, no panic.
-fn assert_clean_error(o: &Output, needle: &str) {
-    let e = stderr(o);
-    assert!(
-        !o.status.success(),
-        "expected failure, got success; stderr: {e}"
-    );
-    assert!(!e.contains("panicked"), "panic instead of an error: {e}");
-    assert_eq!(
-        e.trim_end().lines().count(),
-        1,
-        "expected one line, got: {e}"
-    );
-    assert!(e.contains(needle), "error does not mention {needle:?}: {e}");
-}
-
-fn model(name: &str) -> Option<PathBuf> {
-    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    };
-    let p = dir.join(name);
-    if p.exists() {
-        Some(p)
-    } else if std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("{} is missing (run scripts/fetch-models.sh)", p.display())
-    } else {
-        eprintln!("SKIP: {} not found", p.display());
-        None
-    }
-}
-
-const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+use std::process::Command;
 
 #[test]
 fn missing_file_is_one_line_naming_it() {

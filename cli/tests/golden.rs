@@ -5,29 +5,17 @@
 //! Models come from the model cache (scripts/fetch-models.sh). A missing model skips its test
 //! with a note, unless MOLLM_REQUIRE_MODELS=1 (CI sets it), where it fails.
 
+mod common;
+
+use common::repo;
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn models_dir() -> PathBuf {
-    match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    }
-}
 
 /// Backends the parity tests run on: the reference, then each native backend built next to
 /// `mollm` that can run on this CPU (MOLLM_TEST_BACKENDS=a,b overrides the list).
 fn backends() -> Vec<String> {
     let wanted = std::env::var("MOLLM_TEST_BACKENDS")
-        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512".into());
+        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512,arm-neon".into());
     let devices = Command::new(env!("CARGO_BIN_EXE_mollm"))
         .arg("devices")
         .output()
@@ -63,20 +51,9 @@ fn check_model(key: &str) {
     let golden_path = repo().join(format!("fixtures/golden/{key}.json"));
     let golden: Value =
         serde_json::from_slice(&std::fs::read(&golden_path).expect("golden file")).unwrap();
-    let model = models_dir().join(golden["model_file"].as_str().unwrap());
-    if !model.exists() {
-        if std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1") {
-            panic!(
-                "{} is missing (run scripts/fetch-models.sh)",
-                model.display()
-            );
-        }
-        eprintln!(
-            "SKIP {key}: {} not found (run scripts/fetch-models.sh)",
-            model.display()
-        );
+    let Some(model) = common::model(golden["model_file"].as_str().unwrap()) else {
         return;
-    }
+    };
     let cases = golden["cases"].as_array().unwrap();
     let mut failures = Vec::new();
     let mut runs = 0;

@@ -6,20 +6,12 @@
 //! cost far more, over its first windows (the full-text numbers of both are in the fixture and
 //! the README).
 
+mod common;
+
+use common::{model, repo as root, required};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn required() -> bool {
-    std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1")
-}
 
 fn text() -> Option<PathBuf> {
     let o = Command::new(root().join("scripts/fetch-ppl-text.sh"))
@@ -32,25 +24,6 @@ fn text() -> Option<PathBuf> {
     assert!(!required(), "the ppl text could not be fetched: {why}");
     eprintln!("SKIP: the ppl text could not be fetched: {why}");
     None
-}
-
-fn model(name: &str) -> Option<PathBuf> {
-    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    };
-    let p = dir.join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        assert!(
-            !required(),
-            "{} is missing (run scripts/fetch-models.sh)",
-            p.display()
-        );
-        eprintln!("SKIP: {} not found", p.display());
-        None
-    }
 }
 
 fn check(key: &str, chunks: Option<usize>) {

@@ -2,76 +2,18 @@
 //! shaped like llama-bench's), `ppl` (bad input; the llama.cpp comparison is in ppl.rs),
 //! interrupted `run`, help and shell completions.
 
+mod common;
+
+use common::{assert_clean_error, mollm, mollm_stdin, stderr, stdout, tmp, SMOLLM2};
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn mollm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mollm"))
-        .args(args)
-        .output()
-        .expect("run mollm")
-}
-
-fn mollm_stdin(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run mollm");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn assert_clean_error(o: &Output, needle: &str) {
-    let e = stderr(o);
-    assert!(!o.status.success(), "expected failure; stderr: {e}");
-    assert!(!e.contains("panicked"), "panic instead of an error: {e}");
-    assert!(e.contains(needle), "error does not mention {needle:?}: {e}");
-}
-
-fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mollm-tools-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
-}
-
+/// The cached model's path as a string (the tests pass it as an argument).
 fn model(name: &str) -> Option<String> {
-    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    };
-    let p = dir.join(name);
-    if p.exists() {
-        Some(p.to_string_lossy().into_owned())
-    } else if std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("{} is missing (run scripts/fetch-models.sh)", p.display())
-    } else {
-        eprintln!("SKIP: {} not found", p.display());
-        None
-    }
+    common::model(name).map(|p| p.to_string_lossy().into_owned())
 }
-
-const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 
 /// (processed, reused, generated) from each `--verbose` turn line.
 fn turn_stats(err: &str) -> Vec<(usize, usize, usize)> {

@@ -1,0 +1,105 @@
+//! Helpers shared by the `mollm` integration tests: run the binary, read its output, make
+//! scratch files, find the cached models (missing ones skip with a note, or fail under
+//! MOLLM_REQUIRE_MODELS=1 as in CI), and check that bad input fails cleanly.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn mollm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(args)
+        .output()
+        .expect("run mollm")
+}
+
+/// `mollm args` with `input` on its standard input (a pipe, as from a script).
+pub fn mollm_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mollm");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A scratch file of this test process.
+pub fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mollm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("MOLLM_MODELS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
+    }
+}
+
+pub fn required() -> bool {
+    std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1")
+}
+
+/// The cached model `name`, or `None` (with a note) when it is missing and not required.
+pub fn model(name: &str) -> Option<PathBuf> {
+    let p = models_dir().join(name);
+    if p.exists() {
+        Some(p)
+    } else {
+        assert!(
+            !required(),
+            "{} is missing (run scripts/fetch-models.sh)",
+            p.display()
+        );
+        eprintln!("SKIP: {} not found", p.display());
+        None
+    }
+}
+
+/// Failed with a non-zero exit, no panic, and an error naming `needle`.
+pub fn assert_clean_error(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "expected failure; stderr: {e}");
+    assert!(!e.contains("panicked"), "panic instead of an error: {e}");
+    assert!(e.contains(needle), "error does not mention {needle:?}: {e}");
+}
+
+/// As [`assert_clean_error`], and the error is one line.
+pub fn assert_one_line_error(o: &Output, needle: &str) {
+    assert_clean_error(o, needle);
+    let e = stderr(o);
+    assert_eq!(
+        e.trim_end().lines().count(),
+        1,
+        "expected one line, got: {e}"
+    );
+}
