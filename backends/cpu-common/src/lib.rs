@@ -3,9 +3,6 @@
 //! C boundary) and turning errors into statuses plus a `last_error` text; and [`par`], the
 //! host's thread pool for Rust closures. A backend crate implements [`CpuBackend`] and exports
 //! `mollm_backend_entry` returning a `static` [`abi::BackendHeader`] built with [`header`].
-//!
-//! (The x86 backends predate this crate and still carry their own copy of this glue; they are
-//! to move onto it.)
 
 use abi::{
     BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,

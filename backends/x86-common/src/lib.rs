@@ -17,12 +17,8 @@
 //!
 //! Each cdylib exports `mollm_backend_entry` returning [`HEADER_AVX2`] or [`HEADER_AVX512`].
 
-use abi::{
-    BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,
-};
-use core::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use abi::{BackendHeader, BackendTable, HostApi, Op, OpParams, TensorDesc};
+use mollm_cpu_common::CpuBackend;
 
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]
@@ -33,13 +29,10 @@ pub mod simd;
 
 /// Bits of `BackendHeader::cpu_features` (the CPU features a library's kernels use).
 pub mod features {
-    pub const AVX2: u64 = 1 << 0;
-    pub const FMA: u64 = 1 << 1;
-    pub const F16C: u64 = 1 << 2;
-    pub const AVX512F: u64 = 1 << 3;
-    pub const AVX512BW: u64 = 1 << 4;
-    pub const AVX512VL: u64 = 1 << 5;
-    pub const AVX512VNNI: u64 = 1 << 6;
+    pub use abi::cpu::{
+        X86_AVX2 as AVX2, X86_AVX512BW as AVX512BW, X86_AVX512F as AVX512F,
+        X86_AVX512VL as AVX512VL, X86_AVX512VNNI as AVX512VNNI, X86_F16C as F16C, X86_FMA as FMA,
+    };
 }
 
 /// The instruction set a backend instance computes with.
@@ -113,19 +106,7 @@ impl Isa {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Error {
-    Invalid(String),
-    Unsupported(String),
-}
-
-impl core::fmt::Display for Error {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Error::Invalid(m) | Error::Unsupported(m) => f.write_str(m),
-        }
-    }
-}
+pub use mollm_cpu_common::Error;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn simd_has_kernel(kernel: quant::Kernel, dtype: abi::DType) -> bool {
@@ -215,171 +196,50 @@ pub unsafe fn compute_op(
 
 // ---------------------------------------------------------------- the C table
 
-/// One backend instance.
-pub struct Context {
-    pub host: HostApi,
-    last_error: Mutex<String>,
-}
+/// The x86 backend computing with `ISA` ([`ISA_AVX2`] or [`ISA_AVX512`]); the C table, panic
+/// catching and error texts come from `mollm-cpu-common`.
+pub struct X86<const ISA: u8>;
 
-impl Context {
-    fn set_error(&self, msg: String) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = msg;
+impl<const ISA: u8> CpuBackend for X86<ISA> {
+    fn score() -> u32 {
+        Isa::from_u8(ISA).score()
+    }
+
+    unsafe fn check(
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        check(Isa::from_u8(ISA), op, inputs, outputs, params)
+    }
+
+    unsafe fn compute(
+        host: &HostApi,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        compute_op(Isa::from_u8(ISA), host, op, inputs, outputs, params)
     }
 }
 
-extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
-    if host.is_null() || out.is_null() {
-        return Status::InvalidArgument as i32;
-    }
-    // SAFETY: the host passes a valid HostApi; only struct_size is read before trusting it.
-    let size = unsafe { core::ptr::addr_of!((*host).struct_size).read() } as usize;
-    if size < core::mem::size_of::<HostApi>() {
-        return Status::InvalidArgument as i32;
-    }
-    let host = unsafe { *host };
-    let ctx = Box::new(Context {
-        host,
-        last_error: Mutex::new(String::new()),
-    });
-    unsafe { *out = Box::into_raw(ctx) as *mut c_void };
-    Status::Ok as i32
-}
-
-extern "C" fn shutdown(ctx: *mut c_void) {
-    if !ctx.is_null() {
-        // SAFETY: ctx came from init.
-        drop(unsafe { Box::from_raw(ctx as *mut Context) });
-    }
-}
-
-type Decoded = (Op, &'static [TensorDesc], &'static [TensorDesc], OpParams);
-
-unsafe fn decode(call: *const OpCall) -> Result<Decoded, Error> {
-    if call.is_null() {
-        return Err(Error::Invalid("null call".into()));
-    }
-    let c = &*call;
-    if (c.n_inputs > 0 && c.inputs.is_null()) || (c.n_outputs > 0 && c.outputs.is_null()) {
-        return Err(Error::Invalid("null operand array".into()));
-    }
-    let (op, i, o) = c.parts();
-    let op = op.ok_or_else(|| Error::Invalid(format!("unknown op id {}", c.op)))?;
-    Ok((op, i, o, c.params))
-}
-
-extern "C" fn compute<const ISA: u8>(ctx: *mut c_void, call: *const OpCall) -> i32 {
-    if ctx.is_null() {
-        return Status::InvalidArgument as i32;
-    }
-    // SAFETY: ctx came from init.
-    let cx = unsafe { &*(ctx as *const Context) };
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-        let (op, i, o, p) = decode(call)?;
-        compute_op(Isa::from_u8(ISA), &cx.host, op, i, o, &p)
-    }));
-    match r {
-        Ok(Ok(())) => Status::Ok as i32,
-        Ok(Err(e)) => {
-            let s = match e {
-                Error::Invalid(_) => Status::InvalidArgument,
-                Error::Unsupported(_) => Status::Unsupported,
-            };
-            cx.set_error(e.to_string());
-            s as i32
-        }
-        Err(p) => {
-            cx.set_error(format!("panic: {}", par::panic_message(&*p)));
-            Status::Panic as i32
-        }
-    }
-}
-
-extern "C" fn last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
-    if ctx.is_null() {
-        return 0;
-    }
-    let cx = unsafe { &*(ctx as *const Context) };
-    let msg = cx
-        .last_error
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    if !buf.is_null() {
-        let n = msg.len().min(cap);
-        // SAFETY: the caller provides `cap` writable bytes.
-        unsafe { core::ptr::copy_nonoverlapping(msg.as_ptr(), buf, n) };
-    }
-    msg.len()
-}
-
-extern "C" fn score<const ISA: u8>() -> u32 {
-    catch_unwind(|| Isa::from_u8(ISA).score()).unwrap_or(0)
-}
-
-extern "C" fn supports<const ISA: u8>(ctx: *mut c_void, call: *const OpCall) -> i32 {
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-        let (op, i, o, p) = decode(call)?;
-        check(Isa::from_u8(ISA), op, i, o, &p)
-    }));
-    match r {
-        Ok(Ok(())) => Status::Ok as i32,
-        Ok(Err(e)) => {
-            if !ctx.is_null() {
-                unsafe { &*(ctx as *const Context) }.set_error(e.to_string());
-            }
-            Status::Unsupported as i32
-        }
-        Err(_) => Status::Unsupported as i32,
-    }
-}
-
-extern "C" fn synchronize(_ctx: *mut c_void) -> i32 {
-    Status::Ok as i32
-}
-
-/// The function table of a backend computing with `ISA` ([`ISA_AVX2`] or [`ISA_AVX512`]).
-pub const fn table<const ISA: u8>() -> BackendTable {
-    BackendTable {
-        init,
-        shutdown,
-        compute: compute::<ISA>,
-        last_error,
-        score: Some(score::<ISA>),
-        supports: Some(supports::<ISA>),
-        synchronize: Some(synchronize),
-        buffer_alloc: None,
-        buffer_free: None,
-        buffer_copy: None,
-        prepare_weight: None,
-    }
-}
-
-pub static TABLE_AVX2: BackendTable = table::<ISA_AVX2>();
-pub static TABLE_AVX512: BackendTable = table::<ISA_AVX512>();
+pub static TABLE_AVX2: BackendTable = mollm_cpu_common::table::<X86<ISA_AVX2>>();
+pub static TABLE_AVX512: BackendTable = mollm_cpu_common::table::<X86<ISA_AVX512>>();
 
 /// What `mollm_x86_avx2`'s `mollm_backend_entry` returns.
-pub static HEADER_AVX2: BackendHeader = BackendHeader::layout(
-    c"x86-avx2".as_ptr(),
-    DeviceKind::Cpu,
-    Isa::Avx2.feature_bits(),
-    &TABLE_AVX2,
-);
+pub static HEADER_AVX2: BackendHeader =
+    mollm_cpu_common::header(c"x86-avx2".as_ptr(), Isa::Avx2.feature_bits(), &TABLE_AVX2);
 
 /// What `mollm_x86_avx512`'s `mollm_backend_entry` returns.
-pub static HEADER_AVX512: BackendHeader = BackendHeader::layout(
+pub static HEADER_AVX512: BackendHeader = mollm_cpu_common::header(
     c"x86-avx512".as_ptr(),
-    DeviceKind::Cpu,
     Isa::Avx512.feature_bits(),
     &TABLE_AVX512,
 );
 
-/// Reads the last error of a context (helper for tests and tools).
-pub fn last_error_string(table: &BackendTable, ctx: *mut c_void) -> String {
-    let n = (table.last_error)(ctx, core::ptr::null_mut(), 0);
-    let mut buf = vec![0u8; n];
-    (table.last_error)(ctx, buf.as_mut_ptr(), n);
-    String::from_utf8_lossy(&buf).into_owned()
-}
+pub use mollm_cpu_common::last_error_string;
 
 /// Safe entry to the SIMD kernels (tests, benchmarks): `out[r]` = output element of `kernel`
 /// for weight row `r` of `w` (`out.len()` packed rows of `n` elements of `dtype`) and the
