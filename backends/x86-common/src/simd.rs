@@ -14,7 +14,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use core::arch::x86_64::*;
-use quant::{fp16_to_f32, scale_min_k4, Kernel};
+use quant::{scale_min_k4, Kernel};
 
 /// Bytes of one block of each format used here.
 const Q4_1_B: usize = 20;
@@ -30,9 +30,12 @@ unsafe fn ld(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// The f16 at `p` as f32 by F16C `vcvtph2ps` (exact; NaN made quiet), which is what
+/// `quant::fp16_to_f32` emulates bit for bit (see `h16_matches_scalar`).
 #[inline(always)]
 unsafe fn h16(p: *const u8) -> f32 {
-    fp16_to_f32(u16::from_le_bytes([*p, *p.add(1)]))
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[inline(always)]
@@ -491,4 +494,23 @@ pub unsafe fn rows_avx512(
     out: &mut [f32],
 ) {
     rows_any::<true>(kernel, dtype, n, w, w_stride, act, out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every f16 bit pattern: F16C's conversion equals quant's scalar twin bit for bit.
+    #[test]
+    fn h16_matches_scalar() {
+        if !is_x86_feature_detected!("f16c") {
+            return;
+        }
+        #[target_feature(enable = "f16c")]
+        unsafe fn conv(b: u16) -> f32 {
+            super::h16(&b as *const u16 as *const u8)
+        }
+        for b in 0..=u16::MAX {
+            let got = unsafe { conv(b) };
+            assert_eq!(got.to_bits(), quant::fp16_to_f32(b).to_bits(), "f16 {b:#06x}");
+        }
+    }
 }
