@@ -24,6 +24,8 @@ use core::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
+#[cfg(target_arch = "x86_64")]
+pub mod actq;
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub mod ops;
@@ -134,6 +136,22 @@ pub(crate) fn simd_has_kernel(kernel: quant::Kernel, dtype: abi::DType) -> bool 
 
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn simd_has_kernel(_: quant::Kernel, _: abi::DType) -> bool {
+    false
+}
+
+/// Converts an activation row with SIMD (`actq`), or answers `false` (then quant converts it).
+pub(crate) fn simd_quantize_row(
+    kernel: quant::Kernel,
+    dtype: abi::DType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.detected() {
+        // SAFETY: AVX2/FMA/F16C detected; the caller sizes `dst` for the converted row.
+        return unsafe { actq::quantize_row(kernel, dtype, src, dst) };
+    }
+    let _ = (kernel, dtype, src, dst);
     false
 }
 

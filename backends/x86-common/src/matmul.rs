@@ -93,7 +93,8 @@ pub unsafe fn run(
         .collect();
     let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(&x, c)).collect();
 
-    // Activations, one converted row per column (scalar quant code: O(K) per column).
+    // Activations, one converted row per column (SIMD where `actq` has the conversion,
+    // quant's scalar code otherwise: the same bytes either way).
     let mut act = vec![0u8; cols * rb];
     {
         let act_ptr = SyncPtr(act.as_mut_ptr());
@@ -103,21 +104,31 @@ pub unsafe fn run(
         let xp = SyncPtr(x.data);
         let qerr = std::sync::Mutex::new(None::<String>);
         parallel_for(host, n_tasks, |t| {
-            let mut col = vec![0f32; k];
+            let mut col = Vec::new();
             for c in t as usize * per..((t as usize + 1) * per).min(cols) {
                 let (i1, i2, i3) = col_index[c];
                 let base =
                     xp.0.wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
-                for (e, v) in col.iter_mut().enumerate() {
-                    // SAFETY: element e of a validated f32 row.
-                    *v = unsafe {
-                        (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
-                            .read_unaligned()
-                    };
-                }
+                let src: &[f32] = if x.nb[0] == 4 && base as usize % 4 == 0 {
+                    // SAFETY: a validated contiguous f32 row of k elements.
+                    unsafe { core::slice::from_raw_parts(base as *const f32, k) }
+                } else {
+                    col.clear();
+                    col.extend((0..k).map(|e| {
+                        // SAFETY: element e of a validated f32 row.
+                        unsafe {
+                            (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                                .read_unaligned()
+                        }
+                    }));
+                    &col
+                };
                 // SAFETY: column c owns bytes c*rb..(c+1)*rb.
                 let dst = unsafe { core::slice::from_raw_parts_mut(act_ptr.0.add(c * rb), rb) };
-                if let Err(e) = quant::quantize_activations_for(kernels[c], dt, &col, dst) {
+                if crate::simd_quantize_row(kernels[c], dt, src, dst) {
+                    continue;
+                }
+                if let Err(e) = quant::quantize_activations_for(kernels[c], dt, src, dst) {
                     qerr.lock().unwrap().get_or_insert(e.to_string());
                 }
             }
