@@ -79,7 +79,11 @@ unsafe fn q8_0_row<const Q8_1: bool>(src: &[f32], dst: &mut [u8]) -> bool {
     let sign = _mm256_set1_ps(-0.0);
     for b in 0..nb {
         let x = src.as_ptr().add(32 * b);
-        let v: [__m256; 4] = core::array::from_fn(|k| _mm256_loadu_ps(x.add(8 * k)));
+        // (no closures in these functions: they would not inherit the target features)
+        let mut v = [_mm256_setzero_ps(); 4];
+        for k in 0..4 {
+            v[k] = _mm256_loadu_ps(x.add(8 * k));
+        }
         let bad = _mm256_or_ps(
             _mm256_or_ps(not_finite(v[0]), not_finite(v[1])),
             _mm256_or_ps(not_finite(v[2]), not_finite(v[3])),
@@ -95,11 +99,12 @@ unsafe fn q8_0_row<const Q8_1: bool>(src: &[f32], dst: &mut [u8]) -> bool {
         let d = max / 127.0;
         let id = if max != 0.0 { 127.0 / max } else { 0.0 };
         let idv = _mm256_set1_ps(id);
-        let i: [__m256i; 4] = core::array::from_fn(|k| {
-            _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(v[k], idv),
-            ))
-        });
+        let mut i = [_mm256_setzero_si256(); 4];
+        for k in 0..4 {
+            i[k] = _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(v[k], idv)));
+        }
         let o = dst.as_mut_ptr().add(bb * b);
         o.cast::<[u8; 2]>().write_unaligned(quant::f32_to_fp16(d).to_le_bytes());
         if Q8_1 {
@@ -161,12 +166,13 @@ unsafe fn q8_k_row(src: &[f32], dst: &mut [u8]) -> bool {
         let qs = o.add(4);
         let bsums = o.add(260);
         for g in 0..8 {
-            let i: [__m256i; 4] = core::array::from_fn(|k| {
+            let mut i = [_mm256_setzero_si256(); 4];
+            for k in 0..4 {
                 let v = _mm256_loadu_ps(x.add(32 * g + 8 * k));
                 let t = _mm256_add_ps(_mm256_mul_ps(isv, v), magic);
                 let q = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), mant), off);
-                _mm256_min_epi32(q, top)
-            });
+                i[k] = _mm256_min_epi32(q, top);
+            }
             _mm256_storeu_si256(qs.add(32 * g) as *mut __m256i, pack_i8(i));
             let s0 = hsum_i32(_mm256_add_epi32(i[0], i[1])) as i16;
             let s1 = hsum_i32(_mm256_add_epi32(i[2], i[3])) as i16;

@@ -180,6 +180,35 @@ pub(crate) unsafe fn simd_rows(
     )
 }
 
+/// # Safety
+/// As `simd::tile_avx2` / `simd::tile_avx512` (the CPU supports `isa`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn simd_tile(
+    isa: Isa,
+    kernels: &[quant::Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    a_stride: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Avx2 => simd::tile_avx2(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out),
+        Isa::Avx512 => {
+            simd::tile_avx512(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "x86 kernels on {isa:?}: {kernels:?} {dtype} {n} {w:?} {w_stride} {act:?} {a_stride} {nrows} {}",
+        out.len()
+    )
+}
+
 // ---------------------------------------------------------------- op entry points
 
 /// Whether `compute` accepts this call (schema check, then formats/shapes/kernels).
@@ -428,4 +457,34 @@ pub fn dot_rows(
     );
     // SAFETY: checked above.
     unsafe { simd_rows(isa, kernel, dtype, n, w.as_ptr(), rb, act.as_ptr(), out) }
+}
+
+/// Safe entry to the multi-column kernels (tests, benchmarks): `out[c * rows + r]` = output
+/// element of `kernels[c]` for weight row `r` of `w` (`rows` packed rows of `n` elements of
+/// `dtype`) and activation column `c` of `act` (`kernels.len()` converted rows, packed).
+///
+/// # Panics
+/// If the CPU lacks `isa`, a kernel has no SIMD twin, or sizes disagree.
+pub fn dot_tile(
+    isa: Isa,
+    kernels: &[quant::Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: &[u8],
+    act: &[u8],
+    out: &mut [f32],
+) {
+    assert!(isa.detected(), "this CPU lacks {isa:?}");
+    for &k in kernels {
+        assert!(simd_has_kernel(k, dtype), "no SIMD {k:?} kernel for {dtype}");
+    }
+    let rb = quant::row_bytes(dtype, n).expect("whole blocks");
+    let ab = quant::row_bytes(quant::vec_dot_type(dtype), n).expect("whole blocks");
+    let cols = kernels.len();
+    assert!(cols > 0 && out.len() % cols == 0, "output size");
+    let rows = out.len() / cols;
+    assert_eq!(w.len(), rb * rows, "weight size");
+    assert_eq!(act.len(), ab * cols, "activation size");
+    // SAFETY: checked above.
+    unsafe { simd_tile(isa, kernels, dtype, n, w.as_ptr(), rb, act.as_ptr(), ab, rows, out) }
 }

@@ -9,6 +9,9 @@ use abi::{DType, HostApi, TensorDesc};
 /// Weight rows per `parallel_for` task.
 pub const ROWS_PER_TASK: usize = 32;
 
+/// Activation columns per kernel call inside a task.
+pub const COLS_PER_STEP: usize = 32;
+
 /// Weight formats with SIMD kernels (every kernel ggml's x86 build picks for them).
 pub const FORMATS: &[DType] = &[
     DType::Q4_1,
@@ -145,20 +148,28 @@ pub unsafe fn run(
     parallel_for(host, n_tasks, |t| {
         let r0 = t as usize * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(n);
-        let mut buf = [0f32; ROWS_PER_TASK];
-        let buf = &mut buf[..r1 - r0];
+        let nr = r1 - r0;
+        let mut buf = [0f32; ROWS_PER_TASK * COLS_PER_STEP];
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
-        for c in 0..cols {
-            let a = act[c * rb..].as_ptr();
-            // SAFETY: the CPU supports `isa` (checked by the caller); the kernel exists (check).
-            unsafe { crate::simd_rows(isa, kernels[c], dt, k, wrow, w_stride, a, buf) };
-            let (i1, i2, i3) = col_index[c];
-            let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
-            for (j, &v) in buf.iter().enumerate() {
-                let off = (r0 + j) as i64 * out.nb[0] + col_off;
-                // SAFETY: each (row, column) is written by exactly one task.
-                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+        let mut c0 = 0;
+        while c0 < cols {
+            let c1 = (c0 + COLS_PER_STEP).min(cols);
+            let buf = &mut buf[..nr * (c1 - c0)];
+            let a = act[c0 * rb..].as_ptr();
+            // SAFETY: the CPU supports `isa` (checked by the caller); the kernels exist (check).
+            unsafe {
+                crate::simd_tile(isa, &kernels[c0..c1], dt, k, wrow, w_stride, a, rb, nr, buf)
+            };
+            for c in c0..c1 {
+                let (i1, i2, i3) = col_index[c];
+                let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+                for (j, &v) in buf[(c - c0) * nr..(c - c0 + 1) * nr].iter().enumerate() {
+                    let off = (r0 + j) as i64 * out.nb[0] + col_off;
+                    // SAFETY: each (row, column) is written by exactly one task.
+                    unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+                }
             }
+            c0 = c1;
         }
     });
     Ok(())

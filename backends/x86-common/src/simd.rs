@@ -127,76 +127,119 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
 // rows only share the activation loads and hide each other's FMA latency.
 
 /// `ggml_vec_dot_{q8_0,q5_0}_q8_0` and tinyBLAS_Q0_AVX (same chain): per block
-/// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`.
+/// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`. `C` activation columns (column `c` at
+/// `a + c * as_`) at once: each (row, column) keeps its own accumulator and chain, the
+/// weight decode is shared by the columns and the activation loads by the rows.
 #[inline(always)]
-unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize>(
+unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize>(
     w: *const u8,
     ws: usize,
     a: *const u8,
+    as_: usize,
     nb: usize,
-) -> [f32; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
+) -> [[f32; R]; C] {
+    let mut acc = [[_mm256_setzero_ps(); R]; C];
     for i in 0..nb {
-        let y = a.add(i * Q8_0_B);
-        let yq = ld(y.add(2));
-        let dy = h16(y);
-        // Σ y per quad, for the unsigned-weight forms below.
-        let ys = quads_us::<VNNI>(_mm256_set1_epi8(1), yq);
+        let mut yq = [_mm256_setzero_si256(); C];
+        let mut dy = [0f32; C];
+        let mut ys = [_mm256_setzero_si256(); C];
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_0_B);
+            yq[c] = ld(y.add(2));
+            dy[c] = h16(y);
+            // Σ y per quad, for the unsigned-weight forms below.
+            ys[c] = quads_us::<VNNI>(_mm256_set1_epi8(1), yq[c]);
+        }
         for r in 0..R {
-            let (dx, quads) = if FMT == 8 {
+            let dx;
+            let q;
+            if FMT == 8 {
                 let x = w.add(r * ws + i * Q8_0_B);
-                let q = ld(x.add(2));
-                let quads = if VNNI {
-                    // (q + 128) as u8 times y, minus 128 * Σ y: exact in i32.
-                    let qu = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
-                    _mm256_sub_epi32(quads_us::<true>(qu, yq), _mm256_slli_epi32::<7>(ys))
-                } else {
-                    quads_ss(q, yq)
-                };
-                (h16(x), quads)
+                dx = h16(x);
+                q = ld(x.add(2));
             } else {
-                // unsigned codes 0..32 times y, minus 16 * Σ y: exact.
+                // unsigned codes 0..32
                 let x = w.add(r * ws + i * Q5_0_B);
+                dx = h16(x);
                 let nib = nibbles_32(x.add(6));
                 let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
-                let qu = _mm256_or_si256(nib, hb);
-                (
-                    h16(x),
-                    _mm256_sub_epi32(quads_us::<VNNI>(qu, yq), _mm256_slli_epi32::<4>(ys)),
-                )
+                q = _mm256_or_si256(nib, hb);
+            }
+            // Q8_0 with VNNI: (q + 128) as u8 times y, minus 128 * Σ y: exact in i32.
+            let qu = if FMT == 8 && VNNI {
+                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+            } else {
+                q
             };
-            let d = dx * dy;
-            let p = _mm256_cvtepi32_ps(quads);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[r]);
+            for c in 0..C {
+                let quads = if FMT == 8 {
+                    if VNNI {
+                        _mm256_sub_epi32(quads_us::<true>(qu, yq[c]), _mm256_slli_epi32::<7>(ys[c]))
+                    } else {
+                        quads_ss(q, yq[c])
+                    }
+                } else {
+                    // codes times y, minus 16 * Σ y: exact.
+                    _mm256_sub_epi32(quads_us::<VNNI>(qu, yq[c]), _mm256_slli_epi32::<4>(ys[c]))
+                };
+                let d = dx * dy[c];
+                let p = _mm256_cvtepi32_ps(quads);
+                acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[c][r]);
+            }
         }
     }
-    core::array::from_fn(|r| hsum_float_8(acc[r]))
+    // (no closures here: they would not inherit the target features, and the intrinsics
+    // inside would become calls)
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = hsum_float_8(acc[c][r]);
+        }
+    }
+    out
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`: `acc = fma(quads, dx*dy, acc)`, `summs = fma(m, s, summs)`,
-/// `hsum_float_8(acc) + summs`.
+/// `hsum_float_8(acc) + summs`; `R` rows by `C` columns as [`dot_q0`].
 #[inline(always)]
-unsafe fn dot_q4_1<const VNNI: bool, const R: usize>(
+unsafe fn dot_q4_1<const VNNI: bool, const R: usize, const C: usize>(
     w: *const u8,
     ws: usize,
     a: *const u8,
+    as_: usize,
     nb: usize,
-) -> [f32; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut summs = [0f32; R];
+) -> [[f32; R]; C] {
+    let mut acc = [[_mm256_setzero_ps(); R]; C];
+    let mut summs = [[0f32; R]; C];
     for i in 0..nb {
-        let y = a.add(i * Q8_1_B);
-        let (dy, sy) = (h16(y), h16(y.add(2)));
-        let yq = ld(y.add(4));
+        let mut yq = [_mm256_setzero_si256(); C];
+        let mut dy = [0f32; C];
+        let mut sy = [0f32; C];
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_1_B);
+            dy[c] = h16(y);
+            sy[c] = h16(y.add(2));
+            yq[c] = ld(y.add(4));
+        }
         for r in 0..R {
             let x = w.add(r * ws + i * Q4_1_B);
-            summs[r] = h16(x.add(2)).mul_add(sy, summs[r]);
-            let d = h16(x) * dy;
-            let p = _mm256_cvtepi32_ps(quads_us::<VNNI>(nibbles_32(x.add(4)), yq));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[r]);
+            let (dx, mx) = (h16(x), h16(x.add(2)));
+            let qx = nibbles_32(x.add(4));
+            for c in 0..C {
+                summs[c][r] = mx.mul_add(sy[c], summs[c][r]);
+                let d = dx * dy[c];
+                let p = _mm256_cvtepi32_ps(quads_us::<VNNI>(qx, yq[c]));
+                acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[c][r]);
+            }
         }
     }
-    core::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = hsum_float_8(acc[c][r]) + summs[c][r];
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------- Q4_K
@@ -248,12 +291,10 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                 );
                 pair[j] = _mm256_add_epi32(p0, p1);
             }
-            let sumi = || {
-                _mm256_add_epi32(
-                    _mm256_add_epi32(pair[0], pair[1]),
-                    _mm256_add_epi32(pair[2], pair[3]),
-                )
-            };
+            let sumi = _mm256_add_epi32(
+                _mm256_add_epi32(pair[0], pair[1]),
+                _mm256_add_epi32(pair[2], pair[3]),
+            );
             match MODE {
                 Q4K_VECDOT => {
                     let d = yd * xd;
@@ -264,7 +305,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                         accm4[r][k] = dmin.mul_add(prod as f32, accm4[r][k]);
                     }
                     acc8[r] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi()), acc8[r]);
+                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc8[r]);
                 }
                 _ => {
                     let imin: [i32; 8] = core::array::from_fn(|s| m[s] as i32 * bsum2[s]);
@@ -272,7 +313,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                         Q4K_GEMV => {
                             let dw = xd * yd;
                             let dm = xdmin * yd;
-                            acc[r] = (hsum_i32_8(sumi()) as f32).mul_add(dw, acc[r]);
+                            acc[r] = (hsum_i32_8(sumi) as f32).mul_add(dw, acc[r]);
                             accm[r] = (imin.iter().sum::<i32>() as f32).mul_add(dm, accm[r]);
                         }
                         Q4K_GEMM => {
@@ -287,7 +328,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                         _ => {
                             // tiled: res = f32(s1)*d; res = fma(-dmin, f32(s2), res);
                             // acc = fma(res, da, acc)
-                            let s1 = hsum_i32_8(sumi());
+                            let s1 = hsum_i32_8(sumi);
                             let s2 = imin.iter().fold(0i32, |a, &b| a.wrapping_add(b));
                             let mut res = s1 as f32 * xd;
                             res = (-xdmin).mul_add(s2 as f32, res);
@@ -298,14 +339,18 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
             }
         }
     }
-    core::array::from_fn(|r| match MODE {
-        Q4K_VECDOT => {
-            let m01 = [accm4[r][0] + accm4[r][2], accm4[r][1] + accm4[r][3]];
-            hsum_float_8(acc8[r]) + (m01[0] + m01[1])
-        }
-        Q4K_TILED => acc[r],
-        _ => acc[r] - accm[r],
-    })
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = match MODE {
+            Q4K_VECDOT => {
+                let m01 = [accm4[r][0] + accm4[r][2], accm4[r][1] + accm4[r][3]];
+                hsum_float_8(acc8[r]) + (m01[0] + m01[1])
+            }
+            Q4K_TILED => acc[r],
+            _ => acc[r] - accm[r],
+        };
+    }
+    out
 }
 
 // ---------------------------------------------------------------- Q6_K
@@ -379,7 +424,11 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
             }
         }
     }
-    core::array::from_fn(|r| if TILED { acc[r] } else { hsum_float_8(acc8[r]) })
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = if TILED { acc[r] } else { hsum_float_8(acc8[r]) };
+    }
+    out
 }
 
 // ---------------------------------------------------------------- dispatch
@@ -410,9 +459,9 @@ unsafe fn dot_any<const VNNI: bool, const R: usize>(
 ) -> [f32; R] {
     use abi::DType::*;
     match (dtype, kernel) {
-        (Q4_1, _) => dot_q4_1::<VNNI, R>(w, ws, a, n / 32),
-        (Q8_0, _) => dot_q0::<8, VNNI, R>(w, ws, a, n / 32),
-        (Q5_0, _) => dot_q0::<5, VNNI, R>(w, ws, a, n / 32),
+        (Q4_1, _) => dot_q4_1::<VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
+        (Q8_0, _) => dot_q0::<8, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
+        (Q5_0, _) => dot_q0::<5, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
         (Q6_K, Kernel::Tiled) => dot_q6_k::<true, R>(w, ws, a, n / 256),
         (Q6_K, _) => dot_q6_k::<false, R>(w, ws, a, n / 256),
         (Q4_K, Kernel::RepackGemv) => dot_q4_k::<Q4K_GEMV, R>(w, ws, a, n / 256),
@@ -453,6 +502,133 @@ unsafe fn rows_any<const VNNI: bool>(
         out[r] = dot_any::<VNNI, 1>(kernel, dtype, n, w.add(r * ws), ws, act)[0];
         r += 1;
     }
+}
+
+/// `R` rows by `C` columns of a 32-element format (any kernel: the legacy formats' kernels
+/// share one float chain).
+#[inline(always)]
+unsafe fn tile_legacy<const VNNI: bool, const R: usize, const C: usize>(
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+) -> [[f32; R]; C] {
+    use abi::DType::*;
+    match dtype {
+        Q4_1 => dot_q4_1::<VNNI, R, C>(w, ws, a, as_, n / 32),
+        Q8_0 => dot_q0::<8, VNNI, R, C>(w, ws, a, as_, n / 32),
+        Q5_0 => dot_q0::<5, VNNI, R, C>(w, ws, a, as_, n / 32),
+        _ => unreachable!("no SIMD tile for {dtype}"),
+    }
+}
+
+/// `out[c * nrows + r]` = element (row `r`, column `c`): `kernels[c]` on weight row `r` (at
+/// `w + r * ws`) and activation column `c` (at `act + c * as_`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_any<const VNNI: bool>(
+    kernels: &[Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    act: *const u8,
+    as_: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    let ncols = kernels.len();
+    debug_assert_eq!(out.len(), nrows * ncols);
+    let mut c0 = 0;
+    if dtype.info().block_len == 32 {
+        // AVX-512 has 32 vector registers: 4x4 accumulators; AVX2 has 16: 2x4.
+        const C: usize = TILE_COLS;
+        let r_tile = if VNNI { 4 } else { 2 };
+        while c0 + C <= ncols {
+            let a = act.add(c0 * as_);
+            let mut r = 0;
+            while r + r_tile <= nrows {
+                let wr = w.add(r * ws);
+                if VNNI {
+                    let v = tile_legacy::<VNNI, 4, C>(dtype, n, wr, ws, a, as_);
+                    for c in 0..C {
+                        out[(c0 + c) * nrows + r..][..4].copy_from_slice(&v[c]);
+                    }
+                } else {
+                    let v = tile_legacy::<VNNI, 2, C>(dtype, n, wr, ws, a, as_);
+                    for c in 0..C {
+                        out[(c0 + c) * nrows + r..][..2].copy_from_slice(&v[c]);
+                    }
+                }
+                r += r_tile;
+            }
+            while r < nrows {
+                let v = tile_legacy::<VNNI, 1, C>(dtype, n, w.add(r * ws), ws, a, as_);
+                for c in 0..C {
+                    out[(c0 + c) * nrows + r] = v[c][0];
+                }
+                r += 1;
+            }
+            c0 += C;
+        }
+    }
+    for c in c0..ncols {
+        rows_any::<VNNI>(
+            kernels[c],
+            dtype,
+            n,
+            w,
+            ws,
+            act.add(c * as_),
+            &mut out[c * nrows..(c + 1) * nrows],
+        );
+    }
+}
+
+/// Activation columns per tile of the legacy formats' kernels.
+pub const TILE_COLS: usize = 4;
+
+/// As [`rows_avx2`] for `kernels.len()` activation columns (column `c` at `act + c * a_stride`
+/// through `kernels[c]`): `out[c * nrows + r]` is (row `r`, column `c`).
+///
+/// # Safety
+/// As [`rows_avx2`] for every column.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tile_avx2(
+    kernels: &[Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    a_stride: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    tile_any::<false>(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
+}
+
+/// As [`tile_avx2`], compiled for AVX-512 (see [`rows_avx512`]).
+///
+/// # Safety
+/// As [`rows_avx512`] for every column.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tile_avx512(
+    kernels: &[Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    a_stride: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    tile_any::<true>(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
 }
 
 /// Weight rows computed together by one kernel call (32-element formats, K-quants).
