@@ -353,6 +353,103 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
     out
 }
 
+/// Sums of the eight i32 lanes of each of four vectors (exact up to wrapping).
+#[inline(always)]
+unsafe fn hsum4_i32_8(p: &[__m256i; 4]) -> [i32; 4] {
+    let t0 = _mm256_hadd_epi32(p[0], p[1]);
+    let t1 = _mm256_hadd_epi32(p[2], p[3]);
+    let t2 = _mm256_hadd_epi32(t0, t1);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256::<1>(t2));
+    let mut out = [0i32; 4];
+    _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s);
+    out
+}
+
+/// The Q4_K repack GEMM (`MODE == Q4K_GEMM`) or tiled (`Q4K_TILED`) chains of [`dot_q4_k`]
+/// for one weight row and `C` activation columns (column `c` at `a + c * as_`): the row's
+/// nibbles, scales and mins are decoded once per block for all columns. Integer parts are
+/// exact (any grouping gives the same sums); each column keeps its own float chain.
+#[inline(always)]
+unsafe fn dot_q4_k_cols<const MODE: u8, const C: usize>(
+    w: *const u8,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> [f32; C] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [0f32; C];
+    let mut accm = [0f32; C];
+    for i in 0..nb {
+        let x = w.add(i * Q4_K_B);
+        let xd = h16(x);
+        let xdmin = h16(x.add(2));
+        let scales: [u8; 12] = core::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
+        let (sc, m) = scale_min_k4(&scales);
+        let qs = x.add(16);
+        let mut lo = [_mm256_setzero_si256(); 4];
+        let mut hi = [_mm256_setzero_si256(); 4];
+        let mut slo = [_mm256_setzero_si256(); 4];
+        let mut shi = [_mm256_setzero_si256(); 4];
+        for j in 0..4 {
+            let bits = ld(qs.add(32 * j));
+            lo[j] = _mm256_and_si256(bits, m4);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            slo[j] = _mm256_set1_epi16(sc[2 * j] as i16);
+            shi[j] = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+        }
+        let mv = _mm256_setr_epi32(
+            m[0] as i32,
+            m[1] as i32,
+            m[2] as i32,
+            m[3] as i32,
+            m[4] as i32,
+            m[5] as i32,
+            m[6] as i32,
+            m[7] as i32,
+        );
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_K_B);
+            let yd = f32_at(y);
+            let yq = y.add(4);
+            let mut pair = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let p0 = quads_us_scaled(lo[j], ld(yq.add(64 * j)), slo[j]);
+                let p1 = quads_us_scaled(hi[j], ld(yq.add(64 * j + 32)), shi[j]);
+                pair[j] = _mm256_add_epi32(p0, p1);
+            }
+            // lane s: m[s] * (bsums[2s] + bsums[2s+1])
+            let imin = _mm256_mullo_epi32(mv, _mm256_madd_epi16(ld(y.add(260)), ones));
+            if MODE == Q4K_GEMM {
+                let hs = hsum4_i32_8(&pair);
+                let mut im = [0i32; 8];
+                _mm256_storeu_si256(im.as_mut_ptr() as *mut __m256i, imin);
+                let dw = xd * yd;
+                let dm = xdmin * yd;
+                for sb in 0..4 {
+                    acc[c] = (hs[sb] as f32).mul_add(dw, acc[c]);
+                    accm[c] = ((im[2 * sb] + im[2 * sb + 1]) as f32).mul_add(dm, accm[c]);
+                }
+            } else {
+                let sumi = _mm256_add_epi32(
+                    _mm256_add_epi32(pair[0], pair[1]),
+                    _mm256_add_epi32(pair[2], pair[3]),
+                );
+                let s1 = hsum_i32_8(sumi);
+                let s2 = hsum_i32_8(imin);
+                let mut res = s1 as f32 * xd;
+                res = (-xdmin).mul_add(s2 as f32, res);
+                acc[c] = res.mul_add(yd, acc[c]);
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for c in 0..C {
+        out[c] = if MODE == Q4K_TILED { acc[c] } else { acc[c] - accm[c] };
+    }
+    out
+}
+
 // ---------------------------------------------------------------- Q6_K
 
 /// `ggml_vec_dot_q6_K_q8_K` (AVX2 lanes) or, with `TILED`, the tiled matmul's per-block chain.
@@ -429,6 +526,72 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
         out[r] = if TILED { acc[r] } else { hsum_float_8(acc8[r]) };
     }
     out
+}
+
+/// The tiled matmul's Q6_K chain of [`dot_q6_k`] for one weight row and `C` activation
+/// columns, the row's 6-bit codes and scales decoded once per block for all columns.
+#[inline(always)]
+unsafe fn dot_q6_k_tiled_cols<const C: usize>(
+    w: *const u8,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> [f32; C] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let m0c = _mm256_set1_epi8(0x0C);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = [0f32; C];
+    for i in 0..nb {
+        let x = w.add(i * Q6_K_B);
+        let scp = x.add(192) as *const i8;
+        let mut u = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for n in 0..2 {
+            let ql0 = ld(x.add(64 * n));
+            let ql1 = ld(x.add(64 * n + 32));
+            let qh = ld(x.add(128 + 32 * n));
+            u[4 * n] = _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+            );
+            u[4 * n + 1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16::<2>(_mm256_and_si256(qh, m0c)),
+            );
+            u[4 * n + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_and_si256(qh, m30),
+            );
+            u[4 * n + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+            );
+        }
+        for g in 0..8 {
+            sc[g] = _mm256_set_m128i(
+                _mm_set1_epi16(*scp.add(2 * g + 1) as i16),
+                _mm_set1_epi16(*scp.add(2 * g) as i16),
+            );
+        }
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scp as *const __m128i));
+        let xd = h16(x.add(208));
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_K_B);
+            let yq = y.add(4);
+            let yd = f32_at(y);
+            let mut sumi = _mm256_setzero_si256();
+            for g in 0..8 {
+                sumi = _mm256_add_epi32(sumi, quads_us_scaled(u[g], ld(yq.add(32 * g)), sc[g]));
+            }
+            // lane l: 32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])
+            let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(ld(y.add(260)), sc16));
+            let s1 = hsum_i32_8(_mm256_sub_epi32(sumi, sub));
+            let res = s1 as f32 * xd;
+            acc[c] = res.mul_add(yd, acc[c]);
+        }
+    }
+    acc
 }
 
 // ---------------------------------------------------------------- dispatch
@@ -573,6 +736,48 @@ unsafe fn tile_any<const VNNI: bool>(
             }
             c0 += C;
         }
+    }
+    if dtype == abi::DType::Q4_K || dtype == abi::DType::Q6_K {
+        // Runs of columns of the repack GEMM or the tiled kernel, four at a time.
+        const C: usize = TILE_COLS;
+        let mut c = 0;
+        while c + C <= ncols {
+            let kern = kernels[c];
+            let tiled = match dtype {
+                abi::DType::Q4_K => matches!(kern, Kernel::RepackGemm | Kernel::Tiled),
+                _ => kern == Kernel::Tiled,
+            };
+            if !tiled
+                || kernels[c..c + C].iter().any(|&k| k != kern)
+            {
+                rows_any::<VNNI>(
+                    kernels[c],
+                    dtype,
+                    n,
+                    w,
+                    ws,
+                    act.add(c * as_),
+                    &mut out[c * nrows..(c + 1) * nrows],
+                );
+                c += 1;
+                continue;
+            }
+            let a = act.add(c * as_);
+            for r in 0..nrows {
+                let v = if dtype == abi::DType::Q6_K {
+                    dot_q6_k_tiled_cols::<C>(w.add(r * ws), a, as_, n / 256)
+                } else if kern == Kernel::RepackGemm {
+                    dot_q4_k_cols::<Q4K_GEMM, C>(w.add(r * ws), a, as_, n / 256)
+                } else {
+                    dot_q4_k_cols::<Q4K_TILED, C>(w.add(r * ws), a, as_, n / 256)
+                };
+                for j in 0..C {
+                    out[(c + j) * nrows + r] = v[j];
+                }
+            }
+            c += C;
+        }
+        c0 = c;
     }
     for c in c0..ncols {
         rows_any::<VNNI>(

@@ -167,7 +167,7 @@ fn simd_tiles_match_scalar_twins_bit_for_bit() {
     ] {
         let n = if dt.info().block_len == 32 { 160 } else { 512 };
         for rows in [1usize, 3, 4, 9, 32] {
-            for cols in [1usize, 3, 4, 5, 8, 13] {
+            for cols in [1usize, 3, 4, 5, 8, 13, 17] {
                 let w = weights(&mut rng, dt, n, rows);
                 let rb = w.len() / rows;
                 let ks = kernels_of(dt);
