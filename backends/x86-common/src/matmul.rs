@@ -141,13 +141,14 @@ pub unsafe fn run(
         }
     }
 
-    let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;
+    let rpt = ROWS_PER_TASK;
+    let n_tasks = n.div_ceil(rpt) as u32;
     let (act, kernels, col_index) = (&act, &kernels, &col_index);
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
     let w_stride = w.nb[1] as usize;
     parallel_for(host, n_tasks, |t| {
-        let r0 = t as usize * ROWS_PER_TASK;
-        let r1 = (r0 + ROWS_PER_TASK).min(n);
+        let r0 = t as usize * rpt;
+        let r1 = (r0 + rpt).min(n);
         let nr = r1 - r0;
         let mut buf = [0f32; ROWS_PER_TASK * COLS_PER_STEP];
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
@@ -163,7 +164,16 @@ pub unsafe fn run(
             for c in c0..c1 {
                 let (i1, i2, i3) = col_index[c];
                 let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
-                for (j, &v) in buf[(c - c0) * nr..(c - c0 + 1) * nr].iter().enumerate() {
+                let vals = &buf[(c - c0) * nr..(c - c0 + 1) * nr];
+                if out.nb[0] == 4 {
+                    let dst = op.0.wrapping_offset((r0 as i64 * 4 + col_off) as isize);
+                    // SAFETY: rows r0..r1 of column c, contiguous, written by this task only.
+                    unsafe {
+                        core::ptr::copy_nonoverlapping(vals.as_ptr() as *const u8, dst, nr * 4)
+                    };
+                    continue;
+                }
+                for (j, &v) in vals.iter().enumerate() {
                     let off = (r0 + j) as i64 * out.nb[0] + col_off;
                     // SAFETY: each (row, column) is written by exactly one task.
                     unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
