@@ -9,6 +9,9 @@ use abi::{DType, HostApi, TensorDesc};
 /// Weight rows per `parallel_for` task.
 pub const ROWS_PER_TASK: usize = 32;
 
+/// Most weight rows per task of a one-column call (fits the per-task output buffer).
+pub const MAX_ROWS_PER_GEMV_TASK: usize = ROWS_PER_TASK * COLS_PER_STEP;
+
 /// Activation columns per kernel call inside a task.
 pub const COLS_PER_STEP: usize = 32;
 
@@ -141,7 +144,14 @@ pub unsafe fn run(
         }
     }
 
-    let rpt = ROWS_PER_TASK;
+    // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
+    // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
+    let rpt = if cols == 1 {
+        let per = n.div_ceil(4 * host.n_threads.max(1) as usize);
+        per.next_multiple_of(ROWS_PER_TASK).clamp(ROWS_PER_TASK, MAX_ROWS_PER_GEMV_TASK)
+    } else {
+        ROWS_PER_TASK
+    };
     let n_tasks = n.div_ceil(rpt) as u32;
     let (act, kernels, col_index) = (&act, &kernels, &col_index);
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
