@@ -155,6 +155,11 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
             let q;
             if FMT == 8 {
                 let x = w.add(r * ws + i * Q8_0_B);
+                if C == 1 {
+                    // GEMV over large Q8_0 matrices (a tied output layer) is bound by
+                    // memory: fetch the next row group's block ahead (never faults).
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(R * ws) as *const i8);
+                }
                 dx = h16(x);
                 q = ld(x.add(2));
             } else {
