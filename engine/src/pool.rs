@@ -69,7 +69,9 @@ unsafe impl Sync for Shared {}
 
 impl Shared {
     fn worker(&self) {
-        let mut seen = self.epoch.load(Acquire);
+        // The epoch starts at 0: a job or a shutdown published before this thread first runs
+        // is seen (loading the epoch here could miss it, and a missed shutdown never ends).
+        let mut seen = 0u64;
         loop {
             // Wait for a new epoch: spin, then spin-yield, then sleep.
             let t0 = Instant::now();
@@ -85,7 +87,7 @@ impl Shared {
                         let g = self.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
                         self.sleepers.fetch_add(1, SeqCst);
                         let mut g = g;
-                        while self.epoch.load(SeqCst) == seen {
+                        while self.epoch.load(SeqCst) == seen && !self.shutdown.load(SeqCst) {
                             g = self.wake.wait(g).unwrap_or_else(|e| e.into_inner());
                         }
                         self.sleepers.fetch_sub(1, SeqCst);
@@ -171,7 +173,7 @@ impl Pool {
         let shared = Arc::new(Shared {
             n_workers: n - 1,
             submit: Mutex::new(()),
-            epoch: AtomicU64::new(0),
+            epoch: AtomicU64::new(0), // see `worker`
             job: AtomicPtr::new(core::ptr::null_mut()),
             refs: AtomicU32::new(0),
             shutdown: AtomicBool::new(false),
@@ -251,6 +253,22 @@ mod tests {
             std::thread::sleep(SPIN * 3);
             let v: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
             (host.parallel_for)(host.host_ctx, 64, count, &v as *const _ as *mut c_void);
+            assert!(v.iter().all(|c| c.load(Relaxed) == 1));
+        }
+    }
+
+    /// A pool dropped (or given a job) before its workers first run still shuts down.
+    #[test]
+    fn drop_before_workers_start() {
+        for _ in 0..2000 {
+            let pool = Pool::new(3);
+            drop(pool);
+        }
+        for _ in 0..500 {
+            let pool = Pool::new(2);
+            let host = pool.host_api();
+            let v: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+            (host.parallel_for)(host.host_ctx, 4, count, &v as *const _ as *mut c_void);
             assert!(v.iter().all(|c| c.load(Relaxed) == 1));
         }
     }
