@@ -157,8 +157,8 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
                 let x = w.add(r * ws + i * Q8_0_B);
                 if C == 1 {
                     // GEMV over large Q8_0 matrices (a tied output layer) is bound by
-                    // memory: fetch the next row group's block ahead (never faults).
-                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(R * ws) as *const i8);
+                    // memory: fetch two row groups ahead (never faults).
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * R * ws) as *const i8);
                 }
                 dx = h16(x);
                 q = ld(x.add(2));
@@ -228,6 +228,10 @@ unsafe fn dot_q4_1<const VNNI: bool, const R: usize, const C: usize>(
         }
         for r in 0..R {
             let x = w.add(r * ws + i * Q4_1_B);
+            if C == 1 {
+                // GEMV streams the weights from memory: fetch two row groups ahead.
+                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * R * ws) as *const i8);
+            }
             let (dx, mx) = (h16(x), h16(x.add(2)));
             let qx = nibbles_32(x.add(4));
             for c in 0..C {
