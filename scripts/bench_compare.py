@@ -22,7 +22,8 @@ TEXT = ("The lighthouse keeper climbed the stairs every evening to light the gre
 
 
 def mollm_runs(a):
-    exe = os.path.join(ROOT, "target", "release", "mollm")
+    # the build's mollm: $CARGO_TARGET_DIR as cargo uses it (worktrees with their own target)
+    exe = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release", "mollm")
     ids_needed = a.prompt_tokens
     prompt = TEXT * (ids_needed // 20 + 2)
     # Trim the prompt to the requested token count with mollm's own tokenizer.

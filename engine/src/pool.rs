@@ -1,40 +1,167 @@
 //! The one compute thread pool of the process, lent to every backend through
 //! [`abi::HostApi::parallel_for`], so several loaded backends never oversubscribe the cores.
+//!
+//! A pool of `n` threads is the calling thread plus `n - 1` workers. A decode step is a few
+//! hundred short `parallel_for` calls (tens of microseconds each), so a call must cost far
+//! less than a thread wake-up: workers spin on an epoch counter for a while after each job
+//! (then yield, then sleep on a condition variable), the caller publishes the job with one
+//! atomic store and takes tasks itself, and tasks are handed out by an atomic counter.
 
 use abi::{HostApi, TaskFn};
 use core::ffi::c_void;
-use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Workers spin (then yield) this long after a job before they sleep.
+const SPIN: Duration = Duration::from_millis(2);
+/// Of which the first part is a pure spin, without yielding the core.
+const PURE_SPIN: Duration = Duration::from_micros(100);
+
+/// One `parallel_for` call, on the caller's stack while it runs.
+struct Job {
+    task: TaskFn,
+    user: *mut c_void,
+    n_tasks: u32,
+    /// Next task index to hand out.
+    next: AtomicU32,
+    /// Tasks finished.
+    done: AtomicU32,
+}
+
+impl Job {
+    /// Runs tasks until none are left.
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Relaxed);
+            if i >= self.n_tasks {
+                return;
+            }
+            (self.task)(self.user, i);
+            self.done.fetch_add(1, Release);
+        }
+    }
+}
+
+struct Shared {
+    /// Worker threads (the caller of `parallel_for` is one more).
+    n_workers: usize,
+    /// Serializes callers: one job at a time.
+    submit: Mutex<()>,
+    /// Bumped for every job and at shutdown; workers wait for it to change.
+    epoch: AtomicU64,
+    /// The running job, or null.
+    job: AtomicPtr<Job>,
+    /// Workers between "about to read `job`" and "done with that job": the caller frees the
+    /// job (returns) only once this is 0 after clearing `job`.
+    refs: AtomicU32,
+    shutdown: AtomicBool,
+    /// Workers asleep (or going to sleep) on `wake`.
+    sleepers: AtomicU32,
+    sleep_lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: the raw pointers in `Job` are used under the protocol described on `Shared`.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn worker(&self) {
+        // The epoch starts at 0: a job or a shutdown published before this thread first runs
+        // is seen (loading the epoch here could miss it, and a missed shutdown never ends).
+        let mut seen = 0u64;
+        loop {
+            // Wait for a new epoch: spin, then spin-yield, then sleep.
+            let t0 = Instant::now();
+            let mut spins = 0u32;
+            loop {
+                if self.epoch.load(Acquire) != seen {
+                    break;
+                }
+                spins = spins.wrapping_add(1);
+                if spins % 64 == 0 {
+                    let el = t0.elapsed();
+                    if el > SPIN {
+                        let g = self.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+                        self.sleepers.fetch_add(1, SeqCst);
+                        let mut g = g;
+                        while self.epoch.load(SeqCst) == seen && !self.shutdown.load(SeqCst) {
+                            g = self.wake.wait(g).unwrap_or_else(|e| e.into_inner());
+                        }
+                        self.sleepers.fetch_sub(1, SeqCst);
+                        drop(g);
+                        break;
+                    } else if el > PURE_SPIN {
+                        std::thread::yield_now();
+                    }
+                }
+                core::hint::spin_loop();
+            }
+            seen = self.epoch.load(Acquire);
+            if self.shutdown.load(Acquire) {
+                return;
+            }
+            self.refs.fetch_add(1, SeqCst);
+            let p = self.job.load(SeqCst);
+            if !p.is_null() {
+                // SAFETY: non-null and `refs` counts us, so the caller has not returned yet.
+                unsafe { &*p }.work();
+            }
+            self.refs.fetch_sub(1, SeqCst);
+        }
+    }
+
+    fn run(&self, n_tasks: u32, task: TaskFn, user: *mut c_void) {
+        let _g = self.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let job = Job {
+            task,
+            user,
+            n_tasks,
+            next: AtomicU32::new(0),
+            done: AtomicU32::new(0),
+        };
+        self.job.store(&job as *const Job as *mut Job, SeqCst);
+        self.epoch.fetch_add(1, SeqCst);
+        if self.sleepers.load(SeqCst) > 0 {
+            let _l = self.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_all();
+        }
+        job.work();
+        let mut spins = 0u32;
+        while job.done.load(Acquire) < n_tasks {
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                std::thread::yield_now();
+            }
+            core::hint::spin_loop();
+        }
+        self.job.store(core::ptr::null_mut(), SeqCst);
+        while self.refs.load(SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
 
 pub struct Pool {
-    pool: Arc<rayon::ThreadPool>,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
     n_threads: usize,
 }
 
-#[derive(Clone, Copy)]
-struct SendPtr(*mut c_void);
-// SAFETY: the task contract (abi::TaskFn) says tasks may run concurrently on any thread.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
 extern "C" fn parallel_for(host_ctx: *mut c_void, n_tasks: u32, task: TaskFn, user: *mut c_void) {
-    // SAFETY: host_ctx is the `rayon::ThreadPool` inside a live `Pool` (see `Pool::host_api`).
-    let pool = unsafe { &*(host_ctx as *const rayon::ThreadPool) };
-    if n_tasks <= 1 || pool.current_num_threads() <= 1 {
+    // SAFETY: host_ctx is the `Shared` inside a live `Pool` (see `Pool::host_api`).
+    let shared = unsafe { &*(host_ctx as *const Shared) };
+    if n_tasks <= 1 || shared.n_workers == 0 {
         (0..n_tasks).for_each(|i| task(user, i));
         return;
     }
-    let user = SendPtr(user);
-    pool.install(|| {
-        (0..n_tasks).into_par_iter().for_each(|i| {
-            let u = user;
-            task(u.0, i)
-        })
-    });
+    shared.run(n_tasks, task, user);
 }
 
 impl Pool {
-    /// `n_threads == 0` means one per available core.
+    /// `n_threads == 0` means one per available core. The calling thread counts as one.
     pub fn new(n_threads: usize) -> Pool {
         let n = if n_threads == 0 {
             std::thread::available_parallelism()
@@ -43,13 +170,29 @@ impl Pool {
         } else {
             n_threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("mollm-compute-{i}"))
-            .build()
-            .expect("cannot start compute threads");
+        let shared = Arc::new(Shared {
+            n_workers: n - 1,
+            submit: Mutex::new(()),
+            epoch: AtomicU64::new(0), // see `worker`
+            job: AtomicPtr::new(core::ptr::null_mut()),
+            refs: AtomicU32::new(0),
+            shutdown: AtomicBool::new(false),
+            sleepers: AtomicU32::new(0),
+            sleep_lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let workers = (1..n)
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("mollm-compute-{i}"))
+                    .spawn(move || s.worker())
+                    .expect("cannot start compute threads")
+            })
+            .collect();
         Pool {
-            pool: Arc::new(pool),
+            shared,
+            workers,
             n_threads: n,
         }
     }
@@ -64,8 +207,87 @@ impl Pool {
         HostApi {
             struct_size: core::mem::size_of::<HostApi>() as u32,
             n_threads: self.n_threads as u32,
-            host_ctx: Arc::as_ptr(&self.pool) as *mut c_void,
+            host_ctx: Arc::as_ptr(&self.shared) as *mut c_void,
             parallel_for,
         }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        self.shared.epoch.fetch_add(1, SeqCst);
+        {
+            let _l = self.shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    extern "C" fn count(user: *mut c_void, task: u32) {
+        let v = unsafe { &*(user as *const Vec<AtomicUsize>) };
+        v[task as usize].fetch_add(1, Relaxed);
+    }
+
+    #[test]
+    fn every_task_runs_once() {
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads);
+            let host = pool.host_api();
+            for n in [0u32, 1, 2, 5, 100, 1000] {
+                for _ in 0..50 {
+                    let v: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                    (host.parallel_for)(host.host_ctx, n, count, &v as *const _ as *mut c_void);
+                    assert!(v.iter().all(|c| c.load(Relaxed) == 1), "{threads} threads, {n} tasks");
+                }
+            }
+            // after the workers went to sleep
+            std::thread::sleep(SPIN * 3);
+            let v: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            (host.parallel_for)(host.host_ctx, 64, count, &v as *const _ as *mut c_void);
+            assert!(v.iter().all(|c| c.load(Relaxed) == 1));
+        }
+    }
+
+    /// A pool dropped (or given a job) before its workers first run still shuts down.
+    #[test]
+    fn drop_before_workers_start() {
+        for _ in 0..2000 {
+            let pool = Pool::new(3);
+            drop(pool);
+        }
+        for _ in 0..500 {
+            let pool = Pool::new(2);
+            let host = pool.host_api();
+            let v: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+            (host.parallel_for)(host.host_ctx, 4, count, &v as *const _ as *mut c_void);
+            assert!(v.iter().all(|c| c.load(Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn callers_on_several_threads() {
+        let pool = Pool::new(2);
+        let host = pool.host_api();
+        let (pf, ctx) = (host.parallel_for, host.host_ctx as usize);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(move || {
+                    for _ in 0..200 {
+                        let v: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
+                        pf(ctx as *mut c_void, 37, count, &v as *const _ as *mut c_void);
+                        assert!(v.iter().all(|c| c.load(Relaxed) == 1));
+                    }
+                });
+            }
+        });
     }
 }

@@ -20,6 +20,8 @@
 use abi::{BackendHeader, BackendTable, HostApi, Op, OpParams, TensorDesc};
 use mollm_cpu_common::CpuBackend;
 
+#[cfg(target_arch = "x86_64")]
+pub mod actq;
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub mod ops;
@@ -118,6 +120,22 @@ pub(crate) fn simd_has_kernel(_: quant::Kernel, _: abi::DType) -> bool {
     false
 }
 
+/// Converts an activation row with SIMD (`actq`), or answers `false` (then quant converts it).
+pub(crate) fn simd_quantize_row(
+    kernel: quant::Kernel,
+    dtype: abi::DType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.detected() {
+        // SAFETY: AVX2/FMA/F16C detected; the caller sizes `dst` for the converted row.
+        return unsafe { actq::quantize_row(kernel, dtype, src, dst) };
+    }
+    let _ = (kernel, dtype, src, dst);
+    false
+}
+
 /// # Safety
 /// As `simd::rows_avx2` / `simd::rows_avx512` (the CPU supports `isa`).
 #[allow(clippy::too_many_arguments)]
@@ -139,6 +157,35 @@ pub(crate) unsafe fn simd_rows(
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
         "x86 kernels on {isa:?}: {kernel:?} {dtype} {n} {w:?} {w_stride} {act:?} {}",
+        out.len()
+    )
+}
+
+/// # Safety
+/// As `simd::tile_avx2` / `simd::tile_avx512` (the CPU supports `isa`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn simd_tile(
+    isa: Isa,
+    kernels: &[quant::Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    a_stride: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Avx2 => simd::tile_avx2(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out),
+        Isa::Avx512 => {
+            simd::tile_avx512(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "x86 kernels on {isa:?}: {kernels:?} {dtype} {n} {w:?} {w_stride} {act:?} {a_stride} {nrows} {}",
         out.len()
     )
 }
@@ -270,4 +317,34 @@ pub fn dot_rows(
     );
     // SAFETY: checked above.
     unsafe { simd_rows(isa, kernel, dtype, n, w.as_ptr(), rb, act.as_ptr(), out) }
+}
+
+/// Safe entry to the multi-column kernels (tests, benchmarks): `out[c * rows + r]` = output
+/// element of `kernels[c]` for weight row `r` of `w` (`rows` packed rows of `n` elements of
+/// `dtype`) and activation column `c` of `act` (`kernels.len()` converted rows, packed).
+///
+/// # Panics
+/// If the CPU lacks `isa`, a kernel has no SIMD twin, or sizes disagree.
+pub fn dot_tile(
+    isa: Isa,
+    kernels: &[quant::Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: &[u8],
+    act: &[u8],
+    out: &mut [f32],
+) {
+    assert!(isa.detected(), "this CPU lacks {isa:?}");
+    for &k in kernels {
+        assert!(simd_has_kernel(k, dtype), "no SIMD {k:?} kernel for {dtype}");
+    }
+    let rb = quant::row_bytes(dtype, n).expect("whole blocks");
+    let ab = quant::row_bytes(quant::vec_dot_type(dtype), n).expect("whole blocks");
+    let cols = kernels.len();
+    assert!(cols > 0 && out.len() % cols == 0, "output size");
+    let rows = out.len() / cols;
+    assert_eq!(w.len(), rb * rows, "weight size");
+    assert_eq!(act.len(), ab * cols, "activation size");
+    // SAFETY: checked above.
+    unsafe { simd_tile(isa, kernels, dtype, n, w.as_ptr(), rb, act.as_ptr(), ab, rows, out) }
 }

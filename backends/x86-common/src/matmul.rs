@@ -9,6 +9,12 @@ use abi::{DType, HostApi, TensorDesc};
 /// Weight rows per `parallel_for` task.
 pub const ROWS_PER_TASK: usize = 32;
 
+/// Most weight rows per task of a one-column call (fits the per-task output buffer).
+pub const MAX_ROWS_PER_GEMV_TASK: usize = ROWS_PER_TASK * COLS_PER_STEP;
+
+/// Activation columns per kernel call inside a task.
+pub const COLS_PER_STEP: usize = 32;
+
 /// Weight formats with SIMD kernels (every kernel ggml's x86 build picks for them).
 pub const FORMATS: &[DType] = &[
     DType::Q4_1,
@@ -93,7 +99,8 @@ pub unsafe fn run(
         .collect();
     let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(&x, c)).collect();
 
-    // Activations, one converted row per column (scalar quant code: O(K) per column).
+    // Activations, one converted row per column (SIMD where `actq` has the conversion,
+    // quant's scalar code otherwise: the same bytes either way).
     let mut act = vec![0u8; cols * rb];
     {
         let act_ptr = SyncPtr(act.as_mut_ptr());
@@ -103,21 +110,31 @@ pub unsafe fn run(
         let xp = SyncPtr(x.data);
         let qerr = std::sync::Mutex::new(None::<String>);
         parallel_for(host, n_tasks, |t| {
-            let mut col = vec![0f32; k];
+            let mut col = Vec::new();
             for c in t as usize * per..((t as usize + 1) * per).min(cols) {
                 let (i1, i2, i3) = col_index[c];
                 let base =
                     xp.0.wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
-                for (e, v) in col.iter_mut().enumerate() {
-                    // SAFETY: element e of a validated f32 row.
-                    *v = unsafe {
-                        (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
-                            .read_unaligned()
-                    };
-                }
+                let src: &[f32] = if x.nb[0] == 4 && base as usize % 4 == 0 {
+                    // SAFETY: a validated contiguous f32 row of k elements.
+                    unsafe { core::slice::from_raw_parts(base as *const f32, k) }
+                } else {
+                    col.clear();
+                    col.extend((0..k).map(|e| {
+                        // SAFETY: element e of a validated f32 row.
+                        unsafe {
+                            (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                                .read_unaligned()
+                        }
+                    }));
+                    &col
+                };
                 // SAFETY: column c owns bytes c*rb..(c+1)*rb.
                 let dst = unsafe { core::slice::from_raw_parts_mut(act_ptr.0.add(c * rb), rb) };
-                if let Err(e) = quant::quantize_activations_for(kernels[c], dt, &col, dst) {
+                if crate::simd_quantize_row(kernels[c], dt, src, dst) {
+                    continue;
+                }
+                if let Err(e) = quant::quantize_activations_for(kernels[c], dt, src, dst) {
                     qerr.lock().unwrap().get_or_insert(e.to_string());
                 }
             }
@@ -127,27 +144,52 @@ pub unsafe fn run(
         }
     }
 
-    let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;
+    // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
+    // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
+    let rpt = if cols == 1 {
+        let per = n.div_ceil(4 * host.n_threads.max(1) as usize);
+        per.next_multiple_of(ROWS_PER_TASK).clamp(ROWS_PER_TASK, MAX_ROWS_PER_GEMV_TASK)
+    } else {
+        ROWS_PER_TASK
+    };
+    let n_tasks = n.div_ceil(rpt) as u32;
     let (act, kernels, col_index) = (&act, &kernels, &col_index);
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
     let w_stride = w.nb[1] as usize;
     parallel_for(host, n_tasks, |t| {
-        let r0 = t as usize * ROWS_PER_TASK;
-        let r1 = (r0 + ROWS_PER_TASK).min(n);
-        let mut buf = [0f32; ROWS_PER_TASK];
-        let buf = &mut buf[..r1 - r0];
+        let r0 = t as usize * rpt;
+        let r1 = (r0 + rpt).min(n);
+        let nr = r1 - r0;
+        let mut buf = [0f32; ROWS_PER_TASK * COLS_PER_STEP];
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
-        for c in 0..cols {
-            let a = act[c * rb..].as_ptr();
-            // SAFETY: the CPU supports `isa` (checked by the caller); the kernel exists (check).
-            unsafe { crate::simd_rows(isa, kernels[c], dt, k, wrow, w_stride, a, buf) };
-            let (i1, i2, i3) = col_index[c];
-            let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
-            for (j, &v) in buf.iter().enumerate() {
-                let off = (r0 + j) as i64 * out.nb[0] + col_off;
-                // SAFETY: each (row, column) is written by exactly one task.
-                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+        let mut c0 = 0;
+        while c0 < cols {
+            let c1 = (c0 + COLS_PER_STEP).min(cols);
+            let buf = &mut buf[..nr * (c1 - c0)];
+            let a = act[c0 * rb..].as_ptr();
+            // SAFETY: the CPU supports `isa` (checked by the caller); the kernels exist (check).
+            unsafe {
+                crate::simd_tile(isa, &kernels[c0..c1], dt, k, wrow, w_stride, a, rb, nr, buf)
+            };
+            for c in c0..c1 {
+                let (i1, i2, i3) = col_index[c];
+                let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+                let vals = &buf[(c - c0) * nr..(c - c0 + 1) * nr];
+                if out.nb[0] == 4 {
+                    let dst = op.0.wrapping_offset((r0 as i64 * 4 + col_off) as isize);
+                    // SAFETY: rows r0..r1 of column c, contiguous, written by this task only.
+                    unsafe {
+                        core::ptr::copy_nonoverlapping(vals.as_ptr() as *const u8, dst, nr * 4)
+                    };
+                    continue;
+                }
+                for (j, &v) in vals.iter().enumerate() {
+                    let off = (r0 + j) as i64 * out.nb[0] + col_off;
+                    // SAFETY: each (row, column) is written by exactly one task.
+                    unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+                }
             }
+            c0 = c1;
         }
     });
     Ok(())

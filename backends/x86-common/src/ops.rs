@@ -268,7 +268,9 @@ fn reduce16(v: &[f32; 16]) -> f32 {
     a + b
 }
 
-/// Scalar twin of the AVX-512 `ggml_v_expf` (one lane), as the reference.
+/// Scalar twin of the AVX-512 `ggml_v_expf` (one lane), as the reference (the SIMD
+/// [`expf16`] is tested against it).
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
 fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000);
@@ -300,6 +302,7 @@ fn v_expf(x: f32) -> f32 {
     (j as f64 * f64::from_bits(((e + 1023) as u64) << 52)) as f32
 }
 
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
 fn v_silu(x: f32) -> f32 {
     x / (1.0 + v_expf(0.0 - x))
@@ -310,18 +313,17 @@ fn silu_scalar(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `ggml_vec_soft_max_f32` (AVX-512): exps into `y`, their sum in f64.
+/// `ggml_vec_soft_max_f32` (AVX-512): exps into `y`, their sum in f64. The 16-lane steps
+/// by [`expf16`] (SIMD, bit-identical to [`v_expf`] per lane).
 #[inline(always)]
-fn soft_max_f32(x: &[f32], y: &mut [f32], max: f32) -> f64 {
+unsafe fn soft_max_f32(isa: Isa, x: &[f32], y: &mut [f32], max: f32) -> f64 {
     let n = x.len();
     let mut sum = 0f64;
     let mut i = 0;
     while i + 15 < n {
         let mut v = [0f32; 16];
-        for l in 0..16 {
-            v[l] = v_expf(x[i + l] - max);
-            y[i + l] = v[l];
-        }
+        expf16(isa, x[i..i + 16].try_into().unwrap(), max, &mut v);
+        y[i..i + 16].copy_from_slice(&v);
         sum += reduce16(&v) as f64;
         i += 16;
     }
@@ -332,6 +334,106 @@ fn soft_max_f32(x: &[f32], y: &mut [f32], max: f32) -> f64 {
         i += 1;
     }
     sum
+}
+
+/// `out[l] = v_expf(x[l] - max)` for 16 lanes.
+#[inline(always)]
+unsafe fn expf16(isa: Isa, x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
+    match isa {
+        Isa::Avx512 => expf16_avx512(x, max, out),
+        Isa::Avx2 => {
+            expf8_avx2(x[..8].try_into().unwrap(), max, (&mut out[..8]).try_into().unwrap());
+            expf8_avx2(x[8..].try_into().unwrap(), max, (&mut out[8..]).try_into().unwrap());
+        }
+    }
+}
+
+/// `ggml_v_expf` (AVX-512 build) on `x - max`: the polynomial, `_mm512_scalef_ps`, and the
+/// |n| > 192 lanes set to 0 or infinity, as [`v_expf`] replays it.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn expf16_avx512(x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
+    use core::arch::x86_64::*;
+    let x = _mm512_sub_ps(_mm512_loadu_ps(x.as_ptr()), _mm512_set1_ps(max));
+    let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000));
+    let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x35bf_be8e)), _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3f31_7200)), x));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm512_set1_ps(f32::from_bits(0x3d2b_9f17))),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm512_set1_ps(f32::from_bits(0x3eff_fedb))),
+        ),
+        u,
+        _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm512_set1_ps(1.0)),
+    );
+    let mut res = _mm512_scalef_ps(j, n);
+    let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    if d != 0 {
+        let le = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+        let alt = _mm512_mask_blend_ps(le, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+        res = _mm512_mask_blend_ps(d, res, alt);
+    }
+    _mm512_storeu_ps(out.as_mut_ptr(), res);
+}
+
+/// Four lanes of `f32(f64(j) * 2^e)` (`e` in the normal f64 exponent range).
+#[inline(always)]
+unsafe fn scale_half(
+    j: core::arch::x86_64::__m128,
+    e: core::arch::x86_64::__m128i,
+) -> core::arch::x86_64::__m128 {
+    use core::arch::x86_64::*;
+    let p = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(
+        _mm256_cvtepi32_epi64(e),
+        _mm256_set1_epi64x(1023),
+    )));
+    _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(j), p))
+}
+
+/// [`expf16_avx512`] for eight lanes with AVX2: `scalef` replayed as `f64(j) * 2^n` rounded
+/// once to f32 (exact product, so the same single rounding).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn expf8_avx2(x: &[f32; 8], max: f32, out: &mut [f32; 8]) {
+    use core::arch::x86_64::*;
+    let x = _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_set1_ps(max));
+    let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+    let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x35bf_be8e)), _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm256_set1_ps(f32::from_bits(0x3d2b_9f17))),
+            u,
+            _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm256_set1_ps(f32::from_bits(0x3eff_fedb))),
+        ),
+        u,
+        _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm256_set1_ps(1.0)),
+    );
+    // |n| > 192 lanes are replaced below; clamp so their exponents stay harmless.
+    let nc = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0)), _mm256_set1_ps(192.0));
+    let ni = _mm256_cvtps_epi32(nc);
+    let mut res = _mm256_set_m128(
+        scale_half(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni)),
+        scale_half(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni)),
+    );
+    let d = _mm256_cmp_ps::<_CMP_GT_OQ>(
+        _mm256_andnot_ps(_mm256_set1_ps(-0.0), n),
+        _mm256_set1_ps(192.0),
+    );
+    if _mm256_movemask_ps(d) != 0 {
+        let le = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+        let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le);
+        res = _mm256_blendv_ps(res, alt, d);
+    }
+    // NaN lanes (n is NaN) stay NaN through the product, as in `v_expf`.
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(n, n);
+    res = _mm256_blendv_ps(res, _mm256_set1_ps(f32::NAN), nan);
+    _mm256_storeu_ps(out.as_mut_ptr(), res);
 }
 
 #[inline(always)]
@@ -392,17 +494,28 @@ isa_dispatch!(scale_row => scale_row_body(x: &mut [f32], s: f32));
 
 /// SwiGLU row: whole 16-blocks through `ggml_v_silu`, the tail through `ggml_silu_f32`.
 #[inline(always)]
-unsafe fn swiglu_row_body(x: &mut [f32], g: &[f32]) {
+unsafe fn swiglu_row_body(isa: Isa, x: &mut [f32], g: &[f32]) {
     let k = x.len();
     let full = k & !15;
-    for i in 0..full {
-        x[i] = v_silu(x[i]) * g[i];
+    // v_silu(x) * g = (x / (1 + v_expf(0 - x))) * g, the exps 16 lanes at a time.
+    let mut i = 0;
+    while i < full {
+        let mut nx = [0f32; 16];
+        for l in 0..16 {
+            nx[l] = 0.0 - x[i + l];
+        }
+        let mut e = [0f32; 16];
+        expf16(isa, &nx, 0.0, &mut e);
+        for l in 0..16 {
+            x[i + l] = x[i + l] / (1.0 + e[l]) * g[i + l];
+        }
+        i += 16;
     }
     for i in full..k {
         x[i] = silu_scalar(x[i]) * g[i];
     }
 }
-isa_dispatch!(swiglu_row => swiglu_row_body(x: &mut [f32], g: &[f32]));
+isa_dispatch!(swiglu_row => swiglu_row_body(isa_: Isa, x: &mut [f32], g: &[f32]));
 
 /// GeGLU row through ggml's f16 GELU table.
 #[inline(always)]
@@ -457,15 +570,15 @@ isa_dispatch!(rope_row => rope_row_body(v: &mut [f32], cache: &[f32], n_dims: us
 
 /// Softmax of `src` (already scaled) into `w`.
 #[inline(always)]
-unsafe fn softmax_row_body(src: &[f32], w: &mut [f32]) {
+unsafe fn softmax_row_body(isa: Isa, src: &[f32], w: &mut [f32]) {
     let max = src.iter().fold(f32::NEG_INFINITY, |m, &v| ggml_max(m, v));
-    let sum = soft_max_f32(src, w, max);
+    let sum = soft_max_f32(isa, src, w, max);
     let inv = (1.0 / sum) as f32;
     for e in w.iter_mut() {
         *e *= inv;
     }
 }
-isa_dispatch!(softmax_row => softmax_row_body(src: &[f32], w: &mut [f32]));
+isa_dispatch!(softmax_row => softmax_row_body(isa_: Isa, src: &[f32], w: &mut [f32]));
 
 unsafe fn binary(
     isa: Isa,
@@ -519,7 +632,7 @@ unsafe fn glu(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[Tensor
         read_into(&gate, i1, i2, i3, &mut x);
         read_into(&up, i1, i2, i3, &mut g);
         match table {
-            None => swiglu_row(isa, &mut x, &g),
+            None => swiglu_row(isa, isa, &mut x, &g),
             Some(t) => geglu_row(isa, &mut x, &g, t),
         }
         write_from(&out, i1, i2, i3, &x);
@@ -591,7 +704,7 @@ unsafe fn softmax(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[Te
         read_into(&x, i1, i2, i3, &mut src);
         let mut w = vec![0f32; k];
         scale_row(isa, &mut src, s);
-        softmax_row(isa, &src, &mut w);
+        softmax_row(isa, isa, &src, &mut w);
         write_from(&out, i1, i2, i3, &w);
     });
 }
@@ -763,6 +876,16 @@ unsafe fn dot256(x: *const f32, y: *const f32, n: usize) -> f32 {
     sumf
 }
 
+/// Row `dst` = row `x` + row `y` (rows of `du` floats at `p`), element-wise. A plain function
+/// (not a closure) so that it is inlined into, and vectorized for, the ISA frame.
+#[inline(always)]
+unsafe fn fold_rows(p: *mut f32, du: usize, dst: usize, x: usize, y: usize) {
+    let (d, x, y) = (p.add(dst * du), p.add(x * du) as *const f32, p.add(y * du) as *const f32);
+    for i in 0..du {
+        *d.add(i) = *x.add(i) + *y.add(i);
+    }
+}
+
 #[inline(always)]
 fn round_up(v: i64, m: i64) -> i64 {
     (v + m - 1) / m * m
@@ -775,7 +898,6 @@ struct Attn {
     k: TensorDesc,
     v: TensorDesc,
     out: TensorDesc,
-    hq: i64,
     group: i64,
     n_kv: i64,
     n_eff: i64,
@@ -786,27 +908,31 @@ struct Attn {
     positions: Vec<i64>,
 }
 
-/// Output row `(h, t)` of attention, as `reference::ops::attention::run` computes it for f32
-/// caches (same kernels, lanes and order), with the `p·V` accumulators stored lane-major
-/// (`acc[lane][i]`) so the per-row update is a contiguous FMA over the head.
+/// Output rows `(h, t)` for `h` in `h0..h1` (heads of one KV head) of attention, as
+/// `reference::ops::attention::run` computes each for f32 caches (same kernels, lanes and
+/// order), with the `p·V` accumulators stored lane-major (`acc[lane][i]`) so the per-row
+/// update is a contiguous FMA over the head. The heads share each K and V row load; every
+/// head keeps its own scores, accumulators and sums.
 #[inline(always)]
-unsafe fn attn_task_body(a: &Attn, task: u32) {
+unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let (q, k, v, out) = (&a.q, &a.k, &a.v, &a.out);
     let (n_kv, n_eff, window) = (a.n_kv, a.n_eff, a.window);
     let du = q.ne[0] as usize;
-    let (h, t) = (task as i64 % a.hq, task as i64 / a.hq);
-    let hk = h / a.group;
+    let nh = (h1 - h0) as usize;
+    let hk = h0 / a.group;
     let pt = a.positions[t as usize];
     let visible = |j: i64| j <= pt && (window == 0 || pt - j < window);
     let last = (n_kv - 1).min(pt);
-    let mut qv = vec![0f32; du];
-    read_into(q, h, t, 0, &mut qv);
+    let mut qv = vec![0f32; du * nh];
+    for g in 0..nh {
+        read_into(q, h0 + g as i64, t, 0, &mut qv[g * du..(g + 1) * du]);
+    }
     let len = if last < 0 {
         n_eff.min(16)
     } else {
         round_up(last + 1, 16).min(n_eff)
     } as usize;
-    let mut w = vec![f32::NEG_INFINITY; len];
+    let mut w = vec![f32::NEG_INFINITY; len * nh];
     let lanes: usize = if a.kqv_tile { 16 } else { 64 };
     let np = if a.kqv_tile {
         n_eff as usize
@@ -819,86 +945,105 @@ unsafe fn attn_task_body(a: &Attn, task: u32) {
         (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
     };
     let simd_end = span.min(np);
-    let mut res = vec![0f32; du];
+    let mut res = vec![0f32; du * nh];
     for j in 0..=last {
         if !visible(j) {
             continue;
         }
         let kr = row_ptr(k, hk, j, 0) as *const f32;
-        let s = dot_vec_f32(a.isa, kr, qv.as_ptr(), du);
-        let s = if a.softcap > 0.0 {
-            ((s * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale
-        } else {
-            s * a.scale
-        };
-        w[j as usize] = s;
-    }
-    let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
-    let src = w.clone();
-    let sum = soft_max_f32(&src, &mut w, max);
-    let inv = (1.0 / sum) as f32;
-    for x in w.iter_mut() {
-        *x *= inv;
-    }
-    let mut acc = vec![0f32; du * lanes];
-    for j in 0..simd_end.min(len) {
-        let pj = w[j];
-        if pj == 0.0 {
-            continue;
+        for g in 0..nh {
+            let s = dot_vec_f32(a.isa, kr, qv.as_ptr().add(g * du), du);
+            let s = if a.softcap > 0.0 {
+                ((s * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale
+            } else {
+                s * a.scale
+            };
+            w[g * len + j as usize] = s;
         }
+    }
+    let mut src = vec![0f32; len];
+    for g in 0..nh {
+        let wg = &mut w[g * len..(g + 1) * len];
+        let max = wg.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
+        src.copy_from_slice(wg);
+        let sum = soft_max_f32(a.isa, &src, wg, max);
+        let inv = (1.0 / sum) as f32;
+        for x in wg.iter_mut() {
+            *x *= inv;
+        }
+    }
+    let hs = du * lanes; // accumulator floats per head
+    let mut acc = vec![0f32; hs * nh];
+    for j in 0..simd_end.min(len) {
         let vr = core::slice::from_raw_parts(row_ptr(v, hk, j as i64, 0) as *const f32, du);
         let lane = j % lanes;
-        let acc_l = &mut acc[lane * du..(lane + 1) * du];
-        for i in 0..du {
-            acc_l[i] = vr[i].mul_add(pj, acc_l[i]);
+        for g in 0..nh {
+            let pj = w[g * len + j];
+            if pj == 0.0 {
+                continue;
+            }
+            let acc_l = &mut acc[g * hs + lane * du..g * hs + (lane + 1) * du];
+            for i in 0..du {
+                acc_l[i] = vr[i].mul_add(pj, acc_l[i]);
+            }
         }
     }
-    if a.kqv_tile {
-        for i in 0..du {
-            let mut g = [0f32; 16];
-            for l in 0..16 {
-                g[l] = acc[l * du + i];
-            }
-            res[i] = reduce16(&g);
+    // The lane reductions (`reduce16` per output, after folding 64 lanes to 16 as
+    // GGML_F32x16_REDUCE does), one element-wise step at a time over the whole head, in place:
+    // the same additions per output, vectorized across outputs.
+    for g in 0..nh {
+        let p = acc.as_mut_ptr().add(g * hs);
+        macro_rules! fold {
+            ($d:expr, $x:expr, $y:expr) => {
+                fold_rows(p, du, $d, $x, $y)
+            };
         }
-    } else {
-        for i in 0..du {
-            let mut g = [[0f32; 16]; 4];
-            for q4 in 0..4 {
-                for l in 0..16 {
-                    g[q4][l] = acc[(q4 * 16 + l) * du + i];
-                }
-            }
+        if !a.kqv_tile {
+            // g0 = A[l] + A[32+l]; g1 = A[16+l] + A[48+l]; g0 += g1
             for l in 0..16 {
-                g[0][l] += g[2][l];
-                g[1][l] += g[3][l];
+                fold!(l, l, 32 + l);
+                fold!(16 + l, 16 + l, 48 + l);
+                fold!(l, l, 16 + l);
             }
-            for l in 0..16 {
-                g[0][l] += g[1][l];
-            }
-            res[i] = reduce16(&g[0]);
         }
+        // reduce16: t8 = v[8+i] + v[i]; t4 = t8[4+i] + t8[i]; (t4[0]+t4[2]) + (t4[1]+t4[3])
+        for l in 0..8 {
+            fold!(l, l + 8, l);
+        }
+        for l in 0..4 {
+            fold!(l, l + 4, l);
+        }
+        fold!(0, 0, 2);
+        fold!(1, 1, 3);
+        fold!(0, 0, 1);
+        res[g * du..(g + 1) * du].copy_from_slice(&acc[g * hs..g * hs + du]);
     }
     // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA.
     if !a.kqv_tile && (np as i64) < n_eff && span > np {
         for j in np..(n_eff as usize) {
-            let pj = if j < len { w[j] } else { 0.0 };
             if j as i64 >= n_kv {
                 continue; // padding: v treated as zero
             }
             let vr = core::slice::from_raw_parts(row_ptr(v, hk, j as i64, 0) as *const f32, du);
-            for i in 0..du {
-                res[i] = vr[i].mul_add(pj, res[i]);
+            for g in 0..nh {
+                let pj = if j < len { w[g * len + j] } else { 0.0 };
+                let r = &mut res[g * du..(g + 1) * du];
+                for i in 0..du {
+                    r[i] = vr[i].mul_add(pj, r[i]);
+                }
             }
         }
     }
-    for (i, &x) in res.iter().enumerate() {
-        let off = i as i64 * out.nb[0] + h * out.nb[1] + t * out.nb[2];
-        // each (h, t) output row is written by one task only.
-        (out.data.wrapping_offset(off as isize) as *mut f32).write(x);
+    for g in 0..nh {
+        let h = h0 + g as i64;
+        for (i, &x) in res[g * du..(g + 1) * du].iter().enumerate() {
+            let off = i as i64 * out.nb[0] + h * out.nb[1] + t * out.nb[2];
+            // each (h, t) output row is written by one task only.
+            (out.data.wrapping_offset(off as isize) as *mut f32).write(x);
+        }
     }
 }
-isa_dispatch!(attn_task => attn_task_body(a: &Attn, task: u32));
+isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 
 unsafe fn attention(
     isa: Isa,
@@ -912,14 +1057,14 @@ unsafe fn attention(
     let (hkv, c) = (k.ne[1], k.ne[2]);
     let n_kv = p.i[0];
     let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
+    let group = hq / hkv;
     let a = Attn {
         isa,
         q,
         k,
         v: inputs[2],
         out: outputs[0],
-        hq,
-        group: hq / hkv,
+        group,
         n_kv,
         n_eff,
         window: p.i[1],
@@ -928,11 +1073,24 @@ unsafe fn attention(
         kqv_tile: nt >= 2 && n_eff % 16 == 0 && d % 4 == 0,
         positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
     };
+    // Tasks: (token, KV head, piece of its query heads). Whole groups share K/V loads best;
+    // they are split only when there would be fewer than two tasks per thread.
+    let want = 2 * host.n_threads.max(1) as usize;
+    let (g, kt) = (group.max(1) as usize, (hkv * nt).max(1) as usize);
+    let pieces = want.div_ceil(kt).clamp(1, g);
+    let per = g.div_ceil(pieces);
+    let (per, pieces) = (per as i64, g.div_ceil(per) as i64);
+    let n_tasks = hkv * pieces * nt;
     let shared = SyncPtr(&a as *const Attn as *mut u8);
-    parallel_for(host, (hq * nt) as u32, |task| {
+    parallel_for(host, n_tasks as u32, |task| {
         let _ = &shared;
+        let task = task as i64;
+        let (piece, t) = (task % (hkv * pieces), task / (hkv * pieces));
+        let (hk, pc) = (piece / pieces, piece % pieces);
+        let h0 = hk * group + pc * per;
+        let h1 = (h0 + per).min((hk + 1) * group);
         // SAFETY: `a` outlives parallel_for; tasks write disjoint output rows.
-        attn_task(isa, &*(shared.0 as *const Attn), task);
+        attn_task(isa, &*(shared.0 as *const Attn), h0, h1, t);
     });
 }
 
@@ -966,4 +1124,88 @@ pub unsafe fn run(
         Op::MatMul => unreachable!("handled by matmul"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SwiGLU rows (SIMD exps) equal the scalar twin `v_silu(x) * g` (and `silu_scalar` on
+    /// the tail) bit for bit.
+    #[test]
+    fn swiglu_matches_scalar_twin() {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = |scale: f32| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        };
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            if !isa.detected() {
+                continue;
+            }
+            for k in [16usize, 64, 69, 1536] {
+                for scale in [1.0f32, 20.0, 300.0] {
+                    let x: Vec<f32> = (0..k).map(|_| rnd(scale)).collect();
+                    let g: Vec<f32> = (0..k).map(|_| rnd(4.0)).collect();
+                    let mut got = x.clone();
+                    unsafe { swiglu_row(isa, isa, &mut got, &g) };
+                    for i in 0..k {
+                        let want = if i < k & !15 {
+                            v_silu(x[i]) * g[i]
+                        } else {
+                            silu_scalar(x[i]) * g[i]
+                        };
+                        assert_eq!(got[i].to_bits(), want.to_bits(), "{isa:?} x={} g={}", x[i], g[i]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The SIMD exps (both ISAs) equal the scalar twin `v_expf` bit for bit, across the range
+    /// (underflow to subnormals and zero, overflow, -inf, exact integers).
+    #[test]
+    fn expf16_matches_v_expf() {
+        let mut xs: Vec<f32> = vec![0.0, -0.0, 1.0, -1.0, f32::NEG_INFINITY, -1e30, 1e30, 88.7, 89.0];
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            let range = [1.0f32, 20.0, 110.0, 200.0][(s % 4) as usize];
+            xs.push((u - 0.8) * range);
+        }
+        for k in -160..100 {
+            xs.push(k as f32 * std::f32::consts::LN_2);
+            xs.push(k as f32);
+        }
+        while xs.len() % 16 != 0 {
+            xs.push(-3.0);
+        }
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            if !isa.detected() {
+                continue;
+            }
+            for max in [0.0f32, 1.5, -2.0] {
+                for c in xs.chunks_exact(16) {
+                    let x: &[f32; 16] = c.try_into().unwrap();
+                    let mut got = [0f32; 16];
+                    unsafe { expf16(isa, x, max, &mut got) };
+                    for l in 0..16 {
+                        let want = v_expf(x[l] - max);
+                        assert_eq!(
+                            got[l].to_bits(),
+                            want.to_bits(),
+                            "{isa:?} x={} max={max}: {} vs {want}",
+                            x[l],
+                            got[l]
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -14,7 +14,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use core::arch::x86_64::*;
-use quant::{fp16_to_f32, scale_min_k4, Kernel};
+use quant::{scale_min_k4, Kernel};
 
 /// Bytes of one block of each format used here.
 const Q4_1_B: usize = 20;
@@ -30,9 +30,12 @@ unsafe fn ld(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// The f16 at `p` as f32 by F16C `vcvtph2ps` (exact; NaN made quiet), which is what
+/// `quant::fp16_to_f32` emulates bit for bit (see `h16_matches_scalar`).
 #[inline(always)]
 unsafe fn h16(p: *const u8) -> f32 {
-    fp16_to_f32(u16::from_le_bytes([*p, *p.add(1)]))
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[inline(always)]
@@ -124,76 +127,128 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
 // rows only share the activation loads and hide each other's FMA latency.
 
 /// `ggml_vec_dot_{q8_0,q5_0}_q8_0` and tinyBLAS_Q0_AVX (same chain): per block
-/// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`.
+/// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`. `C` activation columns (column `c` at
+/// `a + c * as_`) at once: each (row, column) keeps its own accumulator and chain, the
+/// weight decode is shared by the columns and the activation loads by the rows.
 #[inline(always)]
-unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize>(
+unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize>(
     w: *const u8,
     ws: usize,
     a: *const u8,
+    as_: usize,
     nb: usize,
-) -> [f32; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
+) -> [[f32; R]; C] {
+    let mut acc = [[_mm256_setzero_ps(); R]; C];
     for i in 0..nb {
-        let y = a.add(i * Q8_0_B);
-        let yq = ld(y.add(2));
-        let dy = h16(y);
-        // Σ y per quad, for the unsigned-weight forms below.
-        let ys = quads_us::<VNNI>(_mm256_set1_epi8(1), yq);
+        let mut yq = [_mm256_setzero_si256(); C];
+        let mut dy = [0f32; C];
+        let mut ys = [_mm256_setzero_si256(); C];
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_0_B);
+            yq[c] = ld(y.add(2));
+            dy[c] = h16(y);
+            // Σ y per quad, for the unsigned-weight forms below.
+            ys[c] = quads_us::<VNNI>(_mm256_set1_epi8(1), yq[c]);
+        }
         for r in 0..R {
-            let (dx, quads) = if FMT == 8 {
+            let dx;
+            let q;
+            if FMT == 8 {
                 let x = w.add(r * ws + i * Q8_0_B);
-                let q = ld(x.add(2));
-                let quads = if VNNI {
-                    // (q + 128) as u8 times y, minus 128 * Σ y: exact in i32.
-                    let qu = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
-                    _mm256_sub_epi32(quads_us::<true>(qu, yq), _mm256_slli_epi32::<7>(ys))
-                } else {
-                    quads_ss(q, yq)
-                };
-                (h16(x), quads)
+                if C == 1 {
+                    // GEMV over large Q8_0 matrices (a tied output layer) is bound by
+                    // memory: fetch two row groups ahead (never faults).
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * R * ws) as *const i8);
+                }
+                dx = h16(x);
+                q = ld(x.add(2));
             } else {
-                // unsigned codes 0..32 times y, minus 16 * Σ y: exact.
+                // unsigned codes 0..32
                 let x = w.add(r * ws + i * Q5_0_B);
+                dx = h16(x);
                 let nib = nibbles_32(x.add(6));
                 let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
-                let qu = _mm256_or_si256(nib, hb);
-                (
-                    h16(x),
-                    _mm256_sub_epi32(quads_us::<VNNI>(qu, yq), _mm256_slli_epi32::<4>(ys)),
-                )
+                q = _mm256_or_si256(nib, hb);
+            }
+            // Q8_0 with VNNI: (q + 128) as u8 times y, minus 128 * Σ y: exact in i32.
+            let qu = if FMT == 8 && VNNI {
+                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+            } else {
+                q
             };
-            let d = dx * dy;
-            let p = _mm256_cvtepi32_ps(quads);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[r]);
+            for c in 0..C {
+                let quads = if FMT == 8 {
+                    if VNNI {
+                        _mm256_sub_epi32(quads_us::<true>(qu, yq[c]), _mm256_slli_epi32::<7>(ys[c]))
+                    } else {
+                        quads_ss(q, yq[c])
+                    }
+                } else {
+                    // codes times y, minus 16 * Σ y: exact.
+                    _mm256_sub_epi32(quads_us::<VNNI>(qu, yq[c]), _mm256_slli_epi32::<4>(ys[c]))
+                };
+                let d = dx * dy[c];
+                let p = _mm256_cvtepi32_ps(quads);
+                acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[c][r]);
+            }
         }
     }
-    core::array::from_fn(|r| hsum_float_8(acc[r]))
+    // (no closures here: they would not inherit the target features, and the intrinsics
+    // inside would become calls)
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = hsum_float_8(acc[c][r]);
+        }
+    }
+    out
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`: `acc = fma(quads, dx*dy, acc)`, `summs = fma(m, s, summs)`,
-/// `hsum_float_8(acc) + summs`.
+/// `hsum_float_8(acc) + summs`; `R` rows by `C` columns as [`dot_q0`].
 #[inline(always)]
-unsafe fn dot_q4_1<const VNNI: bool, const R: usize>(
+unsafe fn dot_q4_1<const VNNI: bool, const R: usize, const C: usize>(
     w: *const u8,
     ws: usize,
     a: *const u8,
+    as_: usize,
     nb: usize,
-) -> [f32; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut summs = [0f32; R];
+) -> [[f32; R]; C] {
+    let mut acc = [[_mm256_setzero_ps(); R]; C];
+    let mut summs = [[0f32; R]; C];
     for i in 0..nb {
-        let y = a.add(i * Q8_1_B);
-        let (dy, sy) = (h16(y), h16(y.add(2)));
-        let yq = ld(y.add(4));
+        let mut yq = [_mm256_setzero_si256(); C];
+        let mut dy = [0f32; C];
+        let mut sy = [0f32; C];
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_1_B);
+            dy[c] = h16(y);
+            sy[c] = h16(y.add(2));
+            yq[c] = ld(y.add(4));
+        }
         for r in 0..R {
             let x = w.add(r * ws + i * Q4_1_B);
-            summs[r] = h16(x.add(2)).mul_add(sy, summs[r]);
-            let d = h16(x) * dy;
-            let p = _mm256_cvtepi32_ps(quads_us::<VNNI>(nibbles_32(x.add(4)), yq));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[r]);
+            if C == 1 {
+                // GEMV streams the weights from memory: fetch two row groups ahead.
+                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * R * ws) as *const i8);
+            }
+            let (dx, mx) = (h16(x), h16(x.add(2)));
+            let qx = nibbles_32(x.add(4));
+            for c in 0..C {
+                summs[c][r] = mx.mul_add(sy[c], summs[c][r]);
+                let d = dx * dy[c];
+                let p = _mm256_cvtepi32_ps(quads_us::<VNNI>(qx, yq[c]));
+                acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[c][r]);
+            }
         }
     }
-    core::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = hsum_float_8(acc[c][r]) + summs[c][r];
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------- Q4_K
@@ -245,12 +300,10 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                 );
                 pair[j] = _mm256_add_epi32(p0, p1);
             }
-            let sumi = || {
-                _mm256_add_epi32(
-                    _mm256_add_epi32(pair[0], pair[1]),
-                    _mm256_add_epi32(pair[2], pair[3]),
-                )
-            };
+            let sumi = _mm256_add_epi32(
+                _mm256_add_epi32(pair[0], pair[1]),
+                _mm256_add_epi32(pair[2], pair[3]),
+            );
             match MODE {
                 Q4K_VECDOT => {
                     let d = yd * xd;
@@ -261,7 +314,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                         accm4[r][k] = dmin.mul_add(prod as f32, accm4[r][k]);
                     }
                     acc8[r] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi()), acc8[r]);
+                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc8[r]);
                 }
                 _ => {
                     let imin: [i32; 8] = core::array::from_fn(|s| m[s] as i32 * bsum2[s]);
@@ -269,7 +322,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                         Q4K_GEMV => {
                             let dw = xd * yd;
                             let dm = xdmin * yd;
-                            acc[r] = (hsum_i32_8(sumi()) as f32).mul_add(dw, acc[r]);
+                            acc[r] = (hsum_i32_8(sumi) as f32).mul_add(dw, acc[r]);
                             accm[r] = (imin.iter().sum::<i32>() as f32).mul_add(dm, accm[r]);
                         }
                         Q4K_GEMM => {
@@ -284,7 +337,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                         _ => {
                             // tiled: res = f32(s1)*d; res = fma(-dmin, f32(s2), res);
                             // acc = fma(res, da, acc)
-                            let s1 = hsum_i32_8(sumi());
+                            let s1 = hsum_i32_8(sumi);
                             let s2 = imin.iter().fold(0i32, |a, &b| a.wrapping_add(b));
                             let mut res = s1 as f32 * xd;
                             res = (-xdmin).mul_add(s2 as f32, res);
@@ -295,14 +348,115 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
             }
         }
     }
-    core::array::from_fn(|r| match MODE {
-        Q4K_VECDOT => {
-            let m01 = [accm4[r][0] + accm4[r][2], accm4[r][1] + accm4[r][3]];
-            hsum_float_8(acc8[r]) + (m01[0] + m01[1])
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = match MODE {
+            Q4K_VECDOT => {
+                let m01 = [accm4[r][0] + accm4[r][2], accm4[r][1] + accm4[r][3]];
+                hsum_float_8(acc8[r]) + (m01[0] + m01[1])
+            }
+            Q4K_TILED => acc[r],
+            _ => acc[r] - accm[r],
+        };
+    }
+    out
+}
+
+/// Sums of the eight i32 lanes of each of four vectors (exact up to wrapping).
+#[inline(always)]
+unsafe fn hsum4_i32_8(p: &[__m256i; 4]) -> [i32; 4] {
+    let t0 = _mm256_hadd_epi32(p[0], p[1]);
+    let t1 = _mm256_hadd_epi32(p[2], p[3]);
+    let t2 = _mm256_hadd_epi32(t0, t1);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256::<1>(t2));
+    let mut out = [0i32; 4];
+    _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s);
+    out
+}
+
+/// The Q4_K repack GEMM (`MODE == Q4K_GEMM`) or tiled (`Q4K_TILED`) chains of [`dot_q4_k`]
+/// for one weight row and `C` activation columns (column `c` at `a + c * as_`): the row's
+/// nibbles, scales and mins are decoded once per block for all columns. Integer parts are
+/// exact (any grouping gives the same sums); each column keeps its own float chain.
+#[inline(always)]
+unsafe fn dot_q4_k_cols<const MODE: u8, const C: usize>(
+    w: *const u8,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> [f32; C] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [0f32; C];
+    let mut accm = [0f32; C];
+    for i in 0..nb {
+        let x = w.add(i * Q4_K_B);
+        let xd = h16(x);
+        let xdmin = h16(x.add(2));
+        let scales: [u8; 12] = core::ptr::read_unaligned(x.add(4) as *const [u8; 12]);
+        let (sc, m) = scale_min_k4(&scales);
+        let qs = x.add(16);
+        let mut lo = [_mm256_setzero_si256(); 4];
+        let mut hi = [_mm256_setzero_si256(); 4];
+        let mut slo = [_mm256_setzero_si256(); 4];
+        let mut shi = [_mm256_setzero_si256(); 4];
+        for j in 0..4 {
+            let bits = ld(qs.add(32 * j));
+            lo[j] = _mm256_and_si256(bits, m4);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            slo[j] = _mm256_set1_epi16(sc[2 * j] as i16);
+            shi[j] = _mm256_set1_epi16(sc[2 * j + 1] as i16);
         }
-        Q4K_TILED => acc[r],
-        _ => acc[r] - accm[r],
-    })
+        let mv = _mm256_setr_epi32(
+            m[0] as i32,
+            m[1] as i32,
+            m[2] as i32,
+            m[3] as i32,
+            m[4] as i32,
+            m[5] as i32,
+            m[6] as i32,
+            m[7] as i32,
+        );
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_K_B);
+            let yd = f32_at(y);
+            let yq = y.add(4);
+            let mut pair = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let p0 = quads_us_scaled(lo[j], ld(yq.add(64 * j)), slo[j]);
+                let p1 = quads_us_scaled(hi[j], ld(yq.add(64 * j + 32)), shi[j]);
+                pair[j] = _mm256_add_epi32(p0, p1);
+            }
+            // lane s: m[s] * (bsums[2s] + bsums[2s+1])
+            let imin = _mm256_mullo_epi32(mv, _mm256_madd_epi16(ld(y.add(260)), ones));
+            if MODE == Q4K_GEMM {
+                let hs = hsum4_i32_8(&pair);
+                let mut im = [0i32; 8];
+                _mm256_storeu_si256(im.as_mut_ptr() as *mut __m256i, imin);
+                let dw = xd * yd;
+                let dm = xdmin * yd;
+                for sb in 0..4 {
+                    acc[c] = (hs[sb] as f32).mul_add(dw, acc[c]);
+                    accm[c] = ((im[2 * sb] + im[2 * sb + 1]) as f32).mul_add(dm, accm[c]);
+                }
+            } else {
+                let sumi = _mm256_add_epi32(
+                    _mm256_add_epi32(pair[0], pair[1]),
+                    _mm256_add_epi32(pair[2], pair[3]),
+                );
+                let s1 = hsum_i32_8(sumi);
+                let s2 = hsum_i32_8(imin);
+                let mut res = s1 as f32 * xd;
+                res = (-xdmin).mul_add(s2 as f32, res);
+                acc[c] = res.mul_add(yd, acc[c]);
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for c in 0..C {
+        out[c] = if MODE == Q4K_TILED { acc[c] } else { acc[c] - accm[c] };
+    }
+    out
 }
 
 // ---------------------------------------------------------------- Q6_K
@@ -376,7 +530,77 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
             }
         }
     }
-    core::array::from_fn(|r| if TILED { acc[r] } else { hsum_float_8(acc8[r]) })
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = if TILED { acc[r] } else { hsum_float_8(acc8[r]) };
+    }
+    out
+}
+
+/// The tiled matmul's Q6_K chain of [`dot_q6_k`] for one weight row and `C` activation
+/// columns, the row's 6-bit codes and scales decoded once per block for all columns.
+#[inline(always)]
+unsafe fn dot_q6_k_tiled_cols<const C: usize>(
+    w: *const u8,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> [f32; C] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let m0c = _mm256_set1_epi8(0x0C);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = [0f32; C];
+    for i in 0..nb {
+        let x = w.add(i * Q6_K_B);
+        let scp = x.add(192) as *const i8;
+        let mut u = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for n in 0..2 {
+            let ql0 = ld(x.add(64 * n));
+            let ql1 = ld(x.add(64 * n + 32));
+            let qh = ld(x.add(128 + 32 * n));
+            u[4 * n] = _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+            );
+            u[4 * n + 1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16::<2>(_mm256_and_si256(qh, m0c)),
+            );
+            u[4 * n + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_and_si256(qh, m30),
+            );
+            u[4 * n + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+            );
+        }
+        for g in 0..8 {
+            sc[g] = _mm256_set_m128i(
+                _mm_set1_epi16(*scp.add(2 * g + 1) as i16),
+                _mm_set1_epi16(*scp.add(2 * g) as i16),
+            );
+        }
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scp as *const __m128i));
+        let xd = h16(x.add(208));
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_K_B);
+            let yq = y.add(4);
+            let yd = f32_at(y);
+            let mut sumi = _mm256_setzero_si256();
+            for g in 0..8 {
+                sumi = _mm256_add_epi32(sumi, quads_us_scaled(u[g], ld(yq.add(32 * g)), sc[g]));
+            }
+            // lane l: 32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])
+            let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(ld(y.add(260)), sc16));
+            let s1 = hsum_i32_8(_mm256_sub_epi32(sumi, sub));
+            let res = s1 as f32 * xd;
+            acc[c] = res.mul_add(yd, acc[c]);
+        }
+    }
+    acc
 }
 
 // ---------------------------------------------------------------- dispatch
@@ -407,9 +631,9 @@ unsafe fn dot_any<const VNNI: bool, const R: usize>(
 ) -> [f32; R] {
     use abi::DType::*;
     match (dtype, kernel) {
-        (Q4_1, _) => dot_q4_1::<VNNI, R>(w, ws, a, n / 32),
-        (Q8_0, _) => dot_q0::<8, VNNI, R>(w, ws, a, n / 32),
-        (Q5_0, _) => dot_q0::<5, VNNI, R>(w, ws, a, n / 32),
+        (Q4_1, _) => dot_q4_1::<VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
+        (Q8_0, _) => dot_q0::<8, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
+        (Q5_0, _) => dot_q0::<5, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
         (Q6_K, Kernel::Tiled) => dot_q6_k::<true, R>(w, ws, a, n / 256),
         (Q6_K, _) => dot_q6_k::<false, R>(w, ws, a, n / 256),
         (Q4_K, Kernel::RepackGemv) => dot_q4_k::<Q4K_GEMV, R>(w, ws, a, n / 256),
@@ -452,6 +676,175 @@ unsafe fn rows_any<const VNNI: bool>(
     }
 }
 
+/// `R` rows by `C` columns of a 32-element format (any kernel: the legacy formats' kernels
+/// share one float chain).
+#[inline(always)]
+unsafe fn tile_legacy<const VNNI: bool, const R: usize, const C: usize>(
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+) -> [[f32; R]; C] {
+    use abi::DType::*;
+    match dtype {
+        Q4_1 => dot_q4_1::<VNNI, R, C>(w, ws, a, as_, n / 32),
+        Q8_0 => dot_q0::<8, VNNI, R, C>(w, ws, a, as_, n / 32),
+        Q5_0 => dot_q0::<5, VNNI, R, C>(w, ws, a, as_, n / 32),
+        _ => unreachable!("no SIMD tile for {dtype}"),
+    }
+}
+
+/// `out[c * nrows + r]` = element (row `r`, column `c`): `kernels[c]` on weight row `r` (at
+/// `w + r * ws`) and activation column `c` (at `act + c * as_`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_any<const VNNI: bool>(
+    kernels: &[Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    act: *const u8,
+    as_: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    let ncols = kernels.len();
+    debug_assert_eq!(out.len(), nrows * ncols);
+    let mut c0 = 0;
+    if dtype.info().block_len == 32 {
+        // AVX-512 has 32 vector registers: 4x4 accumulators; AVX2 has 16: 2x4.
+        const C: usize = TILE_COLS;
+        let r_tile = if VNNI { 4 } else { 2 };
+        while c0 + C <= ncols {
+            let a = act.add(c0 * as_);
+            let mut r = 0;
+            while r + r_tile <= nrows {
+                let wr = w.add(r * ws);
+                if VNNI {
+                    let v = tile_legacy::<VNNI, 4, C>(dtype, n, wr, ws, a, as_);
+                    for c in 0..C {
+                        out[(c0 + c) * nrows + r..][..4].copy_from_slice(&v[c]);
+                    }
+                } else {
+                    let v = tile_legacy::<VNNI, 2, C>(dtype, n, wr, ws, a, as_);
+                    for c in 0..C {
+                        out[(c0 + c) * nrows + r..][..2].copy_from_slice(&v[c]);
+                    }
+                }
+                r += r_tile;
+            }
+            while r < nrows {
+                let v = tile_legacy::<VNNI, 1, C>(dtype, n, w.add(r * ws), ws, a, as_);
+                for c in 0..C {
+                    out[(c0 + c) * nrows + r] = v[c][0];
+                }
+                r += 1;
+            }
+            c0 += C;
+        }
+    }
+    if dtype == abi::DType::Q4_K || dtype == abi::DType::Q6_K {
+        // Runs of columns of the repack GEMM or the tiled kernel, four at a time.
+        const C: usize = TILE_COLS;
+        let mut c = 0;
+        while c + C <= ncols {
+            let kern = kernels[c];
+            let tiled = match dtype {
+                abi::DType::Q4_K => matches!(kern, Kernel::RepackGemm | Kernel::Tiled),
+                _ => kern == Kernel::Tiled,
+            };
+            if !tiled
+                || kernels[c..c + C].iter().any(|&k| k != kern)
+            {
+                rows_any::<VNNI>(
+                    kernels[c],
+                    dtype,
+                    n,
+                    w,
+                    ws,
+                    act.add(c * as_),
+                    &mut out[c * nrows..(c + 1) * nrows],
+                );
+                c += 1;
+                continue;
+            }
+            let a = act.add(c * as_);
+            for r in 0..nrows {
+                let v = if dtype == abi::DType::Q6_K {
+                    dot_q6_k_tiled_cols::<C>(w.add(r * ws), a, as_, n / 256)
+                } else if kern == Kernel::RepackGemm {
+                    dot_q4_k_cols::<Q4K_GEMM, C>(w.add(r * ws), a, as_, n / 256)
+                } else {
+                    dot_q4_k_cols::<Q4K_TILED, C>(w.add(r * ws), a, as_, n / 256)
+                };
+                for j in 0..C {
+                    out[(c + j) * nrows + r] = v[j];
+                }
+            }
+            c += C;
+        }
+        c0 = c;
+    }
+    for c in c0..ncols {
+        rows_any::<VNNI>(
+            kernels[c],
+            dtype,
+            n,
+            w,
+            ws,
+            act.add(c * as_),
+            &mut out[c * nrows..(c + 1) * nrows],
+        );
+    }
+}
+
+/// Activation columns per tile of the legacy formats' kernels.
+pub const TILE_COLS: usize = 4;
+
+/// As [`rows_avx2`] for `kernels.len()` activation columns (column `c` at `act + c * a_stride`
+/// through `kernels[c]`): `out[c * nrows + r]` is (row `r`, column `c`).
+///
+/// # Safety
+/// As [`rows_avx2`] for every column.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tile_avx2(
+    kernels: &[Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    a_stride: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    tile_any::<false>(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
+}
+
+/// As [`tile_avx2`], compiled for AVX-512 (see [`rows_avx512`]).
+///
+/// # Safety
+/// As [`rows_avx512`] for every column.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tile_avx512(
+    kernels: &[Kernel],
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    act: *const u8,
+    a_stride: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    tile_any::<true>(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
+}
+
 /// Weight rows computed together by one kernel call (32-element formats, K-quants).
 pub const ROWS: usize = 4;
 pub const ROWS_K: usize = 2;
@@ -491,4 +884,23 @@ pub unsafe fn rows_avx512(
     out: &mut [f32],
 ) {
     rows_any::<true>(kernel, dtype, n, w, w_stride, act, out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every f16 bit pattern: F16C's conversion equals quant's scalar twin bit for bit.
+    #[test]
+    fn h16_matches_scalar() {
+        if !is_x86_feature_detected!("f16c") {
+            return;
+        }
+        #[target_feature(enable = "f16c")]
+        unsafe fn conv(b: u16) -> f32 {
+            super::h16(&b as *const u16 as *const u8)
+        }
+        for b in 0..=u16::MAX {
+            let got = unsafe { conv(b) };
+            assert_eq!(got.to_bits(), quant::fp16_to_f32(b).to_bits(), "f16 {b:#06x}");
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! backend's mat_mul against the reference backend's, bit for bit.
 
 use abi::{BackendTable, DType, Op, OpCall, OpParams, Status, TensorDesc};
-use mollm_x86_common::{dot_rows, Isa, HEADER_AVX2, HEADER_AVX512};
+use mollm_x86_common::{dot_rows, dot_tile, Isa, HEADER_AVX2, HEADER_AVX512};
 use quant::Kernel;
 
 struct Rng(u64);
@@ -140,6 +140,63 @@ fn simd_kernels_match_scalar_twins_bit_for_bit() {
                                 "{isa:?} {dt} {kernel:?} n={n} row {r}: {} vs {}",
                                 got[r],
                                 want[r]
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{checked} outputs bit-identical");
+}
+
+/// The multi-column entry (`dot_tile`): every (row, column) equals the scalar twin, for row
+/// and column counts around the tile sizes, columns of mixed kernels included.
+#[test]
+fn simd_tiles_match_scalar_twins_bit_for_bit() {
+    let isas = isas();
+    let mut rng = Rng::new(11);
+    let mut checked = 0usize;
+    for dt in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::Q6_K,
+        DType::Q4_K,
+    ] {
+        let n = if dt.info().block_len == 32 { 160 } else { 512 };
+        for rows in [1usize, 3, 4, 9, 32] {
+            for cols in [1usize, 3, 4, 5, 8, 13, 17] {
+                let w = weights(&mut rng, dt, n, rows);
+                let rb = w.len() / rows;
+                let ks = kernels_of(dt);
+                let kernels: Vec<Kernel> = (0..cols).map(|c| ks[(c / 4) % ks.len()]).collect();
+                let vt = quant::vec_dot_type(dt);
+                let ab = quant::row_bytes(vt, n).unwrap();
+                let mut act = vec![0u8; ab * cols];
+                for (c, a) in act.chunks_exact_mut(ab).enumerate() {
+                    let s = 0.1 + 2.0 * rng.uniform();
+                    let x = rng.data(n, s);
+                    quant::quantize_activations_for(kernels[c], dt, &x, a).unwrap();
+                }
+                for &isa in &isas {
+                    let mut got = vec![f32::NAN; rows * cols];
+                    dot_tile(isa, &kernels, dt, n, &w, &act, &mut got);
+                    for c in 0..cols {
+                        for r in 0..rows {
+                            let want = quant::dot_with(
+                                kernels[c],
+                                dt,
+                                n,
+                                &w[r * rb..(r + 1) * rb],
+                                &act[c * ab..(c + 1) * ab],
+                            );
+                            assert_eq!(
+                                got[c * rows + r].to_bits(),
+                                want.to_bits(),
+                                "{isa:?} {dt} {:?} rows={rows} cols={cols} ({r}, {c})",
+                                kernels[c]
                             );
                             checked += 1;
                         }

@@ -1,0 +1,124 @@
+//! Kernel micro-benchmarks (criterion): GEMV (one activation column) and GEMM (several) of
+//! the x86 SIMD kernels for every format and kernel kind, and the activation conversion.
+//! `cargo bench -p mollm-x86-common --bench kernels [-- FILTER]`
+
+use abi::DType;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use mollm_x86_common::{actq, dot_rows, dot_tile, Isa};
+use quant::Kernel;
+
+fn rand_f32(seed: &mut u64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+        })
+        .collect()
+}
+
+struct Case {
+    dt: DType,
+    kernel: Kernel,
+    k: usize,
+    n: usize,
+    w: Vec<u8>,
+    act: Vec<u8>,
+    ab: usize,
+    x: Vec<f32>,
+}
+
+fn case(seed: &mut u64, dt: DType, kernel: Kernel, k: usize, n: usize, cols: usize) -> Case {
+    let rb = quant::row_bytes(dt, k).unwrap();
+    let mut w = vec![0u8; rb * n];
+    let src = rand_f32(seed, k * n);
+    for (r, row) in w.chunks_exact_mut(rb).enumerate() {
+        quant::quantize_row(dt, &src[r * k..(r + 1) * k], row).unwrap();
+    }
+    let ab = quant::row_bytes(quant::vec_dot_type(dt), k).unwrap();
+    let x = rand_f32(seed, k * cols);
+    let mut act = vec![0u8; ab * cols];
+    for c in 0..cols {
+        quant::quantize_activations_for(kernel, dt, &x[c * k..(c + 1) * k], &mut act[c * ab..(c + 1) * ab])
+            .unwrap();
+    }
+    Case { dt, kernel, k, n, w, act, ab, x }
+}
+
+fn isas() -> Vec<Isa> {
+    [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.detected()).collect()
+}
+
+/// Shapes of SmolLM2-135M (Q4_1/Q8_0), Qwen2.5-0.5B (Q5_0/Q6_K) and Qwen2.5-1.5B (Q4_K/Q6_K).
+const SHAPES: &[(DType, Kernel, Kernel, usize, usize)] = &[
+    (DType::Q4_1, Kernel::VecDot, Kernel::VecDot, 576, 1536),
+    (DType::Q8_0, Kernel::VecDot, Kernel::TinyBlas, 576, 1536),
+    (DType::Q5_0, Kernel::VecDot, Kernel::TinyBlas, 896, 4864),
+    (DType::Q6_K, Kernel::VecDot, Kernel::Tiled, 4864, 896),
+    (DType::Q4_K, Kernel::RepackGemv, Kernel::RepackGemm, 1536, 1536),
+    (DType::Q4_K, Kernel::VecDot, Kernel::Tiled, 1536, 1536),
+];
+
+fn gemv(c: &mut Criterion) {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut g = c.benchmark_group("gemv");
+    g.sample_size(20);
+    for &(dt, kv, _, k, n) in SHAPES {
+        let cs = case(&mut seed, dt, kv, k, n, 1);
+        g.throughput(Throughput::Bytes(cs.w.len() as u64));
+        for isa in isas() {
+            let id = BenchmarkId::new(format!("{isa:?}/{}/{:?}", cs.dt, cs.kernel), format!("{k}x{n}"));
+            let mut out = vec![0f32; cs.n];
+            g.bench_function(id, |b| {
+                b.iter(|| dot_rows(isa, cs.kernel, cs.dt, cs.k, &cs.w, &cs.act, &mut out))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn gemm(c: &mut Criterion) {
+    let mut seed = 0x0bad_5eed_1234_5678u64;
+    let mut g = c.benchmark_group("gemm");
+    g.sample_size(10);
+    let cols = 64;
+    for &(dt, _, km, k, n) in SHAPES {
+        let n = n.min(1536);
+        let cs = case(&mut seed, dt, km, k, n, cols);
+        g.throughput(Throughput::Elements((k * n * cols) as u64));
+        let kernels = vec![km; cols];
+        for isa in isas() {
+            let id = BenchmarkId::new(format!("{isa:?}/{}/{:?}", cs.dt, km), format!("{k}x{n}x{cols}"));
+            let mut out = vec![0f32; n * cols];
+            g.bench_function(id, |b| {
+                b.iter(|| dot_tile(isa, &kernels, cs.dt, cs.k, &cs.w, &cs.act, &mut out))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn activations(c: &mut Criterion) {
+    let mut seed = 0x5eed_0000_0000_0001u64;
+    let mut g = c.benchmark_group("activations");
+    let k = 1536;
+    for (dt, kernel) in [(DType::Q4_1, Kernel::VecDot), (DType::Q8_0, Kernel::TinyBlas), (DType::Q4_K, Kernel::Tiled)] {
+        let cs = case(&mut seed, dt, kernel, k, 1, 1);
+        let mut dst = vec![0u8; cs.ab];
+        g.throughput(Throughput::Elements(k as u64));
+        g.bench_function(BenchmarkId::new("scalar", format!("{dt}")), |b| {
+            b.iter(|| quant::quantize_activations_for(kernel, dt, &cs.x, &mut dst).unwrap())
+        });
+        if Isa::Avx2.detected() {
+            g.bench_function(BenchmarkId::new("simd", format!("{dt}")), |b| {
+                // SAFETY: AVX2/FMA/F16C detected; dst sized for the row.
+                b.iter(|| assert!(unsafe { actq::quantize_row(kernel, dt, &cs.x, &mut dst) }))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, gemv, gemm, activations);
+criterion_main!(benches);
