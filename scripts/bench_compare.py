@@ -1,87 +1,89 @@
 #!/usr/bin/env python3
-"""Side-by-side speed of mollm and llama.cpp on one GGUF, in one run.
+"""Side-by-side speed of mollm and llama.cpp on the same GGUF files, in one run.
 
-Protocol (printed with the table): a prompt of --prompt-tokens tokens (a fixed English text
-repeated and cut to length by mollm's tokenizer), --gen tokens generated greedily with
-end-of-generation ignored, --threads threads, one warm-up run then --reps measured runs,
-median tokens/s. mollm is timed by its own --json timings (prefill = prompt processing,
-decode = generation after the first token); llama.cpp by llama-bench (pp = prompt processing
-of the same length, tg = generation) in its default configuration (F16 KV cache, flash
-attention auto, CPU repack on): what a llama.cpp user gets. llama-bench cannot use an F32 KV
-cache; mollm runs with its F32 cache, the configuration the golden tests mirror.
+Protocol (printed with the table): both sides measure the llama-bench way. `mollm bench` and
+`llama-bench` each run, per model, prompt processing of --prompt-tokens random token ids from an
+empty context (pp) and generation of --gen single-token steps from an empty context (tg), with
+--threads threads, warm-up first (mollm: --warmup runs per row; llama-bench: its own warm-up
+run), then --reps measured runs; the figure is the median tokens/s of those runs. mollm runs
+--backend (default auto) with its F32 KV cache; llama-bench runs its default configuration
+(F16 KV cache, flash attention auto, CPU repack on): what a llama.cpp user gets (llama-bench
+cannot use an F32 cache). Run it on a quiet machine: under load llama.cpp's spinning threads
+lose far more than mollm's, and the ratios mean nothing.
 
-Usage: scripts/bench_compare.py --model M.gguf [--backend auto] [--prompt-tokens 256]
-       [--gen 64] [--reps 5] [--threads 2] [--llama-bench PATH]
+Usage: scripts/bench_compare.py --model A.gguf [--model B.gguf ...] [--prompt-tokens 256]
+       [--gen 64] [--reps 5] [--warmup 1] [--threads 2] [--backend auto] [--llama-bench PATH]
+mollm is target/release/mollm (or $CARGO_TARGET_DIR/release/mollm); llama-bench is --llama-bench,
+then PATH, then ~/.cache/mollm/llama.cpp-build/bin/llama-bench (scripts/build-llama-cpp.sh).
 """
 import argparse, json, os, shutil, statistics, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-TEXT = ("The lighthouse keeper climbed the stairs every evening to light the great lamp, "
-        "watching ships pass along the rocky coast while the wind sang through the rigging. ")
 
 
-def mollm_runs(a):
-    # the build's mollm: $CARGO_TARGET_DIR as cargo uses it (worktrees with their own target)
-    exe = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release", "mollm")
-    ids_needed = a.prompt_tokens
-    prompt = TEXT * (ids_needed // 20 + 2)
-    # Trim the prompt to the requested token count with mollm's own tokenizer.
-    probe = subprocess.run([exe, "run", "--json", "-m", a.model, "--prompt", prompt, "--max-tokens", "1",
-                            "--threads", str(a.threads), "--backend", a.backend],
-                           capture_output=True, text=True, check=True)
-    n = len(json.loads(probe.stdout)["prompt_tokens"])
-    words = prompt.split(" ")
-    while n > ids_needed and len(words) > 1:
-        words = words[: max(1, int(len(words) * ids_needed / n) - 1)]
-        prompt = " ".join(words)
-        probe = subprocess.run([exe, "run", "--json", "-m", a.model, "--prompt", prompt, "--max-tokens", "1",
-                                "--threads", str(a.threads), "--backend", a.backend],
-                               capture_output=True, text=True, check=True)
-        n = len(json.loads(probe.stdout)["prompt_tokens"])
-    pp, tg = [], []
-    for i in range(a.reps + 1):
-        out = subprocess.run([exe, "run", "--json", "-m", a.model, "--prompt", prompt, "--max-tokens", str(a.gen),
-                              "--ignore-eos", "--threads", str(a.threads), "--backend", a.backend],
-                             capture_output=True, text=True, check=True)
-        t = json.loads(out.stdout)["timings"]
-        if i > 0:
-            pp.append(t["prefill_tokens_per_s"])
-            tg.append(t["decode_tokens_per_s"])
-    return n, statistics.median(pp), statistics.median(tg)
+def mollm_exe():
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    return os.path.join(target, "release", "mollm")
 
 
-def llama_runs(a, n_prompt):
-    exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser("~/.cache/mollm/llama.cpp-build/bin/llama-bench")
+def median_ts(row):
+    s = row.get("samples_ts")
+    return statistics.median(s) if s else row["avg_ts"]
+
+
+def mollm_rows(a, model):
+    out = subprocess.run([mollm_exe(), "bench", "-m", model, "-p", str(a.prompt_tokens), "-n", str(a.gen),
+                          "--warmup", str(a.warmup), "--reps", str(a.reps), "--threads", str(a.threads),
+                          "--backend", a.backend, "--json", "--quiet"],
+                         capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    pp = next(r for r in rows if r["n_prompt"] > 0)
+    tg = next(r for r in rows if r["n_gen"] > 0)
+    return median_ts(pp), median_ts(tg), pp["backend"]
+
+
+def llama_rows(a, model):
+    exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser(
+        "~/.cache/mollm/llama.cpp-build/bin/llama-bench")
     if not os.path.exists(exe):
         return None
-    out = subprocess.run([exe, "-m", a.model, "-p", str(n_prompt), "-n", str(a.gen), "-t", str(a.threads),
+    out = subprocess.run([exe, "-m", model, "-p", str(a.prompt_tokens), "-n", str(a.gen), "-t", str(a.threads),
                           "-r", str(a.reps), "-o", "json"],
                          capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)
     pp = next(r for r in rows if r["n_prompt"] > 0)
     tg = next(r for r in rows if r["n_gen"] > 0)
-    med = lambda r: statistics.median(r["samples_ts"]) if r.get("samples_ts") else r["avg_ts"]
-    return med(pp), med(tg)
+    return median_ts(pp), median_ts(tg)
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", action="append", required=True)
     p.add_argument("--backend", default="auto")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--gen", type=int, default=64)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bench")
     a = p.parse_args()
-    n, m_pp, m_tg = mollm_runs(a)
-    ll = llama_runs(a, n)
-    print(f"model {os.path.basename(a.model)}; prompt {n} tokens, {a.gen} generated, {a.threads} threads, "
-          f"1 warm-up + {a.reps} runs, median; mollm --backend {a.backend} (F32 KV); llama-bench defaults (F16 KV, FA auto)")
-    print(f"{'':10} {'mollm t/s':>10} {'llama.cpp t/s':>14} {'ratio':>7}")
-    for name, m, l in [("prompt", m_pp, ll[0] if ll else None), ("generate", m_tg, ll[1] if ll else None)]:
-        print(f"{name:10} {m:10.2f} {l if l is not None else float('nan'):14.2f} {m / l if l else float('nan'):7.2f}")
+    print(f"pp{a.prompt_tokens} and tg{a.gen} from an empty context, random token ids, {a.threads} threads, "
+          f"warm-up then {a.reps} runs, median tokens/s; mollm --backend {a.backend} (F32 KV cache), "
+          f"llama-bench defaults (F16 KV cache, flash attention auto)")
+    print()
+    print("| model | test | mollm t/s | llama.cpp t/s | mollm / llama.cpp |")
+    print("|---|---|---:|---:|---:|")
+    for model in a.model:
+        m_pp, m_tg, backend = mollm_rows(a, model)
+        ll = llama_rows(a, model)
+        name = os.path.basename(model)
+        for test, m, l in [(f"pp{a.prompt_tokens}", m_pp, ll[0] if ll else None),
+                           (f"tg{a.gen}", m_tg, ll[1] if ll else None)]:
+            ls = f"{l:.2f}" if l else "n/a"
+            ratio = f"{m / l:.2f}" if l else "n/a"
+            print(f"| {name} | {test} | {m:.2f} | {ls} | {ratio} |", flush=True)
+        print(f"<!-- {name}: mollm backends {backend} -->", flush=True)
 
 
 if __name__ == "__main__":

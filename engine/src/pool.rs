@@ -218,7 +218,11 @@ impl Drop for Pool {
         self.shared.shutdown.store(true, SeqCst);
         self.shared.epoch.fetch_add(1, SeqCst);
         {
-            let _l = self.shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _l = self
+                .shared
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {
@@ -246,7 +250,10 @@ mod tests {
                 for _ in 0..50 {
                     let v: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                     (host.parallel_for)(host.host_ctx, n, count, &v as *const _ as *mut c_void);
-                    assert!(v.iter().all(|c| c.load(Relaxed) == 1), "{threads} threads, {n} tasks");
+                    assert!(
+                        v.iter().all(|c| c.load(Relaxed) == 1),
+                        "{threads} threads, {n} tasks"
+                    );
                 }
             }
             // after the workers went to sleep

@@ -40,14 +40,31 @@ fn case(seed: &mut u64, dt: DType, kernel: Kernel, k: usize, n: usize, cols: usi
     let x = rand_f32(seed, k * cols);
     let mut act = vec![0u8; ab * cols];
     for c in 0..cols {
-        quant::quantize_activations_for(kernel, dt, &x[c * k..(c + 1) * k], &mut act[c * ab..(c + 1) * ab])
-            .unwrap();
+        quant::quantize_activations_for(
+            kernel,
+            dt,
+            &x[c * k..(c + 1) * k],
+            &mut act[c * ab..(c + 1) * ab],
+        )
+        .unwrap();
     }
-    Case { dt, kernel, k, n, w, act, ab, x }
+    Case {
+        dt,
+        kernel,
+        k,
+        n,
+        w,
+        act,
+        ab,
+        x,
+    }
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.detected()).collect()
+    [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.detected())
+        .collect()
 }
 
 /// Shapes of SmolLM2-135M (Q4_1/Q8_0), Qwen2.5-0.5B (Q5_0/Q6_K) and Qwen2.5-1.5B (Q4_K/Q6_K).
@@ -56,7 +73,13 @@ const SHAPES: &[(DType, Kernel, Kernel, usize, usize)] = &[
     (DType::Q8_0, Kernel::VecDot, Kernel::TinyBlas, 576, 1536),
     (DType::Q5_0, Kernel::VecDot, Kernel::TinyBlas, 896, 4864),
     (DType::Q6_K, Kernel::VecDot, Kernel::Tiled, 4864, 896),
-    (DType::Q4_K, Kernel::RepackGemv, Kernel::RepackGemm, 1536, 1536),
+    (
+        DType::Q4_K,
+        Kernel::RepackGemv,
+        Kernel::RepackGemm,
+        1536,
+        1536,
+    ),
     (DType::Q4_K, Kernel::VecDot, Kernel::Tiled, 1536, 1536),
 ];
 
@@ -68,7 +91,10 @@ fn gemv(c: &mut Criterion) {
         let cs = case(&mut seed, dt, kv, k, n, 1);
         g.throughput(Throughput::Bytes(cs.w.len() as u64));
         for isa in isas() {
-            let id = BenchmarkId::new(format!("{isa:?}/{}/{:?}", cs.dt, cs.kernel), format!("{k}x{n}"));
+            let id = BenchmarkId::new(
+                format!("{isa:?}/{}/{:?}", cs.dt, cs.kernel),
+                format!("{k}x{n}"),
+            );
             let mut out = vec![0f32; cs.n];
             g.bench_function(id, |b| {
                 b.iter(|| dot_rows(isa, cs.kernel, cs.dt, cs.k, &cs.w, &cs.act, &mut out))
@@ -89,7 +115,10 @@ fn gemm(c: &mut Criterion) {
         g.throughput(Throughput::Elements((k * n * cols) as u64));
         let kernels = vec![km; cols];
         for isa in isas() {
-            let id = BenchmarkId::new(format!("{isa:?}/{}/{:?}", cs.dt, km), format!("{k}x{n}x{cols}"));
+            let id = BenchmarkId::new(
+                format!("{isa:?}/{}/{:?}", cs.dt, km),
+                format!("{k}x{n}x{cols}"),
+            );
             let mut out = vec![0f32; n * cols];
             g.bench_function(id, |b| {
                 b.iter(|| dot_tile(isa, &kernels, cs.dt, cs.k, &cs.w, &cs.act, &mut out))
@@ -103,7 +132,11 @@ fn activations(c: &mut Criterion) {
     let mut seed = 0x5eed_0000_0000_0001u64;
     let mut g = c.benchmark_group("activations");
     let k = 1536;
-    for (dt, kernel) in [(DType::Q4_1, Kernel::VecDot), (DType::Q8_0, Kernel::TinyBlas), (DType::Q4_K, Kernel::Tiled)] {
+    for (dt, kernel) in [
+        (DType::Q4_1, Kernel::VecDot),
+        (DType::Q8_0, Kernel::TinyBlas),
+        (DType::Q4_K, Kernel::Tiled),
+    ] {
         let cs = case(&mut seed, dt, kernel, k, 1, 1);
         let mut dst = vec![0u8; cs.ab];
         g.throughput(Throughput::Elements(k as u64));

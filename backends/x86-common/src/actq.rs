@@ -106,7 +106,8 @@ unsafe fn q8_0_row<const Q8_1: bool>(src: &[f32], dst: &mut [u8]) -> bool {
             >(_mm256_mul_ps(v[k], idv)));
         }
         let o = dst.as_mut_ptr().add(bb * b);
-        o.cast::<[u8; 2]>().write_unaligned(quant::f32_to_fp16(d).to_le_bytes());
+        o.cast::<[u8; 2]>()
+            .write_unaligned(quant::f32_to_fp16(d).to_le_bytes());
         if Q8_1 {
             let sum = hsum_i32(_mm256_add_epi32(
                 _mm256_add_epi32(i[0], i[1]),
@@ -176,10 +177,17 @@ unsafe fn q8_k_row(src: &[f32], dst: &mut [u8]) -> bool {
             _mm256_storeu_si256(qs.add(32 * g) as *mut __m256i, pack_i8(i));
             let s0 = hsum_i32(_mm256_add_epi32(i[0], i[1])) as i16;
             let s1 = hsum_i32(_mm256_add_epi32(i[2], i[3])) as i16;
-            bsums.add(4 * g).cast::<[u8; 2]>().write_unaligned(s0.to_le_bytes());
-            bsums.add(4 * g + 2).cast::<[u8; 2]>().write_unaligned(s1.to_le_bytes());
+            bsums
+                .add(4 * g)
+                .cast::<[u8; 2]>()
+                .write_unaligned(s0.to_le_bytes());
+            bsums
+                .add(4 * g + 2)
+                .cast::<[u8; 2]>()
+                .write_unaligned(s1.to_le_bytes());
         }
-        o.cast::<[u8; 4]>().write_unaligned((1.0 / iscale).to_le_bytes());
+        o.cast::<[u8; 4]>()
+            .write_unaligned((1.0 / iscale).to_le_bytes());
     }
     true
 }

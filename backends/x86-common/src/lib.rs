@@ -179,9 +179,7 @@ pub(crate) unsafe fn simd_tile(
     #[cfg(target_arch = "x86_64")]
     match isa {
         Isa::Avx2 => simd::tile_avx2(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out),
-        Isa::Avx512 => {
-            simd::tile_avx512(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out)
-        }
+        Isa::Avx512 => simd::tile_avx512(kernels, dtype, n, w, w_stride, act, a_stride, nrows, out),
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
@@ -336,7 +334,10 @@ pub fn dot_tile(
 ) {
     assert!(isa.detected(), "this CPU lacks {isa:?}");
     for &k in kernels {
-        assert!(simd_has_kernel(k, dtype), "no SIMD {k:?} kernel for {dtype}");
+        assert!(
+            simd_has_kernel(k, dtype),
+            "no SIMD {k:?} kernel for {dtype}"
+        );
     }
     let rb = quant::row_bytes(dtype, n).expect("whole blocks");
     let ab = quant::row_bytes(quant::vec_dot_type(dtype), n).expect("whole blocks");
@@ -346,5 +347,18 @@ pub fn dot_tile(
     assert_eq!(w.len(), rb * rows, "weight size");
     assert_eq!(act.len(), ab * cols, "activation size");
     // SAFETY: checked above.
-    unsafe { simd_tile(isa, kernels, dtype, n, w.as_ptr(), rb, act.as_ptr(), ab, rows, out) }
+    unsafe {
+        simd_tile(
+            isa,
+            kernels,
+            dtype,
+            n,
+            w.as_ptr(),
+            rb,
+            act.as_ptr(),
+            ab,
+            rows,
+            out,
+        )
+    }
 }

@@ -148,7 +148,8 @@ pub unsafe fn run(
     // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
     let rpt = if cols == 1 {
         let per = n.div_ceil(4 * host.n_threads.max(1) as usize);
-        per.next_multiple_of(ROWS_PER_TASK).clamp(ROWS_PER_TASK, MAX_ROWS_PER_GEMV_TASK)
+        per.next_multiple_of(ROWS_PER_TASK)
+            .clamp(ROWS_PER_TASK, MAX_ROWS_PER_GEMV_TASK)
     } else {
         ROWS_PER_TASK
     };

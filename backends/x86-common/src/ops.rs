@@ -342,8 +342,16 @@ unsafe fn expf16(isa: Isa, x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
     match isa {
         Isa::Avx512 => expf16_avx512(x, max, out),
         Isa::Avx2 => {
-            expf8_avx2(x[..8].try_into().unwrap(), max, (&mut out[..8]).try_into().unwrap());
-            expf8_avx2(x[8..].try_into().unwrap(), max, (&mut out[8..]).try_into().unwrap());
+            expf8_avx2(
+                x[..8].try_into().unwrap(),
+                max,
+                (&mut out[..8]).try_into().unwrap(),
+            );
+            expf8_avx2(
+                x[8..].try_into().unwrap(),
+                max,
+                (&mut out[8..]).try_into().unwrap(),
+            );
         }
     }
 }
@@ -358,16 +366,32 @@ unsafe fn expf16_avx512(x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
     let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000));
     let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
     let n = _mm512_sub_ps(z, r);
-    let b = _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x35bf_be8e)), _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3f31_7200)), x));
+    let b = _mm512_fnmadd_ps(
+        n,
+        _mm512_set1_ps(f32::from_bits(0x35bf_be8e)),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3f31_7200)), x),
+    );
     let u = _mm512_mul_ps(b, b);
     let j = _mm512_fmadd_ps(
         _mm512_fmadd_ps(
-            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm512_set1_ps(f32::from_bits(0x3d2b_9f17))),
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm512_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
             u,
-            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm512_set1_ps(f32::from_bits(0x3eff_fedb))),
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm512_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
         ),
         u,
-        _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm512_set1_ps(1.0)),
+        _mm512_fmadd_ps(
+            _mm512_set1_ps(f32::from_bits(0x3f7f_fff6)),
+            b,
+            _mm512_set1_ps(1.0),
+        ),
     );
     let mut res = _mm512_scalef_ps(j, n);
     let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
@@ -403,22 +427,44 @@ unsafe fn expf8_avx2(x: &[f32; 8], max: f32, out: &mut [f32; 8]) {
     let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
     let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
     let n = _mm256_sub_ps(z, r);
-    let b = _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x35bf_be8e)), _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x));
+    let b = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+    );
     let u = _mm256_mul_ps(b, b);
     let j = _mm256_fmadd_ps(
         _mm256_fmadd_ps(
-            _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm256_set1_ps(f32::from_bits(0x3d2b_9f17))),
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
             u,
-            _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm256_set1_ps(f32::from_bits(0x3eff_fedb))),
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
         ),
         u,
-        _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm256_set1_ps(1.0)),
+        _mm256_fmadd_ps(
+            _mm256_set1_ps(f32::from_bits(0x3f7f_fff6)),
+            b,
+            _mm256_set1_ps(1.0),
+        ),
     );
     // |n| > 192 lanes are replaced below; clamp so their exponents stay harmless.
-    let nc = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192.0)), _mm256_set1_ps(192.0));
+    let nc = _mm256_min_ps(
+        _mm256_max_ps(n, _mm256_set1_ps(-192.0)),
+        _mm256_set1_ps(192.0),
+    );
     let ni = _mm256_cvtps_epi32(nc);
     let mut res = _mm256_set_m128(
-        scale_half(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni)),
+        scale_half(
+            _mm256_extractf128_ps::<1>(j),
+            _mm256_extracti128_si256::<1>(ni),
+        ),
         scale_half(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni)),
     );
     let d = _mm256_cmp_ps::<_CMP_GT_OQ>(
@@ -880,7 +926,11 @@ unsafe fn dot256(x: *const f32, y: *const f32, n: usize) -> f32 {
 /// (not a closure) so that it is inlined into, and vectorized for, the ISA frame.
 #[inline(always)]
 unsafe fn fold_rows(p: *mut f32, du: usize, dst: usize, x: usize, y: usize) {
-    let (d, x, y) = (p.add(dst * du), p.add(x * du) as *const f32, p.add(y * du) as *const f32);
+    let (d, x, y) = (
+        p.add(dst * du),
+        p.add(x * du) as *const f32,
+        p.add(y * du) as *const f32,
+    );
     for i in 0..du {
         *d.add(i) = *x.add(i) + *y.add(i);
     }
@@ -1157,7 +1207,13 @@ mod tests {
                         } else {
                             silu_scalar(x[i]) * g[i]
                         };
-                        assert_eq!(got[i].to_bits(), want.to_bits(), "{isa:?} x={} g={}", x[i], g[i]);
+                        assert_eq!(
+                            got[i].to_bits(),
+                            want.to_bits(),
+                            "{isa:?} x={} g={}",
+                            x[i],
+                            g[i]
+                        );
                     }
                 }
             }
@@ -1168,7 +1224,17 @@ mod tests {
     /// (underflow to subnormals and zero, overflow, -inf, exact integers).
     #[test]
     fn expf16_matches_v_expf() {
-        let mut xs: Vec<f32> = vec![0.0, -0.0, 1.0, -1.0, f32::NEG_INFINITY, -1e30, 1e30, 88.7, 89.0];
+        let mut xs: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NEG_INFINITY,
+            -1e30,
+            1e30,
+            88.7,
+            89.0,
+        ];
         let mut s = 0x2545_F491_4F6C_DD1Du64;
         for _ in 0..200_000 {
             s ^= s << 13;

@@ -313,8 +313,7 @@ unsafe fn dot_q4_k<const MODE: u8, const R: usize>(
                             m[2 * k] as i32 * q8s[2 * k] + m[2 * k + 1] as i32 * q8s[2 * k + 1];
                         accm4[r][k] = dmin.mul_add(prod as f32, accm4[r][k]);
                     }
-                    acc8[r] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc8[r]);
+                    acc8[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc8[r]);
                 }
                 _ => {
                     let imin: [i32; 8] = core::array::from_fn(|s| m[s] as i32 * bsum2[s]);
@@ -368,7 +367,10 @@ unsafe fn hsum4_i32_8(p: &[__m256i; 4]) -> [i32; 4] {
     let t0 = _mm256_hadd_epi32(p[0], p[1]);
     let t1 = _mm256_hadd_epi32(p[2], p[3]);
     let t2 = _mm256_hadd_epi32(t0, t1);
-    let s = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256::<1>(t2));
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(t2),
+        _mm256_extracti128_si256::<1>(t2),
+    );
     let mut out = [0i32; 4];
     _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s);
     out
@@ -454,7 +456,11 @@ unsafe fn dot_q4_k_cols<const MODE: u8, const C: usize>(
     }
     let mut out = [0f32; C];
     for c in 0..C {
-        out[c] = if MODE == Q4K_TILED { acc[c] } else { acc[c] - accm[c] };
+        out[c] = if MODE == Q4K_TILED {
+            acc[c]
+        } else {
+            acc[c] - accm[c]
+        };
     }
     out
 }
@@ -756,9 +762,7 @@ unsafe fn tile_any<const VNNI: bool>(
                 abi::DType::Q4_K => matches!(kern, Kernel::RepackGemm | Kernel::Tiled),
                 _ => kern == Kernel::Tiled,
             };
-            if !tiled
-                || kernels[c..c + C].iter().any(|&k| k != kern)
-            {
+            if !tiled || kernels[c..c + C].iter().any(|&k| k != kern) {
                 rows_any::<VNNI>(
                     kernels[c],
                     dtype,
@@ -900,7 +904,11 @@ mod tests {
         }
         for b in 0..=u16::MAX {
             let got = unsafe { conv(b) };
-            assert_eq!(got.to_bits(), quant::fp16_to_f32(b).to_bits(), "f16 {b:#06x}");
+            assert_eq!(
+                got.to_bits(),
+                quant::fp16_to_f32(b).to_bits(),
+                "f16 {b:#06x}"
+            );
         }
     }
 }

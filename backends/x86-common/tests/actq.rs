@@ -59,7 +59,9 @@ fn rows(rng: &mut Rng, n: usize) -> Vec<Vec<f32>> {
                     }
                 }
                 6 => v.iter_mut().for_each(|x| *x = -(x.abs())),
-                7 => v.iter_mut().for_each(|x| *x = if rng.next_u64() % 3 == 0 { -0.0 } else { *x }),
+                7 => v
+                    .iter_mut()
+                    .for_each(|x| *x = if rng.next_u64() % 3 == 0 { -0.0 } else { *x }),
                 8 => v.iter_mut().for_each(|x| *x = x.abs() * 1e-30),
                 _ => {}
             }
@@ -80,7 +82,10 @@ fn simd_activation_rows_match_quant_byte_for_byte() {
         (DType::Q8_0, &[Kernel::VecDot, Kernel::TinyBlas]),
         (DType::Q5_0, &[Kernel::VecDot, Kernel::TinyBlas]),
         (DType::Q6_K, &[Kernel::VecDot, Kernel::Tiled]),
-        (DType::Q4_K, &[Kernel::VecDot, Kernel::RepackGemv, Kernel::Tiled]),
+        (
+            DType::Q4_K,
+            &[Kernel::VecDot, Kernel::RepackGemv, Kernel::Tiled],
+        ),
     ];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut checked = 0;
