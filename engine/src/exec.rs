@@ -43,6 +43,9 @@ impl RopeParams {
 pub struct OpStats {
     pub calls: [u64; 16],
     pub nanos: [u64; 16],
+    /// Per (op, first operand's format, backend): calls and nanoseconds, so a profile shows
+    /// which calls fell back to which backend.
+    pub detail: std::collections::BTreeMap<(&'static str, String, String), (u64, u64)>,
 }
 
 impl OpStats {
@@ -58,6 +61,14 @@ impl OpStats {
                     self.calls[i],
                     self.nanos[i] as f64 / 1e6
                 ));
+                for ((o, dt, b), (n, ns)) in &self.detail {
+                    if *o == op.name() {
+                        lines.push(format!(
+                            "  {dt:<8} {b:<12} {n:>8} calls {:>10.1} ms",
+                            *ns as f64 / 1e6
+                        ));
+                    }
+                }
             }
         }
         lines.join("\n")
@@ -74,6 +85,8 @@ pub struct Exec {
     /// MOLLM_TRACE=1: print every op's output summary to stderr (compare with llama.cpp's
     /// eval-callback output when chasing a numerics difference).
     trace: bool,
+    /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`].
+    profile: bool,
 }
 
 fn trace(op: Op, t: &TensorDesc) {
@@ -127,6 +140,7 @@ impl Exec {
             strict: !fallback,
             stats: Default::default(),
             trace,
+            profile: std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -151,8 +165,22 @@ impl Exec {
             if (i == last && !self.strict) || b.supports(op, inputs, outputs, &params) {
                 b.compute(op, inputs, outputs, params)?;
                 let mut st = self.stats.borrow_mut();
+                let ns = t0.elapsed().as_nanos() as u64;
                 st.calls[op as usize] += 1;
-                st.nanos[op as usize] += t0.elapsed().as_nanos() as u64;
+                st.nanos[op as usize] += ns;
+                if self.profile {
+                    let dt = inputs
+                        .first()
+                        .and_then(|t| t.dtype())
+                        .map(|d| d.to_string())
+                        .unwrap_or_default();
+                    let e = st
+                        .detail
+                        .entry((op.name(), dt, b.name().to_string()))
+                        .or_default();
+                    e.0 += 1;
+                    e.1 += ns;
+                }
                 drop(st);
                 if self.trace {
                     trace(op, &outputs[0]);
