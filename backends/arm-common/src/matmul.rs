@@ -7,6 +7,7 @@ use crate::simd;
 use crate::IntPath;
 use abi::{HostApi, TensorDesc};
 use mollm_cpu_common::par::{parallel_for, SyncPtr};
+use mollm_cpu_common::split_row;
 use mollm_cpu_common::Error;
 
 /// Weight rows per `parallel_for` task.
@@ -14,26 +15,8 @@ pub const ROWS_PER_TASK: usize = 32;
 
 /// Whether this backend computes this (already validated) mat_mul call.
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
-    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
-    let dt = w.dtype().expect("validated");
-    if !simd::FORMATS.contains(&dt) {
-        return Err(Error::Unsupported(format!(
-            "mat_mul: no ARM kernels for {dt} weights"
-        )));
-    }
-    if w.buffer != 0 || x.buffer != 0 || out.buffer != 0 {
-        return Err(Error::Unsupported("mat_mul: device buffers".into()));
-    }
-    if w.nb[0] != dt.info().block_bytes as i64 || w.nb[1] < 0 {
-        return Err(Error::Unsupported(format!(
-            "mat_mul: weight rows of {dt} must be packed"
-        )));
-    }
-    let (k, n, cols) = (
-        w.ne[0] as usize,
-        w.ne[1] as usize,
-        x.nrows().max(0) as usize,
-    );
+    let (dt, k, n, cols) =
+        mollm_cpu_common::mat_mul_host_layout(inputs, outputs, simd::FORMATS, "ARM")?;
     // The kernel depends on the column only through `col < n_cols / 4 * 4`: the first and the
     // last column cover every case.
     for c in [0, cols.saturating_sub(1)] {
@@ -45,11 +28,6 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
         }
     }
     Ok(())
-}
-
-fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
-    let (n1, n2) = (t.ne[1], t.ne[2]);
-    (r % n1, (r / n1) % n2, r / (n1 * n2))
 }
 
 /// # Safety

@@ -227,3 +227,44 @@ pub fn last_error_string(table: &BackendTable, ctx: *mut c_void) -> String {
     (table.last_error)(ctx, buf.as_mut_ptr(), n);
     String::from_utf8_lossy(&buf).into_owned()
 }
+
+/// Indices `(i1, i2, i3)` of row `r` of `t` (rows counted over dimensions 1..3).
+#[inline(always)]
+pub fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
+    let (n1, n2) = (t.ne[1], t.ne[2]);
+    (r % n1, (r / n1) % n2, r / (n1 * n2))
+}
+
+/// The checks every CPU `mat_mul` makes before its kernel-specific ones: weights in one of
+/// `formats` (`who` names the backend family in the refusal), host memory, packed weight
+/// rows. Returns the weight format and `(k, n_rows, n_cols)`.
+pub fn mat_mul_host_layout(
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    formats: &[abi::DType],
+    who: &str,
+) -> Result<(abi::DType, usize, usize, usize), Error> {
+    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let dt = w
+        .dtype()
+        .ok_or_else(|| Error::Invalid(format!("mat_mul: unknown dtype id {}", w.dtype)))?;
+    if !formats.contains(&dt) {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: no {who} kernels for {dt} weights"
+        )));
+    }
+    if w.buffer != 0 || x.buffer != 0 || out.buffer != 0 {
+        return Err(Error::Unsupported("mat_mul: device buffers".into()));
+    }
+    if w.nb[0] != dt.info().block_bytes as i64 || w.nb[1] < 0 {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: weight rows of {dt} must be packed"
+        )));
+    }
+    Ok((
+        dt,
+        w.ne[0] as usize,
+        w.ne[1] as usize,
+        x.nrows().max(0) as usize,
+    ))
+}

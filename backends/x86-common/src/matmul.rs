@@ -5,6 +5,7 @@
 use crate::par::{parallel_for, SyncPtr};
 use crate::{Error, Isa};
 use abi::{DType, HostApi, TensorDesc};
+use mollm_cpu_common::split_row;
 
 /// Weight rows per `parallel_for` task.
 pub const ROWS_PER_TASK: usize = 32;
@@ -24,33 +25,9 @@ pub const FORMATS: &[DType] = &[
     DType::Q4_K,
 ];
 
-fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
-    let (n1, n2) = (t.ne[1], t.ne[2]);
-    (r % n1, (r / n1) % n2, r / (n1 * n2))
-}
-
 /// Whether this backend computes this (already validated) mat_mul call.
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
-    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
-    let dt = w.dtype().expect("validated");
-    if !FORMATS.contains(&dt) {
-        return Err(Error::Unsupported(format!(
-            "mat_mul: no x86 kernels for {dt} weights"
-        )));
-    }
-    if w.buffer != 0 || x.buffer != 0 || out.buffer != 0 {
-        return Err(Error::Unsupported("mat_mul: device buffers".into()));
-    }
-    if w.nb[0] != dt.info().block_bytes as i64 || w.nb[1] < 0 {
-        return Err(Error::Unsupported(format!(
-            "mat_mul: weight rows of {dt} must be packed"
-        )));
-    }
-    let (k, n, cols) = (
-        w.ne[0] as usize,
-        w.ne[1] as usize,
-        x.nrows().max(0) as usize,
-    );
+    let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "x86")?;
     for c in 0..cols.min(64) {
         let kernel = quant::matmul_kernel(dt, k, n, cols, c);
         if !crate::simd_has_kernel(kernel, dt) {

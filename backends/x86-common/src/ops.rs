@@ -16,6 +16,7 @@
 use crate::par::{parallel_for, SyncPtr};
 use crate::{Error, Isa};
 use abi::{DType, HostApi, Op, OpParams, TensorDesc};
+use mollm_cpu_common::split_row;
 
 /// llama.cpp's KV padding (`max(n_pad, 256)`), as the reference.
 pub const KV_PAD: i64 = 256;
@@ -201,12 +202,6 @@ fn data_ok(t: &TensorDesc) -> Result<(), Error> {
 }
 
 // ---------------------------------------------------------------- tensor access
-
-#[inline(always)]
-fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
-    let (n1, n2) = (t.ne[1], t.ne[2]);
-    (r % n1, (r / n1) % n2, r / (n1 * n2))
-}
 
 #[inline(always)]
 fn row_ptr(t: &TensorDesc, i1: i64, i2: i64, i3: i64) -> *mut u8 {
