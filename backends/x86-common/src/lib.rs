@@ -22,6 +22,8 @@ use mollm_cpu_common::CpuBackend;
 
 #[cfg(target_arch = "x86_64")]
 pub mod actq;
+#[cfg(target_arch = "x86_64")]
+pub mod kq512;
 pub mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub mod ops;

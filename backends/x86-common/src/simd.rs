@@ -51,7 +51,7 @@ unsafe fn i16_at(p: *const u8, i: usize) -> i32 {
 /// ggml's `hsum_float_8`, replayed on the stored lanes: `((x0+x4) + (x2+x6)) + ((x1+x5) +
 /// (x3+x7))`.
 #[inline(always)]
-unsafe fn hsum_float_8(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum_float_8(v: __m256) -> f32 {
     let mut x = [0f32; 8];
     _mm256_storeu_ps(x.as_mut_ptr(), v);
     let r = [x[4] + x[0], x[5] + x[1], x[6] + x[2], x[7] + x[3]];
@@ -662,6 +662,27 @@ unsafe fn rows_any<const VNNI: bool>(
     out: &mut [f32],
 ) {
     let mut r = 0;
+    if VNNI {
+        // 512-bit K-quant decode kernels (crate::kq512).
+        use crate::kq512;
+        match (dtype, kernel) {
+            (abi::DType::Q4_K, Kernel::RepackGemv) => {
+                while r + 4 <= out.len() {
+                    let v = kq512::gemv_q4k_x4(w.add(r * ws), ws, act, n / 256);
+                    out[r..r + 4].copy_from_slice(&v);
+                    r += 4;
+                }
+            }
+            (abi::DType::Q6_K, Kernel::VecDot) => {
+                while r + 2 <= out.len() {
+                    let v = kq512::vecdot_q6k::<2>(w.add(r * ws), ws, act, n / 256);
+                    out[r..r + 2].copy_from_slice(&v);
+                    r += 2;
+                }
+            }
+            _ => {}
+        }
+    }
     if dtype.info().block_len == 32 {
         while r + ROWS <= out.len() {
             let v = dot_any::<VNNI, ROWS>(kernel, dtype, n, w.add(r * ws), ws, act);
