@@ -88,7 +88,7 @@ pub fn run(a: RunArgs) -> CliResult {
     })?;
     let interrupted = signals::interrupted();
     let rest = stream.finish();
-    if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1") {
+    if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1" || v == "2") {
         eprintln!("{}", session.exec().stats().report());
     }
     text_out.push_str(&rest);

@@ -85,8 +85,9 @@ pub struct Exec {
     /// MOLLM_TRACE=1: print every op's output summary to stderr (compare with llama.cpp's
     /// eval-callback output when chasing a numerics difference).
     trace: bool,
-    /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`].
-    profile: bool,
+    /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`];
+    /// MOLLM_PROFILE=2 also splits them by the first input's shape.
+    profile: u8,
 }
 
 fn trace(op: Op, t: &TensorDesc) {
@@ -140,7 +141,11 @@ impl Exec {
             strict: !fallback,
             stats: Default::default(),
             trace,
-            profile: std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1"),
+            profile: match std::env::var("MOLLM_PROFILE").as_deref() {
+                Ok("1") => 1,
+                Ok("2") => 2,
+                _ => 0,
+            },
         })
     }
 
@@ -168,12 +173,15 @@ impl Exec {
                 let ns = t0.elapsed().as_nanos() as u64;
                 st.calls[op as usize] += 1;
                 st.nanos[op as usize] += ns;
-                if self.profile {
-                    let dt = inputs
+                if self.profile > 0 {
+                    let mut dt = inputs
                         .first()
                         .and_then(|t| t.dtype())
                         .map(|d| d.to_string())
                         .unwrap_or_default();
+                    if let (2, Some(t)) = (self.profile, inputs.first()) {
+                        dt = format!("{dt} {:?}", &t.ne[..t.ndim as usize]);
+                    }
                     let e = st
                         .detail
                         .entry((op.name(), dt, b.name().to_string()))

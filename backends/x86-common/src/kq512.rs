@@ -283,3 +283,150 @@ pub unsafe fn vecdot_q6k<const R: usize>(
     }
     out
 }
+
+// ---------------------------------------------------------------- Q4_K GEMM, 16 columns
+
+/// Activation columns per packed tile of [`gemm_q4k_t16`].
+pub const T16: usize = 16;
+
+/// Bytes of one block of a packed 16-column Q8_K tile: 64 quads x 16 columns x 4 bytes,
+/// then the 8 sub-block sums `bsums[2s] + bsums[2s+1]` as i32 x 16 columns, then the 16
+/// scales `d` as f32.
+pub const Q8K_T16_BLOCK: usize = 64 * 64 + 8 * 64 + 64;
+
+/// Packs 16 Q8_K activation rows (row `c` at `a + c * as_`, `nb` blocks each) into the
+/// column-interleaved tile [`gemm_q4k_t16`] reads: a quad of one weight row then meets the
+/// same quad of sixteen columns in one `vpdpbusd`, and every sum lands in the lane of its
+/// column, so no horizontal sums are needed.
+///
+/// # Safety
+/// `a` covers the 16 rows; `dst` covers `nb * Q8K_T16_BLOCK` bytes.
+pub unsafe fn pack_q8k_t16(a: *const u8, as_: usize, nb: usize, dst: *mut u8) {
+    for i in 0..nb {
+        let d = dst.add(i * Q8K_T16_BLOCK);
+        for c in 0..T16 {
+            let y = a.add(c * as_ + i * Q8_K_B);
+            let yq = y.add(4) as *const u32;
+            for q in 0..64 {
+                (d.add(q * 64 + c * 4) as *mut u32).write_unaligned(yq.add(q).read_unaligned());
+            }
+            let bs = y.add(260) as *const i16;
+            for s in 0..8 {
+                let v = bs.add(2 * s).read_unaligned() as i32
+                    + bs.add(2 * s + 1).read_unaligned() as i32;
+                (d.add(4096 + s * 64 + c * 4) as *mut i32).write_unaligned(v);
+            }
+            core::ptr::copy_nonoverlapping(y, d.add(4096 + 512 + c * 4), 4);
+        }
+    }
+}
+
+/// ggml's Q4_K repack GEMM chain (quant's `RepackGemm`) for `R` weight rows (row `r` at
+/// `w + r * ws`) against one packed 16-column tile: per block and sub-block pair `sb`,
+/// `acc = fma(f32(sc·dot + sc·dot), d·yd, acc)` and `accm = fma(f32(m·bsum + m·bsum),
+/// dmin·yd, accm)`, one column per lane; the result is `acc - accm`, written to
+/// `out[c * ostride + r]`.
+#[inline(always)]
+unsafe fn gemm_q4k_t16<const R: usize>(
+    w: *const u8,
+    ws: usize,
+    p: *const u8,
+    nb: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    #[repr(align(64))]
+    struct Bytes([u8; 256]);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut accm = [_mm512_setzero_ps(); R];
+    let mut q = [Bytes([0; 256]), Bytes([0; 256])];
+    for i in 0..nb {
+        let pb = p.add(i * Q8K_T16_BLOCK);
+        let yd = _mm512_loadu_ps(pb.add(4096 + 512) as *const f32);
+        let mut sm = [[0u8; 16]; R];
+        let mut dw = [_mm512_setzero_ps(); R];
+        let mut dm = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q4_K_B);
+            for j in 0..4 {
+                let bits = _mm256_loadu_si256(x.add(16 + 32 * j) as *const __m256i);
+                let qp = q[r].0.as_mut_ptr().add(64 * j) as *mut __m256i;
+                _mm256_store_si256(qp, _mm256_and_si256(bits, m4));
+                _mm256_store_si256(
+                    qp.add(1),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
+                );
+            }
+            _mm_storeu_si128(sm[r].as_mut_ptr() as *mut __m128i, q4k_scales(x));
+            let xd = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (x as *const u16).read_unaligned() as i32,
+            )));
+            let xdmin = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (x.add(2) as *const u16).read_unaligned() as i32,
+            )));
+            dw[r] = _mm512_mul_ps(_mm512_set1_ps(xd), yd);
+            dm[r] = _mm512_mul_ps(_mm512_set1_ps(xdmin), yd);
+        }
+        for sb in 0..4 {
+            let mut s = [[_mm512_setzero_si512(); 2]; R];
+            for h in 0..2 {
+                let sub = 2 * sb + h;
+                for qd in 0..8 {
+                    let a = _mm512_loadu_si512(pb.add((8 * sub + qd) * 64) as *const _);
+                    for r in 0..R {
+                        let wq = (q[r].0.as_ptr().add(32 * sub + 4 * qd) as *const i32).read();
+                        s[r][h] = _mm512_dpbusd_epi32(s[r][h], _mm512_set1_epi32(wq), a);
+                    }
+                }
+            }
+            let b0 = _mm512_loadu_si512(pb.add(4096 + 2 * sb * 64) as *const _);
+            let b1 = _mm512_loadu_si512(pb.add(4096 + (2 * sb + 1) * 64) as *const _);
+            for r in 0..R {
+                let hs = _mm512_add_epi32(
+                    _mm512_mullo_epi32(s[r][0], _mm512_set1_epi32(sm[r][2 * sb] as i32)),
+                    _mm512_mullo_epi32(s[r][1], _mm512_set1_epi32(sm[r][2 * sb + 1] as i32)),
+                );
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs), dw[r], acc[r]);
+                let im = _mm512_add_epi32(
+                    _mm512_mullo_epi32(b0, _mm512_set1_epi32(sm[r][8 + 2 * sb] as i32)),
+                    _mm512_mullo_epi32(b1, _mm512_set1_epi32(sm[r][8 + 2 * sb + 1] as i32)),
+                );
+                accm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm[r], accm[r]);
+            }
+        }
+    }
+    for r in 0..R {
+        let mut v = [0f32; T16];
+        _mm512_storeu_ps(v.as_mut_ptr(), _mm512_sub_ps(acc[r], accm[r]));
+        for c in 0..T16 {
+            *out.add(c * ostride + r) = v[c];
+        }
+    }
+}
+
+/// [`gemm_q4k_t16`] over `nr` rows, two at a time.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI, F16C; `w` covers `nr` rows of `nb` Q4_K blocks at
+/// stride `ws`; `p` is a packed tile of `nb` blocks (64-byte aligned); `out` covers
+/// `15 * ostride + nr` floats.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn gemm_q4k_t16_avx512(
+    w: *const u8,
+    ws: usize,
+    nr: usize,
+    p: *const u8,
+    nb: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    let mut r = 0;
+    while r + 2 <= nr {
+        gemm_q4k_t16::<2>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
+        r += 2;
+    }
+    if r < nr {
+        gemm_q4k_t16::<1>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
+    }
+}

@@ -121,6 +121,11 @@ pub unsafe fn run(
         }
     }
 
+    // AVX-512 Q4_K prompt columns in packed 16-column tiles (kq512::gemm_q4k_t16).
+    let n16 = packed_tiles(isa, dt, &kernels);
+    let nb = k / 256;
+    let packed = pack_tiles(host, n16, nb, &act, rb);
+
     // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
     // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
     let rpt = if cols == 1 {
@@ -142,13 +147,24 @@ pub unsafe fn run(
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
         let mut c0 = 0;
         while c0 < cols {
-            let c1 = (c0 + COLS_PER_STEP).min(cols);
-            let buf = &mut buf[..nr * (c1 - c0)];
-            let a = act[c0 * rb..].as_ptr();
-            // SAFETY: the CPU supports `isa` (checked by the caller); the kernels exist (check).
-            unsafe {
-                crate::simd_tile(isa, &kernels[c0..c1], dt, k, wrow, w_stride, a, rb, nr, buf)
+            let c1 = if c0 < n16 * PACKED_COLS {
+                c0 + PACKED_COLS
+            } else {
+                (c0 + COLS_PER_STEP).min(cols)
             };
+            let buf = &mut buf[..nr * (c1 - c0)];
+            if c0 < n16 * PACKED_COLS {
+                let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
+                // SAFETY: AVX-512 (packed_tiles checked); rows r0..r1 of nb blocks; the tile
+                // holds nb packed blocks; buf holds nr x 16 floats.
+                unsafe { gemm_packed(wrow, w_stride, nr, tile, nb, buf.as_mut_ptr(), nr) };
+            } else {
+                let a = act[c0 * rb..].as_ptr();
+                // SAFETY: the CPU supports `isa` (checked by the caller); the kernels exist.
+                unsafe {
+                    crate::simd_tile(isa, &kernels[c0..c1], dt, k, wrow, w_stride, a, rb, nr, buf)
+                };
+            }
             for c in c0..c1 {
                 let (i1, i2, i3) = col_index[c];
                 let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
@@ -171,4 +187,66 @@ pub unsafe fn run(
         }
     });
     Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+use crate::kq512::{
+    gemm_q4k_t16_avx512 as gemm_packed, Q8K_T16_BLOCK as PACKED_BLOCK, T16 as PACKED_COLS,
+};
+#[cfg(not(target_arch = "x86_64"))]
+const PACKED_BLOCK: usize = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const PACKED_COLS: usize = 16;
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn gemm_packed(
+    _: *const u8,
+    _: usize,
+    _: usize,
+    _: *const u8,
+    _: usize,
+    _: *mut f32,
+    _: usize,
+) {
+    unreachable!("packed tiles are x86-64 only")
+}
+
+/// How many leading 16-column tiles go through the packed AVX-512 Q4_K GEMM: all of them
+/// whose columns take ggml's repack GEMM chain.
+fn packed_tiles(isa: Isa, dt: DType, kernels: &[quant::Kernel]) -> usize {
+    if !cfg!(target_arch = "x86_64") || isa != Isa::Avx512 || dt != DType::Q4_K {
+        return 0;
+    }
+    let n = kernels.len() / PACKED_COLS;
+    if kernels[..n * PACKED_COLS]
+        .iter()
+        .all(|&k| k == quant::Kernel::RepackGemm)
+    {
+        n
+    } else {
+        0
+    }
+}
+
+/// The packed tiles of the first `n16 * 16` activation rows (each `rb` bytes of Q8_K).
+fn pack_tiles(host: &HostApi, n16: usize, nb: usize, act: &[u8], rb: usize) -> Vec<u8> {
+    let mut packed = vec![0u8; n16 * nb * PACKED_BLOCK];
+    #[cfg(target_arch = "x86_64")]
+    if n16 > 0 {
+        let dst = SyncPtr(packed.as_mut_ptr());
+        let src = SyncPtr(act.as_ptr() as *mut u8);
+        // SAFETY: tile t reads activation rows 16t..16t+16 and writes only its own blocks.
+        unsafe {
+            parallel_for(host, n16 as u32, |t| {
+                let t = t as usize;
+                crate::kq512::pack_q8k_t16(
+                    src.0.add(t * PACKED_COLS * rb),
+                    rb,
+                    nb,
+                    dst.0.add(t * nb * PACKED_BLOCK),
+                )
+            })
+        };
+    }
+    let _ = (host, act, rb);
+    packed
 }

@@ -269,7 +269,7 @@ fn mat_mul_matches_reference_backend_bit_for_bit() {
         for &(dt, k, n) in cases {
             let mut w = weights(&mut rng, dt, k, n);
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
-            for cols in [1usize, 2, 3, 4, 5, 7, 8, 9, 17] {
+            for cols in [1usize, 2, 3, 4, 5, 7, 8, 9, 17, 35, 50] {
                 let mut x = rng.data(k * cols, 1.0);
                 let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
                 let mut want = vec![0f32; n * cols];
