@@ -290,12 +290,13 @@ pub unsafe fn vecdot_q6k<const R: usize>(
 pub const T16: usize = 16;
 
 /// Bytes of one block of a packed 16-column Q8_K tile: 64 quads x 16 columns x 4 bytes,
-/// then the 8 sub-block sums `bsums[2s] + bsums[2s+1]` as i32 x 16 columns, then the 16
-/// scales `d` as f32.
-pub const Q8K_T16_BLOCK: usize = 64 * 64 + 8 * 64 + 64;
+/// then the 16 group sums `bsums[g]` as i32 x 16 columns, then the 16 scales `d` as f32.
+pub const Q8K_T16_BLOCK: usize = 64 * 64 + 16 * 64 + 64;
+const T16_BSUMS: usize = 4096;
+const T16_D: usize = 4096 + 1024;
 
 /// Packs 16 Q8_K activation rows (row `c` at `a + c * as_`, `nb` blocks each) into the
-/// column-interleaved tile [`gemm_q4k_t16`] reads: a quad of one weight row then meets the
+/// column-interleaved tile [`gemm_q4k_t16`] and [`gemm_q6k_t16`] read: a quad of one weight row then meets the
 /// same quad of sixteen columns in one `vpdpbusd`, and every sum lands in the lane of its
 /// column, so no horizontal sums are needed.
 ///
@@ -311,12 +312,11 @@ pub unsafe fn pack_q8k_t16(a: *const u8, as_: usize, nb: usize, dst: *mut u8) {
                 (d.add(q * 64 + c * 4) as *mut u32).write_unaligned(yq.add(q).read_unaligned());
             }
             let bs = y.add(260) as *const i16;
-            for s in 0..8 {
-                let v = bs.add(2 * s).read_unaligned() as i32
-                    + bs.add(2 * s + 1).read_unaligned() as i32;
-                (d.add(4096 + s * 64 + c * 4) as *mut i32).write_unaligned(v);
+            for g in 0..16 {
+                let v = bs.add(g).read_unaligned() as i32;
+                (d.add(T16_BSUMS + g * 64 + c * 4) as *mut i32).write_unaligned(v);
             }
-            core::ptr::copy_nonoverlapping(y, d.add(4096 + 512 + c * 4), 4);
+            core::ptr::copy_nonoverlapping(y, d.add(T16_D + c * 4), 4);
         }
     }
 }
@@ -343,7 +343,7 @@ unsafe fn gemm_q4k_t16<const R: usize>(
     let mut q = [Bytes([0; 256]), Bytes([0; 256])];
     for i in 0..nb {
         let pb = p.add(i * Q8K_T16_BLOCK);
-        let yd = _mm512_loadu_ps(pb.add(4096 + 512) as *const f32);
+        let yd = _mm512_loadu_ps(pb.add(T16_D) as *const f32);
         let mut sm = [[0u8; 16]; R];
         let mut dw = [_mm512_setzero_ps(); R];
         let mut dm = [_mm512_setzero_ps(); R];
@@ -380,8 +380,16 @@ unsafe fn gemm_q4k_t16<const R: usize>(
                     }
                 }
             }
-            let b0 = _mm512_loadu_si512(pb.add(4096 + 2 * sb * 64) as *const _);
-            let b1 = _mm512_loadu_si512(pb.add(4096 + (2 * sb + 1) * 64) as *const _);
+            // bsums of sub-blocks 2sb and 2sb+1 (two 16-element groups each)
+            let bs = pb.add(T16_BSUMS + 4 * sb * 64);
+            let b0 = _mm512_add_epi32(
+                _mm512_loadu_si512(bs as *const _),
+                _mm512_loadu_si512(bs.add(64) as *const _),
+            );
+            let b1 = _mm512_add_epi32(
+                _mm512_loadu_si512(bs.add(128) as *const _),
+                _mm512_loadu_si512(bs.add(192) as *const _),
+            );
             for r in 0..R {
                 let hs = _mm512_add_epi32(
                     _mm512_mullo_epi32(s[r][0], _mm512_set1_epi32(sm[r][2 * sb] as i32)),
@@ -428,5 +436,95 @@ pub unsafe fn gemm_q4k_t16_avx512(
     }
     if r < nr {
         gemm_q4k_t16::<1>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
+    }
+}
+
+/// The tiled matmul's Q6_K chain (quant's `Tiled`) for `R` weight rows against one packed
+/// 16-column tile: per block `res = f32(Σ_g sc_g·(dot_g - 32·bsum_g)) · d`, `acc = fma(res,
+/// yd, acc)`, one column per lane, written to `out[c * ostride + r]`.
+#[inline(always)]
+unsafe fn gemm_q6k_t16<const R: usize>(
+    w: *const u8,
+    ws: usize,
+    p: *const u8,
+    nb: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    #[repr(align(64))]
+    struct Bytes([u8; 256]);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut q = [Bytes([0; 256]), Bytes([0; 256])];
+    for i in 0..nb {
+        let pb = p.add(i * Q8K_T16_BLOCK);
+        let yd = _mm512_loadu_ps(pb.add(T16_D) as *const f32);
+        let mut xd = [0f32; R];
+        let mut sc = [[0i8; 16]; R];
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q6_K_B);
+            let b = q6k_decode(x);
+            for k in 0..4 {
+                _mm512_store_si512(q[r].0.as_mut_ptr().add(64 * k) as *mut _, b.u[k]);
+            }
+            sc[r] = (x.add(192) as *const [i8; 16]).read_unaligned();
+            xd[r] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (x.add(208) as *const u16).read_unaligned() as i32,
+            )));
+        }
+        let mut tot = [_mm512_setzero_si512(); R];
+        for g in 0..16 {
+            let mut dg = [_mm512_setzero_si512(); R];
+            for qd in 0..4 {
+                let a = _mm512_loadu_si512(pb.add((4 * g + qd) * 64) as *const _);
+                for r in 0..R {
+                    let wq = (q[r].0.as_ptr().add(16 * g + 4 * qd) as *const i32).read();
+                    dg[r] = _mm512_dpbusd_epi32(dg[r], _mm512_set1_epi32(wq), a);
+                }
+            }
+            let b32 =
+                _mm512_slli_epi32::<5>(_mm512_loadu_si512(pb.add(T16_BSUMS + g * 64) as *const _));
+            for r in 0..R {
+                let v = _mm512_sub_epi32(dg[r], b32);
+                tot[r] = _mm512_add_epi32(
+                    tot[r],
+                    _mm512_mullo_epi32(v, _mm512_set1_epi32(sc[r][g] as i32)),
+                );
+            }
+        }
+        for r in 0..R {
+            let res = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_set1_ps(xd[r]));
+            acc[r] = _mm512_fmadd_ps(res, yd, acc[r]);
+        }
+    }
+    for r in 0..R {
+        let mut v = [0f32; T16];
+        _mm512_storeu_ps(v.as_mut_ptr(), acc[r]);
+        for c in 0..T16 {
+            *out.add(c * ostride + r) = v[c];
+        }
+    }
+}
+
+/// [`gemm_q6k_t16`] over `nr` rows, two at a time.
+///
+/// # Safety
+/// As [`gemm_q4k_t16_avx512`], with Q6_K rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn gemm_q6k_t16_avx512(
+    w: *const u8,
+    ws: usize,
+    nr: usize,
+    p: *const u8,
+    nb: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    let mut r = 0;
+    while r + 2 <= nr {
+        gemm_q6k_t16::<2>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
+        r += 2;
+    }
+    if r < nr {
+        gemm_q6k_t16::<1>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
     }
 }

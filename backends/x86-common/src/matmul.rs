@@ -121,7 +121,7 @@ pub unsafe fn run(
         }
     }
 
-    // AVX-512 Q4_K prompt columns in packed 16-column tiles (kq512::gemm_q4k_t16).
+    // AVX-512 Q4_K/Q6_K prompt columns in packed 16-column tiles (kq512).
     let n16 = packed_tiles(isa, dt, &kernels);
     let nb = k / 256;
     let packed = pack_tiles(host, n16, nb, &act, rb);
@@ -157,7 +157,7 @@ pub unsafe fn run(
                 let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
                 // SAFETY: AVX-512 (packed_tiles checked); rows r0..r1 of nb blocks; the tile
                 // holds nb packed blocks; buf holds nr x 16 floats.
-                unsafe { gemm_packed(wrow, w_stride, nr, tile, nb, buf.as_mut_ptr(), nr) };
+                unsafe { gemm_packed(dt, wrow, w_stride, nr, tile, nb, buf.as_mut_ptr(), nr) };
             } else {
                 let a = act[c0 * rb..].as_ptr();
                 // SAFETY: the CPU supports `isa` (checked by the caller); the kernels exist.
@@ -190,37 +190,50 @@ pub unsafe fn run(
 }
 
 #[cfg(target_arch = "x86_64")]
-use crate::kq512::{
-    gemm_q4k_t16_avx512 as gemm_packed, Q8K_T16_BLOCK as PACKED_BLOCK, T16 as PACKED_COLS,
-};
+use crate::kq512::{Q8K_T16_BLOCK as PACKED_BLOCK, T16 as PACKED_COLS};
 #[cfg(not(target_arch = "x86_64"))]
 const PACKED_BLOCK: usize = 0;
 #[cfg(not(target_arch = "x86_64"))]
 const PACKED_COLS: usize = 16;
-#[cfg(not(target_arch = "x86_64"))]
+
+/// # Safety
+/// As `kq512::gemm_q4k_t16_avx512`; `dt` is Q4_K or Q6_K.
+#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_packed(
-    _: *const u8,
-    _: usize,
-    _: usize,
-    _: *const u8,
-    _: usize,
-    _: *mut f32,
-    _: usize,
+    dt: DType,
+    w: *const u8,
+    ws: usize,
+    nr: usize,
+    tile: *const u8,
+    nb: usize,
+    out: *mut f32,
+    ostride: usize,
 ) {
-    unreachable!("packed tiles are x86-64 only")
+    #[cfg(target_arch = "x86_64")]
+    if dt == DType::Q4_K {
+        crate::kq512::gemm_q4k_t16_avx512(w, ws, nr, tile, nb, out, ostride)
+    } else {
+        crate::kq512::gemm_q6k_t16_avx512(w, ws, nr, tile, nb, out, ostride)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "packed tiles are x86-64 only: {dt} {w:?} {ws} {nr} {tile:?} {nb} {out:?} {ostride}"
+    )
 }
 
-/// How many leading 16-column tiles go through the packed AVX-512 Q4_K GEMM: all of them
-/// whose columns take ggml's repack GEMM chain.
+/// How many leading 16-column tiles go through the packed AVX-512 K-quant GEMMs: all of
+/// them when their columns take ggml's Q4_K repack GEMM or Q6_K tiled chain.
 fn packed_tiles(isa: Isa, dt: DType, kernels: &[quant::Kernel]) -> usize {
-    if !cfg!(target_arch = "x86_64") || isa != Isa::Avx512 || dt != DType::Q4_K {
+    let chain = match dt {
+        DType::Q4_K => quant::Kernel::RepackGemm,
+        DType::Q6_K => quant::Kernel::Tiled,
+        _ => return 0,
+    };
+    if !cfg!(target_arch = "x86_64") || isa != Isa::Avx512 {
         return 0;
     }
     let n = kernels.len() / PACKED_COLS;
-    if kernels[..n * PACKED_COLS]
-        .iter()
-        .all(|&k| k == quant::Kernel::RepackGemm)
-    {
+    if kernels[..n * PACKED_COLS].iter().all(|&k| k == chain) {
         n
     } else {
         0
