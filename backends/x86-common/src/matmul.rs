@@ -129,9 +129,15 @@ pub unsafe fn run(
     // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
     // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
     let rpt = if cols == 1 {
-        let per = n.div_ceil(4 * host.n_threads.max(1) as usize);
-        per.next_multiple_of(ROWS_PER_TASK)
-            .clamp(ROWS_PER_TASK, MAX_ROWS_PER_GEMV_TASK)
+        // A multiple of the thread count of equal tasks (rows in multiples of 8, the
+        // kernels' row groups): 9 tasks on 2 threads left one idle for a ninth of the time.
+        let t = host.n_threads.max(1) as usize;
+        let tasks = (4 * t)
+            .max(n.div_ceil(MAX_ROWS_PER_GEMV_TASK))
+            .next_multiple_of(t);
+        n.div_ceil(tasks)
+            .next_multiple_of(8)
+            .min(MAX_ROWS_PER_GEMV_TASK)
     } else {
         ROWS_PER_TASK
     };
