@@ -125,6 +125,21 @@ impl Backend {
         })
     }
 
+    /// The weight repacked into this backend's private layout (`prepare_weight`), if the
+    /// backend wants it; the descriptor's `buffer` is the handle to free.
+    pub fn prepare_weight(&self, w: &TensorDesc) -> Option<TensorDesc> {
+        let f = self.table.prepare_weight?;
+        let mut out = *w;
+        (Status::from_raw(f(self.ctx, w, &mut out)) == Status::Ok && out.buffer != 0).then_some(out)
+    }
+
+    /// Frees a buffer of this backend (a prepared weight).
+    pub fn free_buffer(&self, buffer: u64) {
+        if let Some(f) = self.table.buffer_free {
+            f(self.ctx, buffer)
+        }
+    }
+
     pub fn last_error(&self) -> String {
         let mut buf = vec![0u8; 1024];
         let n = (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len());

@@ -85,6 +85,10 @@ pub struct Exec {
     /// MOLLM_TRACE=1: print every op's output summary to stderr (compare with llama.cpp's
     /// eval-callback output when chasing a numerics difference).
     trace: bool,
+    /// Weights prepared by a backend, by data address: (backend index, descriptor).
+    prepared: std::cell::RefCell<std::collections::HashMap<usize, Option<(usize, TensorDesc)>>>,
+    /// Offer weights to `prepare_weight` (off with MOLLM_REPACK=0).
+    repack: bool,
     /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`];
     /// MOLLM_PROFILE=2 also splits them by the first input's shape.
     profile: u8,
@@ -120,6 +124,37 @@ fn trace(op: Op, t: &TensorDesc) {
     );
 }
 
+/// Drops the process's resident pages of a weight a backend repacked: the executor no
+/// longer reads them (they come back from the model file if a fallback ever does), so the
+/// repacked copy does not double the memory the weights take.
+fn release_pages(w: &TensorDesc) {
+    let Some(bytes) = w.numel().and_then(|n| {
+        let dt = w.dtype()?;
+        Some(n as usize / dt.info().block_len as usize * dt.info().block_bytes as usize)
+    }) else {
+        return;
+    };
+    #[cfg(unix)]
+    {
+        const PAGE: usize = 4096;
+        let start = (w.data as usize).next_multiple_of(PAGE);
+        let end = (w.data as usize + bytes) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the range lies inside the weight's read-only file mapping; MADV_DONTNEED
+            // on such a mapping only drops pages, which later reads fault back in.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        for (bi, d) in self.prepared.get_mut().values().flatten() {
+            self.backends[*bi].free_buffer(d.buffer);
+        }
+    }
+}
+
 fn i32_desc(v: &[i32]) -> TensorDesc {
     TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
 }
@@ -141,6 +176,8 @@ impl Exec {
             strict: !fallback,
             stats: Default::default(),
             trace,
+            prepared: Default::default(),
+            repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
             profile: match std::env::var("MOLLM_PROFILE").as_deref() {
                 Ok("1") => 1,
                 Ok("2") => 2,
@@ -164,35 +201,70 @@ impl Exec {
         outputs: &[TensorDesc],
         params: OpParams,
     ) -> Result<()> {
+        self.call_with(op, inputs, outputs, params, None)
+    }
+
+    fn record(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        b: &Backend,
+        t0: std::time::Instant,
+    ) {
+        let mut st = self.stats.borrow_mut();
+        let ns = t0.elapsed().as_nanos() as u64;
+        st.calls[op as usize] += 1;
+        st.nanos[op as usize] += ns;
+        if self.profile > 0 {
+            let mut dt = inputs
+                .first()
+                .and_then(|t| t.dtype())
+                .map(|d| d.to_string())
+                .unwrap_or_default();
+            if let (2, Some(t)) = (self.profile, inputs.first()) {
+                dt = format!("{dt} {:?}", &t.ne[..t.ndim as usize]);
+            }
+            if inputs.first().is_some_and(|t| t.buffer != 0) {
+                dt.push_str(" (repacked)");
+            }
+            let e = st
+                .detail
+                .entry((op.name(), dt, b.name().to_string()))
+                .or_default();
+            e.0 += 1;
+            e.1 += ns;
+        }
+        drop(st);
+        if self.trace {
+            trace(op, &outputs[0]);
+        }
+    }
+
+    /// [`Exec::call`], first offering backend `first.0` the inputs `first.1` (a weight it
+    /// prepared); the plain inputs go the usual way if it declines.
+    fn call_with(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: OpParams,
+        first: Option<(usize, &[TensorDesc])>,
+    ) -> Result<()> {
         let t0 = std::time::Instant::now();
+        if let Some((bi, ins)) = first {
+            let b = &self.backends[bi];
+            if b.supports(op, ins, outputs, &params) {
+                b.compute(op, ins, outputs, params)?;
+                self.record(op, ins, outputs, b, t0);
+                return Ok(());
+            }
+        }
         let last = self.backends.len() - 1;
         for (i, b) in self.backends.iter().enumerate() {
             if (i == last && !self.strict) || b.supports(op, inputs, outputs, &params) {
                 b.compute(op, inputs, outputs, params)?;
-                let mut st = self.stats.borrow_mut();
-                let ns = t0.elapsed().as_nanos() as u64;
-                st.calls[op as usize] += 1;
-                st.nanos[op as usize] += ns;
-                if self.profile > 0 {
-                    let mut dt = inputs
-                        .first()
-                        .and_then(|t| t.dtype())
-                        .map(|d| d.to_string())
-                        .unwrap_or_default();
-                    if let (2, Some(t)) = (self.profile, inputs.first()) {
-                        dt = format!("{dt} {:?}", &t.ne[..t.ndim as usize]);
-                    }
-                    let e = st
-                        .detail
-                        .entry((op.name(), dt, b.name().to_string()))
-                        .or_default();
-                    e.0 += 1;
-                    e.1 += ns;
-                }
-                drop(st);
-                if self.trace {
-                    trace(op, &outputs[0]);
-                }
+                self.record(op, inputs, outputs, b, t0);
                 return Ok(());
             }
         }
@@ -246,13 +318,41 @@ impl Exec {
 
     pub fn matmul(&self, w: &Weight, x: &Act) -> Result<Act> {
         let mut out = Act::zeros(&[w.ne()[1], x.ne[1], x.ne[2], x.ne[3]]);
-        self.call(
+        let prepared = self.prepared(w);
+        let ins = prepared.map(|(_, d)| [d, x.desc()]);
+        let first = prepared.zip(ins.as_ref()).map(|((bi, _), i)| (bi, &i[..]));
+        self.call_with(
             Op::MatMul,
             &[w.desc, x.desc()],
             &[out.desc_mut()],
             OpParams::default(),
+            first,
         )?;
         Ok(out)
+    }
+
+    /// The weight repacked by the first backend that wants to (`prepare_weight`, done on
+    /// first use and kept for the life of this executor), with that backend's index.
+    /// `MOLLM_REPACK=0` turns repacking off (llama.cpp's `--no-repack`).
+    fn prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
+        if !self.repack {
+            return None;
+        }
+        let key = w.desc.data as usize;
+        if let Some(p) = self.prepared.borrow().get(&key) {
+            return *p;
+        }
+        let p = self.backends.iter().enumerate().find_map(|(i, b)| {
+            if b.is_refused(Op::MatMul) {
+                return None;
+            }
+            b.prepare_weight(&w.desc).map(|d| (i, d))
+        });
+        if p.is_some() && w.file_mapped {
+            release_pages(&w.desc);
+        }
+        self.prepared.borrow_mut().insert(key, p);
+        p
     }
 
     /// `w x (+ b)`: a linear layer with an optional bias.

@@ -80,6 +80,9 @@ impl Act {
 #[derive(Clone, Copy, Debug)]
 pub struct Weight {
     pub desc: TensorDesc,
+    /// The data is in a read-only file mapping: its resident pages may be dropped (they come
+    /// back from the file), e.g. once a backend has repacked the weight.
+    pub file_mapped: bool,
 }
 
 // SAFETY: weights are read-only views into memory the model owns for its whole life.

@@ -60,12 +60,131 @@ pub trait CpuBackend: 'static {
         outputs: &[TensorDesc],
         params: &OpParams,
     ) -> Result<(), Error>;
+
+    /// `prepare_weight`: the weight `w` (host memory) repacked into one of this backend's
+    /// private layouts, or why not (`Unsupported`: the host keeps using `w` as it is).
+    ///
+    /// # Safety
+    /// `w` describes valid host memory.
+    unsafe fn prepare(w: &TensorDesc) -> Result<Prepared, Error> {
+        let _ = w;
+        Err(Error::Unsupported("no prepared weight layouts".into()))
+    }
+
+    /// As [`CpuBackend::check`] for a call whose first input is a weight this backend
+    /// prepared in layout `kind`; `inputs[0]` keeps the weight's shape and strides, its
+    /// `data` points at the prepared bytes.
+    ///
+    /// # Safety
+    /// As [`CpuBackend::check`].
+    unsafe fn check_prepared(
+        kind: u32,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        let _ = (kind, inputs, outputs, params);
+        Err(Error::Unsupported(format!(
+            "{}: no prepared-weight kernels",
+            op.schema().name
+        )))
+    }
+
+    /// Computes what [`CpuBackend::check_prepared`] accepts.
+    ///
+    /// # Safety
+    /// As [`CpuBackend::compute`]; `inputs[0].data` is the prepared weight of `kind`.
+    unsafe fn compute_prepared(
+        host: &HostApi,
+        kind: u32,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        let _ = host;
+        Self::check_prepared(kind, op, inputs, outputs, params)
+    }
+}
+
+/// 64 bytes, 64-byte aligned: the unit of prepared weight memory.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct Line(pub [u8; 64]);
+
+/// A weight in a backend's private layout (see [`CpuBackend::prepare`]).
+pub struct Prepared {
+    /// Which layout (the backend's own numbering, non-zero).
+    pub kind: u32,
+    /// The prepared bytes, 64-byte aligned.
+    pub lines: Vec<Line>,
+}
+
+impl Prepared {
+    /// `bytes` zeroed bytes of layout `kind`.
+    pub fn zeroed(kind: u32, bytes: usize) -> Prepared {
+        Prepared {
+            kind,
+            lines: vec![Line([0; 64]); bytes.div_ceil(64)],
+        }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.lines.len() * 64;
+        // SAFETY: `Line` is 64 plain bytes without padding.
+        unsafe { core::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, n) }
+    }
 }
 
 /// One backend instance.
 struct Context {
     host: HostApi,
     last_error: Mutex<String>,
+    /// Prepared weights by handle (the `buffer` of their descriptors); freed by
+    /// `buffer_free` or at shutdown.
+    prepared: Mutex<std::collections::HashMap<u64, Prepared>>,
+    next_handle: std::sync::atomic::AtomicU64,
+}
+
+impl Context {
+    /// The layout of a prepared weight descriptor, and the descriptor as host memory; an
+    /// error for a handle this instance did not hand out or a moved data pointer.
+    fn resolve(&self, w: &TensorDesc) -> Result<(u32, TensorDesc), Error> {
+        let map = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        let p = map
+            .get(&w.buffer)
+            .ok_or_else(|| Error::Invalid(format!("unknown buffer handle {}", w.buffer)))?;
+        if w.data as *const u8 != p.lines.as_ptr() as *const u8 {
+            return Err(Error::Invalid(
+                "prepared weight: data does not point at the prepared bytes".into(),
+            ));
+        }
+        let mut host = *w;
+        host.buffer = 0;
+        Ok((p.kind, host))
+    }
+}
+
+/// The call's inputs with a prepared first input resolved (see [`Context::resolve`]).
+type Resolved = (Option<u32>, [TensorDesc; 4], usize);
+
+fn resolve_inputs(cx: &Context, inputs: &[TensorDesc]) -> Result<Option<Resolved>, Error> {
+    match inputs.first() {
+        Some(w) if w.buffer != 0 => {
+            if inputs.len() > 4 {
+                return Err(Error::Unsupported(
+                    "prepared weight with over 4 inputs".into(),
+                ));
+            }
+            let (kind, host) = cx.resolve(w)?;
+            let mut arr = [host; 4];
+            arr[..inputs.len()].copy_from_slice(inputs);
+            arr[0] = host;
+            Ok(Some((Some(kind), arr, inputs.len())))
+        }
+        _ => Ok(None),
+    }
 }
 
 impl Context {
@@ -87,6 +206,8 @@ extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
     let ctx = Box::new(Context {
         host,
         last_error: Mutex::new(String::new()),
+        prepared: Mutex::new(Default::default()),
+        next_handle: std::sync::atomic::AtomicU64::new(1),
     });
     // SAFETY: `out` is a valid pointer (checked non-null).
     unsafe { *out = Box::into_raw(ctx) as *mut c_void };
@@ -130,6 +251,10 @@ extern "C" fn compute<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i
     let cx = unsafe { &*(ctx as *const Context) };
     let r = catch_unwind(AssertUnwindSafe(|| unsafe {
         let (op, i, o, p) = decode(call)?;
+        if let Some((Some(kind), arr, n)) = resolve_inputs(cx, i)? {
+            B::check_prepared(kind, op, &arr[..n], o, &p)?;
+            return B::compute_prepared(&cx.host, kind, op, &arr[..n], o, &p);
+        }
         B::check(op, i, o, &p)?;
         B::compute(&cx.host, op, i, o, &p)
     }));
@@ -172,6 +297,13 @@ extern "C" fn score<B: CpuBackend>() -> u32 {
 extern "C" fn supports<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i32 {
     let r = catch_unwind(AssertUnwindSafe(|| unsafe {
         let (op, i, o, p) = decode(call)?;
+        if i.first().is_some_and(|w| w.buffer != 0) && !ctx.is_null() {
+            // SAFETY: ctx came from init.
+            let cx = &*(ctx as *const Context);
+            if let Some((Some(kind), arr, n)) = resolve_inputs(cx, i)? {
+                return B::check_prepared(kind, op, &arr[..n], o, &p);
+            }
+        }
         B::check(op, i, o, &p)
     }));
     match r {
@@ -187,13 +319,69 @@ extern "C" fn supports<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> 
     }
 }
 
+extern "C" fn prepare_weight<B: CpuBackend>(
+    ctx: *mut c_void,
+    weight: *const TensorDesc,
+    out: *mut TensorDesc,
+) -> i32 {
+    if ctx.is_null() || weight.is_null() || out.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: ctx came from init; the pointers are non-null and valid per the contract.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let w = unsafe { *weight };
+    if w.buffer != 0 {
+        cx.set_error("prepare_weight: the weight is not in host memory".into());
+        return Status::Unsupported as i32;
+    }
+    match catch_unwind(AssertUnwindSafe(|| unsafe { B::prepare(&w) })) {
+        Ok(Ok(p)) => {
+            let handle = cx
+                .next_handle
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut desc = w;
+            desc.data = p.lines.as_ptr() as *mut u8;
+            desc.buffer = handle;
+            cx.prepared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(handle, p);
+            // SAFETY: `out` is valid for a write.
+            unsafe { *out = desc };
+            Status::Ok as i32
+        }
+        Ok(Err(e)) => {
+            cx.set_error(e.to_string());
+            status_of(&e) as i32
+        }
+        Err(p) => {
+            cx.set_error(format!("panic: {}", par::panic_message(&*p)));
+            Status::Panic as i32
+        }
+    }
+}
+
+extern "C" fn buffer_free(ctx: *mut c_void, buffer: u64) {
+    if ctx.is_null() {
+        return;
+    }
+    // SAFETY: ctx came from init.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let removed = cx
+        .prepared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&buffer);
+    drop(removed);
+}
+
 extern "C" fn synchronize(_ctx: *mut c_void) -> i32 {
     // CPU work is finished when `compute` returns.
     Status::Ok as i32
 }
 
-/// The function table of backend `B`. CPU backends compute on host memory: no buffers, no
-/// weight repacking yet.
+/// The function table of backend `B`. CPU backends compute on host memory; the only
+/// buffers are weights they prepared (`prepare_weight`, freed with `buffer_free`).
 pub const fn table<B: CpuBackend>() -> BackendTable {
     BackendTable {
         init,
@@ -204,9 +392,9 @@ pub const fn table<B: CpuBackend>() -> BackendTable {
         supports: Some(supports::<B>),
         synchronize: Some(synchronize),
         buffer_alloc: None,
-        buffer_free: None,
+        buffer_free: Some(buffer_free),
         buffer_copy: None,
-        prepare_weight: None,
+        prepare_weight: Some(prepare_weight::<B>),
     }
 }
 

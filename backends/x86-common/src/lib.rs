@@ -28,6 +28,7 @@ pub mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub mod ops;
 pub mod par;
+pub mod q4k16;
 #[cfg(target_arch = "x86_64")]
 pub mod simd;
 
@@ -269,6 +270,39 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         params: &OpParams,
     ) -> Result<(), Error> {
         compute_op(Isa::from_u8(ISA), host, op, inputs, outputs, params)
+    }
+
+    unsafe fn prepare(w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
+        matmul::prepare(Isa::from_u8(ISA), w)
+    }
+
+    unsafe fn check_prepared(
+        kind: u32,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        abi::validate(op, inputs, outputs, params).map_err(Error::Invalid)?;
+        if op != Op::MatMul {
+            return Err(Error::Unsupported(format!(
+                "{}: no prepared-weight kernels",
+                op.schema().name
+            )));
+        }
+        matmul::check_prepared(Isa::from_u8(ISA), kind, inputs, outputs)
+    }
+
+    unsafe fn compute_prepared(
+        host: &HostApi,
+        kind: u32,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        Self::check_prepared(kind, op, inputs, outputs, params)?;
+        matmul::run_weights(Isa::from_u8(ISA), host, true, inputs, outputs)
     }
 }
 

@@ -49,11 +49,75 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
     Ok(())
 }
 
+/// Prepared layout: Q4_K in 16-row groups ([`crate::q4k16`]).
+pub const KIND_Q4K16: u32 = 1;
+
+/// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
+/// AVX-512 kernels of [`crate::q4k16`]; everything else stays as it is.
+///
+/// # Safety
+/// `w` describes valid host memory.
+pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
+    let no = |why: &str| Err(Error::Unsupported(format!("prepare_weight: {why}")));
+    if !cfg!(target_arch = "x86_64") || isa != Isa::Avx512 || !isa.detected() {
+        return no("only the AVX-512 backend repacks");
+    }
+    if w.dtype() != Some(DType::Q4_K) {
+        return no("only Q4_K weights are repacked");
+    }
+    if w.ndim > 2 || w.ne[2] != 1 || w.ne[3] != 1 || w.data.is_null() {
+        return no("not a 2-D weight");
+    }
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    let rb = quant::row_bytes(DType::Q4_K, k).ok_or_else(|| Error::Invalid("bad row".into()))?;
+    if n == 0 || n % crate::q4k16::ROWS != 0 || w.nb[0] != 144 || w.nb[1] as usize != rb {
+        return no("rows not a multiple of 16 or not packed");
+    }
+    let mut p = mollm_cpu_common::Prepared::zeroed(KIND_Q4K16, crate::q4k16::repacked_bytes(k, n));
+    // SAFETY: a valid packed n x rb weight (checked above).
+    let src = core::slice::from_raw_parts(w.data as *const u8, n * rb);
+    crate::q4k16::repack(src, rb, k, n, p.bytes_mut());
+    Ok(p)
+}
+
+/// Whether the AVX-512 backend computes this mat_mul on a prepared weight of `kind`.
+pub fn check_prepared(
+    isa: Isa,
+    kind: u32,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    check(inputs, outputs)?;
+    if kind != KIND_Q4K16 || isa != Isa::Avx512 || inputs[0].dtype() != Some(DType::Q4_K) {
+        return Err(Error::Unsupported(format!(
+            "mat_mul: prepared layout {kind} is not this backend's"
+        )));
+    }
+    if inputs[0].ne[1] as usize % crate::q4k16::ROWS != 0 {
+        return Err(Error::Invalid("mat_mul: prepared weight rows".into()));
+    }
+    Ok(())
+}
+
 /// # Safety
 /// Validated and [`check`]ed call on valid host memory; the CPU supports `isa`.
 pub unsafe fn run(
     isa: Isa,
     host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    run_weights(isa, host, false, inputs, outputs)
+}
+
+/// [`run`], or with `repacked` the weight in [`crate::q4k16`]'s layout.
+///
+/// # Safety
+/// As [`run`]; with `repacked`, [`check_prepared`] accepted the call.
+pub unsafe fn run_weights(
+    isa: Isa,
+    host: &HostApi,
+    repacked: bool,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
 ) -> Result<(), Error> {
@@ -129,14 +193,14 @@ pub unsafe fn run(
     // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
     // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
     let rpt = if cols == 1 {
-        // A multiple of the thread count of equal tasks (rows in multiples of 8, the
+        // A multiple of the thread count of equal tasks (rows in multiples of 16, the
         // kernels' row groups): 9 tasks on 2 threads left one idle for a ninth of the time.
         let t = host.n_threads.max(1) as usize;
         let tasks = (4 * t)
             .max(n.div_ceil(MAX_ROWS_PER_GEMV_TASK))
             .next_multiple_of(t);
         n.div_ceil(tasks)
-            .next_multiple_of(8)
+            .next_multiple_of(16)
             .min(MAX_ROWS_PER_GEMV_TASK)
     } else {
         ROWS_PER_TASK
@@ -159,7 +223,12 @@ pub unsafe fn run(
                 (c0 + COLS_PER_STEP).min(cols)
             };
             let buf = &mut buf[..nr * (c1 - c0)];
-            if c0 < n16 * PACKED_COLS {
+            if repacked {
+                // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
+                unsafe {
+                    repacked_cols(r0, nr, c0, c1, cols, n16, nb, wp.0, act, rb, &packed, buf)
+                };
+            } else if c0 < n16 * PACKED_COLS {
                 let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
                 // SAFETY: AVX-512 (packed_tiles checked); rows r0..r1 of nb blocks; the tile
                 // holds nb packed blocks; buf holds nr x 16 floats.
@@ -224,6 +293,56 @@ unsafe fn gemm_packed(
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
         "packed tiles are x86-64 only: {dt} {w:?} {ws} {nr} {tile:?} {nb} {out:?} {ostride}"
+    )
+}
+
+/// Columns `c0..c1` of rows `r0..r0 + nr` (whole 16-row groups) on the repacked weight
+/// `w`: packed tiles for the first `n16 * 16` columns, single columns (ggml's GEMM chain
+/// below `cols / 4 * 4`, the GEMV chain above) for the rest.
+///
+/// # Safety
+/// AVX-512 (checked by `check_prepared`); `w` is the repacked weight of `nb` blocks per row.
+#[allow(clippy::too_many_arguments)]
+unsafe fn repacked_cols(
+    r0: usize,
+    nr: usize,
+    c0: usize,
+    c1: usize,
+    cols: usize,
+    n16: usize,
+    nb: usize,
+    w: *mut u8,
+    act: &[u8],
+    rb: usize,
+    packed: &[u8],
+    buf: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::q4k16::{GROUP_BLOCK, ROWS};
+        let g0 = r0 / ROWS;
+        let ng = nr / ROWS;
+        let wg = w.add(g0 * nb * GROUP_BLOCK) as *const u8;
+        if c0 < n16 * PACKED_COLS {
+            let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
+            for g in 0..ng {
+                let wgg = wg.add(g * nb * GROUP_BLOCK);
+                crate::q4k16::tile_avx512(wgg, nb, tile, buf.as_mut_ptr().add(g * ROWS), nr);
+            }
+            return;
+        }
+        for c in c0..c1 {
+            let gemm = c < cols / 4 * 4;
+            let out = buf.as_mut_ptr().add((c - c0) * nr);
+            crate::q4k16::column_avx512(gemm, wg, ng, nb, act[c * rb..].as_ptr(), out);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "repacked weights are x86-64 only: {r0} {nr} {c0} {c1} {cols} {n16} {nb} {w:?} {} {rb} {} {}",
+        act.len(),
+        packed.len(),
+        buf.len()
     )
 }
 

@@ -344,3 +344,83 @@ fn other_ops_and_formats_are_unsupported_and_bad_calls_invalid() {
         assert_eq!(me.supports(&rms), Status::Unsupported);
     }
 }
+
+#[test]
+fn prepared_q4_k_weights_match_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let refi = Instance::new(&reference::TABLE, &host);
+    let mut rng = Rng::new(12);
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        let prep = table
+            .prepare_weight
+            .expect("CPU backends offer prepare_weight");
+        for &(k, n) in &[(512usize, 64usize), (768, 48), (256, 16)] {
+            let dt = DType::Q4_K;
+            let mut w = weights(&mut rng, dt, k, n);
+            let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            let mut pd = wd;
+            let st = Status::from_raw(prep(me.ctx, &wd, &mut pd));
+            if isa != Isa::Avx512 {
+                assert_eq!(st, Status::Unsupported, "{isa:?} repacks nothing");
+                continue;
+            }
+            assert_eq!(
+                st,
+                Status::Ok,
+                "{}",
+                mollm_x86_common::last_error_string(table, me.ctx)
+            );
+            assert_ne!(pd.buffer, 0);
+            for cols in [1usize, 2, 3, 4, 5, 8, 16, 17, 20, 33, 35] {
+                let mut x = rng.data(k * cols, 1.0);
+                let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
+                let mut want = vec![0f32; n * cols];
+                let mut got = vec![f32::NAN; n * cols];
+                let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
+                let od = f32_desc(&mut got, &[n as i64, cols as i64]);
+                let p = OpParams::default();
+                let (ins_ref, ins, outs_ref, outs) = ([wd, xd], [pd, xd], [od_ref], [od]);
+                let call_ref = OpCall::new(Op::MatMul, &ins_ref, &outs_ref, p);
+                let call = OpCall::new(Op::MatMul, &ins, &outs, p);
+                assert_eq!(refi.run(&call_ref), Status::Ok);
+                // the reference refuses a weight it did not prepare
+                let foreign = OpCall::new(Op::MatMul, &ins, &outs_ref, p);
+                assert_ne!(refi.run(&foreign), Status::Ok);
+                assert_eq!(me.supports(&call), Status::Ok, "{k}x{n} cols {cols}");
+                let st = me.run(&call);
+                assert_eq!(
+                    st,
+                    Status::Ok,
+                    "{}",
+                    mollm_x86_common::last_error_string(table, me.ctx)
+                );
+                for i in 0..n * cols {
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "prepared {k}x{n} cols {cols} elem {i}: {} vs {}",
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+            // a handle this instance never gave out, and a freed one, are refused
+            let mut bogus = pd;
+            bogus.buffer += 1000;
+            let mut o = vec![0f32; n];
+            let mut x = rng.data(k, 1.0);
+            let (xd, od) = (
+                f32_desc(&mut x, &[k as i64, 1]),
+                f32_desc(&mut o, &[n as i64, 1]),
+            );
+            let (ins, outs) = ([bogus, xd], [od]);
+            let call = OpCall::new(Op::MatMul, &ins, &outs, OpParams::default());
+            assert_eq!(me.run(&call), Status::InvalidArgument);
+            (table.buffer_free.unwrap())(me.ctx, pd.buffer);
+            let (ins, outs) = ([pd, xd], [od]);
+            let call = OpCall::new(Op::MatMul, &ins, &outs, OpParams::default());
+            assert_eq!(me.run(&call), Status::InvalidArgument);
+        }
+    }
+}

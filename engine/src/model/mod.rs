@@ -100,6 +100,7 @@ pub(crate) fn weight(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Weigh
     let data = gguf.tensor_data(info);
     Ok(Weight {
         desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, shape),
+        file_mapped: gguf.is_file_mapped(),
     })
 }
 

@@ -224,6 +224,12 @@ impl GgufFile {
     }
 
     /// The tensor's bytes, straight from the map. Ranges were validated at parse time.
+    /// Whether tensor data lives in a read-only mapping of the file (pages the process drops
+    /// come back from the file), rather than in owned memory.
+    pub fn is_file_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mmap(_))
+    }
+
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         let bytes = self.bytes();
         let start = (t.offset as usize).min(bytes.len());

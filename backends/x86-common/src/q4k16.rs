@@ -1,0 +1,304 @@
+//! Q4_K weights repacked at load (`prepare_weight`) into groups of 16 rows, so that one
+//! 64-byte load holds the same quad of 16 rows and every integer sum lands in the lane of
+//! its row: no horizontal sums, no per-row scale shuffles. The float chains are ggml's repack
+//! GEMV and GEMM chains (quant's `RepackGemv` / `RepackGemm`), one row per lane, bit for bit.
+//!
+//! Layout of one 16-row group, per Q4_K block (`GROUP_BLOCK` bytes):
+//! - 2048 bytes of nibbles: 64-byte line `8j + t` (sub-block pair `j`, quad `t`) holds bytes
+//!   `qs[32j + 4t .. 32j + 4t + 4]` of rows 0..16; their low nibbles are quad `t` of
+//!   sub-block `2j`, their high nibbles quad `t` of sub-block `2j + 1`;
+//! - the 6-bit scales, `[s][row]` (128 bytes), then the mins `[s][row]` (128 bytes);
+//! - `d` of the 16 rows (f16, 32 bytes), then `dmin` (32 bytes).
+
+#![allow(clippy::needless_range_loop)]
+
+/// Rows per group.
+pub const ROWS: usize = 16;
+/// Bytes of one block of a 16-row group.
+pub const GROUP_BLOCK: usize = 2048 + 128 + 128 + 32 + 32;
+const SC: usize = 2048;
+const MN: usize = 2048 + 128;
+const D: usize = 2048 + 256;
+const DMIN: usize = 2048 + 256 + 32;
+
+const Q4_K_B: usize = 144;
+const Q8_K_B: usize = 292;
+
+/// 64-byte aligned bytes (the kernels use aligned-size lines; alignment keeps each line in
+/// one cache line).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct Line(pub [u8; 64]);
+
+/// Bytes of a repacked `n_rows x k` Q4_K matrix (`n_rows % 16 == 0`, `k % 256 == 0`).
+pub fn repacked_bytes(k: usize, n_rows: usize) -> usize {
+    n_rows / ROWS * (k / 256) * GROUP_BLOCK
+}
+
+/// Repacks `n_rows` Q4_K rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`.
+pub fn repack(src: &[u8], rs: usize, k: usize, n_rows: usize, dst: &mut [u8]) {
+    let nb = k / 256;
+    assert!(n_rows % ROWS == 0 && k % 256 == 0);
+    assert!(dst.len() >= repacked_bytes(k, n_rows));
+    assert!(src.len() >= (n_rows - 1) * rs + nb * Q4_K_B);
+    for g in 0..n_rows / ROWS {
+        for i in 0..nb {
+            let o = (g * nb + i) * GROUP_BLOCK;
+            let out = &mut dst[o..o + GROUP_BLOCK];
+            for r in 0..ROWS {
+                let x = &src[(g * ROWS + r) * rs + i * Q4_K_B..][..Q4_K_B];
+                for j in 0..4 {
+                    for t in 0..8 {
+                        let line = (8 * j + t) * 64 + 4 * r;
+                        out[line..line + 4].copy_from_slice(&x[16 + 32 * j + 4 * t..][..4]);
+                    }
+                }
+                let (sc, m) = quant::scale_min_k4(x[4..16].try_into().unwrap());
+                for s in 0..8 {
+                    out[SC + 16 * s + r] = sc[s];
+                    out[MN + 16 * s + r] = m[s];
+                }
+                out[D + 2 * r..D + 2 * r + 2].copy_from_slice(&x[0..2]);
+                out[DMIN + 2 * r..DMIN + 2 * r + 2].copy_from_slice(&x[2..4]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use kernels::*;
+
+#[cfg(target_arch = "x86_64")]
+mod kernels {
+    use super::*;
+    use core::arch::x86_64::*;
+
+    /// Per-block integer sums of 16 rows against one Q8_K activation block: `s[sub]` = the
+    /// unscaled dot product of each row's sub-block `sub` (one row per lane).
+    #[inline(always)]
+    unsafe fn sub_sums(g: *const u8, yq: *const u8) -> [__m512i; 8] {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut s = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            for t in 0..8 {
+                let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
+                let lo = _mm512_and_si512(wv, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                let a0 = _mm512_set1_epi32((yq.add(64 * j + 4 * t) as *const i32).read_unaligned());
+                let a1 =
+                    _mm512_set1_epi32((yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned());
+                s[2 * j] = _mm512_dpbusd_epi32(s[2 * j], lo, a0);
+                s[2 * j + 1] = _mm512_dpbusd_epi32(s[2 * j + 1], hi, a1);
+            }
+        }
+        s
+    }
+
+    #[inline(always)]
+    unsafe fn bytes16(p: *const u8) -> __m512i {
+        _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i))
+    }
+
+    #[inline(always)]
+    unsafe fn h16x16(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_load_si256(p as *const __m256i))
+    }
+
+    /// One activation column against the 16-row groups `g0 .. g0 + n_groups` (group `g` at
+    /// `w + g * nb * GROUP_BLOCK`): `out[16 g + r]`. `GEMM == false`: the GEMV chain (per
+    /// block one fma of the whole sum, one of the mins); `true`: the GEMM chain (per
+    /// sub-block pair).
+    #[inline(always)]
+    unsafe fn column<const GEMM: bool>(
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        out: *mut f32,
+    ) {
+        for g in 0..n_groups {
+            let gw = w.add(g * nb * GROUP_BLOCK);
+            let mut acc = _mm512_setzero_ps();
+            let mut accm = _mm512_setzero_ps();
+            for i in 0..nb {
+                let p = gw.add(i * GROUP_BLOCK);
+                // the stream is linear (groups and blocks back to back): 16 KiB ahead
+                for l in 0..GROUP_BLOCK / 64 {
+                    crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                }
+                let y = a.add(i * Q8_K_B);
+                let yd = _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])));
+                let bs = y.add(260) as *const i16;
+                let bsum2: [i32; 8] = core::array::from_fn(|s| {
+                    bs.add(2 * s).read_unaligned() as i32
+                        + bs.add(2 * s + 1).read_unaligned() as i32
+                });
+                let s = sub_sums(p, y.add(4));
+                let dw = _mm512_mul_ps(h16x16(p.add(D)), yd);
+                let dm = _mm512_mul_ps(h16x16(p.add(DMIN)), yd);
+                if GEMM {
+                    for sb in 0..4 {
+                        let hs = _mm512_add_epi32(
+                            _mm512_mullo_epi32(s[2 * sb], bytes16(p.add(SC + 32 * sb))),
+                            _mm512_mullo_epi32(s[2 * sb + 1], bytes16(p.add(SC + 32 * sb + 16))),
+                        );
+                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs), dw, acc);
+                        let im = _mm512_add_epi32(
+                            _mm512_mullo_epi32(
+                                _mm512_set1_epi32(bsum2[2 * sb]),
+                                bytes16(p.add(MN + 32 * sb)),
+                            ),
+                            _mm512_mullo_epi32(
+                                _mm512_set1_epi32(bsum2[2 * sb + 1]),
+                                bytes16(p.add(MN + 32 * sb + 16)),
+                            ),
+                        );
+                        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm);
+                    }
+                } else {
+                    let mut hs = _mm512_setzero_si512();
+                    let mut im = _mm512_setzero_si512();
+                    for sub in 0..8 {
+                        hs = _mm512_add_epi32(
+                            hs,
+                            _mm512_mullo_epi32(s[sub], bytes16(p.add(SC + 16 * sub))),
+                        );
+                        im = _mm512_add_epi32(
+                            im,
+                            _mm512_mullo_epi32(
+                                _mm512_set1_epi32(bsum2[sub]),
+                                bytes16(p.add(MN + 16 * sub)),
+                            ),
+                        );
+                    }
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs), dw, acc);
+                    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm);
+                }
+            }
+            _mm512_storeu_ps(out.add(g * ROWS), _mm512_sub_ps(acc, accm));
+        }
+    }
+
+    /// [`column`] compiled for AVX-512 F/BW/VL/VNNI: `out[r]` for the `16 * n_groups` rows
+    /// of the groups at `w`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL/VNNI and F16C; `w` is 64-byte aligned and covers the
+    /// groups; `a` is one Q8_K row of `nb` blocks; `out` covers `16 * n_groups` floats.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn column_avx512(
+        gemm: bool,
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        out: *mut f32,
+    ) {
+        if gemm {
+            column::<true>(w, n_groups, nb, a, out)
+        } else {
+            column::<false>(w, n_groups, nb, a, out)
+        }
+    }
+
+    /// The GEMM chain of 16 rows (one group at `w`) against a packed 16-column tile
+    /// (`kq512::pack_q8k_t16`), one column per lane: `out[c * ostride + r]`.
+    ///
+    /// # Safety
+    /// As [`column_avx512`]; `p` is a packed tile of `nb` blocks; `out` covers
+    /// `15 * ostride + 16` floats.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn tile_avx512(
+        w: *const u8,
+        nb: usize,
+        p: *const u8,
+        out: *mut f32,
+        ostride: usize,
+    ) {
+        use crate::kq512::{Q8K_T16_BLOCK, T16};
+        const BS: usize = 4096;
+        const YD: usize = 4096 + 1024;
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        let mut accm = [_mm512_setzero_ps(); ROWS];
+        let mut q = [Line([0; 64]); 64];
+        for i in 0..nb {
+            let g = w.add(i * GROUP_BLOCK);
+            let pb = p.add(i * Q8K_T16_BLOCK);
+            // line 8*sub + t: quad t of sub-block `sub` of the 16 rows (row r at byte 4r)
+            for j in 0..4 {
+                for t in 0..8 {
+                    let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
+                    let lo = _mm512_and_si512(wv, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                    _mm512_store_si512(q[8 * (2 * j) + t].0.as_mut_ptr() as *mut _, lo);
+                    _mm512_store_si512(q[8 * (2 * j + 1) + t].0.as_mut_ptr() as *mut _, hi);
+                }
+            }
+            let yd = _mm512_loadu_ps(pb.add(YD) as *const f32);
+            for r0 in (0..ROWS).step_by(2) {
+                let mut dw = [_mm512_setzero_ps(); 2];
+                let mut dm = [_mm512_setzero_ps(); 2];
+                for h in 0..2 {
+                    let r = r0 + h;
+                    let xd = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                        (g.add(D + 2 * r) as *const u16).read() as i32,
+                    )));
+                    let xdm = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                        (g.add(DMIN + 2 * r) as *const u16).read() as i32,
+                    )));
+                    dw[h] = _mm512_mul_ps(_mm512_set1_ps(xd), yd);
+                    dm[h] = _mm512_mul_ps(_mm512_set1_ps(xdm), yd);
+                }
+                for sb in 0..4 {
+                    let mut s = [[_mm512_setzero_si512(); 2]; 2];
+                    for e in 0..2 {
+                        let sub = 2 * sb + e;
+                        for qd in 0..8 {
+                            let a = _mm512_loadu_si512(pb.add((8 * sub + qd) * 64) as *const _);
+                            for h in 0..2 {
+                                let wq = (q[8 * sub + qd].0.as_ptr().add(4 * (r0 + h))
+                                    as *const i32)
+                                    .read();
+                                s[h][e] = _mm512_dpbusd_epi32(s[h][e], _mm512_set1_epi32(wq), a);
+                            }
+                        }
+                    }
+                    let bsp = pb.add(BS + 4 * sb * 64);
+                    let b0 = _mm512_add_epi32(
+                        _mm512_loadu_si512(bsp as *const _),
+                        _mm512_loadu_si512(bsp.add(64) as *const _),
+                    );
+                    let b1 = _mm512_add_epi32(
+                        _mm512_loadu_si512(bsp.add(128) as *const _),
+                        _mm512_loadu_si512(bsp.add(192) as *const _),
+                    );
+                    for h in 0..2 {
+                        let r = r0 + h;
+                        let sc0 = *g.add(SC + 16 * (2 * sb) + r) as i32;
+                        let sc1 = *g.add(SC + 16 * (2 * sb + 1) + r) as i32;
+                        let m0 = *g.add(MN + 16 * (2 * sb) + r) as i32;
+                        let m1 = *g.add(MN + 16 * (2 * sb + 1) + r) as i32;
+                        let hs = _mm512_add_epi32(
+                            _mm512_mullo_epi32(s[h][0], _mm512_set1_epi32(sc0)),
+                            _mm512_mullo_epi32(s[h][1], _mm512_set1_epi32(sc1)),
+                        );
+                        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs), dw[h], acc[r]);
+                        let im = _mm512_add_epi32(
+                            _mm512_mullo_epi32(b0, _mm512_set1_epi32(m0)),
+                            _mm512_mullo_epi32(b1, _mm512_set1_epi32(m1)),
+                        );
+                        accm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm[h], accm[r]);
+                    }
+                }
+            }
+        }
+        for r in 0..ROWS {
+            let mut v = [0f32; T16];
+            _mm512_storeu_ps(v.as_mut_ptr(), _mm512_sub_ps(acc[r], accm[r]));
+            for c in 0..T16 {
+                *out.add(c * ostride + r) = v[c];
+            }
+        }
+    }
+}
