@@ -83,6 +83,45 @@ impl<'t> Instance<'t> {
     }
 }
 
+impl Instance<'_> {
+    /// [`Instance::run`] with the first input prepared by the backend (`prepare_weight`):
+    /// `None` when the backend keeps this weight as it is. The outputs are poisoned first,
+    /// so a call that writes nothing cannot pass on the plain run's results.
+    fn run_prepared(&self, c: &mut Case) -> Result<Option<Vec<Vec<u8>>>, String> {
+        let Some(prep) = self.table.prepare_weight else {
+            return Ok(None);
+        };
+        let mut ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+        let mut pd = ins[0];
+        let st = Status::from_raw(prep(self.ctx, &ins[0], &mut pd));
+        if st != Status::Ok || pd.buffer == 0 {
+            return Ok(None);
+        }
+        ins[0] = pd;
+        for o in &mut c.outputs {
+            o.data.fill(0xFF);
+        }
+        let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+        let call = OpCall::new(c.op, &ins, &outs, c.params);
+        let st = Status::from_raw((self.table.compute)(self.ctx, &call));
+        let err = (st != Status::Ok).then(|| {
+            let mut buf = vec![0u8; 512];
+            let n = (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len()).min(buf.len());
+            format!(
+                "prepared weight: {st:?}: {}",
+                String::from_utf8_lossy(&buf[..n])
+            )
+        });
+        if let Some(free) = self.table.buffer_free {
+            free(self.ctx, pd.buffer);
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(Some(c.outputs.iter().map(|o| o.data.clone()).collect())),
+        }
+    }
+}
+
 impl Drop for Instance<'_> {
     fn drop(&mut self) {
         (self.table.shutdown)(self.ctx);
@@ -151,6 +190,18 @@ pub fn check_op(
         };
         for (g, w) in got.iter().zip(&want) {
             compare(op, g, w, dtype).map_err(|e| format!("{label}: {e}"))?;
+        }
+        // Weights the backend repacks at load: the same call on the prepared weight.
+        if op == Op::MatMul {
+            if let Some(got) = backend
+                .run_prepared(&mut c)
+                .map_err(|e| format!("{label}: {e}"))?
+            {
+                for (g, w) in got.iter().zip(&want) {
+                    compare(op, g, w, dtype)
+                        .map_err(|e| format!("{label}, prepared weight: {e}"))?;
+                }
+            }
         }
     }
     Ok(())

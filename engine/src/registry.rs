@@ -44,7 +44,7 @@ pub const GATE_CASES_ENV: &str = "MOLLM_GATE_CASES";
 pub const GATE_TIMEOUT_ENV: &str = "MOLLM_GATE_TIMEOUT";
 /// The gate child prints its verdict on one line starting with this.
 pub const GATE_LINE: &str = "MOLLM_GATE_VERDICT ";
-pub const DEFAULT_GATE_CASES: u64 = 4;
+pub const DEFAULT_GATE_CASES: u64 = abi::WEIGHT_DTYPES.len() as u64;
 /// The hidden CLI subcommand that runs the gate child.
 pub const GATE_SUBCOMMAND: &str = "__gate";
 
