@@ -108,32 +108,119 @@ pub trait CpuBackend: 'static {
     }
 }
 
-/// 64 bytes, 64-byte aligned: the unit of prepared weight memory.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-pub struct Line(pub [u8; 64]);
-
 /// A weight in a backend's private layout (see [`CpuBackend::prepare`]).
 pub struct Prepared {
     /// Which layout (the backend's own numbering, non-zero).
     pub kind: u32,
-    /// The prepared bytes, 64-byte aligned.
-    pub lines: Vec<Line>,
+    buf: AlignedBytes,
 }
 
 impl Prepared {
-    /// `bytes` zeroed bytes of layout `kind`.
+    /// `bytes` zeroed bytes of layout `kind`, 64-byte aligned (2 MiB aligned, with
+    /// transparent huge pages requested, for large ones on Linux).
     pub fn zeroed(kind: u32, bytes: usize) -> Prepared {
         Prepared {
             kind,
-            lines: vec![Line([0; 64]); bytes.div_ceil(64)],
+            buf: AlignedBytes::zeroed(bytes),
         }
     }
 
+    pub fn as_ptr(&self) -> *const u8 {
+        self.buf.ptr
+    }
+
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let n = self.lines.len() * 64;
-        // SAFETY: `Line` is 64 plain bytes without padding.
-        unsafe { core::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, n) }
+        // SAFETY: `len` zeroed-then-owned bytes at `ptr`, borrowed mutably with self.
+        unsafe { core::slice::from_raw_parts_mut(self.buf.ptr, self.buf.len) }
+    }
+}
+
+/// Owned zeroed bytes, 64-byte aligned; large ones are their own anonymous mapping with
+/// transparent huge pages requested (Linux).
+struct AlignedBytes {
+    ptr: *mut u8,
+    len: usize,
+    /// How the bytes were obtained (for `Drop`).
+    origin: Origin,
+}
+
+enum Origin {
+    Heap(std::alloc::Layout),
+    #[cfg(target_os = "linux")]
+    Map {
+        base: *mut libc::c_void,
+        size: usize,
+    },
+}
+
+// SAFETY: plain owned memory.
+unsafe impl Send for AlignedBytes {}
+unsafe impl Sync for AlignedBytes {}
+
+impl AlignedBytes {
+    fn zeroed(len: usize) -> AlignedBytes {
+        #[cfg(target_os = "linux")]
+        {
+            const HUGE: usize = 2 << 20;
+            if len >= HUGE {
+                let size = len.next_multiple_of(HUGE) + HUGE;
+                // SAFETY: a fresh private anonymous mapping (zeroed, untouched).
+                let base = unsafe {
+                    libc::mmap(
+                        core::ptr::null_mut(),
+                        size,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                if base != libc::MAP_FAILED {
+                    let start = (base as usize).next_multiple_of(HUGE);
+                    // Weights are streamed once per token: 2 MiB pages spare the TLB walks.
+                    // The pages are untouched, so the repacking writes fault in huge ones.
+                    // SAFETY: advice on memory this mapping owns.
+                    unsafe {
+                        libc::madvise(
+                            start as *mut libc::c_void,
+                            len.next_multiple_of(HUGE),
+                            libc::MADV_HUGEPAGE,
+                        )
+                    };
+                    return AlignedBytes {
+                        ptr: start as *mut u8,
+                        len,
+                        origin: Origin::Map { base, size },
+                    };
+                }
+            }
+        }
+        let layout = std::alloc::Layout::from_size_align(len.max(1).next_multiple_of(64), 64)
+            .expect("weight size");
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBytes {
+            ptr,
+            len,
+            origin: Origin::Heap(layout),
+        }
+    }
+}
+
+impl Drop for AlignedBytes {
+    fn drop(&mut self) {
+        match self.origin {
+            // SAFETY: allocated in `zeroed` with this layout.
+            Origin::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            #[cfg(target_os = "linux")]
+            // SAFETY: the mapping made in `zeroed`.
+            Origin::Map { base, size } => unsafe {
+                libc::munmap(base, size);
+            },
+        }
     }
 }
 
@@ -155,7 +242,7 @@ impl Context {
         let p = map
             .get(&w.buffer)
             .ok_or_else(|| Error::Invalid(format!("unknown buffer handle {}", w.buffer)))?;
-        if w.data as *const u8 != p.lines.as_ptr() as *const u8 {
+        if w.data as *const u8 != p.as_ptr() {
             return Err(Error::Invalid(
                 "prepared weight: data does not point at the prepared bytes".into(),
             ));
@@ -340,7 +427,7 @@ extern "C" fn prepare_weight<B: CpuBackend>(
                 .next_handle
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut desc = w;
-            desc.data = p.lines.as_ptr() as *mut u8;
+            desc.data = p.as_ptr() as *mut u8;
             desc.buffer = handle;
             cx.prepared
                 .lock()
