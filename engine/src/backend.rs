@@ -106,6 +106,31 @@ impl Backend {
         }
     }
 
+    /// [`Backend::compute`], except that a call the backend declines (`Unsupported`, or an op
+    /// refused for it) answers `Ok(false)` instead of an error, so the caller can offer it to
+    /// the next backend without asking `supports` first (one boundary crossing, not two).
+    pub fn try_compute(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: OpParams,
+    ) -> Result<bool> {
+        if self.is_refused(op) {
+            return Ok(false);
+        }
+        let call = OpCall::new(op, inputs, outputs, params);
+        match Status::from_raw((self.table.compute)(self.ctx, &call)) {
+            Status::Ok => Ok(true),
+            Status::Unsupported => Ok(false),
+            st => Err(EngineError::Backend {
+                backend: self.name.clone(),
+                op: op.name(),
+                msg: format!("{st:?}: {}", self.last_error()),
+            }),
+        }
+    }
+
     pub fn compute(
         &self,
         op: Op,

@@ -254,16 +254,19 @@ impl Exec {
         let t0 = std::time::Instant::now();
         if let Some((bi, ins)) = first {
             let b = &self.backends[bi];
-            if b.supports(op, ins, outputs, &params) {
-                b.compute(op, ins, outputs, params)?;
+            if b.try_compute(op, ins, outputs, params)? {
                 self.record(op, ins, outputs, b, t0);
                 return Ok(());
             }
         }
         let last = self.backends.len() - 1;
         for (i, b) in self.backends.iter().enumerate() {
-            if (i == last && !self.strict) || b.supports(op, inputs, outputs, &params) {
+            if i == last && !self.strict {
                 b.compute(op, inputs, outputs, params)?;
+                self.record(op, inputs, outputs, b, t0);
+                return Ok(());
+            }
+            if b.try_compute(op, inputs, outputs, params)? {
                 self.record(op, inputs, outputs, b, t0);
                 return Ok(());
             }

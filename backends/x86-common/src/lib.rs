@@ -302,7 +302,8 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         params: &OpParams,
     ) -> Result<(), Error> {
         Self::check_prepared(kind, op, inputs, outputs, params)?;
-        matmul::run_weights(Isa::from_u8(ISA), host, true, inputs, outputs)
+        let repacked = kind == matmul::KIND_Q4K16;
+        matmul::run_weights(Isa::from_u8(ISA), host, repacked, inputs, outputs)
     }
 }
 

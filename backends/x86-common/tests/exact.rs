@@ -355,7 +355,7 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
         let prep = table
             .prepare_weight
             .expect("CPU backends offer prepare_weight");
-        for &(k, n) in &[(512usize, 64usize), (768, 48), (256, 16)] {
+        for &(k, n) in &[(512usize, 64usize), (768, 48), (256, 16), (512, 24)] {
             let dt = DType::Q4_K;
             let mut w = weights(&mut rng, dt, k, n);
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
