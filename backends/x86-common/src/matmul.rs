@@ -18,6 +18,9 @@ pub const COLS_PER_STEP: usize = 32;
 
 /// Weight formats with SIMD kernels (every kernel ggml's x86 build picks for them).
 pub const FORMATS: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::Q4_0,
     DType::Q4_1,
     DType::Q8_0,
     DType::Q5_0,
@@ -28,6 +31,10 @@ pub const FORMATS: &[DType] = &[
 /// Whether this backend computes this (already validated) mat_mul call.
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
     let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "x86")?;
+    if matches!(dt, DType::F32 | DType::F16) {
+        // crate::fmatmul: any shape.
+        return Ok(());
+    }
     for c in 0..cols.min(64) {
         let kernel = quant::matmul_kernel(dt, k, n, cols, c);
         if !crate::simd_has_kernel(kernel, dt) {
@@ -143,6 +150,9 @@ pub unsafe fn run_weights(
 ) -> Result<(), Error> {
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
+    if matches!(dt, DType::F32 | DType::F16) {
+        return crate::fmatmul::run(host, inputs, outputs);
+    }
     let k = w.ne[0] as usize;
     let n = w.ne[1] as usize;
     let cols = x.nrows() as usize;

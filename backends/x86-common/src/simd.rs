@@ -17,6 +17,7 @@ use core::arch::x86_64::*;
 use quant::{scale_min_k4, Kernel};
 
 /// Bytes of one block of each format used here.
+const Q4_0_B: usize = 18;
 const Q4_1_B: usize = 20;
 const Q5_0_B: usize = 22;
 const Q8_0_B: usize = 34;
@@ -126,7 +127,7 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
 // at once: each row keeps its own accumulators and float chain (bit-identical to R = 1); the
 // rows only share the activation loads and hide each other's FMA latency.
 
-/// `ggml_vec_dot_{q8_0,q5_0}_q8_0` and tinyBLAS_Q0_AVX (same chain): per block
+/// `ggml_vec_dot_{q8_0,q5_0,q4_0}_q8_0` and tinyBLAS_Q0_AVX (same chain): per block
 /// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`. `C` activation columns (column `c` at
 /// `a + c * as_`) at once: each (row, column) keeps its own accumulator and chain, the
 /// weight decode is shared by the columns and the activation loads by the rows.
@@ -162,6 +163,11 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
                 }
                 dx = h16(x);
                 q = ld(x.add(2));
+            } else if FMT == 4 {
+                // unsigned codes 0..16
+                let x = w.add(r * ws + i * Q4_0_B);
+                dx = h16(x);
+                q = nibbles_32(x.add(2));
             } else {
                 // unsigned codes 0..32
                 let x = w.add(r * ws + i * Q5_0_B);
@@ -183,6 +189,9 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
                     } else {
                         quads_ss(q, yq[c])
                     }
+                } else if FMT == 4 {
+                    // codes times y, minus 8 * Σ y: exact.
+                    _mm256_sub_epi32(quads_us::<VNNI>(qu, yq[c]), _mm256_slli_epi32::<3>(ys[c]))
                 } else {
                     // codes times y, minus 16 * Σ y: exact.
                     _mm256_sub_epi32(quads_us::<VNNI>(qu, yq[c]), _mm256_slli_epi32::<4>(ys[c]))
@@ -249,6 +258,34 @@ unsafe fn dot_q4_1<const VNNI: bool, const R: usize, const C: usize>(
         }
     }
     out
+}
+
+/// ggml's Q4_0 repack GEMV/GEMM chain (quant's `dot_repack_q4_0`): per block the exact
+/// sum of all 32 products, then `acc = fma(f32(sum), dx*dy, acc)`, one chain per row.
+#[inline(always)]
+unsafe fn dot_q4_0_repack<const VNNI: bool, const R: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    nb: usize,
+) -> [f32; R] {
+    let mut acc = [0f32; R];
+    for i in 0..nb {
+        let y = a.add(i * Q8_0_B);
+        let yq = ld(y.add(2));
+        let dy = h16(y);
+        let ys = quads_us::<VNNI>(_mm256_set1_epi8(1), yq);
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q4_0_B);
+            let quads = _mm256_sub_epi32(
+                quads_us::<VNNI>(nibbles_32(x.add(2)), yq),
+                _mm256_slli_epi32::<3>(ys),
+            );
+            let sumi = hsum_i32_8(quads);
+            acc[r] = (sumi as f32).mul_add(h16(x) * dy, acc[r]);
+        }
+    }
+    acc
 }
 
 // ---------------------------------------------------------------- Q4_K
@@ -615,6 +652,10 @@ unsafe fn dot_q6_k_tiled_cols<const C: usize>(
 pub fn has_kernel(kernel: Kernel, dtype: abi::DType) -> bool {
     use abi::DType::*;
     match dtype {
+        Q4_0 => matches!(
+            kernel,
+            Kernel::VecDot | Kernel::TinyBlas | Kernel::RepackGemv | Kernel::RepackGemm
+        ),
         Q4_1 => kernel == Kernel::VecDot,
         Q8_0 | Q5_0 => matches!(kernel, Kernel::VecDot | Kernel::TinyBlas),
         Q6_K => matches!(kernel, Kernel::VecDot | Kernel::Tiled),
@@ -637,6 +678,10 @@ unsafe fn dot_any<const VNNI: bool, const R: usize>(
 ) -> [f32; R] {
     use abi::DType::*;
     match (dtype, kernel) {
+        (Q4_0, Kernel::RepackGemv | Kernel::RepackGemm) => {
+            dot_q4_0_repack::<VNNI, R>(w, ws, a, n / 32)
+        }
+        (Q4_0, _) => dot_q0::<4, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
         (Q4_1, _) => dot_q4_1::<VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
         (Q8_0, _) => dot_q0::<8, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
         (Q5_0, _) => dot_q0::<5, VNNI, R, 1>(w, ws, a, 0, n / 32)[0],
@@ -719,6 +764,7 @@ unsafe fn tile_legacy<const VNNI: bool, const R: usize, const C: usize>(
         Q4_1 => dot_q4_1::<VNNI, R, C>(w, ws, a, as_, n / 32),
         Q8_0 => dot_q0::<8, VNNI, R, C>(w, ws, a, as_, n / 32),
         Q5_0 => dot_q0::<5, VNNI, R, C>(w, ws, a, as_, n / 32),
+        Q4_0 => dot_q0::<4, VNNI, R, C>(w, ws, a, as_, n / 32),
         _ => unreachable!("no SIMD tile for {dtype}"),
     }
 }
@@ -741,7 +787,11 @@ unsafe fn tile_any<const VNNI: bool>(
     let ncols = kernels.len();
     debug_assert_eq!(out.len(), nrows * ncols);
     let mut c0 = 0;
-    if dtype.info().block_len == 32 {
+    // Q4_0's repack chain (one f32 per output) is not the shared legacy chain: per column.
+    let repacked = kernels
+        .iter()
+        .any(|k| matches!(k, Kernel::RepackGemv | Kernel::RepackGemm));
+    if dtype.info().block_len == 32 && !repacked {
         // AVX-512 has 32 vector registers: 4x4 accumulators; AVX2 has 16: 2x4.
         const C: usize = TILE_COLS;
         let r_tile = if VNNI { 4 } else { 2 };

@@ -53,7 +53,7 @@ fn isas() -> Vec<Isa> {
 fn scale_fields(dt: DType) -> &'static [usize] {
     match dt {
         DType::Q4_1 => &[0, 2],
-        DType::Q8_0 | DType::Q5_0 => &[0],
+        DType::Q8_0 | DType::Q5_0 | DType::Q4_0 => &[0],
         DType::Q6_K => &[208],
         DType::Q4_K => &[0, 2],
         _ => unreachable!(),
@@ -88,6 +88,12 @@ fn kernels_of(dt: DType) -> &'static [Kernel] {
     match dt {
         DType::Q4_1 => &[Kernel::VecDot],
         DType::Q8_0 | DType::Q5_0 => &[Kernel::VecDot, Kernel::TinyBlas],
+        DType::Q4_0 => &[
+            Kernel::VecDot,
+            Kernel::TinyBlas,
+            Kernel::RepackGemv,
+            Kernel::RepackGemm,
+        ],
         DType::Q6_K => &[Kernel::VecDot, Kernel::Tiled],
         DType::Q4_K => &[
             Kernel::VecDot,
@@ -105,6 +111,7 @@ fn simd_kernels_match_scalar_twins_bit_for_bit() {
     let mut rng = Rng::new(7);
     let mut checked = 0usize;
     for dt in [
+        DType::Q4_0,
         DType::Q4_1,
         DType::Q8_0,
         DType::Q5_0,
@@ -159,6 +166,7 @@ fn simd_tiles_match_scalar_twins_bit_for_bit() {
     let mut rng = Rng::new(11);
     let mut checked = 0usize;
     for dt in [
+        DType::Q4_0,
         DType::Q4_1,
         DType::Q8_0,
         DType::Q5_0,
@@ -263,6 +271,8 @@ fn mat_mul_matches_reference_backend_bit_for_bit() {
         (DType::Q6_K, 512, 72),
         (DType::Q4_K, 512, 64), // repacked (rows % 8 == 0): GEMV / GEMM
         (DType::Q4_K, 768, 36), // not repacked: vec_dot / tiled
+        (DType::Q4_0, 576, 64), // repacked (rows % 8 == 0): ggml's repack chain
+        (DType::Q4_0, 96, 13),  // vec_dot / tinyBLAS
     ];
     for (isa, table) in tables() {
         let me = Instance::new(table, &host);
@@ -421,6 +431,56 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
             let (ins, outs) = ([pd, xd], [od]);
             let call = OpCall::new(Op::MatMul, &ins, &outs, OpParams::default());
             assert_eq!(me.run(&call), Status::InvalidArgument);
+        }
+    }
+}
+
+#[test]
+fn float_mat_mul_matches_reference_backend_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let refi = Instance::new(&reference::TABLE, &host);
+    let mut rng = Rng::new(13);
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        for &(dt, k, n) in &[
+            (DType::F32, 100usize, 9usize),
+            (DType::F16, 64, 8),
+            (DType::F16, 7, 3),
+        ] {
+            let src = rng.data(k * n, 1.0);
+            let rb = quant::row_bytes(dt, k).unwrap();
+            let mut w = vec![0u8; rb * n];
+            for r in 0..n {
+                quant::quantize_row(dt, &src[r * k..(r + 1) * k], &mut w[r * rb..(r + 1) * rb])
+                    .unwrap();
+            }
+            let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            for cols in [1usize, 2, 5, 17] {
+                let mut x = rng.data(k * cols, 1.0);
+                let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
+                let mut want = vec![0f32; n * cols];
+                let mut got = vec![f32::NAN; n * cols];
+                let (od_ref, od) = (
+                    f32_desc(&mut want, &[n as i64, cols as i64]),
+                    f32_desc(&mut got, &[n as i64, cols as i64]),
+                );
+                let (ins, outs_ref, outs) = ([wd, xd], [od_ref], [od]);
+                let p = OpParams::default();
+                assert_eq!(
+                    refi.run(&OpCall::new(Op::MatMul, &ins, &outs_ref, p)),
+                    Status::Ok
+                );
+                let call = OpCall::new(Op::MatMul, &ins, &outs, p);
+                assert_eq!(me.supports(&call), Status::Ok, "{isa:?} {dt}");
+                assert_eq!(me.run(&call), Status::Ok);
+                for i in 0..n * cols {
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "{isa:?} {dt} {k}x{n} cols {cols} elem {i}"
+                    );
+                }
+            }
         }
     }
 }

@@ -1,0 +1,160 @@
+//! `mat_mul` with F32 / F16 weights: the reference's choice and float order (ggml's AVX-512
+//! `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, or llamafile's tinyBLAS tile when the activation
+//! matrix has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`), lane for lane in 256-bit halves,
+//! so results are bit-identical to `reference::ggml::{dot_vec_f32, dot_vec_f16, dot_tile}`.
+
+use crate::par::{parallel_for, SyncPtr};
+use crate::Error;
+use abi::{DType, HostApi, TensorDesc};
+use mollm_cpu_common::split_row;
+
+/// Weight rows per task.
+const ROWS_PER_TASK: usize = 32;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Chain {
+    VecF32,
+    VecF16,
+    Tile,
+}
+
+/// # Safety
+/// A validated, checked F32/F16 mat_mul on valid host memory; the CPU has AVX2/FMA/F16C.
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let dt = w.dtype().expect("validated");
+    let (k, n, cols) = (w.ne[0] as usize, w.ne[1] as usize, x.nrows() as usize);
+    if n == 0 || cols == 0 {
+        return Ok(());
+    }
+    let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
+    // Activations as f32 columns, rounded through f16 for F16 weights (as ggml converts them).
+    let mut act = vec![0f32; cols * k];
+    for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
+        let base = x
+            .data
+            .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
+        for e in 0..k {
+            let v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                .read_unaligned();
+            act[c * k + e] = if dt == DType::F16 {
+                quant::fp16_to_f32(quant::f32_to_fp16(v))
+            } else {
+                v
+            };
+        }
+    }
+    let tile = x.ne[1] >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
+    let chain = match (tile, dt) {
+        (true, _) => Chain::Tile,
+        (false, DType::F32) => Chain::VecF32,
+        _ => Chain::VecF16,
+    };
+    let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
+    let (act, col_index) = (&act, &col_index);
+    let (w, out) = (*w, *out);
+    parallel_for(host, n.div_ceil(ROWS_PER_TASK) as u32, |t| {
+        let mut wrow = vec![0f32; k];
+        let r0 = t as usize * ROWS_PER_TASK;
+        for r in r0..(r0 + ROWS_PER_TASK).min(n) {
+            let row = wp.0.wrapping_offset(r as isize * w.nb[1] as isize);
+            for (e, d) in wrow.iter_mut().enumerate() {
+                let p = row.wrapping_add(e * dt.info().block_bytes as usize);
+                *d = if dt == DType::F16 {
+                    quant::fp16_to_f32((p as *const u16).read_unaligned())
+                } else {
+                    (p as *const f32).read_unaligned()
+                };
+            }
+            for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
+                let y = &act[c * k..(c + 1) * k];
+                // SAFETY: AVX2/FMA (the caller's contract).
+                let v = unsafe { dot(chain, &wrow, y) };
+                let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+                // SAFETY: each (row, column) is written by exactly one task.
+                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
+    use core::arch::x86_64::*;
+    let n = x.len();
+    let (xp, yp) = (x.as_ptr(), y.as_ptr());
+    // 16-lane accumulators as (low 8, high 8) halves.
+    let fma16 = |acc: &mut [__m256; 2], i: usize| {
+        acc[0] = _mm256_fmadd_ps(
+            _mm256_loadu_ps(xp.add(i)),
+            _mm256_loadu_ps(yp.add(i)),
+            acc[0],
+        );
+        acc[1] = _mm256_fmadd_ps(
+            _mm256_loadu_ps(xp.add(i + 8)),
+            _mm256_loadu_ps(yp.add(i + 8)),
+            acc[1],
+        );
+    };
+    let lanes = |acc: &[__m256; 2]| -> [f32; 16] {
+        let mut v = [0f32; 16];
+        _mm256_storeu_ps(v.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(v.as_mut_ptr().add(8), acc[1]);
+        v
+    };
+    if chain == Chain::Tile {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for i in (0..n).step_by(16) {
+            fma16(&mut acc, i);
+        }
+        return reduce16(&lanes(&acc));
+    }
+    let np = n & !63;
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            fma16(a, i + 16 * j);
+        }
+    }
+    let mut l: [[f32; 16]; 4] = core::array::from_fn(|j| lanes(&acc[j]));
+    for i in 0..16 {
+        l[0][i] += l[2][i];
+        l[1][i] += l[3][i];
+    }
+    for i in 0..16 {
+        l[0][i] += l[1][i];
+    }
+    let head = reduce16(&l[0]);
+    if chain == Chain::VecF32 {
+        let mut sumf = head;
+        for i in np..n {
+            sumf = x[i].mul_add(y[i], sumf);
+        }
+        sumf
+    } else {
+        let mut sumf = head as f64;
+        for i in np..n {
+            sumf += (x[i] * y[i]) as f64;
+        }
+        sumf as f32
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dot(_: Chain, _: &[f32], _: &[f32]) -> f32 {
+    unreachable!("x86 kernels on another architecture")
+}
+
+/// `_mm512_reduce_add_ps` as GCC implements it (the reference's `reduce16`).
+#[inline(always)]
+fn reduce16(v: &[f32; 16]) -> f32 {
+    let t8: [f32; 8] = core::array::from_fn(|i| v[i + 8] + v[i]);
+    let t4: [f32; 4] = core::array::from_fn(|i| t8[i + 4] + t8[i]);
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
+}
