@@ -13,9 +13,11 @@
 //!
 //! Implemented so far: `mat_mul` for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights wherever ggml's
 //! x86 build runs `vec_dot` or llamafile's tinyBLAS (the same per-element chain): decode for
-//! all five, prompts for all but Q4_0 rows in the repack buffer. Every other op and kernel
-//! (repack GEMMs, K-quants, attention, norms, elementwise) answers `Unsupported`
-//! in `supports`, so the host runs it on the next backend (the reference), and `mollm ops`
+//! all five, prompts for all but Q4_0 rows in the repack buffer; and every other op of the
+//! x86 backends (attention over f32 caches, glu, rms_norm, rope, softmax, add, mul, scale,
+//! get_rows, set_rows, argmax) through the portable variant of `mollm_cpu_common::ops`,
+//! bit-identical to the reference. K-quant and repack matmuls answer `Unsupported` in
+//! `supports`, so the host runs them on the next backend (the reference), and `mollm ops`
 //! says so.
 //!
 //! Run-time feature detection picks the path ([`IntPath`]); nothing needs a global
@@ -96,10 +98,9 @@ impl CpuBackend for ArmNeon {
         }
         match op {
             Op::MatMul => matmul::check(inputs, outputs),
-            _ => Err(Error::Unsupported(format!(
-                "{}: not implemented by arm-neon yet",
-                op.schema().name
-            ))),
+            // The shared ops' portable variant: the reference's formulas in plain Rust,
+            // vectorized by the compiler for NEON (AArch64's baseline).
+            _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
         }
     }
 
@@ -108,11 +109,18 @@ impl CpuBackend for ArmNeon {
         op: Op,
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
-        _params: &OpParams,
+        params: &OpParams,
     ) -> Result<(), Error> {
         match op {
             Op::MatMul => matmul::run(IntPath::detect(), host, inputs, outputs),
-            _ => unreachable!("checked"),
+            _ => mollm_cpu_common::ops::run(
+                mollm_cpu_common::ops::Isa::Portable,
+                host,
+                op,
+                inputs,
+                outputs,
+                params,
+            ),
         }
     }
 }

@@ -8,12 +8,13 @@
 //! `#[target_feature]` in [`simd`] and runs only after run-time detection ([`Isa::detected`]);
 //! nothing needs a global `-C target-cpu`.
 //!
-//! What is implemented: `mat_mul` with Q4_1, Q8_0, Q5_0, Q6_K and Q4_K weights, every x86
-//! kernel ggml picks for those formats (vec_dot, tinyBLAS, the Q4_K repack GEMV/GEMM, the
-//! tiled K-quant matmul); and in [`ops`], bit-identical to the reference: attention (f32
-//! caches), glu, rms_norm, rope (no YaRN), add, mul, scale, get_rows, set_rows (f32),
-//! softmax, argmax. Everything else (f16 caches, YaRN, other formats) answers `Unsupported`
-//! in `supports`, so the host runs it on the reference.
+//! What is implemented: `mat_mul` with F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
+//! weights, every x86 kernel ggml picks for those formats (vec_dot, tinyBLAS, the Q4_0/Q4_K
+//! repack GEMV/GEMM, the tiled K-quant matmul), Q4_K weights repacked at load ([`q4k16`]);
+//! and, through `mollm_cpu_common::ops` in its AVX2/AVX-512 variants, bit-identical to the
+//! reference: attention (f32 caches), glu, rms_norm, rope (no YaRN), add, mul, scale,
+//! get_rows, set_rows (f32), softmax, argmax. Everything else (f16 caches, YaRN, other
+//! formats) answers `Unsupported` in `supports`, so the host runs it on the reference.
 //!
 //! Each cdylib exports `mollm_backend_entry` returning [`HEADER_AVX2`] or [`HEADER_AVX512`].
 
@@ -26,8 +27,6 @@ pub mod fmatmul;
 #[cfg(target_arch = "x86_64")]
 pub mod kq512;
 pub mod matmul;
-#[cfg(target_arch = "x86_64")]
-pub mod ops;
 pub mod par;
 pub mod q4k16;
 #[cfg(target_arch = "x86_64")]
@@ -99,6 +98,14 @@ impl Isa {
         #[cfg(not(target_arch = "x86_64"))]
         {
             false
+        }
+    }
+
+    /// The variant of the shared non-matmul ops (`mollm_cpu_common::ops`) for this tier.
+    pub fn ops(self) -> mollm_cpu_common::ops::Isa {
+        match self {
+            Isa::Avx2 => mollm_cpu_common::ops::Isa::Avx2,
+            Isa::Avx512 => mollm_cpu_common::ops::Isa::Avx512,
         }
     }
 
@@ -211,13 +218,7 @@ pub unsafe fn check(
     }
     match op {
         Op::MatMul => matmul::check(inputs, outputs),
-        #[cfg(target_arch = "x86_64")]
-        _ => ops::check(op, inputs, outputs, params),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => Err(Error::Unsupported(format!(
-            "{}: not implemented by the x86 backend",
-            op.schema().name
-        ))),
+        _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
     }
 }
 
@@ -236,10 +237,7 @@ pub unsafe fn compute_op(
     check(isa, op, inputs, outputs, params)?;
     match op {
         Op::MatMul => matmul::run(isa, host, inputs, outputs),
-        #[cfg(target_arch = "x86_64")]
-        _ => ops::run(isa, host, op, inputs, outputs, params),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("checked"),
+        _ => mollm_cpu_common::ops::run(isa.ops(), host, op, inputs, outputs, params),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The native non-matmul ops against the reference backend, bit for bit (output bytes, so
 //! `to_bits` of every f32), on seeded random cases (the conformance generator, plus larger
-//! attention shapes covering KV padding, both p·V kernels and GQA), on both ISAs.
+//! attention shapes covering KV padding, both p·V kernels and GQA), on both ISAs and in the portable variant the ARM backends run.
 
 use abi::{BackendTable, DType, Op, OpCall, OpParams, Status, TensorDesc};
 use conformance::cases::{case, Case, Owned, Rng};
@@ -54,8 +54,42 @@ impl Drop for Instance {
     }
 }
 
+/// The shared ops' portable variant (what the ARM backends run) behind a table.
+struct PortableOps;
+
+impl mollm_cpu_common::CpuBackend for PortableOps {
+    fn score() -> u32 {
+        1
+    }
+    unsafe fn check(
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), mollm_cpu_common::Error> {
+        abi::validate(op, inputs, outputs, params).map_err(mollm_cpu_common::Error::Invalid)?;
+        if op == Op::MatMul {
+            return Err(mollm_cpu_common::Error::Unsupported("not here".into()));
+        }
+        mollm_cpu_common::ops::check(op, inputs, outputs, params)
+    }
+    unsafe fn compute(
+        host: &abi::HostApi,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), mollm_cpu_common::Error> {
+        use mollm_cpu_common::ops::{run, Isa};
+        run(Isa::Portable, host, op, inputs, outputs, params)
+    }
+}
+
+static PORTABLE: BackendTable = mollm_cpu_common::table::<PortableOps>();
+
 fn tables() -> Vec<(Isa, &'static BackendTable)> {
-    let mut v = Vec::new();
+    // The portable variant is labelled by the tier it is compared beside.
+    let mut v = vec![(Isa::Avx2, &PORTABLE)];
     for (isa, h) in [(Isa::Avx2, &HEADER_AVX2), (Isa::Avx512, &HEADER_AVX512)] {
         if isa.detected() {
             v.push((isa, unsafe { &*h.table }));

@@ -1,4 +1,5 @@
-//! Native x86 versions of the non-matmul ops, bit-identical to the reference backend (which
+//! Native versions of the non-matmul ops for every CPU backend, bit-identical to the reference
+//! backend (which
 //! mirrors llama.cpp's AVX-512 build). Where the order of float operations matters, the
 //! reference's scalar formulas are replayed exactly (see `reference/src/ggml.rs`); SIMD is used
 //! only where the lane structure *is* the reference's structure: the 16-lane FMA accumulators
@@ -7,6 +8,10 @@
 //! function (`isa_dispatch!`), so the compiler may vectorize independent element-wise work with the
 //! ISA's registers; that never changes a result, since each element's operations are the same.
 //!
+//! [`Isa::Portable`] runs the same formulas as plain Rust (the scalar twins of the x86 SIMD
+//! pieces), so any CPU gets the reference's exact results; the compiler still vectorizes the
+//! element-wise loops for the target's baseline (NEON on AArch64).
+//!
 //! Supported: host memory, f32 tensors with packed elements (`nb[0] == 4`), any row strides.
 //! attention: f32 K/V caches only (f16 caches -> Unsupported). rope: no YaRN (`ext_factor !=
 //! 0` -> Unsupported). set_rows: f32 destination only.
@@ -14,9 +19,43 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use crate::par::{parallel_for, SyncPtr};
-use crate::{Error, Isa};
+use crate::{split_row, Error};
 use abi::{DType, HostApi, Op, OpParams, TensorDesc};
-use mollm_cpu_common::split_row;
+
+/// Which code the ops run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL (+ the AVX2 set).
+    Avx512,
+}
+
+impl Isa {
+    /// Whether this CPU runs the variant.
+    pub fn detected(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.detected()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
 
 /// llama.cpp's KV padding (`max(n_pad, 256)`), as the reference.
 pub const KV_PAD: i64 = 256;
@@ -45,17 +84,22 @@ macro_rules! isa_dispatch {
     ($name:ident => $body:ident($($arg:ident: $ty:ty),*)) => {
         #[inline]
         unsafe fn $name(isa: Isa, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx2($($arg: $ty),*) {
                 $body($($arg),*)
             }
+            #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
             unsafe fn avx512($($arg: $ty),*) {
                 $body($($arg),*)
             }
             match isa {
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => avx2($($arg),*),
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => avx512($($arg),*),
+                _ => $body($($arg),*),
             }
         }
     };
@@ -335,7 +379,9 @@ unsafe fn soft_max_f32(isa: Isa, x: &[f32], y: &mut [f32], max: f32) -> f64 {
 #[inline(always)]
 unsafe fn expf16(isa: Isa, x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
     match isa {
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => expf16_avx512(x, max, out),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             expf8_avx2(
                 x[..8].try_into().unwrap(),
@@ -348,11 +394,17 @@ unsafe fn expf16(isa: Isa, x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
                 (&mut out[8..]).try_into().unwrap(),
             );
         }
+        _ => {
+            for l in 0..16 {
+                out[l] = v_expf(x[l] - max);
+            }
+        }
     }
 }
 
 /// `ggml_v_expf` (AVX-512 build) on `x - max`: the polynomial, `_mm512_scalef_ps`, and the
 /// |n| > 192 lanes set to 0 or infinity, as [`v_expf`] replays it.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 unsafe fn expf16_avx512(x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
@@ -399,6 +451,7 @@ unsafe fn expf16_avx512(x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
 }
 
 /// Four lanes of `f32(f64(j) * 2^e)` (`e` in the normal f64 exponent range).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn scale_half(
     j: core::arch::x86_64::__m128,
@@ -414,6 +467,7 @@ unsafe fn scale_half(
 
 /// [`expf16_avx512`] for eight lanes with AVX2: `scalef` replayed as `f64(j) * 2^n` rounded
 /// once to f32 (exact product, so the same single rounding).
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn expf8_avx2(x: &[f32; 8], max: f32, out: &mut [f32; 8]) {
@@ -850,11 +904,45 @@ unsafe fn set_rows(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), 
 #[inline(always)]
 unsafe fn dot_vec_f32(isa: Isa, x: *const f32, y: *const f32, n: usize) -> f32 {
     match isa {
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => dot512(x, y, n),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => dot256(x, y, n),
+        _ => dot_portable(x, y, n),
     }
 }
 
+/// [`dot512`] lane by lane in plain Rust: accumulator `j`, lane `l` takes the products of
+/// elements `64i + 16j + l`; then `GGML_F32x16_REDUCE` and the FMA leftovers.
+#[inline(always)]
+unsafe fn dot_portable(x: *const f32, y: *const f32, n: usize) -> f32 {
+    let np = n & !63;
+    let mut a = [[0f32; 16]; 4];
+    let mut i = 0;
+    while i < np {
+        for j in 0..4 {
+            for l in 0..16 {
+                let e = i + 16 * j + l;
+                a[j][l] = (*x.add(e)).mul_add(*y.add(e), a[j][l]);
+            }
+        }
+        i += 64;
+    }
+    for l in 0..16 {
+        a[0][l] += a[2][l];
+        a[1][l] += a[3][l];
+    }
+    for l in 0..16 {
+        a[0][l] += a[1][l];
+    }
+    let mut sumf = reduce16(&a[0]);
+    for i in np..n {
+        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
+    }
+    sumf
+}
+
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
@@ -884,6 +972,7 @@ unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
     sumf
 }
 
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn dot256(x: *const f32, y: *const f32, n: usize) -> f32 {
@@ -1186,7 +1275,7 @@ mod tests {
             s ^= s << 17;
             ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
         };
-        for isa in [Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
             if !isa.detected() {
                 continue;
             }
@@ -1246,7 +1335,7 @@ mod tests {
         while xs.len() % 16 != 0 {
             xs.push(-3.0);
         }
-        for isa in [Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
             if !isa.detected() {
                 continue;
             }
