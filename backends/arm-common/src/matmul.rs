@@ -5,18 +5,33 @@
 
 use crate::simd;
 use crate::IntPath;
-use abi::{HostApi, TensorDesc};
+use abi::{DType, HostApi, TensorDesc};
 use mollm_cpu_common::par::{parallel_for, SyncPtr};
 use mollm_cpu_common::split_row;
 use mollm_cpu_common::Error;
+
+/// Weight formats taken: F32/F16 (the reference's float chains, `mollm_cpu_common::fmatmul`)
+/// and those with integer kernels in [`simd`].
+const FORMATS: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+];
 
 /// Weight rows per `parallel_for` task.
 pub const ROWS_PER_TASK: usize = 32;
 
 /// Whether this backend computes this (already validated) mat_mul call.
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
-    let (dt, k, n, cols) =
-        mollm_cpu_common::mat_mul_host_layout(inputs, outputs, simd::FORMATS, "ARM")?;
+    let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "ARM")?;
+    if matches!(dt, DType::F32 | DType::F16) {
+        // mollm_cpu_common::fmatmul: any shape.
+        return Ok(());
+    }
     // The kernel depends on the column only through `col < n_cols / 4 * 4`: the first and the
     // last column cover every case.
     for c in [0, cols.saturating_sub(1)] {
@@ -40,6 +55,9 @@ pub unsafe fn run(
 ) -> Result<(), Error> {
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
+    if matches!(dt, DType::F32 | DType::F16) {
+        return mollm_cpu_common::fmatmul::run(host, inputs, outputs);
+    }
     let (k, n, cols) = (w.ne[0] as usize, w.ne[1] as usize, x.nrows() as usize);
     if n == 0 || cols == 0 || k == 0 {
         return Ok(());

@@ -11,6 +11,7 @@ use core::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
+pub mod fmatmul;
 pub mod ops;
 pub mod par;
 

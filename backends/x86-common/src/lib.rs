@@ -23,7 +23,6 @@ use mollm_cpu_common::CpuBackend;
 
 #[cfg(target_arch = "x86_64")]
 pub mod actq;
-pub mod fmatmul;
 #[cfg(target_arch = "x86_64")]
 pub mod kq512;
 pub mod matmul;

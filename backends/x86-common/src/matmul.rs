@@ -32,7 +32,7 @@ pub const FORMATS: &[DType] = &[
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
     let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "x86")?;
     if matches!(dt, DType::F32 | DType::F16) {
-        // crate::fmatmul: any shape.
+        // mollm_cpu_common::fmatmul: any shape.
         return Ok(());
     }
     for c in 0..cols.min(64) {
@@ -151,7 +151,7 @@ pub unsafe fn run_weights(
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
     if matches!(dt, DType::F32 | DType::F16) {
-        return crate::fmatmul::run(host, inputs, outputs);
+        return mollm_cpu_common::fmatmul::run(host, inputs, outputs);
     }
     let k = w.ne[0] as usize;
     let n = w.ne[1] as usize;
@@ -397,6 +397,7 @@ fn packed_tiles(isa: Isa, dt: DType, kernels: &[quant::Kernel]) -> usize {
 
 /// The packed tiles of the first `n16 * 16` activation rows (each `rb` bytes of Q8_K).
 fn pack_tiles(host: &HostApi, n16: usize, nb: usize, act: &[u8], rb: usize) -> Vec<u8> {
+    #[allow(unused_mut)]
     let mut packed = vec![0u8; n16 * nb * PACKED_BLOCK];
     #[cfg(target_arch = "x86_64")]
     if n16 > 0 {

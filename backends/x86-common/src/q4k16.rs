@@ -22,6 +22,7 @@ const D: usize = 2048 + 256;
 const DMIN: usize = 2048 + 256 + 32;
 
 const Q4_K_B: usize = 144;
+#[cfg(target_arch = "x86_64")]
 const Q8_K_B: usize = 292;
 
 /// 64-byte aligned bytes (the kernels use aligned-size lines; alignment keeps each line in

@@ -1,12 +1,14 @@
 //! `mat_mul` with F32 / F16 weights: the reference's choice and float order (ggml's AVX-512
 //! `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, or llamafile's tinyBLAS tile when the activation
-//! matrix has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`), lane for lane in 256-bit halves,
-//! so results are bit-identical to `reference::ggml::{dot_vec_f32, dot_vec_f16, dot_tile}`.
+//! matrix has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`), lane for lane, so results are
+//! bit-identical to `reference::ggml::{dot_vec_f32, dot_vec_f16, dot_tile}`. Plain Rust
+//! (`mul_add` is one fused instruction on AArch64, and on x86 inside the AVX2+FMA frame).
+
+#![allow(clippy::needless_range_loop)]
 
 use crate::par::{parallel_for, SyncPtr};
-use crate::Error;
+use crate::{split_row, Error};
 use abi::{DType, HostApi, TensorDesc};
-use mollm_cpu_common::split_row;
 
 /// Weight rows per task.
 const ROWS_PER_TASK: usize = 32;
@@ -19,7 +21,7 @@ enum Chain {
 }
 
 /// # Safety
-/// A validated, checked F32/F16 mat_mul on valid host memory; the CPU has AVX2/FMA/F16C.
+/// A validated F32/F16 mat_mul on valid host memory with packed weight rows.
 pub unsafe fn run(
     host: &HostApi,
     inputs: &[TensorDesc],
@@ -72,8 +74,7 @@ pub unsafe fn run(
             }
             for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
                 let y = &act[c * k..(c + 1) * k];
-                // SAFETY: AVX2/FMA (the caller's contract).
-                let v = unsafe { dot(chain, &wrow, y) };
+                let v = dot(chain, &wrow, y);
                 let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
                 // SAFETY: each (row, column) is written by exactly one task.
                 unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
@@ -83,46 +84,46 @@ pub unsafe fn run(
     Ok(())
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
-    use core::arch::x86_64::*;
-    let n = x.len();
-    let (xp, yp) = (x.as_ptr(), y.as_ptr());
-    // 16-lane accumulators as (low 8, high 8) halves.
-    let fma16 = |acc: &mut [__m256; 2], i: usize| {
-        acc[0] = _mm256_fmadd_ps(
-            _mm256_loadu_ps(xp.add(i)),
-            _mm256_loadu_ps(yp.add(i)),
-            acc[0],
-        );
-        acc[1] = _mm256_fmadd_ps(
-            _mm256_loadu_ps(xp.add(i + 8)),
-            _mm256_loadu_ps(yp.add(i + 8)),
-            acc[1],
-        );
-    };
-    let lanes = |acc: &[__m256; 2]| -> [f32; 16] {
-        let mut v = [0f32; 16];
-        _mm256_storeu_ps(v.as_mut_ptr(), acc[0]);
-        _mm256_storeu_ps(v.as_mut_ptr().add(8), acc[1]);
-        v
-    };
-    if chain == Chain::Tile {
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for i in (0..n).step_by(16) {
-            fma16(&mut acc, i);
+fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma_frame(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
+            dot_body(chain, x, y)
         }
-        return reduce16(&lanes(&acc));
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the features were detected.
+            return unsafe { fma_frame(chain, x, y) };
+        }
+    }
+    dot_body(chain, x, y)
+}
+
+/// One output: 16-lane FMA accumulators (four of them for the vec_dot chains), lane `l`
+/// taking elements `16i + l`, reduced as ggml reduces a zmm; then the leftovers.
+#[inline(always)]
+fn dot_body(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    if chain == Chain::Tile {
+        let mut acc = [0f32; 16];
+        for (xs, ys) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
+            for l in 0..16 {
+                acc[l] = xs[l].mul_add(ys[l], acc[l]);
+            }
+        }
+        return reduce16(&acc);
     }
     let np = n & !63;
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let mut l = [[0f32; 16]; 4];
     for i in (0..np).step_by(64) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            fma16(a, i + 16 * j);
+        for (j, a) in l.iter_mut().enumerate() {
+            for (k, acc) in a.iter_mut().enumerate() {
+                let e = i + 16 * j + k;
+                *acc = x[e].mul_add(y[e], *acc);
+            }
         }
     }
-    let mut l: [[f32; 16]; 4] = core::array::from_fn(|j| lanes(&acc[j]));
     for i in 0..16 {
         l[0][i] += l[2][i];
         l[1][i] += l[3][i];
@@ -144,11 +145,6 @@ unsafe fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
         }
         sumf as f32
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn dot(_: Chain, _: &[f32], _: &[f32]) -> f32 {
-    unreachable!("x86 kernels on another architecture")
 }
 
 /// `_mm512_reduce_add_ps` as GCC implements it (the reference's `reduce16`).
