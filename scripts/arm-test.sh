@@ -2,7 +2,7 @@
 # Cross-build mollm for aarch64-unknown-linux-gnu on an x86-64 Debian host and run the ARM
 # checks under qemu-user emulation (speed means nothing there; correctness does).
 #
-# Usage: scripts/arm-test.sh [--install] [--cpu max|cortex-a53|...]
+# Usage: scripts/arm-test.sh [--install] [--cpu max|cortex-a53|...] [--golden]
 #   --install   install the cross toolchain and qemu first (root, Debian bookworm):
 #               rustc-web + libstd-rust-web-dev:arm64 (Debian's Rust with the aarch64 std),
 #               gcc-aarch64-linux-gnu + libc6-dev-arm64-cross (linker, C runtime), qemu-user
@@ -10,6 +10,9 @@
 #               spawn `mollm` and mollm's own gate child work under emulation).
 #   --cpu C     the emulated CPU (QEMU_CPU): `max` has NEON, dotprod, i8mm; `cortex-a53` is a
 #               plain Armv8.0 core (NEON only), which proves the fallbacks.
+#   --golden    also SmolLM2's golden parity test with `--backend auto` (about 6 minutes
+#               under emulation; needs the model, scripts/fetch-models.sh).
+# Exit status 3: --install could not install the toolchain (no root or no package mirror).
 #
 # Builds into ${MOLLM_ARM_TARGET_DIR:-target/aarch64-cross} (Debian's rustc, so a separate
 # target directory from the host build), then runs: the ARM kernels' exactness tests, the
@@ -19,10 +22,12 @@ cd "$(dirname "$0")/.."
 
 CPU=max
 INSTALL=0
+GOLDEN=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --install) INSTALL=1 ;;
     --cpu) CPU="$2"; shift ;;
+    --golden) GOLDEN=1 ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "arm-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -30,10 +35,10 @@ while [[ $# -gt 0 ]]; do
 done
 
 if [[ $INSTALL == 1 ]]; then
-  dpkg --add-architecture arm64
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web libstd-rust-web-dev:arm64 \
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt >/dev/null
+  { dpkg --add-architecture arm64 && apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rustc-web libstd-rust-web-dev:arm64 \
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user qemu-user-binfmt >/dev/null; } ||
+    { echo "arm-test.sh: could not install the cross toolchain" >&2; exit 3; }
 fi
 for t in /usr/bin/rustc aarch64-linux-gnu-gcc qemu-aarch64; do
   command -v "$t" >/dev/null || { echo "arm-test.sh: $t missing (run with --install)" >&2; exit 1; }
@@ -55,3 +60,7 @@ echo "== qemu-aarch64 -cpu $CPU: mollm devices"
 "$CARGO_TARGET_DIR/$T/release/mollm" devices
 echo "== qemu-aarch64 -cpu $CPU: kernel exactness and the conformance gate"
 cargo test --release --target $T -p mollm-arm-common -p conformance
+if [[ $GOLDEN == 1 ]]; then
+  echo "== qemu-aarch64 -cpu $CPU: SmolLM2 golden parity, --backend auto"
+  MOLLM_TEST_BACKENDS=auto cargo test --release --target $T -p cli --test golden golden_smollm2
+fi

@@ -12,7 +12,8 @@ use serde_json::Value;
 use std::process::Command;
 
 /// Backends the parity tests run on: the reference, then each native backend built next to
-/// `mollm` that can run on this CPU (MOLLM_TEST_BACKENDS=a,b overrides the list).
+/// `mollm` that can run on this CPU (MOLLM_TEST_BACKENDS=a,b overrides the list; `auto` is
+/// `--backend auto`).
 fn backends() -> Vec<String> {
     let wanted = std::env::var("MOLLM_TEST_BACKENDS")
         .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512,arm-neon".into());
@@ -23,6 +24,11 @@ fn backends() -> Vec<String> {
     let devices = String::from_utf8_lossy(&devices.stdout).into_owned();
     let mut out = Vec::new();
     for name in wanted.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if name == "auto" {
+            // whatever `--backend auto` picks on this CPU
+            out.push(name.to_string());
+            continue;
+        }
         let line = devices
             .lines()
             .find(|l| l.split_whitespace().next() == Some(name));
