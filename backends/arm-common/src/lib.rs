@@ -27,6 +27,7 @@
 use abi::{HostApi, Op, OpParams, TensorDesc};
 use mollm_cpu_common::{CpuBackend, Error};
 
+pub mod kquants;
 pub mod matmul;
 pub mod simd;
 

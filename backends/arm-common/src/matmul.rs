@@ -3,15 +3,15 @@
 //! [`crate::simd`]. Only calls whose every column gets a kernel `simd::has_kernel` knows are
 //! taken; any other call is left to the next backend.
 
-use crate::simd;
 use crate::IntPath;
+use crate::{kquants, simd};
 use abi::{DType, HostApi, TensorDesc};
 use mollm_cpu_common::par::{parallel_for, SyncPtr};
 use mollm_cpu_common::split_row;
 use mollm_cpu_common::Error;
 
 /// Weight formats taken: F32/F16 (the reference's float chains, `mollm_cpu_common::fmatmul`)
-/// and those with integer kernels in [`simd`].
+/// and those with integer kernels in [`simd`] (legacy formats) and [`kquants`].
 const FORMATS: &[DType] = &[
     DType::F32,
     DType::F16,
@@ -20,6 +20,8 @@ const FORMATS: &[DType] = &[
     DType::Q5_0,
     DType::Q5_1,
     DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
 ];
 
 /// Weight rows per `parallel_for` task.
@@ -36,7 +38,7 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
     // last column cover every case.
     for c in [0, cols.saturating_sub(1)] {
         let kernel = quant::matmul_kernel(dt, k, n, cols, c);
-        if !simd::has_kernel(kernel, dt) {
+        if !simd::has_kernel(kernel, dt) && !kquants::has_kernel(kernel, dt) {
             return Err(Error::Unsupported(format!(
                 "mat_mul: no ARM {kernel:?} kernel for {dt} ({cols} columns)"
             )));
@@ -88,8 +90,11 @@ pub unsafe fn run(
             .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
     }
 
+    let kernels: Vec<quant::Kernel> = (0..cols)
+        .map(|c| quant::matmul_kernel(dt, k, n, cols, c))
+        .collect();
     let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;
-    let (act, col_index) = (&act, &col_index);
+    let (act, col_index, kernels) = (&act, &col_index, &kernels);
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
     let w_stride = w.nb[1] as usize;
     let wrb = quant::row_bytes(dt, k).expect("validated");
@@ -103,8 +108,15 @@ pub unsafe fn run(
             for r in r0..r1 {
                 // SAFETY: row r of the validated weight tensor.
                 let wrow = unsafe { core::slice::from_raw_parts(wp.0.add(r * w_stride), wrb) };
-                // SAFETY: the caller checked that the CPU runs `path`.
-                let v = unsafe { simd::vec_dot(path, dt, wrow, a) };
+                // SAFETY: the caller checked that the CPU runs `path`; `check` found a chain
+                // for every column's kernel.
+                let v = unsafe {
+                    if simd::has_kernel(kernels[c], dt) {
+                        simd::vec_dot(path, dt, wrow, a)
+                    } else {
+                        kquants::dot(path, kernels[c], dt, wrow, a)
+                    }
+                };
                 let off = r as i64 * out.nb[0] + col_off;
                 // SAFETY: each (row, column) is written by exactly one task.
                 unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };

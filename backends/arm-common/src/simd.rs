@@ -108,6 +108,27 @@ pub unsafe fn vec_dot(path: IntPath, dt: DType, w: &[u8], act: &[u8]) -> f32 {
     }
 }
 
+/// The eight quad sums of 32 elements (lane k = Σ a·b over elements 4k..4k+4), exact.
+///
+/// # Safety
+/// The CPU runs `path`; `a` and `b` hold at least 32 elements.
+pub unsafe fn quads(path: IntPath, a: &[i8], b: &[i8]) -> [i32; 8] {
+    match path {
+        IntPath::Scalar => quads_scalar(a, b),
+        #[cfg(target_arch = "aarch64")]
+        IntPath::Neon => neon::quads_neon(a, b),
+        #[cfg(target_arch = "aarch64")]
+        IntPath::Dotprod => neon::quads_sdot(a, b),
+        #[cfg(not(target_arch = "aarch64"))]
+        _ => unreachable!("{path:?} on a CPU that is not AArch64"),
+    }
+}
+
+/// [`quads`] in plain Rust.
+pub fn quads_scalar(a: &[i8], b: &[i8]) -> [i32; 8] {
+    core::array::from_fn(|k| (4 * k..4 * k + 4).map(|e| a[e] as i32 * b[e] as i32).sum())
+}
+
 /// The scalar twin: portable, and what the SIMD paths are tested against (with
 /// `quant::vec_dot`, the reference itself).
 pub fn vec_dot_scalar(dt: DType, w: &[u8], act: &[u8]) -> f32 {
@@ -216,6 +237,34 @@ mod neon {
         vst1q_f32(lanes.as_mut_ptr(), acc0);
         vst1q_f32(lanes.as_mut_ptr().add(4), acc1);
         hsum_float_8(&lanes) + if q8_1 { summs } else { 0.0 }
+    }
+
+    #[target_feature(enable = "neon")]
+    pub unsafe fn quads_neon(a: &[i8], b: &[i8]) -> [i32; 8] {
+        assert!(a.len() >= 32 && b.len() >= 32);
+        let mut out = [0i32; 8];
+        for h in 0..2 {
+            let l = lanes_neon(
+                vld1q_s8(a.as_ptr().add(16 * h)),
+                vld1q_s8(b.as_ptr().add(16 * h)),
+            );
+            vst1q_s32(out.as_mut_ptr().add(4 * h), l);
+        }
+        out
+    }
+
+    #[target_feature(enable = "neon,dotprod")]
+    pub unsafe fn quads_sdot(a: &[i8], b: &[i8]) -> [i32; 8] {
+        assert!(a.len() >= 32 && b.len() >= 32);
+        let mut out = [0i32; 8];
+        for h in 0..2 {
+            let l = lanes_sdot(
+                vld1q_s8(a.as_ptr().add(16 * h)),
+                vld1q_s8(b.as_ptr().add(16 * h)),
+            );
+            vst1q_s32(out.as_mut_ptr().add(4 * h), l);
+        }
+        out
     }
 
     #[target_feature(enable = "neon")]

@@ -94,3 +94,72 @@ fn header_is_well_formed_and_scores_by_architecture() {
     let s = (t.score.unwrap())();
     assert_eq!(s > 0, cfg!(target_arch = "aarch64"));
 }
+
+/// The K-quant and repack chains: every kernel of Q4_K, Q6_K and the Q4_0 repack chain on
+/// every available integer path, against `quant::dot_with` (the reference), bit for bit; odd
+/// weight rows are random bytes (any scale, min and code).
+#[test]
+fn k_quant_chains_match_the_reference_bit_for_bit() {
+    use mollm_arm_common::kquants;
+    use quant::Kernel;
+    let paths: Vec<IntPath> = [IntPath::Scalar, IntPath::Neon, IntPath::Dotprod]
+        .into_iter()
+        .filter(|p| p.available())
+        .collect();
+    let mut rng = Lcg(11);
+    let mut checked = 0;
+    for dt in [DType::Q4_K, DType::Q6_K, DType::Q4_0] {
+        let bl = dt.info().block_len as usize;
+        for &blocks in &[1usize, 3, 6] {
+            let n = bl * blocks;
+            for trial in 0..6 {
+                let w: Vec<f32> = (0..n).map(|_| rng.next() * 0.7).collect();
+                let mut wq = row(dt, &w);
+                if trial % 2 == 1 {
+                    for b in wq.iter_mut() {
+                        *b = (rng.next() * 127.0 + 128.0) as u8;
+                    }
+                    if dt == DType::Q6_K || dt == DType::Q4_0 {
+                        // keep the f16 scales finite
+                        let bb = dt.info().block_bytes as usize;
+                        let off = if dt == DType::Q6_K { 208 } else { 0 };
+                        for blk in wq.chunks_exact_mut(bb) {
+                            blk[off..off + 2].copy_from_slice(&0x2E66u16.to_le_bytes());
+                        }
+                    } else {
+                        for blk in wq.chunks_exact_mut(144) {
+                            blk[0..2].copy_from_slice(&0x2E66u16.to_le_bytes());
+                            blk[2..4].copy_from_slice(&0x2A00u16.to_le_bytes());
+                        }
+                    }
+                }
+                let x: Vec<f32> = (0..n).map(|_| rng.next() * 3.0).collect();
+                for kernel in [
+                    Kernel::VecDot,
+                    Kernel::RepackGemv,
+                    Kernel::RepackGemm,
+                    Kernel::Tiled,
+                ] {
+                    if !kquants::has_kernel(kernel, dt) {
+                        continue;
+                    }
+                    let vt = quant::vec_dot_type(dt);
+                    let mut act = vec![0u8; quant::row_bytes(vt, n).unwrap()];
+                    quant::quantize_activations_for(kernel, dt, &x, &mut act).unwrap();
+                    let want = quant::dot_with(kernel, dt, n, &wq, &act);
+                    for &p in &paths {
+                        // SAFETY: `p` is available on this CPU.
+                        let got = unsafe { kquants::dot(p, kernel, dt, &wq, &act) };
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{dt} {kernel:?} {p:?}, {blocks} blocks, trial {trial}: {got} vs {want}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{checked} outputs bit-identical");
+}
