@@ -6,6 +6,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
+use crate::ops::reduce16;
 use crate::par::{parallel_for, SyncPtr};
 use crate::{split_row, Error};
 use abi::{DType, HostApi, TensorDesc};
@@ -100,6 +101,13 @@ fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
     dot_body(chain, x, y)
 }
 
+/// `ggml_vec_dot_f32` (AVX-512 build): also the attention scores' dot product in
+/// [`crate::ops`].
+#[inline(always)]
+pub(crate) fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    dot_body(Chain::VecF32, x, y)
+}
+
 /// One output: 16-lane FMA accumulators (four of them for the vec_dot chains), lane `l`
 /// taking elements `16i + l`, reduced as ggml reduces a zmm; then the leftovers.
 #[inline(always)]
@@ -145,12 +153,4 @@ fn dot_body(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
         }
         sumf as f32
     }
-}
-
-/// `_mm512_reduce_add_ps` as GCC implements it (the reference's `reduce16`).
-#[inline(always)]
-fn reduce16(v: &[f32; 16]) -> f32 {
-    let t8: [f32; 8] = core::array::from_fn(|i| v[i + 8] + v[i]);
-    let t4: [f32; 4] = core::array::from_fn(|i| t8[i + 4] + t8[i]);
-    (t4[0] + t4[2]) + (t4[1] + t4[3])
 }

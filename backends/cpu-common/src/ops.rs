@@ -293,7 +293,7 @@ unsafe fn for_rows<F: Fn(i64)>(host: &HostApi, nrows: i64, row_len: i64, f: F) {
 
 /// `_mm512_reduce_add_ps` as GCC implements it.
 #[inline(always)]
-fn reduce16(v: &[f32; 16]) -> f32 {
+pub(crate) fn reduce16(v: &[f32; 16]) -> f32 {
     let mut t8 = [0f32; 8];
     for i in 0..8 {
         t8[i] = v[i + 8] + v[i];
@@ -908,38 +908,12 @@ unsafe fn dot_vec_f32(isa: Isa, x: *const f32, y: *const f32, n: usize) -> f32 {
         Isa::Avx512 => dot512(x, y, n),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => dot256(x, y, n),
-        _ => dot_portable(x, y, n),
+        // SAFETY: `n` floats at `x` and at `y` (the caller's contract).
+        _ => crate::fmatmul::vec_dot_f32(
+            core::slice::from_raw_parts(x, n),
+            core::slice::from_raw_parts(y, n),
+        ),
     }
-}
-
-/// [`dot512`] lane by lane in plain Rust: accumulator `j`, lane `l` takes the products of
-/// elements `64i + 16j + l`; then `GGML_F32x16_REDUCE` and the FMA leftovers.
-#[inline(always)]
-unsafe fn dot_portable(x: *const f32, y: *const f32, n: usize) -> f32 {
-    let np = n & !63;
-    let mut a = [[0f32; 16]; 4];
-    let mut i = 0;
-    while i < np {
-        for j in 0..4 {
-            for l in 0..16 {
-                let e = i + 16 * j + l;
-                a[j][l] = (*x.add(e)).mul_add(*y.add(e), a[j][l]);
-            }
-        }
-        i += 64;
-    }
-    for l in 0..16 {
-        a[0][l] += a[2][l];
-        a[1][l] += a[3][l];
-    }
-    for l in 0..16 {
-        a[0][l] += a[1][l];
-    }
-    let mut sumf = reduce16(&a[0]);
-    for i in np..n {
-        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
-    }
-    sumf
 }
 
 #[cfg(target_arch = "x86_64")]
