@@ -12,7 +12,7 @@
 //! prompts), so the integer stage can move to repacked weights and SMMLA later without
 //! touching the float chains.
 
-use crate::simd::quads;
+use crate::simd::{act_block, hsum_float_8, quads, unpack};
 use crate::IntPath;
 use abi::DType;
 use quant::{fp16_to_f32, scale_min_k4, Block, BlockQ4K, BlockQ6K, BlockQ8K, Kernel};
@@ -56,12 +56,6 @@ fn blocks<B: Block>(b: &[u8]) -> impl Iterator<Item = B> + '_ {
 #[inline(always)]
 unsafe fn group_quads(path: IntPath, a: &[i8; 256], y: &[i8; 256]) -> [[i32; 8]; 8] {
     core::array::from_fn(|g| quads(path, &a[32 * g..32 * g + 32], &y[32 * g..32 * g + 32]))
-}
-
-#[inline(always)]
-fn hsum_float_8(x: &[f32; 8]) -> f32 {
-    let r = [x[4] + x[0], x[5] + x[1], x[6] + x[2], x[7] + x[3]];
-    (r[0] + r[2]) + (r[1] + r[3])
 }
 
 /// Per 32-element sub-block: `sc[s] · Σ q·q8` and `m[s] · (bsums[2s] + bsums[2s+1])`.
@@ -201,15 +195,11 @@ unsafe fn q6k_tiled(path: IntPath, w: &[u8], act: &[u8]) -> f32 {
 unsafe fn q4_0_repack(path: IntPath, w: &[u8], act: &[u8]) -> f32 {
     let mut acc = 0f32;
     for (x, y) in w.chunks_exact(18).zip(act.chunks_exact(34)) {
-        let mut a = [0i8; 32];
-        for j in 0..16 {
-            a[j] = (x[2 + j] & 0x0F) as i8 - 8;
-            a[j + 16] = (x[2 + j] >> 4) as i8 - 8;
-        }
-        let b: [i8; 32] = core::array::from_fn(|e| y[2 + e] as i8);
+        let (a, dx, _) = unpack(DType::Q4_0, x);
+        let (dy, _, qa) = act_block(false, y);
+        let b: [i8; 32] = core::array::from_fn(|e| qa[e] as i8);
         let sumi: i32 = quads(path, &a, &b).iter().sum();
-        let d = fp16_to_f32(u16::from_le_bytes([x[0], x[1]]))
-            * fp16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+        let d = dx * dy;
         acc = (sumi as f32).mul_add(d, acc);
     }
     acc

@@ -35,7 +35,7 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
 
 /// A weight block's 32 integers, its scale and (Q4_1/Q5_1) its minimum.
 #[inline(always)]
-fn unpack(dt: DType, b: &[u8]) -> ([i8; 32], f32, f32) {
+pub(crate) fn unpack(dt: DType, b: &[u8]) -> ([i8; 32], f32, f32) {
     let mut q = [0i8; 32];
     let d = f16_at(b, 0);
     let nib = |qs: &[u8], q: &mut [i8; 32], hi: u32, off: i8| {
@@ -76,7 +76,7 @@ fn unpack(dt: DType, b: &[u8]) -> ([i8; 32], f32, f32) {
 
 /// Activation block: (scale, Q8_1 sum term `s` or 0, the 32 integers).
 #[inline(always)]
-fn act_block(q8_1: bool, b: &[u8]) -> (f32, f32, &[u8]) {
+pub(crate) fn act_block(q8_1: bool, b: &[u8]) -> (f32, f32, &[u8]) {
     if q8_1 {
         (f16_at(b, 0), f16_at(b, 2), &b[4..36])
     } else {
@@ -86,7 +86,7 @@ fn act_block(q8_1: bool, b: &[u8]) -> (f32, f32, &[u8]) {
 
 /// ggml's `hsum_float_8`.
 #[inline(always)]
-fn hsum_float_8(x: &[f32; 8]) -> f32 {
+pub(crate) fn hsum_float_8(x: &[f32; 8]) -> f32 {
     let r = [x[4] + x[0], x[5] + x[1], x[6] + x[2], x[7] + x[3]];
     (r[0] + r[2]) + (r[1] + r[3])
 }

@@ -413,32 +413,6 @@ unsafe fn gemm_q4k_t16<const R: usize>(
     }
 }
 
-/// [`gemm_q4k_t16`] over `nr` rows, two at a time.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI, F16C; `w` covers `nr` rows of `nb` Q4_K blocks at
-/// stride `ws`; `p` is a packed tile of `nb` blocks (64-byte aligned); `out` covers
-/// `15 * ostride + nr` floats.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn gemm_q4k_t16_avx512(
-    w: *const u8,
-    ws: usize,
-    nr: usize,
-    p: *const u8,
-    nb: usize,
-    out: *mut f32,
-    ostride: usize,
-) {
-    let mut r = 0;
-    while r + 2 <= nr {
-        gemm_q4k_t16::<2>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
-        r += 2;
-    }
-    if r < nr {
-        gemm_q4k_t16::<1>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
-    }
-}
-
 /// The tiled matmul's Q6_K chain (quant's `Tiled`) for `R` weight rows against one packed
 /// 16-column tile: per block `res = f32(Σ_g sc_g·(dot_g - 32·bsum_g)) · d`, `acc = fma(res,
 /// yd, acc)`, one column per lane, written to `out[c * ostride + r]`.
@@ -505,12 +479,15 @@ unsafe fn gemm_q6k_t16<const R: usize>(
     }
 }
 
-/// [`gemm_q6k_t16`] over `nr` rows, two at a time.
+/// [`gemm_q4k_t16`] (`dt` Q4_K) or [`gemm_q6k_t16`] (Q6_K) over `nr` rows, two at a time.
 ///
 /// # Safety
-/// As [`gemm_q4k_t16_avx512`], with Q6_K rows.
+/// The CPU has AVX-512 F/BW/VL/VNNI, F16C; `w` covers `nr` rows of `nb` blocks of `dt` at
+/// stride `ws`; `p` is a packed tile of `nb` blocks; `out` covers `15 * ostride + nr` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn gemm_q6k_t16_avx512(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_t16_avx512(
+    dt: abi::DType,
     w: *const u8,
     ws: usize,
     nr: usize,
@@ -519,12 +496,23 @@ pub unsafe fn gemm_q6k_t16_avx512(
     out: *mut f32,
     ostride: usize,
 ) {
+    let q4k = dt == abi::DType::Q4_K;
     let mut r = 0;
     while r + 2 <= nr {
-        gemm_q6k_t16::<2>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
+        let (wr, o) = (w.add(r * ws), out.add(r));
+        if q4k {
+            gemm_q4k_t16::<2>(wr, ws, p, nb, o, ostride)
+        } else {
+            gemm_q6k_t16::<2>(wr, ws, p, nb, o, ostride)
+        }
         r += 2;
     }
     if r < nr {
-        gemm_q6k_t16::<1>(w.add(r * ws), ws, p, nb, out.add(r), ostride);
+        let (wr, o) = (w.add(r * ws), out.add(r));
+        if q4k {
+            gemm_q4k_t16::<1>(wr, ws, p, nb, o, ostride)
+        } else {
+            gemm_q6k_t16::<1>(wr, ws, p, nb, o, ostride)
+        }
     }
 }

@@ -302,7 +302,7 @@ const PACKED_BLOCK: usize = 0;
 const PACKED_COLS: usize = 16;
 
 /// # Safety
-/// As `kq512::gemm_q4k_t16_avx512`; `dt` is Q4_K or Q6_K.
+/// As `kq512::gemm_t16_avx512`; `dt` is Q4_K or Q6_K.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_packed(
     dt: DType,
@@ -315,11 +315,7 @@ unsafe fn gemm_packed(
     ostride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if dt == DType::Q4_K {
-        crate::kq512::gemm_q4k_t16_avx512(w, ws, nr, tile, nb, out, ostride)
-    } else {
-        crate::kq512::gemm_q6k_t16_avx512(w, ws, nr, tile, nb, out, ostride)
-    }
+    crate::kq512::gemm_t16_avx512(dt, w, ws, nr, tile, nb, out, ostride);
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
         "packed tiles are x86-64 only: {dt} {w:?} {ws} {nr} {tile:?} {nb} {out:?} {ostride}"

@@ -258,6 +258,60 @@ fn tables() -> Vec<(Isa, &'static BackendTable)> {
     v
 }
 
+/// `mat_mul` of weight `wd` with `x` (`k x cols`) on the reference and on `me` (given `wme`:
+/// `wd` itself or the descriptor `me` prepared from it): `me` must accept the call and match
+/// bit for bit; a prepared weight must be refused by the reference.
+#[allow(clippy::too_many_arguments)]
+fn check_mat_mul(
+    refi: &Instance,
+    me: &Instance,
+    wd: TensorDesc,
+    wme: TensorDesc,
+    x: &mut [f32],
+    (k, n, cols): (usize, usize, usize),
+    label: &str,
+) {
+    let xd = f32_desc(x, &[k as i64, cols as i64]);
+    let mut want = vec![0f32; n * cols];
+    let mut got = vec![f32::NAN; n * cols];
+    let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
+    let od = f32_desc(&mut got, &[n as i64, cols as i64]);
+    let p = OpParams::default();
+    let (ins_ref, ins, outs_ref, outs) = ([wd, xd], [wme, xd], [od_ref], [od]);
+    let call_ref = OpCall::new(Op::MatMul, &ins_ref, &outs_ref, p);
+    assert_eq!(
+        refi.run(&call_ref),
+        Status::Ok,
+        "reference: {}",
+        mollm_x86_common::last_error_string(&reference::TABLE, refi.ctx)
+    );
+    if wme.buffer != 0 {
+        let foreign = OpCall::new(Op::MatMul, &ins, &outs_ref, p);
+        assert_ne!(
+            refi.run(&foreign),
+            Status::Ok,
+            "the reference took a prepared weight"
+        );
+    }
+    let call = OpCall::new(Op::MatMul, &ins, &outs, p);
+    assert_eq!(me.supports(&call), Status::Ok, "{label} cols {cols}");
+    assert_eq!(
+        me.run(&call),
+        Status::Ok,
+        "{}",
+        mollm_x86_common::last_error_string(me.table, me.ctx)
+    );
+    for i in 0..n * cols {
+        assert_eq!(
+            got[i].to_bits(),
+            want[i].to_bits(),
+            "{label} {k}x{n} cols {cols} elem {i}: {} vs {}",
+            got[i],
+            want[i]
+        );
+    }
+}
+
 #[test]
 fn mat_mul_matches_reference_backend_bit_for_bit() {
     let host = reference::scoped_threads_host(2);
@@ -281,42 +335,15 @@ fn mat_mul_matches_reference_backend_bit_for_bit() {
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
             for cols in [1usize, 2, 3, 4, 5, 7, 8, 9, 17, 35, 50] {
                 let mut x = rng.data(k * cols, 1.0);
-                let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
-                let mut want = vec![0f32; n * cols];
-                let mut got = vec![f32::NAN; n * cols];
-                let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
-                let od = f32_desc(&mut got, &[n as i64, cols as i64]);
-                let p = OpParams::default();
-                let (ins, outs_ref, outs) = ([wd, xd], [od_ref], [od]);
-                let call_ref = OpCall::new(Op::MatMul, &ins, &outs_ref, p);
-                let call = OpCall::new(Op::MatMul, &ins, &outs, p);
-                assert_eq!(
-                    refi.run(&call_ref),
-                    Status::Ok,
-                    "reference: {}",
-                    mollm_x86_common::last_error_string(&reference::TABLE, refi.ctx)
+                check_mat_mul(
+                    &refi,
+                    &me,
+                    wd,
+                    wd,
+                    &mut x,
+                    (k, n, cols),
+                    &format!("{isa:?} {dt}"),
                 );
-                assert_eq!(
-                    me.supports(&call),
-                    Status::Ok,
-                    "{isa:?} {dt} {k}x{n} cols {cols}"
-                );
-                let st = me.run(&call);
-                assert_eq!(
-                    st,
-                    Status::Ok,
-                    "{}",
-                    mollm_x86_common::last_error_string(table, me.ctx)
-                );
-                for i in 0..n * cols {
-                    assert_eq!(
-                        got[i].to_bits(),
-                        want[i].to_bits(),
-                        "{isa:?} {dt} {k}x{n} cols {cols} elem {i}: {} vs {}",
-                        got[i],
-                        want[i]
-                    );
-                }
             }
         }
     }
@@ -384,36 +411,7 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
             assert_ne!(pd.buffer, 0);
             for cols in [1usize, 2, 3, 4, 5, 8, 16, 17, 20, 33, 35] {
                 let mut x = rng.data(k * cols, 1.0);
-                let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
-                let mut want = vec![0f32; n * cols];
-                let mut got = vec![f32::NAN; n * cols];
-                let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
-                let od = f32_desc(&mut got, &[n as i64, cols as i64]);
-                let p = OpParams::default();
-                let (ins_ref, ins, outs_ref, outs) = ([wd, xd], [pd, xd], [od_ref], [od]);
-                let call_ref = OpCall::new(Op::MatMul, &ins_ref, &outs_ref, p);
-                let call = OpCall::new(Op::MatMul, &ins, &outs, p);
-                assert_eq!(refi.run(&call_ref), Status::Ok);
-                // the reference refuses a weight it did not prepare
-                let foreign = OpCall::new(Op::MatMul, &ins, &outs_ref, p);
-                assert_ne!(refi.run(&foreign), Status::Ok);
-                assert_eq!(me.supports(&call), Status::Ok, "{k}x{n} cols {cols}");
-                let st = me.run(&call);
-                assert_eq!(
-                    st,
-                    Status::Ok,
-                    "{}",
-                    mollm_x86_common::last_error_string(table, me.ctx)
-                );
-                for i in 0..n * cols {
-                    assert_eq!(
-                        got[i].to_bits(),
-                        want[i].to_bits(),
-                        "prepared {k}x{n} cols {cols} elem {i}: {} vs {}",
-                        got[i],
-                        want[i]
-                    );
-                }
+                check_mat_mul(&refi, &me, wd, pd, &mut x, (k, n, cols), "prepared");
             }
             // a handle this instance never gave out, and a freed one, are refused
             let mut bogus = pd;
@@ -457,29 +455,15 @@ fn float_mat_mul_matches_reference_backend_bit_for_bit() {
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
             for cols in [1usize, 2, 5, 17] {
                 let mut x = rng.data(k * cols, 1.0);
-                let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
-                let mut want = vec![0f32; n * cols];
-                let mut got = vec![f32::NAN; n * cols];
-                let (od_ref, od) = (
-                    f32_desc(&mut want, &[n as i64, cols as i64]),
-                    f32_desc(&mut got, &[n as i64, cols as i64]),
+                check_mat_mul(
+                    &refi,
+                    &me,
+                    wd,
+                    wd,
+                    &mut x,
+                    (k, n, cols),
+                    &format!("{isa:?} {dt}"),
                 );
-                let (ins, outs_ref, outs) = ([wd, xd], [od_ref], [od]);
-                let p = OpParams::default();
-                assert_eq!(
-                    refi.run(&OpCall::new(Op::MatMul, &ins, &outs_ref, p)),
-                    Status::Ok
-                );
-                let call = OpCall::new(Op::MatMul, &ins, &outs, p);
-                assert_eq!(me.supports(&call), Status::Ok, "{isa:?} {dt}");
-                assert_eq!(me.run(&call), Status::Ok);
-                for i in 0..n * cols {
-                    assert_eq!(
-                        got[i].to_bits(),
-                        want[i].to_bits(),
-                        "{isa:?} {dt} {k}x{n} cols {cols} elem {i}"
-                    );
-                }
             }
         }
     }

@@ -146,20 +146,7 @@ fn same(c: &Case, host: &abi::HostApi, label: &str) -> bool {
 #[test]
 fn every_native_op_matches_reference_bit_for_bit() {
     let host = reference::scoped_threads_host(2);
-    let ops = [
-        Op::Attention,
-        Op::Glu,
-        Op::RmsNorm,
-        Op::Rope,
-        Op::Add,
-        Op::Mul,
-        Op::Scale,
-        Op::GetRows,
-        Op::SetRows,
-        Op::Softmax,
-        Op::Argmax,
-    ];
-    for op in ops {
+    for &op in mollm_cpu_common::ops::OPS {
         let mut n_supported = 0;
         for seed in 0..120 {
             let c = case(op, seed);
