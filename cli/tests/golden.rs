@@ -16,7 +16,7 @@ use std::process::Command;
 /// `--backend auto`).
 fn backends() -> Vec<String> {
     let wanted = std::env::var("MOLLM_TEST_BACKENDS")
-        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512,arm-neon".into());
+        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512,arm-neon,arm-i8mm".into());
     let devices = Command::new(env!("CARGO_BIN_EXE_mollm"))
         .arg("devices")
         .output()

@@ -71,3 +71,8 @@ fn x86_avx512_conforms() {
 fn arm_neon_conforms() {
     check("mollm_arm_neon");
 }
+
+#[test]
+fn arm_i8mm_conforms() {
+    check("mollm_arm_i8mm");
+}

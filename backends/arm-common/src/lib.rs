@@ -1,5 +1,5 @@
-//! Shared code of mollm's native AArch64 CPU backends (`mollm-arm-neon`; `mollm-arm-i8mm` is
-//! to follow).
+//! Shared code of mollm's native AArch64 CPU backends, `mollm-arm-neon` (NEON baseline, SDOT
+//! where the CPU has dotprod) and `mollm-arm-i8mm` (requires i8mm: SMMLA tiles for prompts).
 //!
 //! Like the x86 backends, the kernels reproduce the reference's numerics bit for bit (which are
 //! llama.cpp's x86 numerics): the same kernel choice per output column
@@ -9,26 +9,25 @@
 //! `vec_dot` for the legacy formats keeps eight int32 lanes, lane k summing elements
 //! 4k..4k+4 of a block; SDOT (dotprod) yields exactly those lanes, and the NEON baseline
 //! builds them with SMULL + pairwise adds. The float stage (one FMA per lane per block, then
-//! `hsum_float_8`) is the same per lane on both ISAs.
+//! `hsum_float_8`) is the same per lane on both ISAs. The chains whose integers are sums over
+//! 16 or 32 elements (ggml's repack GEMV/GEMM, the tiled K-quant matmul) run on 2-row ×
+//! 2-column tiles ([`mmla`]), by SMMLA on `arm-i8mm`.
 //!
-//! Implemented so far: `mat_mul` for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights wherever ggml's
-//! x86 build runs `vec_dot` or llamafile's tinyBLAS (the same per-element chain): decode for
-//! all five, prompts for all but Q4_0 rows in the repack buffer; and every other op of the
-//! x86 backends (attention over f32 caches, glu, rms_norm, rope, softmax, add, mul, scale,
-//! get_rows, set_rows, argmax) through the portable variant of `mollm_cpu_common::ops`,
-//! bit-identical to the reference. K-quant and repack matmuls answer `Unsupported` in
-//! `supports`, so the host runs them on the next backend (the reference), and `mollm ops`
-//! says so.
+//! `mat_mul` covers F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K with every chain
+//! ggml's x86 build picks ([`matmul`]); every other op of the x86 backends (attention over f32
+//! caches, glu, rms_norm, rope, softmax, add, mul, scale, get_rows, set_rows, argmax) runs
+//! through the portable variant of `mollm_cpu_common::ops`, bit-identical to the reference.
 //!
 //! Run-time feature detection picks the path ([`IntPath`]); nothing needs a global
 //! `-C target-cpu`, and on other architectures the crate builds with the scalar path only and
-//! the backend scores 0.
+//! both backends score 0.
 
 use abi::{HostApi, Op, OpParams, TensorDesc};
 use mollm_cpu_common::{CpuBackend, Error};
 
 pub mod kquants;
 pub mod matmul;
+pub mod mmla;
 pub mod simd;
 
 /// How a kernel computes its integer lanes.
@@ -40,10 +39,13 @@ pub enum IntPath {
     Neon,
     /// NEON + SDOT (Armv8.2 dotprod).
     Dotprod,
+    /// SDOT, and SMMLA (Armv8.6 i8mm) for 2×2 tiles ([`mmla::pair_halves`]).
+    I8mm,
 }
 
 impl IntPath {
-    /// The best path this CPU runs (detected at run time, cached).
+    /// The best path of `arm-neon` on this CPU (detected at run time, cached): never
+    /// [`IntPath::I8mm`], which is `arm-i8mm`'s.
     pub fn detect() -> IntPath {
         #[cfg(target_arch = "aarch64")]
         {
@@ -69,19 +71,46 @@ impl IntPath {
             IntPath::Scalar => true,
             IntPath::Neon => cfg!(target_arch = "aarch64"),
             IntPath::Dotprod => IntPath::detect() == IntPath::Dotprod,
+            IntPath::I8mm => has_i8mm(),
         }
     }
 }
 
-/// The `arm-neon` backend: NEON baseline, SDOT where the CPU has it.
-pub struct ArmNeon;
+/// Whether the CPU has dotprod and i8mm (every i8mm core has dotprod; both are checked).
+fn has_i8mm() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        IntPath::detect() == IntPath::Dotprod && std::arch::is_aarch64_feature_detected!("i8mm")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}
 
-impl CpuBackend for ArmNeon {
+/// The ARM backends: `Arm<false>` is `arm-neon` (NEON baseline, SDOT where the CPU has it),
+/// `Arm<true>` is `arm-i8mm` (SDOT GEMV for decode, SMMLA tiles for prompts; opens only where
+/// the CPU has i8mm).
+pub struct Arm<const I8MM: bool>;
+
+impl<const I8MM: bool> Arm<I8MM> {
+    /// The path this backend runs on this CPU ([`IntPath::Scalar`]: it cannot run here).
+    fn path() -> IntPath {
+        match (I8MM, has_i8mm()) {
+            (false, _) => IntPath::detect(),
+            (true, true) => IntPath::I8mm,
+            (true, false) => IntPath::Scalar,
+        }
+    }
+}
+
+impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
     fn score() -> u32 {
-        match IntPath::detect() {
+        match Self::path() {
             IntPath::Scalar => 0,
             IntPath::Neon => 10,
             IntPath::Dotprod => 15,
+            IntPath::I8mm => 20,
         }
     }
 
@@ -92,10 +121,12 @@ impl CpuBackend for ArmNeon {
         params: &OpParams,
     ) -> Result<(), Error> {
         abi::validate(op, inputs, outputs, params).map_err(Error::Invalid)?;
-        if IntPath::detect() == IntPath::Scalar {
-            return Err(Error::Unsupported(
-                "arm-neon: this CPU is not AArch64".into(),
-            ));
+        if Self::path() == IntPath::Scalar {
+            return Err(Error::Unsupported(if I8MM {
+                "arm-i8mm: this CPU lacks i8mm".into()
+            } else {
+                "arm-neon: this CPU is not AArch64".into()
+            }));
         }
         match op {
             Op::MatMul => matmul::check(inputs, outputs),
@@ -113,7 +144,7 @@ impl CpuBackend for ArmNeon {
         params: &OpParams,
     ) -> Result<(), Error> {
         match op {
-            Op::MatMul => matmul::run(IntPath::detect(), host, inputs, outputs),
+            Op::MatMul => matmul::run(Self::path(), host, inputs, outputs),
             _ => mollm_cpu_common::ops::run(
                 mollm_cpu_common::ops::Isa::Portable,
                 host,
@@ -126,9 +157,17 @@ impl CpuBackend for ArmNeon {
     }
 }
 
-pub static TABLE_NEON: abi::BackendTable = mollm_cpu_common::table::<ArmNeon>();
+pub static TABLE_NEON: abi::BackendTable = mollm_cpu_common::table::<Arm<false>>();
+pub static TABLE_I8MM: abi::BackendTable = mollm_cpu_common::table::<Arm<true>>();
 
 /// What `mollm_arm_neon`'s `mollm_backend_entry` returns. It requires NEON only (dotprod is
 /// used when present).
 pub static HEADER_NEON: abi::BackendHeader =
     mollm_cpu_common::header(c"arm-neon".as_ptr(), abi::cpu::ARM_NEON, &TABLE_NEON);
+
+/// What `mollm_arm_i8mm`'s `mollm_backend_entry` returns: it requires NEON, dotprod and i8mm.
+pub static HEADER_I8MM: abi::BackendHeader = mollm_cpu_common::header(
+    c"arm-i8mm".as_ptr(),
+    abi::cpu::ARM_NEON | abi::cpu::ARM_DOTPROD | abi::cpu::ARM_I8MM,
+    &TABLE_I8MM,
+);

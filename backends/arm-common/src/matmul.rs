@@ -98,28 +98,58 @@ pub unsafe fn run(
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
     let w_stride = w.nb[1] as usize;
     let wrb = quant::row_bytes(dt, k).expect("validated");
+    let wrow = |r: usize| {
+        // SAFETY: row r of the validated weight tensor.
+        unsafe { core::slice::from_raw_parts(wp.0.add(r * w_stride), wrb) }
+    };
+    let put = |r: usize, c: usize, v: f32| {
+        let (i1, i2, i3) = col_index[c];
+        let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+        // SAFETY: each (row, column) is written by exactly one task.
+        unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+    };
     parallel_for(host, n_tasks, |t| {
         let r0 = t as usize * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(n);
-        for c in 0..cols {
+        let one = |r: usize, c: usize| {
             let a = &act[c * rb..(c + 1) * rb];
-            let (i1, i2, i3) = col_index[c];
-            let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
-            for r in r0..r1 {
-                // SAFETY: row r of the validated weight tensor.
-                let wrow = unsafe { core::slice::from_raw_parts(wp.0.add(r * w_stride), wrb) };
-                // SAFETY: the caller checked that the CPU runs `path`; `check` found a chain
-                // for every column's kernel.
-                let v = unsafe {
-                    if simd::has_kernel(kernels[c], dt) {
-                        simd::vec_dot(path, dt, wrow, a)
-                    } else {
-                        kquants::dot(path, kernels[c], dt, wrow, a)
+            // SAFETY: the caller checked that the CPU runs `path`; `check` found a chain for
+            // every column's kernel.
+            let v = unsafe {
+                if simd::has_kernel(kernels[c], dt) {
+                    simd::vec_dot(path, dt, wrow(r), a)
+                } else {
+                    kquants::dot(path, kernels[c], dt, wrow(r), a)
+                }
+            };
+            put(r, c, v);
+        };
+        let mut c = 0;
+        while c < cols {
+            let kernel = kernels[c];
+            if c + 1 < cols && kernels[c + 1] == kernel && kquants::has_tile(kernel, dt) {
+                // Two columns, two rows at a time (SMMLA on arm-i8mm); an odd last row alone.
+                let acts = [&act[c * rb..(c + 1) * rb], &act[(c + 1) * rb..(c + 2) * rb]];
+                let mut r = r0;
+                while r + 1 < r1 {
+                    // SAFETY: as above.
+                    let v =
+                        unsafe { kquants::tile(path, kernel, dt, [wrow(r), wrow(r + 1)], acts) };
+                    for (i, v) in v.into_iter().enumerate() {
+                        put(r + i / 2, c + i % 2, v);
                     }
-                };
-                let off = r as i64 * out.nb[0] + col_off;
-                // SAFETY: each (row, column) is written by exactly one task.
-                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+                    r += 2;
+                }
+                if r < r1 {
+                    one(r, c);
+                    one(r, c + 1);
+                }
+                c += 2;
+            } else {
+                for r in r0..r1 {
+                    one(r, c);
+                }
+                c += 1;
             }
         }
     });

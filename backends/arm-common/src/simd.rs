@@ -102,7 +102,7 @@ pub unsafe fn vec_dot(path: IntPath, dt: DType, w: &[u8], act: &[u8]) -> f32 {
         #[cfg(target_arch = "aarch64")]
         IntPath::Neon => neon::vec_dot_neon(dt, w, act),
         #[cfg(target_arch = "aarch64")]
-        IntPath::Dotprod => neon::vec_dot_dotprod(dt, w, act),
+        IntPath::Dotprod | IntPath::I8mm => neon::vec_dot_dotprod(dt, w, act),
         #[cfg(not(target_arch = "aarch64"))]
         _ => unreachable!("{path:?} on a CPU that is not AArch64"),
     }
@@ -118,7 +118,7 @@ pub unsafe fn quads(path: IntPath, a: &[i8], b: &[i8]) -> [i32; 8] {
         #[cfg(target_arch = "aarch64")]
         IntPath::Neon => neon::quads_neon(a, b),
         #[cfg(target_arch = "aarch64")]
-        IntPath::Dotprod => neon::quads_sdot(a, b),
+        IntPath::Dotprod | IntPath::I8mm => neon::quads_sdot(a, b),
         #[cfg(not(target_arch = "aarch64"))]
         _ => unreachable!("{path:?} on a CPU that is not AArch64"),
     }

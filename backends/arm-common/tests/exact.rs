@@ -8,6 +8,13 @@ use abi::DType;
 use mollm_arm_common::simd::{vec_dot, vec_dot_scalar, FORMATS};
 use mollm_arm_common::IntPath;
 
+const ALL_PATHS: [IntPath; 4] = [
+    IntPath::Scalar,
+    IntPath::Neon,
+    IntPath::Dotprod,
+    IntPath::I8mm,
+];
+
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> f32 {
@@ -27,10 +34,7 @@ fn row(dt: DType, vals: &[f32]) -> Vec<u8> {
 
 #[test]
 fn every_path_matches_the_reference_bit_for_bit() {
-    let paths: Vec<IntPath> = [IntPath::Scalar, IntPath::Neon, IntPath::Dotprod]
-        .into_iter()
-        .filter(|p| p.available())
-        .collect();
+    let paths: Vec<IntPath> = ALL_PATHS.into_iter().filter(|p| p.available()).collect();
     eprintln!("paths on this CPU: {paths:?}");
     let mut rng = Lcg(7);
     for &dt in FORMATS {
@@ -93,6 +97,18 @@ fn header_is_well_formed_and_scores_by_architecture() {
     let t = unsafe { &*h.table };
     let s = (t.score.unwrap())();
     assert_eq!(s > 0, cfg!(target_arch = "aarch64"));
+
+    let h = &mollm_arm_common::HEADER_I8MM;
+    h.check_layout().unwrap();
+    // SAFETY: as above.
+    let name = unsafe { core::ffi::CStr::from_ptr(h.name) };
+    assert_eq!(name.to_str().unwrap(), "arm-i8mm");
+    assert_ne!(h.cpu_features & abi::cpu::ARM_I8MM, 0);
+    let t = unsafe { &*h.table };
+    let s_i8mm = (t.score.unwrap())();
+    // Opens exactly where the SMMLA path runs, and then outranks arm-neon.
+    assert_eq!(s_i8mm > 0, IntPath::I8mm.available());
+    assert!(s_i8mm == 0 || s_i8mm > s);
 }
 
 /// The K-quant and repack chains: every kernel of Q4_K, Q6_K and the Q4_0 repack chain on
@@ -102,10 +118,7 @@ fn header_is_well_formed_and_scores_by_architecture() {
 fn k_quant_chains_match_the_reference_bit_for_bit() {
     use mollm_arm_common::kquants;
     use quant::Kernel;
-    let paths: Vec<IntPath> = [IntPath::Scalar, IntPath::Neon, IntPath::Dotprod]
-        .into_iter()
-        .filter(|p| p.available())
-        .collect();
+    let paths: Vec<IntPath> = ALL_PATHS.into_iter().filter(|p| p.available()).collect();
     let mut rng = Lcg(11);
     let mut checked = 0;
     for dt in [DType::Q4_K, DType::Q6_K, DType::Q4_0] {
@@ -162,4 +175,94 @@ fn k_quant_chains_match_the_reference_bit_for_bit() {
         }
     }
     eprintln!("{checked} outputs bit-identical");
+}
+
+/// The 2×2 tiles (SMMLA on the I8mm path) of every chain that has one: each of the four
+/// outputs equals `quant::dot_with` on its row and column, bit for bit, on every available
+/// path (weights as in the test above; the two rows and two columns differ).
+#[test]
+fn tiles_match_the_reference_bit_for_bit() {
+    use mollm_arm_common::kquants;
+    use quant::Kernel;
+    let paths: Vec<IntPath> = ALL_PATHS.into_iter().filter(|p| p.available()).collect();
+    eprintln!("paths on this CPU: {paths:?}");
+    let mut rng = Lcg(23);
+    let mut checked = 0;
+    for dt in [DType::Q4_K, DType::Q6_K, DType::Q4_0] {
+        let bl = dt.info().block_len as usize;
+        for &blocks in &[1usize, 2, 9] {
+            let n = bl * blocks;
+            for trial in 0..4 {
+                let scale = [0.7f32, 1e-3, 40.0, 1.0][trial];
+                let rows: Vec<Vec<u8>> = (0..2)
+                    .map(|_| row(dt, &(0..n).map(|_| rng.next() * scale).collect::<Vec<_>>()))
+                    .collect();
+                let xs: Vec<Vec<f32>> = (0..2)
+                    .map(|_| (0..n).map(|_| rng.next() * 3.0).collect())
+                    .collect();
+                for kernel in [Kernel::RepackGemv, Kernel::RepackGemm, Kernel::Tiled] {
+                    if !kquants::has_tile(kernel, dt) {
+                        continue;
+                    }
+                    let vt = quant::vec_dot_type(dt);
+                    let acts: Vec<Vec<u8>> = xs
+                        .iter()
+                        .map(|x| {
+                            let mut a = vec![0u8; quant::row_bytes(vt, n).unwrap()];
+                            quant::quantize_activations_for(kernel, dt, x, &mut a).unwrap();
+                            a
+                        })
+                        .collect();
+                    for &p in &paths {
+                        // SAFETY: `p` is available on this CPU.
+                        let got = unsafe {
+                            kquants::tile(p, kernel, dt, [&rows[0], &rows[1]], [&acts[0], &acts[1]])
+                        };
+                        for (t, g) in got.iter().enumerate() {
+                            let want = quant::dot_with(kernel, dt, n, &rows[t / 2], &acts[t % 2]);
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{dt} {kernel:?} {p:?} tile element {t}, {blocks} blocks, trial {trial}: {g} vs {want}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{checked} tile outputs bit-identical");
+    assert!(checked > 0);
+}
+
+/// SMMLA's integer tile against its twin on extreme codes (every i8 value on both sides).
+#[test]
+fn smmla_tile_equals_its_twin() {
+    use mollm_arm_common::mmla::{pair_halves, pair_halves_by_quads};
+    let mut rng = Lcg(5);
+    let v: Vec<Vec<i8>> = (0..4)
+        .map(|k| {
+            (0..256)
+                .map(|i| match k {
+                    0 => -128,
+                    1 => 127,
+                    _ => (rng.next() * 128.0) as i8 ^ (i as i8),
+                })
+                .collect()
+        })
+        .collect();
+    for path in ALL_PATHS.into_iter().filter(|p| p.available()) {
+        for (a, y) in [(0, 0), (0, 1), (2, 3), (3, 1)] {
+            let (ra, ry) = ([&v[a][..], &v[2][..]], [&v[y][..], &v[3][..]]);
+            // SAFETY: `path` is available on this CPU.
+            let (got, want) = unsafe {
+                (
+                    pair_halves::<16>(path, ra, ry),
+                    pair_halves_by_quads::<16>(IntPath::Scalar, ra, ry),
+                )
+            };
+            assert_eq!(got, want, "{path:?}");
+        }
+    }
 }
