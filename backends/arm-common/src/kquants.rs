@@ -101,27 +101,49 @@ pub unsafe fn tile(
     runs.map(|r| r.finish(kernel))
 }
 
+/// A Q4_K block's scales as the chains use them (f16 converted exactly, 6-bit fields
+/// unpacked): what [`crate::repack`] stores per block.
+#[derive(Clone, Copy)]
+pub(crate) struct Q4KScales {
+    pub d: f32,
+    pub dmin: f32,
+    pub sc: [u8; 8],
+    pub m: [u8; 8],
+}
+
+impl Q4KScales {
+    pub fn of(x: &BlockQ4K) -> Q4KScales {
+        let (sc, m) = scale_min_k4(&x.scales);
+        Q4KScales {
+            d: fp16_to_f32(x.d.to_bits()),
+            dmin: fp16_to_f32(x.dmin.to_bits()),
+            sc,
+            m,
+        }
+    }
+}
+
 /// One weight block as a tile chain needs it: the block and its integer codes.
 struct WBlocks {
     blk: [WBlock; 2],
     codes: [[i8; 256]; 2],
 }
 
-enum WBlock {
-    Q4K(BlockQ4K),
+pub(crate) enum WBlock {
+    Q4K(Q4KScales),
     Q6K(BlockQ6K),
     /// Q4_0: the block scale.
     Q4_0(f32),
 }
 
 /// One activation block: Q8_K, or Q8_0 (scale, 32 codes) for the Q4_0 chain.
-enum ABlock<'a> {
+pub(crate) enum ABlock<'a> {
     Q8K(BlockQ8K),
     Q8_0(f32, &'a [u8]),
 }
 
 impl ABlock<'_> {
-    fn codes(&self) -> &[i8] {
+    pub(crate) fn codes(&self) -> &[i8] {
         match self {
             ABlock::Q8K(y) => &y.qs,
             // SAFETY: u8 and i8 have one layout.
@@ -150,8 +172,7 @@ fn for_blocks(
             match dt {
                 DType::Q4_K => {
                     let x = BlockQ4K::read(bytes);
-                    let c = x.unpack();
-                    (WBlock::Q4K(x), c)
+                    (WBlock::Q4K(Q4KScales::of(&x)), x.unpack())
                 }
                 DType::Q6_K => {
                     let x = BlockQ6K::read(bytes);
@@ -201,13 +222,13 @@ unsafe fn halves_of(path: IntPath, dt: DType, codes: &[i8; 256], y: &ABlock) -> 
 
 /// A tile chain's running sums for one output element.
 #[derive(Clone, Copy, Default)]
-struct Run {
+pub(crate) struct Run {
     acc: f32,
     accm: f32,
 }
 
 impl Run {
-    fn finish(self, kernel: Kernel) -> f32 {
+    pub(crate) fn finish(self, kernel: Kernel) -> f32 {
         match kernel {
             // ggml's repack chains subtract the minimum terms at the end (Q4_0's stay 0).
             Kernel::RepackGemv | Kernel::RepackGemm => self.acc - self.accm,
@@ -219,10 +240,10 @@ impl Run {
 /// One block of a [`has_tile`] chain, from the exact half sums `h` (`h[i]` = Σ over elements
 /// `16i..16i+16`), in quant's scalar twin's float order.
 #[inline(always)]
-fn step(kernel: Kernel, run: &mut Run, x: &WBlock, y: &ABlock, h: &[i32; 16]) {
+pub(crate) fn step(kernel: Kernel, run: &mut Run, x: &WBlock, y: &ABlock, h: &[i32; 16]) {
     match (x, y) {
         (WBlock::Q4K(x), ABlock::Q8K(y)) => {
-            let (sc, m) = scale_min_k4(&x.scales);
+            let (sc, m) = (x.sc, x.m);
             let group = |s: usize| h[2 * s] + h[2 * s + 1];
             let bsum = |s: usize| y.bsums[2 * s] as i32 + y.bsums[2 * s + 1] as i32;
             if kernel == Kernel::Tiled {
@@ -234,16 +255,16 @@ fn step(kernel: Kernel, run: &mut Run, x: &WBlock, y: &ABlock, h: &[i32; 16]) {
                     s1 = s1.wrapping_add(group(s).wrapping_mul(sc[s] as i32));
                     s2 = s2.wrapping_add(m[s] as i32 * bsum(s));
                 }
-                let mut res = s1 as f32 * fp16_to_f32(x.d.to_bits());
-                res = (-fp16_to_f32(x.dmin.to_bits())).mul_add(s2 as f32, res);
+                let mut res = s1 as f32 * x.d;
+                res = (-x.dmin).mul_add(s2 as f32, res);
                 run.acc = res.mul_add(y.d, run.acc);
             } else {
                 // quant's `gemv_q4_k` (one fma per block) and `gemm_q4_k` (one per pair of
                 // sub-blocks); `acc - accm` at the end.
                 let isum: [i32; 8] = core::array::from_fn(|s| sc[s] as i32 * group(s));
                 let imin: [i32; 8] = core::array::from_fn(|s| m[s] as i32 * bsum(s));
-                let dw = fp16_to_f32(x.d.to_bits()) * y.d;
-                let dm = fp16_to_f32(x.dmin.to_bits()) * y.d;
+                let dw = x.d * y.d;
+                let dm = x.dmin * y.d;
                 if kernel == Kernel::RepackGemm {
                     for sb in 0..4 {
                         run.acc = ((isum[2 * sb] + isum[2 * sb + 1]) as f32).mul_add(dw, run.acc);

@@ -28,6 +28,7 @@ use mollm_cpu_common::{CpuBackend, Error};
 pub mod kquants;
 pub mod matmul;
 pub mod mmla;
+pub mod repack;
 pub mod simd;
 
 /// How a kernel computes its integer lanes.
@@ -144,7 +145,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
         params: &OpParams,
     ) -> Result<(), Error> {
         match op {
-            Op::MatMul => matmul::run(Self::path(), host, inputs, outputs),
+            Op::MatMul => matmul::run(Self::path(), host, false, inputs, outputs),
             _ => mollm_cpu_common::ops::run(
                 mollm_cpu_common::ops::Isa::Portable,
                 host,
@@ -154,6 +155,43 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
                 params,
             ),
         }
+    }
+
+    unsafe fn prepare(w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
+        if Self::path() == IntPath::Scalar {
+            return Err(Error::Unsupported("prepare_weight: not an ARM CPU".into()));
+        }
+        matmul::prepare(w)
+    }
+
+    unsafe fn check_prepared(
+        kind: u32,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        Self::check(op, inputs, outputs, params)?;
+        if op != Op::MatMul {
+            return Err(Error::Unsupported(format!(
+                "{}: no prepared-weight kernels",
+                op.schema().name
+            )));
+        }
+        matmul::check_prepared(kind, inputs)
+    }
+
+    unsafe fn compute_prepared(
+        host: &HostApi,
+        kind: u32,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &OpParams,
+    ) -> Result<(), Error> {
+        // The table's `compute` ran `check_prepared` on this call already (one layout).
+        let _ = (kind, op, params);
+        matmul::run(Self::path(), host, true, inputs, outputs)
     }
 }
 

@@ -4,7 +4,7 @@
 //! taken; any other call is left to the next backend.
 
 use crate::IntPath;
-use crate::{kquants, simd};
+use crate::{kquants, repack, simd};
 use abi::{DType, HostApi, TensorDesc};
 use mollm_cpu_common::par::{parallel_for, SyncPtr};
 use mollm_cpu_common::split_row;
@@ -47,11 +47,54 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
     Ok(())
 }
 
+/// `prepare_weight`: Q4_K weights with `ne[1] % 8 == 0` in [`repack`]'s pair layout.
+///
 /// # Safety
-/// A validated, [`check`]ed call on valid host memory; the CPU runs `path`.
+/// `w` describes valid host memory.
+pub unsafe fn prepare(w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
+    let no = |why: &str| Err(Error::Unsupported(format!("prepare_weight: {why}")));
+    let Some(dt) = w.dtype() else {
+        return no("unknown format");
+    };
+    if w.ndim > 2 || w.ne[2] != 1 || w.ne[3] != 1 || w.data.is_null() {
+        return no("not a 2-D weight");
+    }
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    if !repack::repacks(dt, n) {
+        return no("only Q4_K weights with a multiple of 8 rows are repacked");
+    }
+    let rb = quant::row_bytes(dt, k).ok_or_else(|| Error::Invalid("bad row".into()))?;
+    if w.nb[0] != dt.info().block_bytes as i64 || w.nb[1] as usize != rb {
+        return no("rows not packed");
+    }
+    // SAFETY: a valid packed n x rb weight (checked above).
+    let src = core::slice::from_raw_parts(w.data as *const u8, n * rb);
+    let mut p =
+        mollm_cpu_common::Prepared::zeroed(repack::KIND_Q4K_PAIRS, repack::repacked_bytes(k, n));
+    repack::repack(src, rb, k, n, p.bytes_mut());
+    Ok(p)
+}
+
+/// Whether this backend computes this ([`check`]ed) mat_mul on a prepared weight of `kind`.
+pub fn check_prepared(kind: u32, inputs: &[TensorDesc]) -> Result<(), Error> {
+    let w = &inputs[0];
+    match w.dtype() {
+        Some(dt) if kind == repack::KIND_Q4K_PAIRS && repack::repacks(dt, w.ne[1] as usize) => {
+            Ok(())
+        }
+        _ => Err(Error::Unsupported(format!(
+            "mat_mul: prepared layout {kind} is not this backend's"
+        ))),
+    }
+}
+
+/// # Safety
+/// A validated, [`check`]ed call on valid host memory (with `prepared`: `inputs[0].data` is
+/// the weight in [`repack`]'s layout, [`check_prepared`]ed); the CPU runs `path`.
 pub unsafe fn run(
     path: IntPath,
     host: &HostApi,
+    prepared: bool,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
 ) -> Result<(), Error> {
@@ -98,15 +141,46 @@ pub unsafe fn run(
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
     let w_stride = w.nb[1] as usize;
     let wrb = quant::row_bytes(dt, k).expect("validated");
-    let wrow = |r: usize| {
-        // SAFETY: row r of the validated weight tensor.
-        unsafe { core::slice::from_raw_parts(wp.0.add(r * w_stride), wrb) }
-    };
     let put = |r: usize, c: usize, v: f32| {
         let (i1, i2, i3) = col_index[c];
         let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
         // SAFETY: each (row, column) is written by exactly one task.
         unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+    };
+    if prepared {
+        // Every column's kernel is a repack chain ([`repack`]): pairs of rows, against two
+        // columns when they share a kernel, else one column passed twice.
+        let pair_bytes = repack::repacked_bytes(k, 2);
+        parallel_for(host, n_tasks, |t| {
+            let r0 = t as usize * ROWS_PER_TASK;
+            let r1 = (r0 + ROWS_PER_TASK).min(n);
+            let mut c = 0;
+            while c < cols {
+                let two = c + 1 < cols && kernels[c + 1] == kernels[c];
+                let c1 = if two { c + 1 } else { c };
+                let acts = [&act[c * rb..(c + 1) * rb], &act[c1 * rb..(c1 + 1) * rb]];
+                for r in (r0..r1).step_by(2) {
+                    // SAFETY: pair r/2 of the prepared weight (n is even).
+                    let pw = unsafe {
+                        core::slice::from_raw_parts(wp.0.add(r / 2 * pair_bytes), pair_bytes)
+                    };
+                    // SAFETY: the caller checked that the CPU runs `path`.
+                    let v = unsafe { repack::tile(path, kernels[c], pw, acts) };
+                    put(r, c, v[0]);
+                    put(r + 1, c, v[2]);
+                    if two {
+                        put(r, c + 1, v[1]);
+                        put(r + 1, c + 1, v[3]);
+                    }
+                }
+                c += 1 + two as usize;
+            }
+        });
+        return Ok(());
+    }
+    let wrow = |r: usize| {
+        // SAFETY: row r of the validated weight tensor.
+        unsafe { core::slice::from_raw_parts(wp.0.add(r * w_stride), wrb) }
     };
     parallel_for(host, n_tasks, |t| {
         let r0 = t as usize * ROWS_PER_TASK;

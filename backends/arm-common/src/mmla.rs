@@ -57,6 +57,24 @@ pub unsafe fn pair_halves_by_quads<const H: usize>(
     core::array::from_fn(|t| halves(path, a[t / 2], y[t % 2]))
 }
 
+/// [`pair_halves`] of one repacked Q4_K pair block (`qs`: its 256 interleaved bytes, see
+/// [`crate::repack`]) against two Q8_K columns: SMMLA straight from the layout on
+/// [`IntPath::I8mm`], the unpacked codes otherwise.
+///
+/// # Safety
+/// The CPU runs `path`.
+#[inline(always)]
+pub unsafe fn q4k_pair_halves(path: IntPath, qs: &[u8], y: [&[i8]; 2]) -> [[i32; 16]; 4] {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        IntPath::I8mm => smmla::q4k_pair_halves(qs, y),
+        _ => {
+            let c = crate::repack::unpack_pair(qs);
+            pair_halves_by_quads(path, [&c[0], &c[1]], y)
+        }
+    }
+}
+
 #[cfg(target_arch = "aarch64")]
 mod smmla {
     use core::arch::aarch64::*;
@@ -100,6 +118,34 @@ mod smmla {
             vst1q_s32(lanes.as_mut_ptr(), t);
             for (o, v) in out.iter_mut().zip(lanes) {
                 o[h] = v;
+            }
+        }
+        out
+    }
+
+    #[target_feature(enable = "neon,i8mm")]
+    pub unsafe fn q4k_pair_halves(qs: &[u8], y: [&[i8]; 2]) -> [[i32; 16]; 4] {
+        assert!(qs.len() >= 256 && y.iter().all(|s| s.len() >= 256));
+        let mut out = [[0i32; 16]; 4];
+        let mask = vdupq_n_u8(0x0F);
+        let yv =
+            |e: usize| vcombine_s8(vld1_s8(y[0].as_ptr().add(e)), vld1_s8(y[1].as_ptr().add(e)));
+        for p in 0..4 {
+            for jj in 0..2 {
+                let (mut lo, mut hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+                for j in [2 * jj, 2 * jj + 1] {
+                    let l = vld1q_u8(qs.as_ptr().add(16 * (4 * p + j)));
+                    let e = 64 * p + 8 * j;
+                    lo = smmla(lo, vreinterpretq_s8_u8(vandq_u8(l, mask)), yv(e));
+                    hi = smmla(hi, vreinterpretq_s8_u8(vshrq_n_u8::<4>(l)), yv(e + 32));
+                }
+                let (mut a, mut b) = ([0i32; 4], [0i32; 4]);
+                vst1q_s32(a.as_mut_ptr(), lo);
+                vst1q_s32(b.as_mut_ptr(), hi);
+                for t in 0..4 {
+                    out[t][4 * p + jj] = a[t];
+                    out[t][4 * p + 2 + jj] = b[t];
+                }
             }
         }
         out
