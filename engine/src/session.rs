@@ -28,7 +28,7 @@ pub struct Model {
 impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let t0 = Instant::now();
-        let gguf = GgufFile::open(path)?;
+        let gguf = loader::open_model(path)?;
         crate::model::check_architecture(&gguf)?;
         let hp = HParams::from_gguf(&gguf)?;
         let graph = build_graph(&gguf, &hp)?;

@@ -99,4 +99,15 @@ impl Weight {
     pub fn ne(&self) -> [i64; 4] {
         self.desc.ne
     }
+
+    /// Matrix `i` of a stack along the third dimension (one expert of `[K, N, n_expert]`).
+    pub fn slice(&self, i: usize) -> Weight {
+        let d = &self.desc;
+        assert!((i as i64) < d.ne[2], "slice {i} of {:?}", d.ne);
+        let data = d.data.wrapping_offset(d.nb[2] as isize * i as isize);
+        Weight {
+            desc: TensorDesc::contiguous(data, self.dtype(), &[d.ne[0], d.ne[1]]),
+            file_mapped: self.file_mapped,
+        }
+    }
 }

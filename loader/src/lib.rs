@@ -5,6 +5,7 @@
 
 mod error;
 pub mod gguf;
+pub mod hf;
 
 pub use error::LoadError;
 pub use gguf::{Array, GgufFile, StrArray, TensorInfo, Value, ValueType};
@@ -14,3 +15,18 @@ pub use tokenizer::{StreamDecoder, Tokenizer};
 pub mod chat;
 
 pub use chat::{ChatMessage, ChatTemplate};
+
+/// Opens a model: a Hugging Face directory ([`hf`]) or a GGUF file.
+pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<GgufFile, LoadError> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        if !hf::is_hf_dir(path) {
+            return Err(LoadError::Format {
+                file: path.display().to_string(),
+                msg: "a directory without config.json (expected a Hugging Face model directory or a GGUF file)".into(),
+            });
+        }
+        return hf::open_dir(path);
+    }
+    GgufFile::open(path)
+}

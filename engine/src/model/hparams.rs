@@ -22,6 +22,12 @@ pub struct HParams {
     pub rope_base_swa: f32,
     /// Per layer: does it use the sliding window?
     pub swa_layers: Vec<bool>,
+    /// Mixture of experts (0: a dense FFN): routed experts, how many each token uses, their
+    /// FFN width, and whether the selected experts' weights are renormalized to sum to 1.
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
+    pub expert_weights_norm: bool,
 }
 
 impl HParams {
@@ -95,6 +101,19 @@ impl HParams {
             .collect();
         let rope_base_swa = opt_f("rope.freq_base_swa")?.unwrap_or(10000.0);
 
+        let n_expert = opt_u("expert_count")?.unwrap_or(0);
+        let n_expert_used = opt_u("expert_used_count")?.unwrap_or(0);
+        let n_ff_exp = opt_u("expert_feed_forward_length")?.unwrap_or(0);
+        if n_expert > 0
+            && (n_expert > 4096 || n_expert_used == 0 || n_expert_used > n_expert || n_ff_exp == 0)
+        {
+            return Err(err(format!(
+                "implausible experts: {n_expert_used} of {n_expert} used, {n_ff_exp} wide"
+            )));
+        }
+        // llama.cpp renormalizes Qwen3-MoE's top-k weights unless the file says otherwise.
+        let expert_weights_norm = g.get_bool(&key("expert_weights_norm"))?.unwrap_or(true);
+
         Ok(HParams {
             arch,
             n_layer,
@@ -112,6 +131,10 @@ impl HParams {
             n_swa,
             rope_base_swa,
             swa_layers,
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            expert_weights_norm,
         })
     }
 }

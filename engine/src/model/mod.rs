@@ -3,7 +3,10 @@
 
 pub mod gemma3;
 pub mod llama;
+pub mod moe;
 pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3moe;
 
 mod common;
 mod hparams;
@@ -43,6 +46,16 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
         "qwen2",
         "Qwen2 / Qwen2.5 (llama plus QKV bias, neox rope)",
         qwen2::build,
+    ),
+    (
+        "qwen3",
+        "Qwen3 dense (q/k head norms, neox rope, no QKV bias)",
+        qwen3::build,
+    ),
+    (
+        "qwen3moe",
+        "Qwen3-MoE (Qwen3 attention, routed top-k SwiGLU experts)",
+        qwen3moe::build,
     ),
     (
         "gemma3",

@@ -104,6 +104,40 @@ impl GgufFile {
         Self::parse(path.into(), Storage::Owned(bytes))
     }
 
+    /// A model assembled in memory from another format (a Hugging Face directory): GGUF
+    /// metadata and tensors whose `offset`s index `data`. Every tensor's size is checked
+    /// against its shape and format, and its range against `data`.
+    pub fn assembled(
+        path: impl Into<PathBuf>,
+        metadata: Vec<(String, Value)>,
+        tensors: Vec<TensorInfo>,
+        data: Vec<u8>,
+    ) -> Result<GgufFile, LoadError> {
+        let path = path.into();
+        for t in &tensors {
+            let want = tensor_bytes(t.dtype, &t.shape);
+            let end = t.offset.checked_add(t.size);
+            if want != Some(t.size) || end.is_none_or(|e| e > data.len() as u64) {
+                return Err(LoadError::Format {
+                    file: file_label(&path),
+                    msg: format!(
+                        "tensor '{}' ({} {:?}): {} bytes at {} do not fit its shape or the {} bytes of data",
+                        t.name, t.dtype, t.shape, t.size, t.offset, data.len()
+                    ),
+                });
+            }
+        }
+        Ok(GgufFile {
+            path,
+            version: 3,
+            metadata,
+            tensors,
+            alignment: DEFAULT_ALIGNMENT,
+            data_offset: 0,
+            storage: Storage::Owned(data),
+        })
+    }
+
     fn parse(path: PathBuf, storage: Storage) -> Result<GgufFile, LoadError> {
         let label = file_label(&path);
         let parsed = parse_image(storage.bytes(), &label)?;
@@ -236,6 +270,20 @@ impl GgufFile {
         let end = (t.offset.saturating_add(t.size) as usize).min(bytes.len());
         &bytes[start..end]
     }
+}
+
+/// Bytes of a tensor of `dtype` and `shape` (ggml order), `None` on overflow or a row that is
+/// not whole blocks.
+pub fn tensor_bytes(dtype: DType, shape: &[u64]) -> Option<u64> {
+    let info = dtype.info();
+    let ne0 = *shape.first()?;
+    if ne0 % info.block_len as u64 != 0 {
+        return None;
+    }
+    let row = (ne0 / info.block_len as u64).checked_mul(info.block_bytes as u64)?;
+    shape[1..]
+        .iter()
+        .try_fold(row, |acc, &d| acc.checked_mul(d))
 }
 
 struct Parsed {

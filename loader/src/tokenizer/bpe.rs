@@ -21,6 +21,9 @@ use crate::LoadError;
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The same splits as Hugging Face's tokenizer.json files write them (case-insensitive group).
+const QWEN2_HF: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_HF: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// What a `tokenizer.ggml.pre` name selects in llama.cpp.
@@ -134,6 +137,60 @@ pub fn build(
     let mut tk = tokenizers::Tokenizer::new(bpe);
     tk.with_pre_tokenizer(Some(Sequence::new(steps)));
     Ok(tk)
+}
+
+/// The `tokenizer.ggml.pre` name llama.cpp gives a Hugging Face `pre_tokenizer` (from
+/// `tokenizer.json`), when it is one of the common ones.
+pub fn pre_name(pt: &serde_json::Value) -> Option<&'static str> {
+    let steps: Vec<&serde_json::Value> = match pt.get("type")?.as_str()? {
+        "Sequence" => pt.get("pretokenizers")?.as_array()?.iter().collect(),
+        _ => vec![pt],
+    };
+    fn kind(v: &serde_json::Value) -> &str {
+        v.get("type").and_then(|t| t.as_str()).unwrap_or("")
+    }
+    let regex = |v: &serde_json::Value| {
+        v.get("pattern")
+            .and_then(|p| p.get("Regex"))
+            .and_then(|r| r.as_str())
+            .map(str::to_string)
+    };
+    match steps.as_slice() {
+        [split, bl] if kind(split) == "Split" && kind(bl) == "ByteLevel" => {
+            match regex(split).as_deref() {
+                Some(QWEN2 | QWEN2_HF) => Some("qwen2"),
+                Some(LLAMA3 | LLAMA3_HF) => Some("llama-bpe"),
+                _ => None,
+            }
+        }
+        [digits, bl]
+            if kind(digits) == "Digits"
+                && digits.get("individual_digits").and_then(|b| b.as_bool()) == Some(true)
+                && kind(bl) == "ByteLevel" =>
+        {
+            Some("smollm")
+        }
+        [bl] if kind(bl) == "ByteLevel"
+            && bl.get("use_regex").and_then(|b| b.as_bool()) != Some(false) =>
+        {
+            Some("gpt-2")
+        }
+        _ => None,
+    }
+}
+
+/// The model's own pipeline from its `tokenizer.json` (normalizer, pre-tokenizer, BPE), for
+/// raw-text fragments: added tokens and the post-processor are dropped, because special
+/// tokens are split out before (as llama.cpp does) and BOS/EOS are added by the caller.
+pub fn from_hf_json(json: &str, vocab: &Vocab) -> Result<tokenizers::Tokenizer, LoadError> {
+    let mut v: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| vocab.err(format!("tokenizer.huggingface.json: {e}")))?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("added_tokens".into(), serde_json::Value::Array(vec![]));
+        o.insert("post_processor".into(), serde_json::Value::Null);
+    }
+    tokenizers::Tokenizer::from_bytes(v.to_string().as_bytes())
+        .map_err(|e| vocab.err(format!("tokenizer.huggingface.json: {e}")))
 }
 
 /// Appends the ids of one raw-text fragment.

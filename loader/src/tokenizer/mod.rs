@@ -10,6 +10,7 @@
 //! is true and plain text otherwise.
 
 mod bpe;
+pub(crate) use bpe::pre_name as bpe_pre_name;
 mod spm;
 mod stream;
 mod vocab;
@@ -84,17 +85,32 @@ impl Tokenizer {
                 })
             }
             "gpt2" => {
-                // llama.cpp falls back to "default" (with a loud warning) when pre is missing.
-                let key = if pre.is_empty() {
-                    "default"
-                } else {
-                    pre.as_str()
+                // A Hugging Face tokenizer.json (a model directory, a .mollm package) encodes
+                // with its own pipeline; a plain GGUF with the regexes llama.cpp picks for its
+                // `pre` name (llama.cpp falls back to "default", with a loud warning, when the
+                // name is missing).
+                let hf_json = gguf.get_str("tokenizer.huggingface.json")?;
+                let key = match (pre.as_str(), hf_json) {
+                    ("", None) => "default",
+                    (p, Some(_)) if bpe::pre_config(p).is_none() => "hf",
+                    (p, _) => p,
                 };
-                let cfg = bpe::pre_config(key).ok_or_else(|| {
-                    err(format!("unsupported pre-tokenizer tokenizer.ggml.pre = '{pre}' (llama.cpp would pick a model-specific regex; refusing to guess)"))
-                })?;
+                let cfg = match key {
+                    "hf" => bpe::PreConfig {
+                        regexes: &[],
+                        ignore_merges: false,
+                        add_bos: false,
+                        clean_spaces: false,
+                    },
+                    _ => bpe::pre_config(key).ok_or_else(|| {
+                        err(format!("unsupported pre-tokenizer tokenizer.ggml.pre = '{pre}' (llama.cpp would pick a model-specific regex; refusing to guess)"))
+                    })?,
+                };
                 let vocab = Vocab::load(gguf, VocabKind::Bpe, cfg.add_bos)?;
-                let tk = bpe::build(gguf, &vocab, &cfg)?;
+                let tk = match hf_json {
+                    Some(json) => bpe::from_hf_json(json, &vocab)?,
+                    None => bpe::build(gguf, &vocab, &cfg)?,
+                };
                 Ok(Tokenizer {
                     vocab,
                     engine: Engine::Bpe(Box::new(tk)),

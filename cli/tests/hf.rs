@@ -1,0 +1,56 @@
+//! `mollm run --model DIR` on a Hugging Face directory: the random-weight Qwen3 / Qwen3-MoE
+//! checkpoints (scripts/make_random_qwen3.py) generate exactly what their GGUF twins generate,
+//! and a broken directory fails with one clear line.
+
+mod common;
+
+use common::{assert_clean_error, mollm, stdout, tmp};
+
+fn random(name: &str) -> Option<std::path::PathBuf> {
+    common::model(&format!("random/{name}"))
+}
+
+#[test]
+fn a_hf_directory_runs_like_its_gguf() {
+    for key in ["qwen3-random", "qwen3moe-random"] {
+        let (Some(dir), Some(gguf)) = (random(key), random(&format!("{key}.gguf"))) else {
+            return;
+        };
+        let run = |m: &std::path::Path| {
+            let o = mollm(&[
+                "run",
+                "-m",
+                m.to_str().unwrap(),
+                "-p",
+                "def add(a, b):",
+                "-n",
+                "12",
+                "--backend",
+                "reference",
+            ]);
+            assert!(o.status.success(), "{}", common::stderr(&o));
+            stdout(&o)
+        };
+        let (a, b) = (run(&dir), run(&gguf));
+        assert!(!a.trim().is_empty());
+        assert_eq!(a, b, "{key}: directory and GGUF generate different text");
+    }
+}
+
+#[test]
+fn a_broken_directory_is_refused_clearly() {
+    let base = tmp("hf-marker", b"");
+    let dir = base.parent().unwrap().join("hf-broken");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        br#"{"model_type": "qwen3", "num_hidden_layers": 2}"#,
+    )
+    .unwrap();
+    let o = mollm(&["run", "-m", dir.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+    assert_clean_error(&o, "config.json");
+    let empty = base.parent().unwrap().join("hf-empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = mollm(&["run", "-m", empty.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+    assert_clean_error(&o, "without config.json");
+}

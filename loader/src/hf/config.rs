@@ -1,0 +1,223 @@
+//! `config.json` → the architecture's GGUF hyper-parameter keys.
+
+use std::path::Path;
+
+use super::{label, read_json};
+use crate::gguf::Value;
+use crate::LoadError;
+
+/// `model_type` values read, and the GGUF architecture each becomes.
+pub const SUPPORTED: &[(&str, &str)] = &[
+    ("llama", "llama"),
+    ("qwen2", "qwen2"),
+    ("qwen3", "qwen3"),
+    ("qwen3_moe", "qwen3moe"),
+];
+
+pub struct Config {
+    pub dir: std::path::PathBuf,
+    pub json: serde_json::Value,
+    /// GGUF architecture name.
+    pub arch: &'static str,
+    pub n_layer: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub head_dim: u64,
+    pub n_embd: u64,
+    pub vocab_size: u64,
+    pub n_expert: u64,
+    pub tie_embeddings: bool,
+}
+
+impl Config {
+    pub fn load(dir: &Path) -> Result<Config, LoadError> {
+        let json = read_json(dir, "config.json")?.ok_or_else(|| LoadError::Format {
+            file: label(dir, "config.json"),
+            msg: "missing: not a Hugging Face model directory".into(),
+        })?;
+        let file = label(dir, "config.json");
+        let err = |field: &str, msg: String| LoadError::Metadata {
+            file: file.clone(),
+            key: field.to_string(),
+            msg,
+        };
+        if !json.is_object() {
+            return Err(err("(root)", "expected a JSON object".into()));
+        }
+        let model_type = json
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| err("model_type", "missing or not a string".into()))?;
+        let arch = SUPPORTED
+            .iter()
+            .find(|(m, _)| *m == model_type)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| {
+                err(
+                    "model_type",
+                    format!(
+                        "'{model_type}' is not supported (supported: {})",
+                        SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })?;
+        let mut c = Config {
+            dir: dir.to_path_buf(),
+            json,
+            arch,
+            n_layer: 0,
+            n_head: 0,
+            n_head_kv: 0,
+            head_dim: 0,
+            n_embd: 0,
+            vocab_size: 0,
+            n_expert: 0,
+            tie_embeddings: false,
+        };
+        c.n_layer = c.req_u("num_hidden_layers", 1, 4096)?;
+        c.n_embd = c.req_u("hidden_size", 1, 1 << 20)?;
+        c.n_head = c.req_u("num_attention_heads", 1, 4096)?;
+        c.n_head_kv = c.opt_u("num_key_value_heads", 1, 4096)?.unwrap_or(c.n_head);
+        if c.n_head % c.n_head_kv != 0 {
+            return Err(err(
+                "num_key_value_heads",
+                format!("{} does not divide {} heads", c.n_head_kv, c.n_head),
+            ));
+        }
+        c.head_dim = match c.opt_u("head_dim", 1, 1 << 16)? {
+            Some(d) => d,
+            None if c.n_embd % c.n_head == 0 => c.n_embd / c.n_head,
+            None => {
+                return Err(err(
+                    "head_dim",
+                    "missing, and hidden_size is not a multiple of num_attention_heads".into(),
+                ))
+            }
+        };
+        c.vocab_size = c.req_u("vocab_size", 1, 1 << 24)?;
+        c.tie_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+        if arch == "qwen3moe" {
+            c.n_expert = c.req_u("num_experts", 1, 4096)?;
+        }
+        Ok(c)
+    }
+
+    fn err(&self, field: &str, msg: String) -> LoadError {
+        LoadError::Metadata {
+            file: label(&self.dir, "config.json"),
+            key: field.to_string(),
+            msg,
+        }
+    }
+
+    fn opt_u(&self, field: &str, lo: u64, hi: u64) -> Result<Option<u64>, LoadError> {
+        match self.json.get(field) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                _ => Err(self.err(
+                    field,
+                    format!("expected an integer in {lo}..={hi}, found {v}"),
+                )),
+            },
+        }
+    }
+
+    fn req_u(&self, field: &str, lo: u64, hi: u64) -> Result<u64, LoadError> {
+        self.opt_u(field, lo, hi)?
+            .ok_or_else(|| self.err(field, "missing".into()))
+    }
+
+    fn opt_f(&self, field: &str) -> Result<Option<f32>, LoadError> {
+        match self.json.get(field) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x as f32)),
+                _ => Err(self.err(field, format!("expected a number, found {v}"))),
+            },
+        }
+    }
+
+    fn opt_bool(&self, field: &str) -> Result<Option<bool>, LoadError> {
+        match self.json.get(field) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.err(field, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    /// The GGUF keys llama.cpp's converter writes for this architecture.
+    pub fn metadata(&self, meta: &mut Vec<(String, Value)>) -> Result<(), LoadError> {
+        let a = self.arch;
+        let mut put = |k: &str, v: Value| meta.push((format!("{a}.{k}"), v));
+        let u = |n: u64| Value::U32(n as u32);
+        put("block_count", u(self.n_layer));
+        put("embedding_length", u(self.n_embd));
+        put(
+            "feed_forward_length",
+            u(self.req_u("intermediate_size", 1, 1 << 24)?),
+        );
+        put("attention.head_count", u(self.n_head));
+        put("attention.head_count_kv", u(self.n_head_kv));
+        put("attention.key_length", u(self.head_dim));
+        put("attention.value_length", u(self.head_dim));
+        if let Some(n) = self.opt_u("max_position_embeddings", 1, 1 << 26)? {
+            put("context_length", u(n));
+        }
+        let eps = self
+            .opt_f("rms_norm_eps")?
+            .ok_or_else(|| self.err("rms_norm_eps", "missing".into()))?;
+        put("attention.layer_norm_rms_epsilon", Value::F32(eps));
+        put(
+            "rope.freq_base",
+            Value::F32(self.opt_f("rope_theta")?.unwrap_or(10000.0)),
+        );
+        match self.json.get("rope_scaling") {
+            None | Some(serde_json::Value::Null) => {}
+            Some(rs) => {
+                let kind = rs
+                    .get("rope_type")
+                    .or_else(|| rs.get("type"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("");
+                let factor = rs.get("factor").and_then(|v| v.as_f64());
+                match (kind, factor) {
+                    ("default", _) => {}
+                    ("linear", Some(f)) if f > 0.0 => {
+                        put("rope.scaling.type", Value::String("linear".into()));
+                        put("rope.scaling.factor", Value::F32(f as f32));
+                    }
+                    _ => {
+                        return Err(self.err(
+                            "rope_scaling",
+                            format!("{rs} is not supported (only linear scaling)"),
+                        ))
+                    }
+                }
+            }
+        }
+        if self.arch == "qwen3moe" {
+            put("expert_count", u(self.n_expert));
+            let used = self.req_u("num_experts_per_tok", 1, self.n_expert)?;
+            put("expert_used_count", u(used));
+            put(
+                "expert_feed_forward_length",
+                u(self.req_u("moe_intermediate_size", 1, 1 << 24)?),
+            );
+            // Hugging Face's Qwen3MoE renormalizes the top-k weights only when this is set.
+            let norm = self.opt_bool("norm_topk_prob")?.unwrap_or(false);
+            put("expert_weights_norm", Value::Bool(norm));
+            let dense = self.json.get("mlp_only_layers").and_then(|v| v.as_array());
+            if dense.is_some_and(|l| !l.is_empty())
+                || self.opt_u("decoder_sparse_step", 0, 1 << 20)?.unwrap_or(1) != 1
+            {
+                return Err(self.err(
+                    "mlp_only_layers",
+                    "dense layers between MoE layers are not supported".into(),
+                ));
+            }
+        }
+        meta.push(("general.architecture".into(), Value::String(a.into())));
+        Ok(())
+    }
+}

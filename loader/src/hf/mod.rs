@@ -1,0 +1,75 @@
+//! Hugging Face model directories: `config.json`, `model.safetensors` (or shards listed in
+//! `model.safetensors.index.json`; F32, F16, BF16), `tokenizer.json`, `tokenizer_config.json`
+//! (chat template, special tokens) and `generation_config.json`.
+//!
+//! The directory is turned into the model the rest of mollm already knows: GGUF metadata under
+//! llama.cpp's key names and tensors under llama.cpp's tensor names and layouts (what
+//! `convert_hf_to_gguf.py` would write, unquantized), assembled in memory. So a directory and
+//! its GGUF conversion run through the same graph, tokenizer and chat template code.
+//!
+//! Everything read is untrusted: JSON fields are type-checked with errors naming the file and
+//! field, safetensors headers are bounds-checked by the `safetensors` crate, shard names must be
+//! plain file names inside the directory, and every tensor's shape must be what the
+//! architecture expects (checked again when the graph is built).
+
+mod config;
+mod tensors;
+mod vocab;
+
+use std::path::{Path, PathBuf};
+
+use crate::gguf::{GgufFile, Value};
+use crate::LoadError;
+
+pub use config::SUPPORTED;
+
+/// Whether `path` looks like a Hugging Face model directory.
+pub fn is_hf_dir(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+/// Loads a Hugging Face model directory (see the module docs).
+pub fn open_dir(dir: &Path) -> Result<GgufFile, LoadError> {
+    let cfg = config::Config::load(dir)?;
+    let mut meta: Vec<(String, Value)> = Vec::new();
+    meta.push((
+        "general.name".into(),
+        Value::String(
+            dir.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        ),
+    ));
+    cfg.metadata(&mut meta)?;
+    vocab::metadata(dir, &cfg, &mut meta)?;
+    let (infos, data) = tensors::load(dir, &cfg)?;
+    GgufFile::assembled(dir.to_path_buf(), meta, infos, data)
+}
+
+/// A file of the directory, as error messages name it.
+fn label(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+fn read_json(dir: &Path, name: &str) -> Result<Option<serde_json::Value>, LoadError> {
+    let path: PathBuf = dir.join(name);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(LoadError::Io {
+                file: label(dir, name),
+                source,
+            })
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| LoadError::Format {
+            file: label(dir, name),
+            msg: format!("not valid JSON: {e}"),
+        })
+}
+
+#[cfg(test)]
+mod tests;
