@@ -112,7 +112,7 @@ def main():
                               "n_vocab": n_vocab, "probe_ids": probe, "cases": cases}
         L.llama_model_free(model)
     with open(OUT, "w") as f:
-        json.dump(out, f, indent=1)
+        json.dump(out, f, separators=(",", ":"))
     print(f"wrote {OUT}")
 
 
