@@ -66,6 +66,11 @@ dtypes! {
     I64   = 27, "i64",  1, 8, false;
     F64   = 28, "f64",  1, 8, false;
     BF16  = 30, "bf16", 1, 2, false;
+    // mollm's own formats (quant/src/mollm.rs has the layouts and the reference kernels).
+    W4G32  = 1000, "w4g32",  32, 18, true;
+    W4G128 = 1001, "w4g128", 128, 66, true;
+    W8PC   = 1002, "w8pc",   64, 68, true;
+    A8G128 = 1010, "a8g128", 128, 132, true;
 }
 
 impl DType {

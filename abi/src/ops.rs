@@ -123,6 +123,9 @@ pub const WEIGHT_DTYPES: &[DType] = &[
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::W4G32,
+    DType::W4G128,
+    DType::W8PC,
 ];
 const F32: &[DType] = &[DType::F32];
 const I32: &[DType] = &[DType::I32];

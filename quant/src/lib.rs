@@ -31,6 +31,7 @@ mod float;
 mod kquants;
 mod kquants_ref;
 mod legacy;
+pub mod mollm;
 mod util;
 
 pub use block::Block;
@@ -107,6 +108,9 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
             kquants::dequantize(dtype, src, dst)
         }
+        DType::W4G32 | DType::W4G128 | DType::W8PC | DType::A8G128 => {
+            mollm::dequantize(dtype, src, dst)
+        }
         _ => {
             return Err(QuantError::Unsupported {
                 dtype,
@@ -130,6 +134,10 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
             kquants_ref::quantize_ref(dtype, src, dst)
         }
+        // W8PC: one scale per call, so callers pass one whole row.
+        DType::W4G32 | DType::W4G128 | DType::W8PC | DType::A8G128 => {
+            mollm::quantize(dtype, src, dst)
+        }
         _ => {
             return Err(QuantError::Unsupported {
                 dtype,
@@ -150,6 +158,7 @@ pub fn vec_dot_type(dtype: DType) -> DType {
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => DType::Q8_K,
         DType::F16 => DType::F16,
         DType::BF16 => DType::BF16,
+        DType::W4G32 | DType::W4G128 | DType::W8PC => mollm::act_type(dtype),
         _ => DType::F32,
     }
 }
@@ -169,6 +178,7 @@ pub fn quantize_activations(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result
         DType::Q8_0 => legacy::quantize_with(quantize_q8_0_x86, src, dst),
         DType::Q8_1 => legacy::quantize_with(quantize_q8_1_x86, src, dst),
         DType::Q8_K => kquants_ref::quantize_with(quantize_q8_k, src, dst),
+        DType::A8G128 => mollm::quantize_a8g128(src, dst),
         DType::F32 | DType::F16 | DType::BF16 => float::quantize(vt, src, dst),
         _ => {
             return Err(QuantError::Unsupported {
@@ -235,6 +245,7 @@ fn vec_dot_any(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
             kquants::vec_dot(dtype, w, act)
         }
+        DType::W4G32 | DType::W4G128 | DType::W8PC => mollm::vec_dot(dtype, w, act),
         _ => panic!("vec_dot is not implemented for {dtype}"),
     }
 }
