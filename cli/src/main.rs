@@ -3,6 +3,7 @@
 mod bench;
 mod chat;
 mod common;
+mod convert;
 mod devices;
 mod ppl;
 mod progress;
@@ -33,6 +34,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Perplexity of a model over a text file, computed as llama-perplexity does.
     Ppl(ppl::PplArgs),
+    /// Convert a Hugging Face directory or a GGUF file into one .mollm package.
+    Convert(convert::ConvertArgs),
     /// List the model architectures this build can run.
     Architectures,
     /// List the backends found (built in and plugins): device, score, available or why not.
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => chat::chat(args),
         Command::Bench(args) => bench::bench(args),
         Command::Ppl(args) => ppl::ppl(args),
+        Command::Convert(args) => convert::convert(args),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "mollm", &mut std::io::stdout());
             Ok(())

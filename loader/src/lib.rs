@@ -6,6 +6,7 @@
 mod error;
 pub mod gguf;
 pub mod hf;
+pub mod package;
 
 pub use error::LoadError;
 pub use gguf::{Array, GgufFile, StrArray, TensorInfo, Value, ValueType};
@@ -16,7 +17,8 @@ pub mod chat;
 
 pub use chat::{ChatMessage, ChatTemplate};
 
-/// Opens a model: a Hugging Face directory ([`hf`]) or a GGUF file.
+/// Opens a model: a Hugging Face directory ([`hf`]), a `.mollm` package ([`package`]) or a
+/// GGUF file.
 pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<GgufFile, LoadError> {
     let path = path.as_ref();
     if path.is_dir() {
@@ -27,6 +29,9 @@ pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<GgufFile, LoadErr
             });
         }
         return hf::open_dir(path);
+    }
+    if package::is_package(path) {
+        return package::open(path);
     }
     GgufFile::open(path)
 }

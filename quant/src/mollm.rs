@@ -8,9 +8,9 @@
 //! | `W8PC` | 64 | 68 | f32 scale of the whole row (repeated in each block, so rows stay block-addressable), 64 × i8 | Q8_0 |
 //! | `A8G128` | 128 | 132 | f32 scale, 128 × i8 (activations only) | |
 //!
-//! 4-bit codes are `q + 8` with `q` in -7..=7 (symmetric: the code 0 is never written); the
-//! scale of a group is chosen among `absmax/7 · (1 - i/32)`, i = 0..8, for the least squared
-//! error (clamping the largest values a little often pays). W8PC: `d = absmax(row)/127`.
+//! 4-bit codes are `q + 8` with `q` in -8..=7 (symmetric: a scale, no offset); the scale of a
+//! group is searched for the least squared error (see `quantize_w4_group`). W8PC:
+//! `d = absmax(row)/127`.
 //! Values decode as `d · q`.
 //!
 //! The dot product (the normative float order, which native kernels reproduce bit for bit): per
@@ -35,39 +35,56 @@ fn amax(x: &[f32]) -> f32 {
     x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
 
-/// One 4-bit group: the f16 scale bits and the codes `q` (-7..=7).
+/// One 4-bit group: the f16 scale bits and the codes `q` (-8..=7).
+///
+/// Candidate scales map the largest-magnitude value to a code between ±6 and ±8 (both signs,
+/// since the code range is one step longer on the negative side); each candidate's codes are
+/// refined once by least squares (`d = Σxq / Σq²`), and the f16 scale with the least squared
+/// error wins.
 fn quantize_w4_group(x: &[f32], q: &mut [i8]) -> u16 {
-    let m = amax(x);
+    let (mut vmax, mut m) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > m {
+            (m, vmax) = (v.abs(), v);
+        }
+    }
     if m == 0.0 || !m.is_finite() {
         q.fill(0);
         return f32_to_fp16(if m.is_finite() { 0.0 } else { m });
     }
+    let codes = |d: f32, q: &mut [i8]| {
+        for (c, &v) in q.iter_mut().zip(x) {
+            *c = if d == 0.0 { 0 } else { (v / d).round_ties_even().clamp(-8.0, 7.0) as i8 };
+        }
+    };
+    let sse = |d: f32, q: &[i8]| -> f32 {
+        x.iter().zip(q).map(|(&v, &c)| (v - c as f32 * d) * (v - c as f32 * d)).sum()
+    };
     let mut best = (f32::INFINITY, 0u16);
-    for i in 0..8 {
-        let bits = f32_to_fp16(m / 7.0 * (1.0 - i as f32 / 32.0));
-        let d = fp16_to_f32(bits);
-        if d == 0.0 {
-            continue;
-        }
-        let err: f32 = x
-            .iter()
-            .map(|&v| {
-                let c = (v / d).round_ties_even().clamp(-7.0, 7.0);
-                (v - c * d) * (v - c * d)
-            })
-            .sum();
-        if err < best.0 {
-            best = (err, bits);
+    let mut tmp = vec![0i8; x.len()];
+    for i in 0..=8 {
+        let t = 6.0 + 0.25 * i as f32;
+        for sign in [1.0f32, -1.0] {
+            let d0 = vmax / (sign * t);
+            codes(d0, &mut tmp);
+            let (sxq, sqq) = x.iter().zip(&tmp).fold((0f32, 0f32), |(a, b), (&v, &c)| {
+                (a + v * c as f32, b + (c as f32) * (c as f32))
+            });
+            for d in [d0, if sqq > 0.0 { sxq / sqq } else { d0 }] {
+                let bits = f32_to_fp16(d);
+                let df = fp16_to_f32(bits);
+                if df == 0.0 || !df.is_finite() {
+                    continue;
+                }
+                codes(df, &mut tmp);
+                let e = sse(df, &tmp);
+                if e < best.0 {
+                    best = (e, bits);
+                }
+            }
         }
     }
-    let d = fp16_to_f32(best.1);
-    for (c, &v) in q.iter_mut().zip(x) {
-        *c = if d == 0.0 {
-            0
-        } else {
-            (v / d).round_ties_even().clamp(-7.0, 7.0) as i8
-        };
-    }
+    codes(fp16_to_f32(best.1), q);
     best.1
 }
 

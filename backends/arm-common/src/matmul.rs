@@ -22,6 +22,9 @@ const FORMATS: &[DType] = &[
     DType::Q8_0,
     DType::Q4_K,
     DType::Q6_K,
+    DType::W4G32,
+    DType::W4G128,
+    DType::W8PC,
 ];
 
 /// Weight rows per `parallel_for` task.
@@ -30,8 +33,8 @@ pub const ROWS_PER_TASK: usize = 32;
 /// Whether this backend computes this (already validated) mat_mul call.
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
     let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "ARM")?;
-    if matches!(dt, DType::F32 | DType::F16) {
-        // mollm_cpu_common::fmatmul: any shape.
+    if matches!(dt, DType::F32 | DType::F16) || mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
+        // mollm_cpu_common::fmatmul / wmatmul: any shape.
         return Ok(());
     }
     // The kernel depends on the column only through `col < n_cols / 4 * 4`: the first and the
@@ -102,6 +105,10 @@ pub unsafe fn run(
     let dt = w.dtype().expect("validated");
     if matches!(dt, DType::F32 | DType::F16) {
         return mollm_cpu_common::fmatmul::run(host, inputs, outputs);
+    }
+    if mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
+        let frame = mollm_cpu_common::wmatmul::Frame::Portable;
+        return mollm_cpu_common::wmatmul::run(frame, host, inputs, outputs);
     }
     let (k, n, cols) = (w.ne[0] as usize, w.ne[1] as usize, x.nrows() as usize);
     if n == 0 || cols == 0 || k == 0 {

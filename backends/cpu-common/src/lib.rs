@@ -12,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 pub mod fmatmul;
+pub mod wmatmul;
 pub mod ops;
 pub mod par;
 

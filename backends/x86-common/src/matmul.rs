@@ -26,13 +26,16 @@ pub const FORMATS: &[DType] = &[
     DType::Q5_0,
     DType::Q6_K,
     DType::Q4_K,
+    DType::W4G32,
+    DType::W4G128,
+    DType::W8PC,
 ];
 
 /// Whether this backend computes this (already validated) mat_mul call.
 pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
     let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "x86")?;
-    if matches!(dt, DType::F32 | DType::F16) {
-        // mollm_cpu_common::fmatmul: any shape.
+    if matches!(dt, DType::F32 | DType::F16) || mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
+        // mollm_cpu_common::fmatmul / wmatmul: any shape.
         return Ok(());
     }
     for c in 0..cols.min(64) {
@@ -152,6 +155,13 @@ pub unsafe fn run_weights(
     let dt = w.dtype().expect("validated");
     if matches!(dt, DType::F32 | DType::F16) {
         return mollm_cpu_common::fmatmul::run(host, inputs, outputs);
+    }
+    if mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
+        let frame = match isa {
+            Isa::Avx512 => mollm_cpu_common::wmatmul::Frame::Avx512,
+            _ => mollm_cpu_common::wmatmul::Frame::Avx2,
+        };
+        return mollm_cpu_common::wmatmul::run(frame, host, inputs, outputs);
     }
     let k = w.ne[0] as usize;
     let n = w.ne[1] as usize;

@@ -113,7 +113,27 @@ impl GgufFile {
         tensors: Vec<TensorInfo>,
         data: Vec<u8>,
     ) -> Result<GgufFile, LoadError> {
-        let path = path.into();
+        Self::from_storage(path.into(), metadata, tensors, Storage::Owned(data))
+    }
+
+    /// As [`GgufFile::assembled`] over a memory-mapped file (a `.mollm` package): tensor
+    /// offsets are absolute in `map`, and its pages come back from the file.
+    pub fn mapped(
+        path: PathBuf,
+        metadata: Vec<(String, Value)>,
+        tensors: Vec<TensorInfo>,
+        map: memmap2::Mmap,
+    ) -> Result<GgufFile, LoadError> {
+        Self::from_storage(path, metadata, tensors, Storage::Mmap(map))
+    }
+
+    fn from_storage(
+        path: PathBuf,
+        metadata: Vec<(String, Value)>,
+        tensors: Vec<TensorInfo>,
+        storage: Storage,
+    ) -> Result<GgufFile, LoadError> {
+        let data = storage.bytes();
         for t in &tensors {
             let want = tensor_bytes(t.dtype, &t.shape);
             let end = t.offset.checked_add(t.size);
@@ -134,7 +154,7 @@ impl GgufFile {
             tensors,
             alignment: DEFAULT_ALIGNMENT,
             data_offset: 0,
-            storage: Storage::Owned(data),
+            storage,
         })
     }
 

@@ -1,0 +1,183 @@
+//! `mat_mul` with mollm's W4G32 / W4G128 / W8PC weights (quant/src/mollm.rs): activations
+//! quantized per column in the matching groups (Q8_0, or A8G128 for W4G128), exact integer
+//! sums per group, and the reference's float chain (eight lanes, group g in lane g % 8, one
+//! fma with `dw·da` per group, `hsum_float_8`), so results are bit-identical to
+//! `quant::vec_dot`.
+//!
+//! W4A8 GEMV for decode and GEMM for prompts share one loop: each weight row is unpacked once
+//! into i8 codes and per-group scales, then dotted with every activation column (a prompt's
+//! columns reuse the unpacked row from L1). The integer dot of a group is plain Rust over i8
+//! slices, which the compiler turns into widening multiply-adds (inside an AVX2 or AVX-512BW
+//! frame on x86, NEON on AArch64).
+
+use crate::par::{parallel_for, SyncPtr};
+use crate::{split_row, Error};
+use abi::{DType, HostApi, TensorDesc};
+
+/// Weight formats taken here.
+pub const FORMATS: &[DType] = &[DType::W4G32, DType::W4G128, DType::W8PC];
+
+/// Weight rows per task.
+const ROWS_PER_TASK: usize = 16;
+
+/// Which instructions the integer dot may use.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Frame {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// # Safety
+/// A validated mat_mul of a [`FORMATS`] weight with packed rows on valid host memory; the CPU
+/// runs `frame`.
+pub unsafe fn run(
+    frame: Frame,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let dt = w.dtype().expect("validated");
+    let (k, n, cols) = (w.ne[0] as usize, w.ne[1] as usize, x.nrows() as usize);
+    if n == 0 || cols == 0 || k == 0 {
+        return Ok(());
+    }
+    let vt = quant::vec_dot_type(dt);
+    let ga = vt.info().block_len as usize; // activation group
+    let groups = k / ga;
+    let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
+    // Activations: codes and per-group scales, from quant's own conversion.
+    let rb = quant::row_bytes(vt, k).ok_or_else(|| Error::Invalid("mat_mul: bad row".into()))?;
+    let mut aq = vec![0i8; cols * k];
+    let mut ad = vec![0f32; cols * groups];
+    let mut col = vec![0f32; k];
+    let mut conv = vec![0u8; rb];
+    for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
+        let base = x
+            .data
+            .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
+        for (e, v) in col.iter_mut().enumerate() {
+            *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32).read_unaligned();
+        }
+        quant::quantize_activations(dt, &col, &mut conv)
+            .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
+        let bb = vt.info().block_bytes as usize;
+        for (g, b) in conv.chunks_exact(bb).enumerate() {
+            let (d, q) = if vt == DType::Q8_0 {
+                (quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]])), &b[2..])
+            } else {
+                (f32::from_le_bytes(b[..4].try_into().unwrap()), &b[4..])
+            };
+            ad[c * groups + g] = d;
+            for (o, &v) in aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
+                *o = v as i8;
+            }
+        }
+    }
+    let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
+    let (aq, ad, col_index) = (&aq, &ad, &col_index);
+    let (w, out) = (*w, *out);
+    let wrb = quant::row_bytes(dt, k).expect("validated");
+    parallel_for(host, n.div_ceil(ROWS_PER_TASK) as u32, |t| {
+        let mut wq = vec![0i8; k];
+        let mut wd = vec![0f32; groups];
+        let r0 = t as usize * ROWS_PER_TASK;
+        for r in r0..(r0 + ROWS_PER_TASK).min(n) {
+            // SAFETY: row r of the validated weight.
+            let row = unsafe {
+                core::slice::from_raw_parts(wp.0.wrapping_offset(r as isize * w.nb[1] as isize), wrb)
+            };
+            unpack(dt, row, &mut wq, &mut wd);
+            for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
+                let a = &aq[c * k..(c + 1) * k];
+                let d = &ad[c * groups..(c + 1) * groups];
+                // SAFETY: the caller checked that the CPU runs `frame`.
+                let v = unsafe { dot(frame, &wq, &wd, a, d, ga) };
+                let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+                // SAFETY: each (row, column) is written by exactly one task.
+                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+            }
+        }
+    });
+    Ok(())
+}
+
+/// A weight row as i8 codes and one scale per activation group.
+fn unpack(dt: DType, row: &[u8], q: &mut [i8], d: &mut [f32]) {
+    match dt {
+        DType::W4G32 | DType::W4G128 => {
+            let (bl, bb) = (dt.info().block_len as usize, dt.info().block_bytes as usize);
+            let half = bl / 2;
+            for (g, b) in row.chunks_exact(bb).enumerate() {
+                d[g] = quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                let out = &mut q[g * bl..(g + 1) * bl];
+                for j in 0..half {
+                    out[j] = (b[2 + j] & 0x0F) as i8 - 8;
+                    out[j + half] = (b[2 + j] >> 4) as i8 - 8;
+                }
+            }
+        }
+        _ => {
+            // W8PC: 64-element blocks, two Q8_0 activation groups each.
+            for (bi, b) in row.chunks_exact(68).enumerate() {
+                let s = f32::from_le_bytes(b[..4].try_into().unwrap());
+                d[2 * bi] = s;
+                d[2 * bi + 1] = s;
+                for (o, &v) in q[64 * bi..64 * bi + 64].iter_mut().zip(&b[4..]) {
+                    *o = v as i8;
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU runs `frame`.
+#[inline(always)]
+unsafe fn dot(frame: Frame, wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
+    match frame {
+        Frame::Portable => dot_body(wq, wd, a, ad, ga),
+        #[cfg(target_arch = "x86_64")]
+        Frame::Avx2 => dot_avx2(wq, wd, a, ad, ga),
+        #[cfg(target_arch = "x86_64")]
+        Frame::Avx512 => dot_avx512(wq, wd, a, ad, ga),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
+    dot_body(wq, wd, a, ad, ga)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn dot_avx512(wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
+    dot_body(wq, wd, a, ad, ga)
+}
+
+/// The reference's chain (quant::mollm::vec_dot) over unpacked codes.
+#[inline(always)]
+fn dot_body(wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (g, (ws, xs)) in wq.chunks_exact(ga).zip(a.chunks_exact(ga)).enumerate() {
+        let isum = if ga == 32 { idot::<32>(ws, xs) } else { idot::<128>(ws, xs) };
+        lanes[g % 8] = (wd[g] * ad[g]).mul_add(isum as f32, lanes[g % 8]);
+    }
+    let r = [lanes[4] + lanes[0], lanes[5] + lanes[1], lanes[6] + lanes[2], lanes[7] + lanes[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// Exact integer dot of `N` i8 pairs (i16 products summed in i32).
+#[inline(always)]
+fn idot<const N: usize>(w: &[i8], a: &[i8]) -> i32 {
+    let (w, a): (&[i8; N], &[i8; N]) = (w.try_into().unwrap(), a.try_into().unwrap());
+    let mut s = 0i32;
+    for i in 0..N {
+        s += (w[i] as i16 * a[i] as i16) as i32;
+    }
+    s
+}
