@@ -87,7 +87,11 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
                 'G' => 1 << 30,
                 'T' => 1 << 40,
                 'B' => 1,
-                _ => return Err(format!("'{s}': unknown size suffix '{c}' (use K, M, G or T)")),
+                _ => {
+                    return Err(format!(
+                        "'{s}': unknown size suffix '{c}' (use K, M, G or T)"
+                    ))
+                }
             };
             (&t[..i], m)
         }
@@ -173,8 +177,9 @@ fn convert_tensor(src: &GgufFile, t: &TensorInfo, to: DType) -> CliResult<Vec<u8
                 let mut row = vec![0f32; k];
                 for (j, dst) in chunk.chunks_mut(orb).enumerate() {
                     let r = ci * per + j;
-                    let res = quant::dequantize_row(t.dtype, &data[r * irb..(r + 1) * irb], &mut row)
-                        .and_then(|_| quant::quantize_row(to, &row, dst));
+                    let res =
+                        quant::dequantize_row(t.dtype, &data[r * irb..(r + 1) * irb], &mut row)
+                            .and_then(|_| quant::quantize_row(to, &row, dst));
                     if let Err(e) = res {
                         *err.lock().unwrap() = Some(format!("tensor '{}': {e}", t.name));
                         return;
@@ -198,15 +203,24 @@ pub fn convert(a: ConvertArgs) -> CliResult {
     }
     let src = loader::open_model(&a.src)?;
     let arch = src.architecture()?.to_string();
-    if !engine::model::ARCHITECTURES.iter().any(|(n, _, _)| *n == arch) {
-        return Err(format!("{}: architecture '{arch}' is not one mollm runs", a.src.display()).into());
+    if !engine::model::ARCHITECTURES
+        .iter()
+        .any(|(n, _, _)| *n == arch)
+    {
+        return Err(format!(
+            "{}: architecture '{arch}' is not one mollm runs",
+            a.src.display()
+        )
+        .into());
     }
     let source = a
         .src
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let len = |m: Mode| loader::package::package_len(&arch, m.name(), &source, &src.metadata, &plan(&src, m));
+    let len = |m: Mode| {
+        loader::package::package_len(&arch, m.name(), &source, &src.metadata, &plan(&src, m))
+    };
     let mode = match a.fit {
         None => a.quant,
         Some(limit) => {
@@ -253,7 +267,9 @@ pub fn convert(a: ConvertArgs) -> CliResult {
     let fallback = tensors
         .iter()
         .zip(&src.tensors)
-        .filter(|(p, t)| t.shape.len() >= 2 && p.dtype == DType::F16 && mode != Mode::Fp16 && mode != Mode::Keep)
+        .filter(|(p, t)| {
+            t.shape.len() >= 2 && p.dtype == DType::F16 && mode != Mode::Fp16 && mode != Mode::Keep
+        })
         .count();
     println!(
         "{}: {} ({} mode, from {}): {}{}",

@@ -87,7 +87,10 @@ fn value_json(key: &str, v: &Value) -> Result<Json, String> {
                 "[f32]",
                 Json::Array(v.iter().map(|&x| f(x as f64)).collect::<Result<_, _>>()?),
             ),
-            Array::F64(v) => ("[f64]", Json::Array(v.iter().map(|&x| f(x)).collect::<Result<_, _>>()?)),
+            Array::F64(v) => (
+                "[f64]",
+                Json::Array(v.iter().map(|&x| f(x)).collect::<Result<_, _>>()?),
+            ),
             Array::Bool(v) => ("[bool]", json!(v)),
             Array::String(v) => (
                 "[str]",
@@ -114,14 +117,21 @@ fn json_value(e: &Json) -> Result<(String, Value), String> {
         ($t:ty) => {
             list()?
                 .iter()
-                .map(|x| x.as_u64().and_then(|u| <$t>::try_from(u).ok()).or_else(|| x.as_i64().and_then(|i| <$t>::try_from(i).ok())))
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|u| <$t>::try_from(u).ok())
+                        .or_else(|| x.as_i64().and_then(|i| <$t>::try_from(i).ok()))
+                })
                 .collect::<Option<Vec<$t>>>()
                 .ok_or_else(bad)?
         };
     }
     macro_rules! one {
         ($t:ty) => {
-            int(v).and_then(|i| <$t>::try_from(i).ok()).or_else(|| v.as_u64().and_then(|u| <$t>::try_from(u).ok())).ok_or_else(bad)?
+            int(v)
+                .and_then(|i| <$t>::try_from(i).ok())
+                .or_else(|| v.as_u64().and_then(|u| <$t>::try_from(u).ok()))
+                .ok_or_else(bad)?
         };
     }
     let val = match ty {
@@ -146,13 +156,25 @@ fn json_value(e: &Json) -> Result<(String, Value), String> {
         "[u64]" => Value::Array(Array::U64(ints!(u64))),
         "[i64]" => Value::Array(Array::I64(ints!(i64))),
         "[f32]" => Value::Array(Array::F32(
-            list()?.iter().map(|x| x.as_f64().map(|f| f as f32)).collect::<Option<_>>().ok_or_else(bad)?,
+            list()?
+                .iter()
+                .map(|x| x.as_f64().map(|f| f as f32))
+                .collect::<Option<_>>()
+                .ok_or_else(bad)?,
         )),
         "[f64]" => Value::Array(Array::F64(
-            list()?.iter().map(|x| x.as_f64()).collect::<Option<_>>().ok_or_else(bad)?,
+            list()?
+                .iter()
+                .map(|x| x.as_f64())
+                .collect::<Option<_>>()
+                .ok_or_else(bad)?,
         )),
         "[bool]" => Value::Array(Array::Bool(
-            list()?.iter().map(|x| x.as_bool()).collect::<Option<_>>().ok_or_else(bad)?,
+            list()?
+                .iter()
+                .map(|x| x.as_bool())
+                .collect::<Option<_>>()
+                .ok_or_else(bad)?,
         )),
         "[str]" => {
             let mut a = StrArray::default();
@@ -226,14 +248,21 @@ fn layout(
     let mut entries = Vec::with_capacity(tensors.len());
     for t in tensors {
         let size = tensor_bytes(t.dtype, &t.shape).ok_or_else(|| {
-            format!("tensor '{}': {:?} is not whole {} blocks", t.name, t.shape, t.dtype)
+            format!(
+                "tensor '{}': {:?} is not whole {} blocks",
+                t.name, t.shape, t.dtype
+            )
         })?;
         off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
         let mut e = json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
                            "offset": off, "bytes": size});
         if t.shape.len() == 3 && t.name.contains("_exps") {
             let per = size / t.shape[2];
-            e["experts"] = Json::Array((0..t.shape[2]).map(|x| json!([off + x * per, per])).collect());
+            e["experts"] = Json::Array(
+                (0..t.shape[2])
+                    .map(|x| json!([off + x * per, per]))
+                    .collect(),
+            );
         }
         entries.push(e);
         offsets.push((off, size));
@@ -263,8 +292,10 @@ fn layout(
             break;
         }
     }
-    let sections_end =
-        HEADER + bytes.len() as u64 + tok.len() as u64 + template.as_ref().map_or(0, |t| t.len() as u64);
+    let sections_end = HEADER
+        + bytes.len() as u64
+        + tok.len() as u64
+        + template.as_ref().map_or(0, |t| t.len() as u64);
     let data_offset = sections_end.div_ceil(DATA_ALIGN) * DATA_ALIGN;
     Ok(Layout {
         meta: bytes,
@@ -336,10 +367,15 @@ impl Writer {
     pub fn tensor(&mut self, i: usize, bytes: &[u8]) -> Result<(), String> {
         let (off, size) = self.offsets[i];
         if bytes.len() as u64 != size {
-            return Err(format!("tensor {i}: {} bytes, expected {size}", bytes.len()));
+            return Err(format!(
+                "tensor {i}: {} bytes, expected {size}",
+                bytes.len()
+            ));
         }
         let io = |e: std::io::Error| format!("{}: {e}", self.tmp.display());
-        self.file.seek(SeekFrom::Start(self.data_offset + off)).map_err(io)?;
+        self.file
+            .seek(SeekFrom::Start(self.data_offset + off))
+            .map_err(io)?;
         self.file.write_all(bytes).map_err(io)
     }
 
@@ -352,8 +388,7 @@ impl Writer {
         self.file
             .sync_all()
             .map_err(|e| format!("{}: {e}", self.tmp.display()))?;
-        std::fs::rename(&self.tmp, &self.out)
-            .map_err(|e| format!("{}: {e}", self.out.display()))
+        std::fs::rename(&self.tmp, &self.out).map_err(|e| format!("{}: {e}", self.out.display()))
     }
 }
 
@@ -440,7 +475,9 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
                     s.get("offset").and_then(|v| v.as_u64()),
                     s.get("bytes").and_then(|v| v.as_u64()),
                 ) else {
-                    return Err(err(format!("metadata field '{name}' needs offset and bytes")));
+                    return Err(err(format!(
+                        "metadata field '{name}' needs offset and bytes"
+                    )));
                 };
                 Ok(Some(&b[within(name, o, n)?]))
             }
@@ -458,7 +495,10 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
     }
     if let Some(t) = section("chat_template")? {
         let t = std::str::from_utf8(t).map_err(|_| err("chat template is not UTF-8".into()))?;
-        metadata.push(("tokenizer.chat_template".into(), Value::String(t.to_string())));
+        metadata.push((
+            "tokenizer.chat_template".into(),
+            Value::String(t.to_string()),
+        ));
     }
     let list = field("tensors")?
         .as_array()
@@ -478,7 +518,8 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
             return Err(terr("appears twice".into()));
         }
         let dt_name = t.get("dtype").and_then(|v| v.as_str()).unwrap_or("?");
-        let dtype = DType::from_name(dt_name).ok_or_else(|| terr(format!("unknown format '{dt_name}'")))?;
+        let dtype =
+            DType::from_name(dt_name).ok_or_else(|| terr(format!("unknown format '{dt_name}'")))?;
         let shape: Vec<u64> = t
             .get("shape")
             .and_then(|v| v.as_array())

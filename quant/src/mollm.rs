@@ -54,11 +54,18 @@ fn quantize_w4_group(x: &[f32], q: &mut [i8]) -> u16 {
     }
     let codes = |d: f32, q: &mut [i8]| {
         for (c, &v) in q.iter_mut().zip(x) {
-            *c = if d == 0.0 { 0 } else { (v / d).round_ties_even().clamp(-8.0, 7.0) as i8 };
+            *c = if d == 0.0 {
+                0
+            } else {
+                (v / d).round_ties_even().clamp(-8.0, 7.0) as i8
+            };
         }
     };
     let sse = |d: f32, q: &[i8]| -> f32 {
-        x.iter().zip(q).map(|(&v, &c)| (v - c as f32 * d) * (v - c as f32 * d)).sum()
+        x.iter()
+            .zip(q)
+            .map(|(&v, &c)| (v - c as f32 * d) * (v - c as f32 * d))
+            .sum()
     };
     let mut best = (f32::INFINITY, 0u16);
     let mut tmp = vec![0i8; x.len()];

@@ -12,9 +12,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 pub mod fmatmul;
-pub mod wmatmul;
 pub mod ops;
 pub mod par;
+pub mod wmatmul;
+#[cfg(target_arch = "x86_64")]
+mod wmatmul_x86;
 
 /// Why a call was not computed.
 #[derive(Debug, Clone, PartialEq, Eq)]

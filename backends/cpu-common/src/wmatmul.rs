@@ -4,11 +4,10 @@
 //! fma with `dw·da` per group, `hsum_float_8`), so results are bit-identical to
 //! `quant::vec_dot`.
 //!
-//! W4A8 GEMV for decode and GEMM for prompts share one loop: each weight row is unpacked once
-//! into i8 codes and per-group scales, then dotted with every activation column (a prompt's
-//! columns reuse the unpacked row from L1). The integer dot of a group is plain Rust over i8
-//! slices, which the compiler turns into widening multiply-adds (inside an AVX2 or AVX-512BW
-//! frame on x86, NEON on AArch64).
+//! W4A8 GEMV for decode and GEMM for prompts share one loop: each weight row is dotted with
+//! every activation column while it is in L1 (a prompt's columns reuse it). On x86 the dot runs
+//! straight from the packed row ([`crate::wmatmul_x86`]); the portable path unpacks the row to
+//! i8 codes once and dots plain Rust slices (widening multiply-adds on NEON).
 
 use crate::par::{parallel_for, SyncPtr};
 use crate::{split_row, Error};
@@ -20,12 +19,15 @@ pub const FORMATS: &[DType] = &[DType::W4G32, DType::W4G128, DType::W8PC];
 /// Weight rows per task.
 const ROWS_PER_TASK: usize = 16;
 
-/// Which instructions the integer dot may use.
+/// Which kernel computes the dot products.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Frame {
+    /// Unpack each row to i8 codes, then plain Rust (NEON on AArch64 by auto-vectorization).
     Portable,
+    /// Straight from the packed rows with AVX2 ([`crate::wmatmul_x86`]).
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX-512 F/BW/VL/VNNI: vpdpbusd, a W4G128 group in one zmm.
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
@@ -53,6 +55,7 @@ pub unsafe fn run(
     let rb = quant::row_bytes(vt, k).ok_or_else(|| Error::Invalid("mat_mul: bad row".into()))?;
     let mut aq = vec![0i8; cols * k];
     let mut ad = vec![0f32; cols * groups];
+    let mut asum = vec![0i32; cols * groups];
     let mut col = vec![0f32; k];
     let mut conv = vec![0u8; rb];
     for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
@@ -60,14 +63,18 @@ pub unsafe fn run(
             .data
             .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
         for (e, v) in col.iter_mut().enumerate() {
-            *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32).read_unaligned();
+            *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                .read_unaligned();
         }
         quant::quantize_activations(dt, &col, &mut conv)
             .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
         let bb = vt.info().block_bytes as usize;
         for (g, b) in conv.chunks_exact(bb).enumerate() {
             let (d, q) = if vt == DType::Q8_0 {
-                (quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]])), &b[2..])
+                (
+                    quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]])),
+                    &b[2..],
+                )
             } else {
                 (f32::from_le_bytes(b[..4].try_into().unwrap()), &b[4..])
             };
@@ -75,10 +82,11 @@ pub unsafe fn run(
             for (o, &v) in aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
                 *o = v as i8;
             }
+            asum[c * groups + g] = q.iter().map(|&v| v as i8 as i32).sum();
         }
     }
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
-    let (aq, ad, col_index) = (&aq, &ad, &col_index);
+    let (aq, ad, asum, col_index) = (&aq, &ad, &asum, &col_index);
     let (w, out) = (*w, *out);
     let wrb = quant::row_bytes(dt, k).expect("validated");
     parallel_for(host, n.div_ceil(ROWS_PER_TASK) as u32, |t| {
@@ -88,14 +96,37 @@ pub unsafe fn run(
         for r in r0..(r0 + ROWS_PER_TASK).min(n) {
             // SAFETY: row r of the validated weight.
             let row = unsafe {
-                core::slice::from_raw_parts(wp.0.wrapping_offset(r as isize * w.nb[1] as isize), wrb)
+                core::slice::from_raw_parts(
+                    wp.0.wrapping_offset(r as isize * w.nb[1] as isize),
+                    wrb,
+                )
             };
-            unpack(dt, row, &mut wq, &mut wd);
+            if frame == Frame::Portable {
+                unpack(dt, row, &mut wq, &mut wd);
+            }
             for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
                 let a = &aq[c * k..(c + 1) * k];
                 let d = &ad[c * groups..(c + 1) * groups];
-                // SAFETY: the caller checked that the CPU runs `frame`.
-                let v = unsafe { dot(frame, &wq, &wd, a, d, ga) };
+                let v = match frame {
+                    // SAFETY: the caller checked that the CPU has AVX2 and FMA.
+                    #[cfg(target_arch = "x86_64")]
+                    Frame::Avx2 | Frame::Avx512 => unsafe {
+                        let isa = if frame == Frame::Avx512 {
+                            crate::wmatmul_x86::Isa::Avx512
+                        } else {
+                            crate::wmatmul_x86::Isa::Avx2
+                        };
+                        crate::wmatmul_x86::dot(
+                            isa,
+                            dt,
+                            row,
+                            a,
+                            d,
+                            &asum[c * groups..(c + 1) * groups],
+                        )
+                    },
+                    _ => dot_body(&wq, &wd, a, d, ga),
+                };
                 let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
                 // SAFETY: each (row, column) is written by exactly one task.
                 unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
@@ -134,40 +165,24 @@ fn unpack(dt: DType, row: &[u8], q: &mut [i8], d: &mut [f32]) {
     }
 }
 
-/// # Safety
-/// The CPU runs `frame`.
-#[inline(always)]
-unsafe fn dot(frame: Frame, wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
-    match frame {
-        Frame::Portable => dot_body(wq, wd, a, ad, ga),
-        #[cfg(target_arch = "x86_64")]
-        Frame::Avx2 => dot_avx2(wq, wd, a, ad, ga),
-        #[cfg(target_arch = "x86_64")]
-        Frame::Avx512 => dot_avx512(wq, wd, a, ad, ga),
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
-    dot_body(wq, wd, a, ad, ga)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-unsafe fn dot_avx512(wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
-    dot_body(wq, wd, a, ad, ga)
-}
-
 /// The reference's chain (quant::mollm::vec_dot) over unpacked codes.
 #[inline(always)]
 fn dot_body(wq: &[i8], wd: &[f32], a: &[i8], ad: &[f32], ga: usize) -> f32 {
     let mut lanes = [0f32; 8];
     for (g, (ws, xs)) in wq.chunks_exact(ga).zip(a.chunks_exact(ga)).enumerate() {
-        let isum = if ga == 32 { idot::<32>(ws, xs) } else { idot::<128>(ws, xs) };
+        let isum = if ga == 32 {
+            idot::<32>(ws, xs)
+        } else {
+            idot::<128>(ws, xs)
+        };
         lanes[g % 8] = (wd[g] * ad[g]).mul_add(isum as f32, lanes[g % 8]);
     }
-    let r = [lanes[4] + lanes[0], lanes[5] + lanes[1], lanes[6] + lanes[2], lanes[7] + lanes[3]];
+    let r = [
+        lanes[4] + lanes[0],
+        lanes[5] + lanes[1],
+        lanes[6] + lanes[2],
+        lanes[7] + lanes[3],
+    ];
     (r[0] + r[2]) + (r[1] + r[3])
 }
 

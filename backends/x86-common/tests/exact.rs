@@ -468,3 +468,46 @@ fn float_mat_mul_matches_reference_backend_bit_for_bit() {
         }
     }
 }
+
+/// mollm's W4G32 / W4G128 / W8PC weights (quantized per row, as the converter writes them):
+/// the AVX2 and AVX-512 VNNI kernels against the reference, bit for bit, with full chunks of
+/// eight groups and partial last chunks, one column (GEMV) and prompts.
+#[test]
+fn mollm_format_mat_mul_matches_reference_backend_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let refi = Instance::new(&reference::TABLE, &host);
+    let mut rng = Rng::new(17);
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        for &(dt, k, n) in &[
+            (DType::W4G32, 576usize, 40usize), // 18 groups: two full chunks and a tail
+            (DType::W4G32, 32, 5),
+            (DType::W4G128, 1024, 24), // 8 groups exactly
+            (DType::W4G128, 896, 9),   // 7: only a partial chunk
+            (DType::W4G128, 2304, 3),  // 18
+            (DType::W8PC, 576, 33),
+            (DType::W8PC, 64, 2),
+        ] {
+            let src = rng.data(k * n, 0.7);
+            let rb = quant::row_bytes(dt, k).unwrap();
+            let mut w = vec![0u8; rb * n];
+            for r in 0..n {
+                quant::quantize_row(dt, &src[r * k..(r + 1) * k], &mut w[r * rb..(r + 1) * rb])
+                    .unwrap();
+            }
+            let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            for cols in [1usize, 2, 7, 17] {
+                let mut x = rng.data(k * cols, 2.0);
+                check_mat_mul(
+                    &refi,
+                    &me,
+                    wd,
+                    wd,
+                    &mut x,
+                    (k, n, cols),
+                    &format!("{isa:?} {dt}"),
+                );
+            }
+        }
+    }
+}
