@@ -20,7 +20,7 @@ use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Model: a GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json) [default: SmolLM2-135M-Instruct from the model cache]
+    /// Model: a GGUF file, a .mollm package or a Hugging Face directory (config.json, *.safetensors, tokenizer.json) [default: SmolLM2-135M-Instruct from the model cache]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Prompt lengths to measure (comma-separated: one pp row each; 0 = none).

@@ -13,7 +13,7 @@ pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model: a GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json) [default: SmolLM2-135M-Instruct from the model cache]
+    /// Model: a GGUF file, a .mollm package or a Hugging Face directory (config.json, *.safetensors, tokenizer.json) [default: SmolLM2-135M-Instruct from the model cache]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Backend: auto (conforming native plugins by score, then reference), reference, or a

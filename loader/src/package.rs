@@ -578,3 +578,7 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
     }
     Ok((metadata, tensors))
 }
+
+#[cfg(test)]
+#[path = "package_tests.rs"]
+mod tests;
