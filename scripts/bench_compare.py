@@ -11,8 +11,13 @@ run), then --reps measured runs; the figure is the median tokens/s of those runs
 cannot use an F32 cache). Run it on a quiet machine: under load llama.cpp's spinning threads
 lose far more than mollm's, and the ratios mean nothing.
 
+With --convert MODE each model is also converted (`mollm convert --quant MODE`, into
+~/.cache/mollm/converted/) and the package is measured by mollm in the same run, next to its
+source GGUF on both engines.
+
 Usage: scripts/bench_compare.py --model A.gguf [--model B.gguf ...] [--prompt-tokens 256]
        [--gen 64] [--reps 5] [--warmup 1] [--threads 2] [--backend auto] [--llama-bench PATH]
+       [--convert w4g128]
 mollm is target/release/mollm (or $CARGO_TARGET_DIR/release/mollm); llama-bench is --llama-bench,
 then PATH, then ~/.cache/mollm/llama.cpp-build/bin/llama-bench (scripts/build-llama-cpp.sh).
 """
@@ -67,11 +72,14 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bench")
+    p.add_argument("--convert")
     a = p.parse_args()
     print(f"pp{a.prompt_tokens} and tg{a.gen} from an empty context, random token ids, {a.threads} threads, "
           f"warm-up then {a.reps} runs, median tokens/s; mollm --backend {a.backend} (F32 KV cache), "
           f"llama-bench defaults (F16 KV cache, flash attention auto)")
     print()
+    if a.convert:
+        return with_packages(a)
     print("| model | test | mollm t/s | llama.cpp t/s | mollm / llama.cpp |")
     print("|---|---|---:|---:|---:|")
     for model in a.model:
@@ -83,6 +91,27 @@ def main():
             ls = f"{l:.2f}" if l else "n/a"
             ratio = f"{m / l:.2f}" if l else "n/a"
             print(f"| {name} | {test} | {m:.2f} | {ls} | {ratio} |", flush=True)
+        print(f"<!-- {name}: mollm backends {backend} -->", flush=True)
+
+
+def with_packages(a):
+    conv = os.path.expanduser("~/.cache/mollm/converted")
+    os.makedirs(conv, exist_ok=True)
+    print(f"| model | test | mollm GGUF | mollm {a.convert} package | llama.cpp GGUF | package / llama.cpp | package / mollm GGUF |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for model in a.model:
+        name = os.path.basename(model)
+        pkg = os.path.join(conv, os.path.splitext(name)[0] + f"-{a.convert}.mollm")
+        subprocess.run([mollm_exe(), "convert", model, pkg, "--quant", a.convert, "-q"], check=True,
+                       capture_output=True)
+        g_pp, g_tg, _ = mollm_rows(a, model)
+        p_pp, p_tg, backend = mollm_rows(a, pkg)
+        ll = llama_rows(a, model)
+        for test, g, m, l in [(f"pp{a.prompt_tokens}", g_pp, p_pp, ll[0] if ll else None),
+                              (f"tg{a.gen}", g_tg, p_tg, ll[1] if ll else None)]:
+            ls = f"{l:.2f}" if l else "n/a"
+            ratio = f"{m / l:.2f}" if l else "n/a"
+            print(f"| {name} | {test} | {g:.2f} | {m:.2f} | {ls} | {ratio} | {m / g:.2f} |", flush=True)
         print(f"<!-- {name}: mollm backends {backend} -->", flush=True)
 
 

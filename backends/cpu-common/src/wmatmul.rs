@@ -54,8 +54,11 @@ pub unsafe fn run(
     // Activations: codes and per-group scales, from quant's own conversion.
     let rb = quant::row_bytes(vt, k).ok_or_else(|| Error::Invalid("mat_mul: bad row".into()))?;
     let mut aq = vec![0i8; cols * k];
-    let mut ad = vec![0f32; cols * groups];
-    let mut asum = vec![0i32; cols * groups];
+    // Scales and sums per group, zero-padded to whole chunks of eight groups (the x86 kernel
+    // loads eight at a time).
+    let gpad = groups.div_ceil(8) * 8;
+    let mut ad = vec![0f32; cols * gpad];
+    let mut asum = vec![0i32; cols * gpad];
     let mut col = vec![0f32; k];
     let mut conv = vec![0u8; rb];
     for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
@@ -78,11 +81,11 @@ pub unsafe fn run(
             } else {
                 (f32::from_le_bytes(b[..4].try_into().unwrap()), &b[4..])
             };
-            ad[c * groups + g] = d;
+            ad[c * gpad + g] = d;
             for (o, &v) in aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
                 *o = v as i8;
             }
-            asum[c * groups + g] = q.iter().map(|&v| v as i8 as i32).sum();
+            asum[c * gpad + g] = q.iter().map(|&v| v as i8 as i32).sum();
         }
     }
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
@@ -104,32 +107,47 @@ pub unsafe fn run(
             if frame == Frame::Portable {
                 unpack(dt, row, &mut wq, &mut wd);
             }
-            for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
-                let a = &aq[c * k..(c + 1) * k];
-                let d = &ad[c * groups..(c + 1) * groups];
-                let v = match frame {
-                    // SAFETY: the caller checked that the CPU has AVX2 and FMA.
-                    #[cfg(target_arch = "x86_64")]
-                    Frame::Avx2 | Frame::Avx512 => unsafe {
-                        let isa = if frame == Frame::Avx512 {
-                            crate::wmatmul_x86::Isa::Avx512
-                        } else {
-                            crate::wmatmul_x86::Isa::Avx2
-                        };
-                        crate::wmatmul_x86::dot(
-                            isa,
-                            dt,
-                            row,
-                            a,
-                            d,
-                            &asum[c * groups..(c + 1) * groups],
-                        )
-                    },
-                    _ => dot_body(&wq, &wd, a, d, ga),
-                };
+            let put = |c: usize, v: f32| {
+                let (i1, i2, i3) = col_index[c];
                 let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
                 // SAFETY: each (row, column) is written by exactly one task.
                 unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+            };
+            let a = |c: usize| &aq[c * k..(c + 1) * k];
+            let d = |c: usize| &ad[c * gpad..(c + 1) * gpad];
+            let s = |c: usize| &asum[c * gpad..(c + 1) * gpad];
+            match frame {
+                #[cfg(target_arch = "x86_64")]
+                Frame::Avx2 | Frame::Avx512 => {
+                    use crate::wmatmul_x86 as x;
+                    let isa = if frame == Frame::Avx512 {
+                        x::Isa::Avx512
+                    } else {
+                        x::Isa::Avx2
+                    };
+                    // Four columns per unpacked row group (prompts), then one at a time.
+                    let mut c = 0;
+                    while c + 4 <= cols {
+                        let cs = [c, c + 1, c + 2, c + 3];
+                        // SAFETY: the caller checked that the CPU runs `frame`.
+                        let v =
+                            unsafe { x::dot::<4>(isa, dt, row, cs.map(a), cs.map(d), cs.map(s)) };
+                        for (j, v) in v.into_iter().enumerate() {
+                            put(c + j, v);
+                        }
+                        c += 4;
+                    }
+                    for c in c..cols {
+                        // SAFETY: as above.
+                        let [v] = unsafe { x::dot::<1>(isa, dt, row, [a(c)], [d(c)], [s(c)]) };
+                        put(c, v);
+                    }
+                }
+                _ => {
+                    for c in 0..cols {
+                        put(c, dot_body(&wq, &wd, a(c), d(c), ga));
+                    }
+                }
             }
         }
     });

@@ -1,12 +1,27 @@
-//! AVX2 dot products of one packed W4G32 / W4G128 / W8PC row with one quantized activation
-//! column, bit-identical to `quant::mollm::vec_dot` (and to [`super::wmatmul`]'s portable
-//! chain): the integer sum of each group straight from the packed nibbles
-//! (`maddubs(code, a)` over unsigned codes, minus `8·Σa`; W8PC with ggml's sign trick), eight
-//! groups' sums transposed into one vector so that group `g` lands in lane `g % 8`, then one
-//! vector `fma(dw·da, isum, lanes)` per eight groups (the reference's lanes exactly) and
-//! `hsum_float_8`.
+//! AVX2 / AVX-512 VNNI dot products of one packed W4G32 / W4G128 / W8PC row with `C` quantized
+//! activation columns at once, bit-identical to `quant::mollm::vec_dot` (and to
+//! [`super::wmatmul`]'s portable chain).
+//!
+//! Per group: the row's codes are unpacked from the nibbles once and multiplied into each
+//! column (AVX2: `maddubs` on the unsigned codes, then `madd`; VNNI: `vpdpbusd`), the 4-bit
+//! codes' offset removed as `8·Σa` (W8PC: ggml's sign trick instead); eight groups' sums are
+//! transposed into one vector so that group `g` lands in lane `g % 8`, then one vector
+//! `fma(dw·da, isum, lanes)` per eight groups (the reference's lanes exactly; a last partial
+//! chunk only touches its lanes) and `hsum_float_8`. `C = 4` is the prompt GEMM tile (the
+//! unpacked group serves four columns), `C = 1` the decode GEMV.
 
 use core::arch::x86_64::*;
+
+/// Which integer instructions: AVX2 (`maddubs` + `madd`) or AVX-512 VNNI (`vpdpbusd`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx2,
+    Avx512,
+}
+
+const W4G32: u8 = 0;
+const W4G128: u8 = 1;
+const W8PC: u8 = 2;
 
 /// Sums each of the eight vectors' eight i32 lanes: lane j of the result is Σ v[j].
 #[inline(always)]
@@ -24,48 +39,6 @@ unsafe fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn ones() -> __m256i {
-    _mm256_set1_epi16(1)
-}
-
-/// Σ code·a over one W4G32 group (codes 0..15, element j low nibble of byte j, j+16 high).
-#[inline(always)]
-unsafe fn w4g32_partials(q: *const u8, a: *const i8) -> __m256i {
-    let b = _mm_loadu_si128(q as *const __m128i);
-    let m = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(b, m);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m);
-    let codes = _mm256_set_m128i(hi, lo);
-    let p = _mm256_maddubs_epi16(codes, _mm256_loadu_si256(a as *const __m256i));
-    _mm256_madd_epi16(p, ones())
-}
-
-/// Σ code·a over one W4G128 group (element j low nibble of byte j, j+64 high).
-#[inline(always)]
-unsafe fn w4g128_partials(q: *const u8, a: *const i8) -> __m256i {
-    let m = _mm256_set1_epi8(0x0F);
-    let b0 = _mm256_loadu_si256(q as *const __m256i);
-    let b1 = _mm256_loadu_si256(q.add(32) as *const __m256i);
-    let al = |o: usize| _mm256_loadu_si256(a.add(o) as *const __m256i);
-    let p0 = _mm256_maddubs_epi16(_mm256_and_si256(b0, m), al(0));
-    let p1 = _mm256_maddubs_epi16(_mm256_and_si256(b1, m), al(32));
-    let p2 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(b0), m), al(64));
-    let p3 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m), al(96));
-    // |each| <= 2·15·128: four of them fit in i16.
-    let s = _mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3));
-    _mm256_madd_epi16(s, ones())
-}
-
-/// Σ w·a over 32 signed bytes (|w|, |a| <= 127): ggml's sign trick.
-#[inline(always)]
-unsafe fn i8_partials(w: *const u8, a: *const i8) -> __m256i {
-    let w = _mm256_loadu_si256(w as *const __m256i);
-    let a = _mm256_loadu_si256(a as *const __m256i);
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-    _mm256_madd_epi16(p, ones())
-}
-
-#[inline(always)]
 unsafe fn hsum8(v: __m256) -> f32 {
     let mut l = [0f32; 8];
     _mm256_storeu_ps(l.as_mut_ptr(), v);
@@ -73,181 +46,249 @@ unsafe fn hsum8(v: __m256) -> f32 {
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
-/// Which integer kernel: AVX2 (maddubs + madd) or AVX-512 VNNI (vpdpbusd; W4G128 groups in
-/// one zmm).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    Avx2,
-    Avx512,
+/// One group of the row, ready to multiply: codes in activation order, 32 bytes per vector
+/// (W4G32: one; W4G128: four, for activation bytes 0, 32, 64, 96; W8PC: the raw int8 weights).
+#[inline(always)]
+unsafe fn unpack<const F: u8>(q: *const u8) -> [__m256i; 4] {
+    let z = _mm256_setzero_si256();
+    match F {
+        W4G32 => {
+            let b = _mm_loadu_si128(q as *const __m128i);
+            let m = _mm_set1_epi8(0x0F);
+            let codes = _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16::<4>(b), m),
+                _mm_and_si128(b, m),
+            );
+            [codes, z, z, z]
+        }
+        W4G128 => {
+            let m = _mm256_set1_epi8(0x0F);
+            let b0 = _mm256_loadu_si256(q as *const __m256i);
+            let b1 = _mm256_loadu_si256(q.add(32) as *const __m256i);
+            [
+                _mm256_and_si256(b0, m),
+                _mm256_and_si256(b1, m),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(b0), m),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(b1), m),
+            ]
+        }
+        _ => [_mm256_loadu_si256(q as *const __m256i), z, z, z],
+    }
 }
 
-const W4G32: u8 = 0;
-const W4G128: u8 = 1;
-const W8PC: u8 = 2;
+/// The eight i32 partial sums of one unpacked group times activations `a`.
+#[inline(always)]
+unsafe fn mul<const F: u8, const VNNI: bool>(u: &[__m256i; 4], a: *const i8) -> __m256i {
+    let al = |o: usize| _mm256_loadu_si256(a.add(o) as *const __m256i);
+    let ones = _mm256_set1_epi16(1);
+    let z = _mm256_setzero_si256();
+    match (F, VNNI) {
+        (W4G32, false) => _mm256_madd_epi16(_mm256_maddubs_epi16(u[0], al(0)), ones),
+        (W4G32, true) => _mm256_dpbusd_epi32(z, u[0], al(0)),
+        (W4G128, false) => {
+            // |each| <= 2·15·128: four of them fit in i16.
+            let s = _mm256_add_epi16(
+                _mm256_add_epi16(
+                    _mm256_maddubs_epi16(u[0], al(0)),
+                    _mm256_maddubs_epi16(u[1], al(32)),
+                ),
+                _mm256_add_epi16(
+                    _mm256_maddubs_epi16(u[2], al(64)),
+                    _mm256_maddubs_epi16(u[3], al(96)),
+                ),
+            );
+            _mm256_madd_epi16(s, ones)
+        }
+        (W4G128, true) => {
+            let acc = _mm256_dpbusd_epi32(z, u[0], al(0));
+            let acc = _mm256_dpbusd_epi32(acc, u[1], al(32));
+            let acc = _mm256_dpbusd_epi32(acc, u[2], al(64));
+            _mm256_dpbusd_epi32(acc, u[3], al(96))
+        }
+        (_, false) => {
+            let a = al(0);
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(u[0], u[0]), _mm256_sign_epi8(a, u[0]));
+            _mm256_madd_epi16(p, ones)
+        }
+        (_, true) => {
+            let a = al(0);
+            _mm256_dpbusd_epi32(z, _mm256_sign_epi8(u[0], u[0]), _mm256_sign_epi8(a, u[0]))
+        }
+    }
+}
 
-/// One output: packed weight `row` of `dt` (`k = a.len()`), activation codes `a` with their
-/// per-group scales `ad` and sums `asum` (Q8_0 groups of 32, or A8G128 groups of 128).
+/// `C` outputs: packed weight `row` of `dt` (`k = a[c].len()`), activation codes `a[c]` with
+/// their per-group scales `ad[c]` and sums `asum[c]` (Q8_0 groups of 32, A8G128 of 128).
 ///
 /// # Safety
 /// The CPU runs `isa` (AVX2 + FMA + F16C; AVX-512 F/BW/VL/VNNI); slices sized for `k`.
 #[inline(always)]
-pub unsafe fn dot(isa: Isa, dt: abi::DType, row: &[u8], a: &[i8], ad: &[f32], asum: &[i32]) -> f32 {
+pub unsafe fn dot<const C: usize>(
+    isa: Isa,
+    dt: abi::DType,
+    row: &[u8],
+    a: [&[i8]; C],
+    ad: [&[f32]; C],
+    asum: [&[i32]; C],
+) -> [f32; C] {
     use abi::DType;
     match (isa, dt) {
-        (Isa::Avx2, DType::W4G32) => dot_avx2::<W4G32>(row, a, ad, asum),
-        (Isa::Avx2, DType::W4G128) => dot_avx2::<W4G128>(row, a, ad, asum),
-        (Isa::Avx2, _) => dot_avx2::<W8PC>(row, a, ad, asum),
-        (Isa::Avx512, DType::W4G32) => dot_avx512::<W4G32>(row, a, ad, asum),
-        (Isa::Avx512, DType::W4G128) => dot_avx512::<W4G128>(row, a, ad, asum),
-        (Isa::Avx512, _) => dot_avx512::<W8PC>(row, a, ad, asum),
+        (Isa::Avx2, DType::W4G32) => dot_avx2::<W4G32, C>(row, a, ad, asum),
+        (Isa::Avx2, DType::W4G128) => dot_avx2::<W4G128, C>(row, a, ad, asum),
+        (Isa::Avx2, _) => dot_avx2::<W8PC, C>(row, a, ad, asum),
+        (Isa::Avx512, DType::W4G32) => dot_vnni::<W4G32, C>(row, a, ad, asum),
+        (Isa::Avx512, DType::W4G128) => dot_vnni::<W4G128, C>(row, a, ad, asum),
+        (Isa::Avx512, _) => dot_vnni::<W8PC, C>(row, a, ad, asum),
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_avx2<const F: u8>(row: &[u8], a: &[i8], ad: &[f32], asum: &[i32]) -> f32 {
-    dot_body::<F, false>(row, a, ad, asum)
+unsafe fn dot_avx2<const F: u8, const C: usize>(
+    row: &[u8],
+    a: [&[i8]; C],
+    ad: [&[f32]; C],
+    asum: [&[i32]; C],
+) -> [f32; C] {
+    dot_body::<F, false, C>(row, a, ad, asum)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_avx512<const F: u8>(row: &[u8], a: &[i8], ad: &[f32], asum: &[i32]) -> f32 {
-    dot_body::<F, true>(row, a, ad, asum)
-}
-
-/// W4G128 with VNNI: one zmm of packed nibbles is the whole group.
-#[inline(always)]
-unsafe fn w4g128_partials_vnni(q: *const u8, a: *const i8) -> __m256i {
-    let m = _mm512_set1_epi8(0x0F);
-    let b = _mm512_loadu_si512(q as *const _);
-    let lo = _mm512_and_si512(b, m);
-    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(b), m);
-    let acc = _mm512_dpbusd_epi32(
-        _mm512_setzero_si512(),
-        lo,
-        _mm512_loadu_si512(a as *const _),
-    );
-    let acc = _mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(a.add(64) as *const _));
-    _mm256_add_epi32(
-        _mm512_castsi512_si256(acc),
-        _mm512_extracti64x4_epi64::<1>(acc),
-    )
-}
-
-#[inline(always)]
-unsafe fn w4g32_partials_vnni(q: *const u8, a: *const i8) -> __m256i {
-    let b = _mm_loadu_si128(q as *const __m128i);
-    let m = _mm_set1_epi8(0x0F);
-    let codes = _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(b), m),
-        _mm_and_si128(b, m),
-    );
-    _mm256_dpbusd_epi32(
-        _mm256_setzero_si256(),
-        codes,
-        _mm256_loadu_si256(a as *const __m256i),
-    )
-}
-
-#[inline(always)]
-unsafe fn i8_partials_vnni(w: *const u8, a: *const i8) -> __m256i {
-    let w = _mm256_loadu_si256(w as *const __m256i);
-    let a = _mm256_loadu_si256(a as *const __m256i);
-    _mm256_dpbusd_epi32(
-        _mm256_setzero_si256(),
-        _mm256_sign_epi8(w, w),
-        _mm256_sign_epi8(a, w),
-    )
-}
-
-#[inline(always)]
-unsafe fn dot_body<const F: u8, const VNNI: bool>(
+unsafe fn dot_vnni<const F: u8, const C: usize>(
     row: &[u8],
-    a: &[i8],
-    ad: &[f32],
-    asum: &[i32],
-) -> f32 {
-    let k = a.len();
-    let ngroups = if F == W4G128 { k / 128 } else { k / 32 };
-    let (rp, ap) = (row.as_ptr(), a.as_ptr());
-    // Group g: its integer partials (8 lanes) and the 8·Σa correction of the 4-bit codes.
-    let partials = |g: usize| -> __m256i {
-        match (F, VNNI) {
-            (W4G32, false) => w4g32_partials(rp.add(18 * g + 2), ap.add(32 * g)),
-            (W4G32, true) => w4g32_partials_vnni(rp.add(18 * g + 2), ap.add(32 * g)),
-            (W4G128, false) => w4g128_partials(rp.add(66 * g + 2), ap.add(128 * g)),
-            (W4G128, true) => w4g128_partials_vnni(rp.add(66 * g + 2), ap.add(128 * g)),
-            (_, false) => i8_partials(rp.add(68 * (g / 2) + 4 + 32 * (g % 2)), ap.add(32 * g)),
-            (_, true) => i8_partials_vnni(rp.add(68 * (g / 2) + 4 + 32 * (g % 2)), ap.add(32 * g)),
-        }
-    };
-    let scale = |g: usize| -> f32 {
-        match F {
-            W4G32 => quant::fp16_to_f32(u16::from_le_bytes([*rp.add(18 * g), *rp.add(18 * g + 1)])),
-            W4G128 => {
-                quant::fp16_to_f32(u16::from_le_bytes([*rp.add(66 * g), *rp.add(66 * g + 1)]))
+    a: [&[i8]; C],
+    ad: [&[f32]; C],
+    asum: [&[i32]; C],
+) -> [f32; C] {
+    dot_body::<F, true, C>(row, a, ad, asum)
+}
+
+#[inline(always)]
+unsafe fn codes_at<const F: u8>(rp: *const u8, g: usize) -> *const u8 {
+    match F {
+        W4G32 => rp.add(18 * g + 2),
+        W4G128 => rp.add(66 * g + 2),
+        _ => rp.add(68 * (g / 2) + 4 + 32 * (g % 2)),
+    }
+}
+
+#[inline(always)]
+unsafe fn scale<const F: u8>(rp: *const u8, g: usize) -> f32 {
+    match F {
+        W4G32 => quant::fp16_to_f32(core::ptr::read_unaligned(rp.add(18 * g) as *const u16)),
+        W4G128 => quant::fp16_to_f32(core::ptr::read_unaligned(rp.add(66 * g) as *const u16)),
+        _ => core::ptr::read_unaligned(rp.add(68 * (g / 2)) as *const f32),
+    }
+}
+
+#[inline(always)]
+unsafe fn scales8<const F: u8>(rp: *const u8, g0: usize) -> __m256 {
+    match F {
+        W8PC => _mm256_set1_ps(scale::<F>(rp, g0)),
+        _ => {
+            let stride = if F == W4G32 { 18 } else { 66 };
+            let mut h = [0u16; 8];
+            for (j, v) in h.iter_mut().enumerate() {
+                *v = core::ptr::read_unaligned(rp.add(stride * (g0 + j)) as *const u16);
             }
-            _ => f32::from_le_bytes(core::ptr::read_unaligned(
-                rp.add(68 * (g / 2)) as *const [u8; 4]
-            )),
+            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
         }
-    };
-    let scales8 = |g0: usize| -> __m256 {
-        match F {
-            W8PC => {
-                let s = scale(g0);
-                _mm256_set1_ps(s)
-            }
-            _ => {
-                let stride = if F == W4G32 { 18 } else { 66 };
-                let mut h = [0u16; 8];
-                for (j, v) in h.iter_mut().enumerate() {
-                    *v = core::ptr::read_unaligned(rp.add(stride * (g0 + j)) as *const u16);
-                }
-                _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+    }
+}
+
+/// One chunk of `n` (<= 8) groups from `g0`: updates every column's lanes.
+#[inline(always)]
+unsafe fn chunk<const F: u8, const VNNI: bool, const C: usize, const FULL: bool>(
+    rp: *const u8,
+    g0: usize,
+    n: usize,
+    a: &[&[i8]; C],
+    ad: &[&[f32]; C],
+    asum: &[&[i32]; C],
+    lanes: &mut [__m256; C],
+) {
+    let gl = if F == W4G128 { 128 } else { 32 };
+    let mut v = [[_mm256_setzero_si256(); 8]; C];
+    for j in 0..8 {
+        // Always eight slots (the array stays in registers); a partial chunk leaves zeros.
+        if FULL || j < n {
+            let u = unpack::<F>(codes_at::<F>(rp, g0 + j));
+            for c in 0..C {
+                v[c][j] = mul::<F, VNNI>(&u, a[c].as_ptr().add(gl * (g0 + j)));
             }
         }
+    }
+    if FULL {
+        let dw = scales8::<F>(rp, g0);
+        for c in 0..C {
+            let mut isum = transpose_sum(&v[c]);
+            if F != W8PC {
+                let s = _mm256_loadu_si256(asum[c].as_ptr().add(g0) as *const __m256i);
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<3>(s));
+            }
+            let d = _mm256_mul_ps(dw, _mm256_loadu_ps(ad[c].as_ptr().add(g0)));
+            lanes[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), lanes[c]);
+        }
+        return;
+    }
+    // The last, partial chunk: groups g0..g0+n in lanes 0..n, the other lanes kept as they
+    // are (as the reference leaves them). `ad` and `asum` are zero-padded to whole chunks.
+    let mut h = [0u32; 8];
+    let mut m = [0i32; 8];
+    for j in 0..n {
+        h[j] = match F {
+            W8PC => core::ptr::read_unaligned(rp.add(68 * ((g0 + j) / 2)) as *const u32),
+            W4G32 => core::ptr::read_unaligned(rp.add(18 * (g0 + j)) as *const u16) as u32,
+            _ => core::ptr::read_unaligned(rp.add(66 * (g0 + j)) as *const u16) as u32,
+        };
+        m[j] = -1;
+    }
+    let dw = match F {
+        W8PC => _mm256_castsi256_ps(_mm256_loadu_si256(h.as_ptr() as *const __m256i)),
+        _ => _mm256_cvtph_ps(_mm256_cvtepi32_epi16_compat(&h)),
     };
-    let mut lanes = _mm256_setzero_ps();
+    let mask = _mm256_castsi256_ps(_mm256_loadu_si256(m.as_ptr() as *const __m256i));
+    for c in 0..C {
+        let mut isum = transpose_sum(&v[c]);
+        if F != W8PC {
+            let s = _mm256_loadu_si256(asum[c].as_ptr().add(g0) as *const __m256i);
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<3>(s));
+        }
+        let d = _mm256_mul_ps(dw, _mm256_loadu_ps(ad[c].as_ptr().add(g0)));
+        let next = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), lanes[c]);
+        lanes[c] = _mm256_blendv_ps(lanes[c], next, mask);
+    }
+}
+
+/// Eight u16 values held in u32 slots, packed into an xmm.
+#[inline(always)]
+unsafe fn _mm256_cvtepi32_epi16_compat(h: &[u32; 8]) -> __m128i {
+    let p: [u16; 8] = core::array::from_fn(|i| h[i] as u16);
+    _mm_loadu_si128(p.as_ptr() as *const __m128i)
+}
+
+/// Closures do not inherit the callers' target features, so everything here is an
+/// `#[inline(always)]` function, compiled inside the `#[target_feature]` frame.
+#[inline(always)]
+unsafe fn dot_body<const F: u8, const VNNI: bool, const C: usize>(
+    row: &[u8],
+    a: [&[i8]; C],
+    ad: [&[f32]; C],
+    asum: [&[i32]; C],
+) -> [f32; C] {
+    let k = a[0].len();
+    let ngroups = k / if F == W4G128 { 128 } else { 32 };
+    let rp = row.as_ptr();
+    let mut lanes = [_mm256_setzero_ps(); C];
     let full = ngroups / 8 * 8;
     for g0 in (0..full).step_by(8) {
-        let v: [__m256i; 8] = core::array::from_fn(|j| partials(g0 + j));
-        let mut isum = transpose_sum(&v);
-        if F != W8PC {
-            let s = _mm256_loadu_si256(asum.as_ptr().add(g0) as *const __m256i);
-            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<3>(s));
-        }
-        let d = _mm256_mul_ps(scales8(g0), _mm256_loadu_ps(ad.as_ptr().add(g0)));
-        lanes = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), lanes);
+        chunk::<F, VNNI, C, true>(rp, g0, 8, &a, &ad, &asum, &mut lanes);
     }
     if full < ngroups {
-        let g0 = full;
-        let n = ngroups - full;
-        let mut v = [_mm256_setzero_si256(); 8];
-        for (j, p) in v.iter_mut().enumerate().take(n) {
-            *p = partials(g0 + j);
-        }
-        let mut isum = transpose_sum(&v);
-        let (d, mask) = {
-            // The last, partial chunk: groups g0..g0+n in lanes 0..n, the other lanes kept as
-            // they are (as the reference leaves them).
-            let mut dw = [0f32; 8];
-            let mut da = [0f32; 8];
-            let mut m = [0i32; 8];
-            for j in 0..n {
-                dw[j] = scale(g0 + j);
-                da[j] = ad[g0 + j];
-                m[j] = -1;
-            }
-            let d = _mm256_mul_ps(_mm256_loadu_ps(dw.as_ptr()), _mm256_loadu_ps(da.as_ptr()));
-            (d, _mm256_loadu_si256(m.as_ptr() as *const __m256i))
-        };
-        if F != W8PC {
-            let mut t = [0i32; 8];
-            t[..n].copy_from_slice(&asum[g0..g0 + n]);
-            let s = _mm256_loadu_si256(t.as_ptr() as *const __m256i);
-            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<3>(s));
-        }
-        let next = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), lanes);
-        lanes = _mm256_blendv_ps(lanes, next, _mm256_castsi256_ps(mask));
+        chunk::<F, VNNI, C, false>(rp, full, ngroups - full, &a, &ad, &asum, &mut lanes);
     }
-    hsum8(lanes)
+    let mut out = [0f32; C];
+    for c in 0..C {
+        out[c] = hsum8(lanes[c]);
+    }
+    out
 }

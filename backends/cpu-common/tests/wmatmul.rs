@@ -54,7 +54,7 @@ fn every_frame_matches_the_reference_bit_for_bit() {
             let row: Vec<f32> = (0..k).map(|_| rnd() * 0.5).collect();
             quant::quantize_row(dt, &row, &mut w[r * rb..(r + 1) * rb]).unwrap();
         }
-        for cols in [1usize, 3] {
+        for cols in [1usize, 3, 5, 9] {
             let mut x: Vec<f32> = (0..k * cols).map(|_| rnd() * 2.0).collect();
             let vt = quant::vec_dot_type(dt);
             let mut want = vec![0f32; n * cols];
