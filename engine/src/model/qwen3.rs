@@ -75,47 +75,40 @@ pub fn rope_params(hp: &HParams) -> RopeParams {
     rope
 }
 
-pub struct Layer {
-    pub attn: Attention,
-    pub ffn_norm: Weight,
-    pub ffn_gate: Weight,
-    pub ffn_up: Weight,
-    pub ffn_down: Weight,
+/// A Qwen3-family layer: Qwen3's attention, then some FFN (dense SwiGLU, or routed experts
+/// in Qwen3-MoE) on the normalized residual.
+pub trait Block: Send + Sync {
+    fn attn(&self) -> &Attention;
+    fn ffn_norm(&self) -> &Weight;
+    fn ffn(&self, ex: &Exec, hp: &HParams, x: &Act) -> Result<Act>;
 }
 
-pub struct Qwen3 {
+/// The Qwen3 decoder over layers of kind `L`.
+pub struct Decoder<L> {
     hp: HParams,
     tok_embd: Weight,
     output_norm: Weight,
     output: Weight,
-    layers: Vec<Layer>,
+    layers: Vec<L>,
 }
 
-pub fn build(g: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
-    let (e, v, ff) = (hp.n_embd as i64, hp.n_vocab as i64, hp.n_ff as i64);
-    let tok_embd = weight(g, "token_embd.weight", &[e, v])?;
-    let layers = (0..hp.n_layer)
-        .map(|i| {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            Ok(Layer {
-                attn: Attention::load(g, hp, i)?,
-                ffn_norm: weight(g, &n("ffn_norm"), &[e])?,
-                ffn_gate: weight(g, &n("ffn_gate"), &[e, ff])?,
-                ffn_up: weight(g, &n("ffn_up"), &[e, ff])?,
-                ffn_down: weight(g, &n("ffn_down"), &[ff, e])?,
-            })
+impl<L: Block> Decoder<L> {
+    /// Embeddings, output norm and output matrix (tied to the embeddings when absent) around
+    /// `layers`.
+    pub fn new(g: &GgufFile, hp: &HParams, layers: Vec<L>) -> Result<Decoder<L>> {
+        let (e, v) = (hp.n_embd as i64, hp.n_vocab as i64);
+        let tok_embd = weight(g, "token_embd.weight", &[e, v])?;
+        Ok(Decoder {
+            hp: hp.clone(),
+            tok_embd,
+            output_norm: weight(g, "output_norm.weight", &[e])?,
+            output: weight_opt(g, "output.weight", &[e, v])?.unwrap_or(tok_embd),
+            layers,
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Box::new(Qwen3 {
-        hp: hp.clone(),
-        tok_embd,
-        output_norm: weight(g, "output_norm.weight", &[e])?,
-        output: weight_opt(g, "output.weight", &[e, v])?.unwrap_or(tok_embd),
-        layers,
-    }))
+    }
 }
 
-impl Graph for Qwen3 {
+impl<L: Block> Graph for Decoder<L> {
     fn forward(
         &self,
         ex: &Exec,
@@ -131,9 +124,9 @@ impl Graph for Qwen3 {
         let mut inp_l = ex.get_rows(&self.tok_embd, &ids)?;
         for (il, l) in self.layers.iter().enumerate() {
             let mut inp_sa = inp_l;
-            let mut attn_out = l
-                .attn
-                .forward(ex, hp, &mut kv.layers[il], &inp_sa, &pos, &rope)?;
+            let mut attn_out =
+                l.attn()
+                    .forward(ex, hp, &mut kv.layers[il], &inp_sa, &pos, &rope)?;
             if il == self.layers.len() - 1 {
                 if out_rows.is_empty() {
                     return Ok(Act::zeros(&[hp.n_vocab as i64, 0]));
@@ -142,11 +135,56 @@ impl Graph for Qwen3 {
                 inp_sa = inp_sa.select_rows(out_rows);
             }
             let ffn_inp = ex.add(&attn_out, &inp_sa)?;
-            let ffn_norm = ex.rms_norm(&ffn_inp, &l.ffn_norm, hp.eps)?;
-            let ffn_out = gated_ffn(ex, &ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down, GLU_SILU)?;
+            let ffn_norm = ex.rms_norm(&ffn_inp, l.ffn_norm(), hp.eps)?;
+            let ffn_out = l.ffn(ex, hp, &ffn_norm)?;
             inp_l = ex.add(&ffn_out, &ffn_inp)?;
         }
         let result_norm = ex.rms_norm(&inp_l, &self.output_norm, hp.eps)?;
         ex.matmul(&self.output, &result_norm)
     }
+}
+
+/// A dense Qwen3 layer.
+pub struct Layer {
+    pub attn: Attention,
+    pub ffn_norm: Weight,
+    pub ffn_gate: Weight,
+    pub ffn_up: Weight,
+    pub ffn_down: Weight,
+}
+
+impl Block for Layer {
+    fn attn(&self) -> &Attention {
+        &self.attn
+    }
+    fn ffn_norm(&self) -> &Weight {
+        &self.ffn_norm
+    }
+    fn ffn(&self, ex: &Exec, _hp: &HParams, x: &Act) -> Result<Act> {
+        gated_ffn(
+            ex,
+            x,
+            &self.ffn_gate,
+            &self.ffn_up,
+            &self.ffn_down,
+            GLU_SILU,
+        )
+    }
+}
+
+pub fn build(g: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
+    let (e, ff) = (hp.n_embd as i64, hp.n_ff as i64);
+    let layers = (0..hp.n_layer)
+        .map(|i| {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            Ok(Layer {
+                attn: Attention::load(g, hp, i)?,
+                ffn_norm: weight(g, &n("ffn_norm"), &[e])?,
+                ffn_gate: weight(g, &n("ffn_gate"), &[e, ff])?,
+                ffn_up: weight(g, &n("ffn_up"), &[e, ff])?,
+                ffn_down: weight(g, &n("ffn_down"), &[ff, e])?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(Decoder::new(g, hp, layers)?))
 }
