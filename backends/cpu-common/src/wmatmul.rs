@@ -17,7 +17,7 @@ use abi::{DType, HostApi, TensorDesc};
 pub const FORMATS: &[DType] = &[DType::W4G32, DType::W4G128, DType::W8PC];
 
 /// Weight rows per task.
-const ROWS_PER_TASK: usize = 16;
+const ROWS_PER_TASK: usize = 64;
 
 /// Which kernel computes the dot products.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -106,6 +106,21 @@ pub unsafe fn run(
             };
             if frame == Frame::Portable {
                 unpack(dt, row, &mut wq, &mut wd);
+            }
+            // Decode streams the weights once: ask for the rows 16 KiB ahead (into L2).
+            #[cfg(target_arch = "x86_64")]
+            if frame != Frame::Portable {
+                let ahead =
+                    wp.0.wrapping_offset(r as isize * w.nb[1] as isize)
+                        .wrapping_add(16384);
+                for off in (0..wrb).step_by(64) {
+                    // SAFETY: prefetch never faults.
+                    unsafe {
+                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(
+                            ahead.wrapping_add(off) as *const i8,
+                        )
+                    };
+                }
             }
             let put = |c: usize, v: f32| {
                 let (i1, i2, i3) = col_index[c];
