@@ -392,11 +392,14 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
             shape.push(r.u64()?);
         }
         let type_id = r.u32()?;
-        let dtype = DType::from_id(type_id).ok_or_else(|| {
-            r.err(format!(
-                "tensor '{name}' has unknown ggml type id {type_id}"
-            ))
-        })?;
+        // mollm's own formats (ids from 1000) live in .mollm packages, never in GGUF files.
+        let dtype = DType::from_id(type_id)
+            .filter(|_| type_id < 1000)
+            .ok_or_else(|| {
+                r.err(format!(
+                    "tensor '{name}' has unknown ggml type id {type_id}"
+                ))
+            })?;
         let rel_offset = r.u64()?;
         let size = tensor_size(&name, dtype, &shape).map_err(|m| r.err(m))?;
         if rel_offset % alignment != 0 {
