@@ -24,11 +24,10 @@ const ROWS_PER_TASK: usize = 64;
 pub enum Frame {
     /// Unpack each row to i8 codes, then plain Rust (NEON on AArch64 by auto-vectorization).
     Portable,
-    /// Straight from the packed rows with AVX2 ([`crate::wmatmul_x86`]).
-    #[cfg(target_arch = "x86_64")]
+    /// Straight from the packed rows with AVX2 ([`crate::wmatmul_x86`]); the portable path
+    /// on other architectures (the x86 backends also build there, and score 0).
     Avx2,
-    /// AVX-512 F/BW/VL/VNNI: vpdpbusd, a W4G128 group in one zmm.
-    #[cfg(target_arch = "x86_64")]
+    /// AVX-512 F/BW/VL/VNNI: vpdpbusd; as `Avx2` off x86.
     Avx512,
 }
 
@@ -104,12 +103,13 @@ pub unsafe fn run(
                     wrb,
                 )
             };
-            if frame == Frame::Portable {
+            let simd = cfg!(target_arch = "x86_64") && frame != Frame::Portable;
+            if !simd {
                 unpack(dt, row, &mut wq, &mut wd);
             }
             // Decode streams the weights once: ask for the rows 16 KiB ahead (into L2).
             #[cfg(target_arch = "x86_64")]
-            if frame != Frame::Portable {
+            if simd {
                 let ahead =
                     wp.0.wrapping_offset(r as isize * w.nb[1] as isize)
                         .wrapping_add(16384);
