@@ -183,7 +183,18 @@ unsafe fn scale<const F: u8>(rp: *const u8, g: usize) -> f32 {
 #[inline(always)]
 unsafe fn scales8<const F: u8>(rp: *const u8, g0: usize) -> __m256 {
     match F {
-        W8PC => _mm256_set1_ps(scale::<F>(rp, g0)),
+        // Each block's own scale (a converted row repeats one value; the reference reads it
+        // per block either way).
+        W8PC => _mm256_setr_ps(
+            scale::<F>(rp, g0),
+            scale::<F>(rp, g0 + 1),
+            scale::<F>(rp, g0 + 2),
+            scale::<F>(rp, g0 + 3),
+            scale::<F>(rp, g0 + 4),
+            scale::<F>(rp, g0 + 5),
+            scale::<F>(rp, g0 + 6),
+            scale::<F>(rp, g0 + 7),
+        ),
         _ => {
             let stride = if F == W4G32 { 18 } else { 66 };
             let mut h = [0u16; 8];
@@ -232,19 +243,24 @@ unsafe fn chunk<const F: u8, const VNNI: bool, const C: usize, const FULL: bool>
     }
     // The last, partial chunk: groups g0..g0+n in lanes 0..n, the other lanes kept as they
     // are (as the reference leaves them). `ad` and `asum` are zero-padded to whole chunks.
-    let mut h = [0u32; 8];
     let mut m = [0i32; 8];
-    for j in 0..n {
-        h[j] = match F {
-            W8PC => core::ptr::read_unaligned(rp.add(68 * ((g0 + j) / 2)) as *const u32),
-            W4G32 => core::ptr::read_unaligned(rp.add(18 * (g0 + j)) as *const u16) as u32,
-            _ => core::ptr::read_unaligned(rp.add(66 * (g0 + j)) as *const u16) as u32,
-        };
-        m[j] = -1;
-    }
+    m[..n].fill(-1);
     let dw = match F {
-        W8PC => _mm256_castsi256_ps(_mm256_loadu_si256(h.as_ptr() as *const __m256i)),
-        _ => _mm256_cvtph_ps(_mm256_cvtepi32_epi16_compat(&h)),
+        W8PC => {
+            let mut d = [0f32; 8];
+            for (j, v) in d.iter_mut().enumerate().take(n) {
+                *v = scale::<F>(rp, g0 + j);
+            }
+            _mm256_loadu_ps(d.as_ptr())
+        }
+        _ => {
+            let stride = if F == W4G32 { 18 } else { 66 };
+            let mut h = [0u16; 8];
+            for (j, v) in h.iter_mut().enumerate().take(n) {
+                *v = core::ptr::read_unaligned(rp.add(stride * (g0 + j)) as *const u16);
+            }
+            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+        }
     };
     let mask = _mm256_castsi256_ps(_mm256_loadu_si256(m.as_ptr() as *const __m256i));
     for c in 0..C {
@@ -257,13 +273,6 @@ unsafe fn chunk<const F: u8, const VNNI: bool, const C: usize, const FULL: bool>
         let next = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), lanes[c]);
         lanes[c] = _mm256_blendv_ps(lanes[c], next, mask);
     }
-}
-
-/// Eight u16 values held in u32 slots, packed into an xmm.
-#[inline(always)]
-unsafe fn _mm256_cvtepi32_epi16_compat(h: &[u32; 8]) -> __m128i {
-    let p: [u16; 8] = core::array::from_fn(|i| h[i] as u16);
-    _mm_loadu_si128(p.as_ptr() as *const __m128i)
 }
 
 /// Closures do not inherit the callers' target features, so everything here is an

@@ -54,6 +54,13 @@ fn every_frame_matches_the_reference_bit_for_bit() {
             let row: Vec<f32> = (0..k).map(|_| rnd() * 0.5).collect();
             quant::quantize_row(dt, &row, &mut w[r * rb..(r + 1) * rb]).unwrap();
         }
+        if dt == DType::W8PC {
+            // Each block carries its scale: kernels must read every block's, not the first.
+            for (b, blk) in w.chunks_exact_mut(68).enumerate() {
+                let d = f32::from_le_bytes(blk[..4].try_into().unwrap()) * (1 + b % 3) as f32;
+                blk[..4].copy_from_slice(&d.to_le_bytes());
+            }
+        }
         for cols in [1usize, 3, 5, 9] {
             let mut x: Vec<f32> = (0..k * cols).map(|_| rnd() * 2.0).collect();
             let vt = quant::vec_dot_type(dt);

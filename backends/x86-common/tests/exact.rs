@@ -433,19 +433,21 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
     }
 }
 
-#[test]
-fn float_mat_mul_matches_reference_backend_bit_for_bit() {
+/// Weights of `dt` quantized row by row (as the converter and `Owned::quantized` do), each
+/// case checked on every tier against the reference for every column count in `cols`.
+fn check_row_quantized(
+    seed: u64,
+    cases: &[(DType, usize, usize)],
+    (w_scale, x_scale): (f32, f32),
+    cols: &[usize],
+) {
     let host = reference::scoped_threads_host(2);
     let refi = Instance::new(&reference::TABLE, &host);
-    let mut rng = Rng::new(13);
+    let mut rng = Rng::new(seed);
     for (isa, table) in tables() {
         let me = Instance::new(table, &host);
-        for &(dt, k, n) in &[
-            (DType::F32, 100usize, 9usize),
-            (DType::F16, 64, 8),
-            (DType::F16, 7, 3),
-        ] {
-            let src = rng.data(k * n, 1.0);
+        for &(dt, k, n) in cases {
+            let src = rng.data(k * n, w_scale);
             let rb = quant::row_bytes(dt, k).unwrap();
             let mut w = vec![0u8; rb * n];
             for r in 0..n {
@@ -453,15 +455,15 @@ fn float_mat_mul_matches_reference_backend_bit_for_bit() {
                     .unwrap();
             }
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
-            for cols in [1usize, 2, 5, 17] {
-                let mut x = rng.data(k * cols, 1.0);
+            for &c in cols {
+                let mut x = rng.data(k * c, x_scale);
                 check_mat_mul(
                     &refi,
                     &me,
                     wd,
                     wd,
                     &mut x,
-                    (k, n, cols),
+                    (k, n, c),
                     &format!("{isa:?} {dt}"),
                 );
             }
@@ -469,45 +471,37 @@ fn float_mat_mul_matches_reference_backend_bit_for_bit() {
     }
 }
 
+#[test]
+fn float_mat_mul_matches_reference_backend_bit_for_bit() {
+    check_row_quantized(
+        13,
+        &[
+            (DType::F32, 100, 9),
+            (DType::F16, 64, 8),
+            (DType::F16, 7, 3),
+        ],
+        (1.0, 1.0),
+        &[1, 2, 5, 17],
+    );
+}
+
 /// mollm's W4G32 / W4G128 / W8PC weights (quantized per row, as the converter writes them):
 /// the AVX2 and AVX-512 VNNI kernels against the reference, bit for bit, with full chunks of
 /// eight groups and partial last chunks, one column (GEMV) and prompts.
 #[test]
 fn mollm_format_mat_mul_matches_reference_backend_bit_for_bit() {
-    let host = reference::scoped_threads_host(2);
-    let refi = Instance::new(&reference::TABLE, &host);
-    let mut rng = Rng::new(17);
-    for (isa, table) in tables() {
-        let me = Instance::new(table, &host);
-        for &(dt, k, n) in &[
-            (DType::W4G32, 576usize, 40usize), // 18 groups: two full chunks and a tail
+    check_row_quantized(
+        17,
+        &[
+            (DType::W4G32, 576, 40), // 18 groups: two full chunks and a tail
             (DType::W4G32, 32, 5),
             (DType::W4G128, 1024, 24), // 8 groups exactly
             (DType::W4G128, 896, 9),   // 7: only a partial chunk
             (DType::W4G128, 2304, 3),  // 18
             (DType::W8PC, 576, 33),
             (DType::W8PC, 64, 2),
-        ] {
-            let src = rng.data(k * n, 0.7);
-            let rb = quant::row_bytes(dt, k).unwrap();
-            let mut w = vec![0u8; rb * n];
-            for r in 0..n {
-                quant::quantize_row(dt, &src[r * k..(r + 1) * k], &mut w[r * rb..(r + 1) * rb])
-                    .unwrap();
-            }
-            let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
-            for cols in [1usize, 2, 7, 17] {
-                let mut x = rng.data(k * cols, 2.0);
-                check_mat_mul(
-                    &refi,
-                    &me,
-                    wd,
-                    wd,
-                    &mut x,
-                    (k, n, cols),
-                    &format!("{isa:?} {dt}"),
-                );
-            }
-        }
-    }
+        ],
+        (0.7, 2.0),
+        &[1, 2, 7, 17],
+    );
 }
