@@ -98,25 +98,29 @@ fn fit_picks_the_best_mode_that_fits() {
 
 #[test]
 fn a_hf_directory_converts_to_a_package_that_runs_like_it() {
-    let Some(dir) = common::model("random/qwen3moe-random") else {
-        return;
-    };
-    let pkg = out("qwen3moe-keep.mollm");
-    convert(&dir, &pkg, &["--quant", "keep"]);
-    let run = |m: &Path| {
+    // Gemma 3: its layer pattern (a bool array) and SentencePiece-style tokenizer.json must
+    // survive the package's metadata and tokenizer sections.
+    for key in ["qwen3moe-random", "gemma3-random"] {
+        let Some(dir) = common::model(&format!("random/{key}")) else {
+            continue;
+        };
+        let pkg = out(&format!("{key}-keep.mollm"));
+        convert(&dir, &pkg, &["--quant", "keep"]);
+        assert_eq!(run(&pkg), run(&dir), "{key}");
+    }
+    fn run(m: &Path) -> String {
         let o = mollm(&[
             "run",
             "-m",
             m.to_str().unwrap(),
             "-p",
-            "def add(a, b):",
+            "def add(a, b): return a + b  # adds two numbers",
             "-n",
             "8",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         stdout(&o)
-    };
-    assert_eq!(run(&pkg), run(&dir));
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! `mollm run --model DIR` on a Hugging Face directory: the random-weight Qwen3 / Qwen3-MoE
-//! checkpoints (scripts/make_random_qwen3.py) generate exactly what their GGUF twins generate,
+//! `mollm run --model DIR` on a Hugging Face directory: the random-weight Qwen3 / Qwen3-MoE /
+//! Gemma 3 checkpoints (scripts/make_random_qwen3.py, scripts/make_random_gemma3.py) generate
+//! exactly what their GGUF twins generate,
 //! and a broken directory fails with one clear line.
 
 mod common;
@@ -12,9 +13,9 @@ fn random(name: &str) -> Option<std::path::PathBuf> {
 
 #[test]
 fn a_hf_directory_runs_like_its_gguf() {
-    for key in ["qwen3-random", "qwen3moe-random"] {
+    for key in ["qwen3-random", "qwen3moe-random", "gemma3-random"] {
         let (Some(dir), Some(gguf)) = (random(key), random(&format!("{key}.gguf"))) else {
-            return;
+            continue;
         };
         let run = |m: &std::path::Path| {
             let o = mollm(&[

@@ -1,7 +1,9 @@
 //! Gemma 3: embeddings scaled by sqrt(n_embd); RMS norms on q and k per head; sandwich norms
 //! (before and after both attention and FFN); GeGLU; local layers with a sliding window and
-//! their own rope base, every sixth layer (by default) global. Queries are scaled before the
-//! attention product, which then uses scale 1, as llama.cpp does.
+//! their own rope base, every sixth layer (by default) global, linear rope scaling (4B and up)
+//! on the global layers only. Queries are scaled before the attention product, which then uses
+//! scale 1, as llama.cpp does; by `attention.scale` where the file has it (Hugging Face's
+//! `query_pre_attn_scalar`), else by llama.cpp's rule.
 
 use super::common::{cached_attention, gated_ffn, positions};
 use super::{weight, weight_opt, Graph, HParams};
@@ -64,7 +66,9 @@ pub fn build(g: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let attn_scale = if hp.n_layer == 62 {
+    let attn_scale = if let Some(s) = hp.attn_scale {
+        s
+    } else if hp.n_layer == 62 {
         1.0 / ((hp.n_embd / hp.n_head) as f32).sqrt()
     } else {
         1.0 / (hp.head_dim as f32).sqrt()
@@ -93,12 +97,14 @@ impl Graph for Gemma3 {
         let (hd, nh, nkv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let pos = positions(pos0, tokens.len());
-        let rope_global = RopeParams::new(
+        let mut rope_global = RopeParams::new(
             ROPE_NEOX,
             hp.n_rot as i64,
             hp.rope_base,
             hp.n_ctx_train as i64,
         );
+        // Gemma 3's linear rope scaling (4B and up) applies to the global layers only.
+        rope_global.freq_scale = hp.rope_freq_scale;
         let rope_local = RopeParams::new(
             ROPE_NEOX,
             hp.n_rot as i64,

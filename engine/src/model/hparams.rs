@@ -22,6 +22,9 @@ pub struct HParams {
     pub rope_base_swa: f32,
     /// Per layer: does it use the sliding window?
     pub swa_layers: Vec<bool>,
+    /// The query scale, where the file names one (Hugging Face Gemma 3's
+    /// `query_pre_attn_scalar`); otherwise each graph's own default.
+    pub attn_scale: Option<f32>,
     /// Mixture of experts (0: a dense FFN): routed experts, how many each token uses, their
     /// FFN width, and whether the selected experts' weights are renormalized to sum to 1.
     pub n_expert: usize,
@@ -95,10 +98,27 @@ impl HParams {
         let n_swa = opt_u("attention.sliding_window")?.unwrap_or(0);
         // llama.cpp's default for Gemma 3: five local layers, then one global, unless the file
         // names a pattern; local layers use rope base 10000 unless the file says otherwise.
-        let pattern = opt_u("attention.sliding_window_pattern")?.unwrap_or(6);
-        let swa_layers = (0..n_layer)
-            .map(|il| n_swa > 0 && (pattern == 0 || il % pattern < pattern - 1))
-            .collect();
+        // The pattern is either a period or, as llama.cpp also reads it, one bool per layer.
+        let pattern_key = key("attention.sliding_window_pattern");
+        let swa_layers = match g.get(&pattern_key) {
+            Some(loader::Value::Array(_)) => {
+                let list = g.get_bool_array(&pattern_key)?.unwrap_or(&[]);
+                if list.len() != n_layer {
+                    return Err(err(format!(
+                        "'{pattern_key}' has {} entries for {n_layer} layers",
+                        list.len()
+                    )));
+                }
+                list.iter().map(|&l| n_swa > 0 && l).collect()
+            }
+            _ => {
+                let pattern = opt_u("attention.sliding_window_pattern")?.unwrap_or(6);
+                (0..n_layer)
+                    .map(|il| n_swa > 0 && (pattern == 0 || il % pattern < pattern - 1))
+                    .collect()
+            }
+        };
+        let attn_scale = opt_f("attention.scale")?;
         let rope_base_swa = opt_f("rope.freq_base_swa")?.unwrap_or(10000.0);
 
         let n_expert = opt_u("expert_count")?.unwrap_or(0);
@@ -131,6 +151,7 @@ impl HParams {
             n_swa,
             rope_base_swa,
             swa_layers,
+            attn_scale,
             n_expert,
             n_expert_used,
             n_ff_exp,

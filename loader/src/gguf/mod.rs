@@ -255,6 +255,14 @@ impl GgufFile {
         }
     }
 
+    pub fn get_bool_array(&self, key: &str) -> Result<Option<&[bool]>, LoadError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(Array::Bool(a))) => Ok(Some(a)),
+            Some(v) => Err(self.type_err(key, "array of bool", v)),
+        }
+    }
+
     pub fn get_i32_array(&self, key: &str) -> Result<Option<&[i32]>, LoadError> {
         match self.get(key) {
             None => Ok(None),

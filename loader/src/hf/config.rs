@@ -12,6 +12,7 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("qwen2", "qwen2"),
     ("qwen3", "qwen3"),
     ("qwen3_moe", "qwen3moe"),
+    ("gemma3_text", "gemma3"),
 ];
 
 pub struct Config {
@@ -95,7 +96,10 @@ impl Config {
             }
         };
         c.vocab_size = c.req_u("vocab_size", 1, 1 << 24)?;
-        c.tie_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+        // Gemma's configs leave the (tied) default unsaid.
+        c.tie_embeddings = c
+            .opt_bool("tie_word_embeddings")?
+            .unwrap_or(arch == "gemma3");
         if arch == "qwen3moe" {
             c.n_expert = c.req_u("num_experts", 1, 4096)?;
         }
@@ -217,7 +221,83 @@ impl Config {
                 ));
             }
         }
+        if self.arch == "gemma3" {
+            self.gemma3_metadata(&mut put)?;
+        }
         meta.push(("general.architecture".into(), Value::String(a.into())));
+        Ok(())
+    }
+
+    /// Gemma 3's attention: local (sliding-window) layers with their own rope base, the
+    /// layer pattern (written as llama.cpp's per-layer bool array, which it also reads), and
+    /// the query scale from `query_pre_attn_scalar` (llama.cpp derives the same value from
+    /// the model size).
+    fn gemma3_metadata(&self, put: &mut impl FnMut(&str, Value)) -> Result<(), LoadError> {
+        let act = self
+            .json
+            .get("hidden_activation")
+            .or_else(|| self.json.get("hidden_act"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("gelu_pytorch_tanh");
+        if act != "gelu_pytorch_tanh" {
+            return Err(self.err(
+                "hidden_activation",
+                format!("'{act}' is not supported (Gemma 3 uses gelu_pytorch_tanh)"),
+            ));
+        }
+        for field in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if self.opt_f(field)?.is_some() {
+                return Err(self.err(field, "logit soft-capping is not supported".into()));
+            }
+        }
+        put(
+            "rope.freq_base_swa",
+            Value::F32(self.opt_f("rope_local_base_freq")?.unwrap_or(10000.0)),
+        );
+        let scalar = self
+            .opt_f("query_pre_attn_scalar")?
+            .unwrap_or(self.head_dim as f32);
+        if scalar <= 0.0 {
+            return Err(self.err("query_pre_attn_scalar", format!("{scalar} is not positive")));
+        }
+        put("attention.scale", Value::F32(1.0 / scalar.sqrt()));
+        let n = self.n_layer as usize;
+        let local: Vec<bool> = match self.json.get("layer_types") {
+            None | Some(serde_json::Value::Null) => {
+                let pattern = match self.opt_u("sliding_window_pattern", 1, 1 << 16)? {
+                    Some(p) => p,
+                    None => self
+                        .opt_u("_sliding_window_pattern", 1, 1 << 16)?
+                        .unwrap_or(6),
+                } as usize;
+                (0..n).map(|il| (il + 1) % pattern != 0).collect()
+            }
+            Some(serde_json::Value::Array(list)) if list.len() == n => list
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(self.err(
+                        "layer_types",
+                        format!("{t}: expected \"sliding_attention\" or \"full_attention\""),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(v) => {
+                return Err(self.err(
+                    "layer_types",
+                    format!("expected a list of {n} layer types, found {v}"),
+                ))
+            }
+        };
+        if local.iter().any(|&l| l) {
+            let window = self.req_u("sliding_window", 1, 1 << 26)?;
+            put("attention.sliding_window", Value::U32(window as u32));
+            put(
+                "attention.sliding_window_pattern",
+                Value::Array(crate::gguf::Array::Bool(local)),
+            );
+        }
         Ok(())
     }
 }

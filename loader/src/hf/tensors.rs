@@ -2,7 +2,9 @@
 //! `[out, in]` matrix is ggml `[in, out]`, the same bytes), routed experts stacked into one
 //! `[in, out, n_expert]` tensor per projection, BF16 widened to F32 (exact), 1-D tensors in F32
 //! (as llama.cpp's converter writes norms), and llama's q/k rows permuted for its rope layout
-//! (`LlamaModel.permute` in convert_hf_to_gguf.py).
+//! (`LlamaModel.permute` in convert_hf_to_gguf.py). Gemma 3's RMS norms scale by `1 + weight`;
+//! the GGUF holds `1 + weight` (computed in f32, as Hugging Face's `Gemma3RMSNorm` does), as
+//! llama.cpp's converter writes it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +26,7 @@ enum Target {
     Skip,
 }
 
-fn target(name: &str) -> Option<Target> {
+fn target(arch: &str, name: &str) -> Option<Target> {
     let plain = |s: &str| Some(Target::Plain(s.to_string()));
     match name {
         "model.embed_tokens.weight" => return plain("token_embd.weight"),
@@ -50,20 +52,26 @@ fn target(name: &str) -> Option<Target> {
         return Some(Target::Expert(format!("blk.{il}.{t}.weight"), e));
     }
     let (stem, kind) = rest.rsplit_once('.')?;
-    let t = match stem {
-        "input_layernorm" => "attn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        "mlp.gate" => "ffn_gate_inp",
-        _ => return None,
+    let t = match (arch, stem) {
+        // Gemma's sandwich norms.
+        ("gemma3", "post_attention_layernorm") => "post_attention_norm",
+        ("gemma3", "pre_feedforward_layernorm") => "ffn_norm",
+        ("gemma3", "post_feedforward_layernorm") => "post_ffw_norm",
+        (_, stem) => match stem {
+            "input_layernorm" => "attn_norm",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.o_proj" => "attn_output",
+            "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_norm" => "attn_k_norm",
+            "post_attention_layernorm" => "ffn_norm",
+            "mlp.gate_proj" => "ffn_gate",
+            "mlp.up_proj" => "ffn_up",
+            "mlp.down_proj" => "ffn_down",
+            "mlp.gate" => "ffn_gate_inp",
+            _ => return None,
+        },
     };
     matches!(kind, "weight" | "bias").then(|| Target::Plain(format!("blk.{il}.{t}.{kind}")))
 }
@@ -77,6 +85,8 @@ struct Entry {
     parts: Vec<(usize, String)>,
     /// llama's q/k: rows are permuted with this many heads.
     permute_heads: Option<u64>,
+    /// Added to every element (Gemma's `1 + weight` norms).
+    shift: f32,
 }
 
 /// The shard files: the index's, or the single `model.safetensors`.
@@ -153,7 +163,7 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                 file: label(dir, &names[si]),
                 msg: format!("tensor '{name}': {msg}"),
             };
-            let Some(t) = target(name) else {
+            let Some(t) = target(cfg.arch, name) else {
                 return Err(bad(format!("has no place in a {} model", cfg.arch)));
             };
             let hf: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
@@ -179,11 +189,16 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                             return Err(bad(format!("{} rows do not split into {h} heads", hf[0])));
                         }
                     }
+                    let shift = match cfg.arch {
+                        "gemma3" if g.ends_with("norm.weight") && dtype == DType::F32 => 1.0,
+                        _ => 0.0,
+                    };
                     let e = Entry {
                         dtype,
                         shape,
                         parts: vec![(si, name.to_string())],
                         permute_heads,
+                        shift,
                     };
                     if entries.insert(g.clone(), e).is_some() {
                         return Err(bad(format!("a second tensor for '{g}'")));
@@ -198,6 +213,7 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                         shape: [shape.clone(), vec![cfg.n_expert]].concat(),
                         parts: vec![(usize::MAX, String::new()); cfg.n_expert as usize],
                         permute_heads: None,
+                        shift: 0.0,
                     });
                     if e.shape[..2] != shape[..] || e.dtype != dtype {
                         return Err(bad(format!("expert shapes or dtypes differ within '{g}'")));
@@ -282,6 +298,13 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                 let s = &src[src_row(r) * row * esz..][..row * esz];
                 let d = &mut dst[r * row * dsz..][..row * dsz];
                 convert(view.dtype(), s, e.dtype, d);
+                if e.shift != 0.0 {
+                    // Norms are F32 here (1-D tensors always are).
+                    for x in d.chunks_exact_mut(4) {
+                        let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) + e.shift;
+                        x.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
             }
         }
     }

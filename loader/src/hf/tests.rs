@@ -379,3 +379,207 @@ fn bad_directories_are_refused_with_the_file_and_the_problem() {
     super::open_dir(&d).unwrap();
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A SentencePiece-style BPE tokenizer.json as Hugging Face writes Gemma's: spaces become
+/// U+2581, byte fallback, no pre-tokenizer.
+fn spm_tokenizer_json() -> serde_json::Value {
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in [
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<unk>",
+        "a",
+        "b",
+        "ab",
+        "\u{2581}",
+        "\u{2581}ab",
+    ]
+    .iter()
+    .enumerate()
+    {
+        vocab.insert(t.to_string(), json!(i));
+    }
+    for b in 0..256 {
+        vocab.insert(format!("<0x{b:02X}>"), json!(9 + b));
+    }
+    json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [
+            {"id": 1, "content": "<eos>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 2, "content": "<bos>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                  "vocab": vocab, "merges": [["a", "b"], ["\u{2581}", "ab"]]}
+    })
+}
+
+/// A one-layer Gemma 3 directory (vocab 265, hidden 4, 2 heads of 2): only what the loader
+/// itself checks and converts.
+fn gemma3_dir(name: &str) -> PathBuf {
+    let d = scratch(name);
+    let cfg = json!({"model_type": "gemma3_text", "vocab_size": 265, "hidden_size": 4,
+        "intermediate_size": 6, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 2, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 64, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": null});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(d.join("tokenizer.json"), spm_tokenizer_json().to_string()).unwrap();
+    std::fs::write(
+        d.join("tokenizer_config.json"),
+        json!({"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
+               "pad_token": "<pad>", "add_bos_token": true})
+        .to_string(),
+    )
+    .unwrap();
+    let p = "model.layers.0.";
+    let t = vec![
+        (
+            "model.embed_tokens.weight".to_string(),
+            Dtype::F16,
+            vec![265, 4],
+            ramp(1060, 0.01),
+        ),
+        (
+            "model.norm.weight".to_string(),
+            Dtype::BF16,
+            vec![4],
+            ramp(4, 0.5),
+        ),
+        (
+            format!("{p}post_attention_layernorm.weight"),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 0.25),
+        ),
+        (
+            format!("{p}pre_feedforward_layernorm.weight"),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 0.125),
+        ),
+        (
+            format!("{p}post_feedforward_layernorm.weight"),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 2.0),
+        ),
+        (
+            format!("{p}self_attn.q_norm.weight"),
+            Dtype::F32,
+            vec![2],
+            vec![-1.0, 0.5],
+        ),
+        (
+            format!("{p}self_attn.q_proj.weight"),
+            Dtype::F32,
+            vec![4, 4],
+            ramp(16, 1.0),
+        ),
+    ];
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    d
+}
+
+#[test]
+fn a_gemma3_directory_gets_shifted_norms_and_its_attention_keys() {
+    let d = gemma3_dir("gemma3");
+    let g = super::open_dir(&d).unwrap();
+    assert_eq!(g.architecture().unwrap(), "gemma3");
+    // Norms hold 1 + weight (BF16 widened first); the sandwich norms get Gemma's names.
+    let norm = |n: &str| f32s(g.tensor_data(g.tensor(n).unwrap()));
+    let plus1 = |v: Vec<f32>| v.into_iter().map(|x| x + 1.0).collect::<Vec<_>>();
+    assert_eq!(norm("output_norm.weight"), plus1(ramp(4, 0.5)));
+    assert_eq!(
+        norm("blk.0.post_attention_norm.weight"),
+        plus1(ramp(4, 0.25))
+    );
+    assert_eq!(norm("blk.0.ffn_norm.weight"), plus1(ramp(4, 0.125)));
+    assert_eq!(norm("blk.0.post_ffw_norm.weight"), plus1(ramp(4, 2.0)));
+    assert_eq!(norm("blk.0.attn_q_norm.weight"), vec![0.0, 1.5]);
+    // Matrices are not shifted, and not permuted (Gemma uses NEOX rope).
+    assert_eq!(norm("blk.0.attn_q.weight"), ramp(16, 1.0));
+    assert_eq!(g.tensor("output.weight"), None, "tied by default");
+    // Attention keys.
+    assert_eq!(
+        g.get_u32("gemma3.attention.sliding_window").unwrap(),
+        Some(4)
+    );
+    assert_eq!(
+        g.get_bool_array("gemma3.attention.sliding_window_pattern")
+            .unwrap(),
+        Some(&[true, false][..])
+    );
+    assert_eq!(g.get_f32("gemma3.attention.scale").unwrap(), Some(0.25));
+    assert_eq!(
+        g.get_f32("gemma3.rope.freq_base_swa").unwrap(),
+        Some(10000.0)
+    );
+    // The SentencePiece-style vocabulary: llama.cpp's `llama` model with byte tokens.
+    assert_eq!(g.get_str("tokenizer.ggml.model").unwrap(), Some("llama"));
+    assert_eq!(
+        g.get_bool("tokenizer.ggml.add_space_prefix").unwrap(),
+        Some(false)
+    );
+    let types = g
+        .get_i32_array("tokenizer.ggml.token_type")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (types[2], types[3], types[6], types[9 + 0x41]),
+        (3, 2, 1, 6)
+    );
+    let tk = crate::Tokenizer::from_gguf(&g).unwrap();
+    // "ab ab": BPE merges, the space as U+2581, BOS added; "é" falls back to its two bytes.
+    let ids = tk.encode("ab abé", true, true).unwrap();
+    assert_eq!(ids, vec![2, 6, 8, 9 + 0xC3, 9 + 0xA9]);
+    assert_eq!(tk.decode(&ids[1..]), "ab abé");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn gemma3_configs_mollm_cannot_run_are_refused() {
+    let d = gemma3_dir("gemma3-bad");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("config.json")).unwrap()).unwrap();
+    let set_cfg = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = cfg.clone();
+        f(&mut c);
+        std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    };
+    set_cfg(&|c| c["final_logit_softcapping"] = json!(30.0));
+    refused(
+        &d,
+        &["config.json", "final_logit_softcapping", "not supported"],
+    );
+    set_cfg(&|c| c["hidden_activation"] = json!("relu"));
+    refused(&d, &["hidden_activation", "'relu' is not supported"]);
+    set_cfg(&|c| c["layer_types"] = json!(["sliding_attention"]));
+    refused(&d, &["layer_types", "expected a list of 2 layer types"]);
+    set_cfg(&|c| c["layer_types"] = json!(["sliding_attention", "chunked"]));
+    refused(&d, &["layer_types", "\"chunked\""]);
+    set_cfg(&|c| {
+        c.as_object_mut().unwrap().remove("sliding_window");
+    });
+    refused(&d, &["sliding_window", "missing"]);
+    // Without layer_types: the period (every sliding_window_pattern-th layer is global).
+    set_cfg(&|c| {
+        c.as_object_mut().unwrap().remove("layer_types");
+        c["sliding_window_pattern"] = json!(2);
+    });
+    let g = super::open_dir(&d).unwrap();
+    assert_eq!(
+        g.get_bool_array("gemma3.attention.sliding_window_pattern")
+            .unwrap(),
+        Some(&[true, false][..])
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

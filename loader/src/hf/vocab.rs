@@ -4,7 +4,9 @@
 //! tokens, EOG detection, decoding and the chat template work exactly as for a GGUF file; the
 //! whole `tokenizer.json` is kept as `tokenizer.huggingface.json`, and the tokenizer encodes
 //! text with its own pipeline (normalizer, pre-tokenizer, BPE) through the `tokenizers` crate.
-//! Only byte-level BPE vocabularies are read (Llama 3, Qwen, SmolLM, GPT-2 style).
+//! Two kinds of BPE vocabularies are read: byte-level (Llama 3, Qwen, SmolLM, GPT-2 style;
+//! llama.cpp's `gpt2` model) and SentencePiece-style with `▁` for spaces and `<0xXX>` byte
+//! fallback (Gemma, Llama 2; llama.cpp's `llama` model, whose decoding rules then apply).
 
 use std::path::Path;
 
@@ -17,9 +19,11 @@ use crate::tokenizer::bpe_pre_name;
 use crate::LoadError;
 
 const TOKEN_NORMAL: i32 = 1;
+const TOKEN_UNKNOWN: i32 = 2;
 const TOKEN_CONTROL: i32 = 3;
 const TOKEN_USER_DEFINED: i32 = 4;
 const TOKEN_UNUSED: i32 = 5;
+const TOKEN_BYTE: i32 = 6;
 
 pub fn metadata(
     dir: &Path,
@@ -55,13 +59,29 @@ pub fn metadata(
             "only BPE tokenizers are supported".into(),
         ));
     }
-    let byte_level = |v: Option<&Json>| v.is_some_and(|v| v.to_string().contains("\"ByteLevel\""));
-    if !byte_level(tj.get("pre_tokenizer")) && !byte_level(tj.get("decoder")) {
+    let mentions = |v: Option<&Json>, what: &str| v.is_some_and(|v| v.to_string().contains(what));
+    let byte_level = mentions(tj.get("pre_tokenizer"), "\"ByteLevel\"")
+        || mentions(tj.get("decoder"), "\"ByteLevel\"");
+    // SentencePiece-style: spaces become U+2581 and unknown characters fall back to bytes.
+    let spm = !byte_level
+        && model.get("byte_fallback").and_then(|b| b.as_bool()) == Some(true)
+        && (mentions(tj.get("normalizer"), "\u{2581}")
+            || mentions(tj.get("pre_tokenizer"), "Metaspace"));
+    if !byte_level && !spm {
         return Err(err(
             "pre_tokenizer",
-            "only byte-level BPE (a ByteLevel pre-tokenizer or decoder) is supported".into(),
+            "only byte-level BPE (a ByteLevel pre-tokenizer or decoder) or SentencePiece-style \
+             BPE (spaces as \u{2581}, byte_fallback) is supported"
+                .into(),
         ));
     }
+    // Whether the pipeline puts a space before the text (Llama 2 does, Gemma does not):
+    // llama.cpp's add_space_prefix, which decoding undoes.
+    let space_prefix = mentions(tj.get("normalizer"), "\"Prepend\"")
+        || tj.get("pre_tokenizer").is_some_and(|p| {
+            p.to_string().contains("Metaspace") && !p.to_string().contains("\"never\"")
+        });
+    let unk_token = model.get("unk_token").and_then(|u| u.as_str());
     let vocab = model
         .get("vocab")
         .and_then(|v| v.as_object())
@@ -82,7 +102,16 @@ pub fn metadata(
         let id = id
             .as_u64()
             .ok_or_else(|| err(&format!("model.vocab.{text}"), "expected a token id".into()))?;
-        put(id, text, TOKEN_NORMAL)?;
+        let is_byte = text.len() == 6
+            && text.starts_with("<0x")
+            && text.ends_with('>')
+            && u8::from_str_radix(&text[3..5], 16).is_ok();
+        let ty = match () {
+            _ if spm && is_byte => TOKEN_BYTE,
+            _ if spm && Some(text.as_str()) == unk_token => TOKEN_UNKNOWN,
+            _ => TOKEN_NORMAL,
+        };
+        put(id, text, ty)?;
     }
     let added = tj.get("added_tokens").and_then(|a| a.as_array());
     for (i, t) in added.into_iter().flatten().enumerate() {
@@ -125,7 +154,9 @@ pub fn metadata(
             .find(|&i| tokens.get_bytes(i) == Some(text.as_bytes()))
             .map(|i| i as u32)
     };
+    // llama.cpp's SentencePiece model has no merges (tokenizer.json still encodes).
     let merges: StrArray = match model.get("merges").and_then(|m| m.as_array()) {
+        _ if spm => StrArray::default(),
         None => StrArray::default(),
         Some(list) => {
             list.iter()
@@ -171,13 +202,20 @@ pub fn metadata(
     };
 
     let mut kv = |k: &str, v: Value| meta.push((format!("tokenizer.{k}"), v));
-    kv("ggml.model", Value::String("gpt2".into()));
-    if let Some(pre) = bpe_pre_name(tj.get("pre_tokenizer").unwrap_or(&Json::Null)) {
-        kv("ggml.pre", Value::String(pre.into()));
+    if spm {
+        kv("ggml.model", Value::String("llama".into()));
+        kv("ggml.add_space_prefix", Value::Bool(space_prefix));
+    } else {
+        kv("ggml.model", Value::String("gpt2".into()));
+        if let Some(pre) = bpe_pre_name(tj.get("pre_tokenizer").unwrap_or(&Json::Null)) {
+            kv("ggml.pre", Value::String(pre.into()));
+        }
     }
     kv("ggml.tokens", Value::Array(Array::String(tokens.clone())));
     kv("ggml.token_type", Value::Array(Array::I32(types)));
-    kv("ggml.merges", Value::Array(Array::String(merges)));
+    if !spm {
+        kv("ggml.merges", Value::Array(Array::String(merges)));
+    }
     for (name, key) in [
         ("bos", "bos"),
         ("eos", "eos"),

@@ -3,7 +3,8 @@
 //! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE through the `tokenizers` crate, with the
 //!   pre-tokenizer llama.cpp picks for `tokenizer.ggml.pre` ([`bpe`]).
 //! - `tokenizer.ggml.model = "llama"`: llama.cpp's SentencePiece bigram algorithm, ported
-//!   ([`spm`] explains why it is not a `tokenizers` model).
+//!   ([`spm`] explains why it is not a `tokenizers` model); a model that came with a Hugging
+//!   Face `tokenizer.json` (Gemma's SentencePiece-style BPE) encodes through that instead.
 //!
 //! Special tokens are split out before either algorithm runs, exactly like llama.cpp's
 //! `tokenizer_st_partition`, so `<|im_start|>` in a prompt becomes one id when `parse_special`
@@ -28,7 +29,9 @@ use crate::LoadError;
 use vocab::{Vocab, VocabKind};
 
 enum Engine {
-    Spm,
+    /// llama.cpp's bigram algorithm, or the model's own `tokenizer.json` pipeline when it has
+    /// one (which then adds the space prefix itself).
+    Spm(Option<Box<tokenizers::Tokenizer>>),
     Bpe(Box<tokenizers::Tokenizer>),
 }
 
@@ -76,9 +79,13 @@ impl Tokenizer {
         match model.as_str() {
             "llama" => {
                 let vocab = Vocab::load(gguf, VocabKind::Spm, false)?;
+                let hf = match gguf.get_str("tokenizer.huggingface.json")? {
+                    Some(json) => Some(Box::new(bpe::from_hf_json(json, &vocab)?)),
+                    None => None,
+                };
                 Ok(Tokenizer {
                     vocab,
-                    engine: Engine::Spm,
+                    engine: Engine::Spm(hf),
                     clean_spaces: false,
                     model,
                     pre,
@@ -144,7 +151,7 @@ impl Tokenizer {
             );
         }
         match &self.engine {
-            Engine::Spm => {
+            Engine::Spm(None) => {
                 let mut prev_special = true; // the first fragment gets the space prefix
                 let mut buf = String::new();
                 for f in &frags {
@@ -166,7 +173,7 @@ impl Tokenizer {
                     }
                 }
             }
-            Engine::Bpe(tk) => {
+            Engine::Bpe(tk) | Engine::Spm(Some(tk)) => {
                 for f in &frags {
                     match *f {
                         Frag::Text(s, e) => bpe::tokenize(tk, v, &text[s..e], &mut out)?,
@@ -244,7 +251,7 @@ impl Tokenizer {
         }
         if attr & ATTR_NORMAL != 0 {
             return match self.engine {
-                Engine::Spm => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
+                Engine::Spm(_) => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
                 Engine::Bpe(_) => bpe_decode_text(text),
             };
         }
