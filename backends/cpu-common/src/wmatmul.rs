@@ -46,49 +46,17 @@ pub unsafe fn run(
     if n == 0 || cols == 0 || k == 0 {
         return Ok(());
     }
-    let vt = quant::vec_dot_type(dt);
-    let ga = vt.info().block_len as usize; // activation group
+    let acts = Acts::quantize(dt, x)?;
+    let Acts {
+        ga,
+        gpad,
+        ref aq,
+        ref ad,
+        ref asum,
+        ref col_index,
+    } = acts;
     let groups = k / ga;
-    let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
-    // Activations: codes and per-group scales, from quant's own conversion.
-    let rb = quant::row_bytes(vt, k).ok_or_else(|| Error::Invalid("mat_mul: bad row".into()))?;
-    let mut aq = vec![0i8; cols * k];
-    // Scales and sums per group, zero-padded to whole chunks of eight groups (the x86 kernel
-    // loads eight at a time).
-    let gpad = groups.div_ceil(8) * 8;
-    let mut ad = vec![0f32; cols * gpad];
-    let mut asum = vec![0i32; cols * gpad];
-    let mut col = vec![0f32; k];
-    let mut conv = vec![0u8; rb];
-    for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
-        let base = x
-            .data
-            .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
-        for (e, v) in col.iter_mut().enumerate() {
-            *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
-                .read_unaligned();
-        }
-        quant::quantize_activations(dt, &col, &mut conv)
-            .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
-        let bb = vt.info().block_bytes as usize;
-        for (g, b) in conv.chunks_exact(bb).enumerate() {
-            let (d, q) = if vt == DType::Q8_0 {
-                (
-                    quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]])),
-                    &b[2..],
-                )
-            } else {
-                (f32::from_le_bytes(b[..4].try_into().unwrap()), &b[4..])
-            };
-            ad[c * gpad + g] = d;
-            for (o, &v) in aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
-                *o = v as i8;
-            }
-            asum[c * gpad + g] = q.iter().map(|&v| v as i8 as i32).sum();
-        }
-    }
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
-    let (aq, ad, asum, col_index) = (&aq, &ad, &asum, &col_index);
     let (w, out) = (*w, *out);
     let wrb = quant::row_bytes(dt, k).expect("validated");
     parallel_for(host, n.div_ceil(ROWS_PER_TASK) as u32, |t| {
@@ -167,6 +135,80 @@ pub unsafe fn run(
         }
     });
     Ok(())
+}
+
+/// The activation columns of a mollm-format mat_mul, quantized as the weight's format asks
+/// (quant's own conversion): codes, per-group scales and per-group code sums.
+pub struct Acts {
+    /// Activation group length (32 or 128).
+    pub ga: usize,
+    /// Groups per column, zero-padded to whole chunks of eight (kernels load eight at a time).
+    pub gpad: usize,
+    /// `cols x k` codes.
+    pub aq: Vec<i8>,
+    /// `cols x gpad` scales.
+    pub ad: Vec<f32>,
+    /// `cols x gpad` sums of each group's codes.
+    pub asum: Vec<i32>,
+    /// Each column's (i1, i2, i3) index.
+    pub col_index: Vec<(i64, i64, i64)>,
+}
+
+impl Acts {
+    /// # Safety
+    /// `x` is a validated F32 activation of a mat_mul with a [`FORMATS`] weight of `dt`, on
+    /// valid host memory.
+    pub unsafe fn quantize(dt: DType, x: &TensorDesc) -> Result<Acts, Error> {
+        let k = x.ne[0] as usize;
+        let cols = x.nrows() as usize;
+        let vt = quant::vec_dot_type(dt);
+        let ga = vt.info().block_len as usize;
+        let groups = k / ga;
+        let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
+        let rb =
+            quant::row_bytes(vt, k).ok_or_else(|| Error::Invalid("mat_mul: bad row".into()))?;
+        let mut aq = vec![0i8; cols * k];
+        let gpad = groups.div_ceil(8) * 8;
+        let mut ad = vec![0f32; cols * gpad];
+        let mut asum = vec![0i32; cols * gpad];
+        let mut col = vec![0f32; k];
+        let mut conv = vec![0u8; rb];
+        for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
+            let base = x
+                .data
+                .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
+            for (e, v) in col.iter_mut().enumerate() {
+                *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
+                    .read_unaligned();
+            }
+            quant::quantize_activations(dt, &col, &mut conv)
+                .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
+            let bb = vt.info().block_bytes as usize;
+            for (g, b) in conv.chunks_exact(bb).enumerate() {
+                let (d, q) = if vt == DType::Q8_0 {
+                    (
+                        quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]])),
+                        &b[2..],
+                    )
+                } else {
+                    (f32::from_le_bytes(b[..4].try_into().unwrap()), &b[4..])
+                };
+                ad[c * gpad + g] = d;
+                for (o, &v) in aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
+                    *o = v as i8;
+                }
+                asum[c * gpad + g] = q.iter().map(|&v| v as i8 as i32).sum();
+            }
+        }
+        Ok(Acts {
+            ga,
+            gpad,
+            aq,
+            ad,
+            asum,
+            col_index,
+        })
+    }
 }
 
 /// A weight row as i8 codes and one scale per activation group.

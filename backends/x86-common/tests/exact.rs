@@ -438,8 +438,20 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
 fn check_row_quantized(
     seed: u64,
     cases: &[(DType, usize, usize)],
+    scales: (f32, f32),
+    cols: &[usize],
+) {
+    check_row_quantized_as(seed, cases, scales, cols, false)
+}
+
+/// As [`check_row_quantized`]; with `prepared`, through `prepare_weight` where the tier
+/// offers it (the AVX-512 backend's repacked layouts).
+fn check_row_quantized_as(
+    seed: u64,
+    cases: &[(DType, usize, usize)],
     (w_scale, x_scale): (f32, f32),
     cols: &[usize],
+    prepared: bool,
 ) {
     let host = reference::scoped_threads_host(2);
     let refi = Instance::new(&reference::TABLE, &host);
@@ -455,17 +467,32 @@ fn check_row_quantized(
                     .unwrap();
             }
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            let mut pd = wd;
+            if prepared {
+                let prep = table
+                    .prepare_weight
+                    .expect("CPU backends offer prepare_weight");
+                let st = Status::from_raw(prep(me.ctx, &wd, &mut pd));
+                if isa != Isa::Avx512 {
+                    assert_eq!(st, Status::Unsupported, "{isa:?} repacks nothing");
+                    continue;
+                }
+                assert_eq!(st, Status::Ok, "{dt} {k}x{n}");
+            }
             for &c in cols {
                 let mut x = rng.data(k * c, x_scale);
                 check_mat_mul(
                     &refi,
                     &me,
                     wd,
-                    wd,
+                    pd,
                     &mut x,
                     (k, n, c),
                     &format!("{isa:?} {dt}"),
                 );
+            }
+            if prepared {
+                (table.buffer_free.unwrap())(me.ctx, pd.buffer);
             }
         }
     }
@@ -503,5 +530,28 @@ fn mollm_format_mat_mul_matches_reference_backend_bit_for_bit() {
         ],
         (0.7, 2.0),
         &[1, 2, 7, 17],
+    );
+}
+
+/// W4G32 / W4G128 weights repacked into 16-row groups by the AVX-512 backend
+/// (`mollm_x86_common::w4r16`), and row counts that are not a multiple of 16 (copied as they
+/// are), against the reference, bit for bit: full and partial chunks of eight groups, GEMV and
+/// the four-column GEMM tile with leftover columns.
+#[test]
+fn prepared_mollm_format_weights_match_reference_bit_for_bit() {
+    check_row_quantized_as(
+        19,
+        &[
+            (DType::W4G32, 576, 48),   // 18 groups
+            (DType::W4G32, 32, 16),    // one group
+            (DType::W4G128, 1024, 32), // 8 groups exactly
+            (DType::W4G128, 896, 16),  // 7: only a partial chunk
+            (DType::W4G128, 2304, 64), // 18
+            (DType::W4G128, 256, 24),  // not repacked: 24 rows
+            (DType::W8PC, 576, 32),    // not repacked: copied
+        ],
+        (0.7, 2.0),
+        &[1, 2, 4, 5, 9],
+        true,
     );
 }

@@ -1,0 +1,250 @@
+//! W4G32 / W4G128 weights repacked at load (`prepare_weight`) into groups of 16 rows, so that
+//! one 64-byte line holds four code bytes of each of the 16 rows and `vpdpbusd` with four
+//! broadcast activation bytes puts every row's integer sum in its own 32-bit lane: no
+//! per-row unpacking into activation order, no horizontal sums, one f16→f32 conversion for 16
+//! rows' scales.
+//!
+//! The float chain is the reference's (`quant::mollm::vec_dot`) in every lane: group `g`'s
+//! exact integer sum, `lane[g % 8] = fma(dw · da, isum, lane[g % 8])`, then `hsum_float_8` of
+//! the eight lanes, so results are bit-identical to it (and to the row-wise kernels of
+//! `mollm_cpu_common::wmatmul`).
+//!
+//! Layout of one 16-row group, `stride` bytes (64-byte multiple) for `ng` weight groups of `G`
+//! elements (`G/2` code bytes per row):
+//! - codes: for group `g`, `G/8` lines of 64 bytes; line `t` holds bytes `4t .. 4t + 4` of
+//!   each row's codes (rows in order), so its low nibbles are elements `4t .. 4t + 4` and its
+//!   high nibbles elements `G/2 + 4t ..` of every row;
+//! - then the f16 scales, `[g][row]` (32 bytes per group), zero-padded to the stride.
+
+use crate::par::SyncPtr;
+use abi::{DType, HostApi, TensorDesc};
+use mollm_cpu_common::wmatmul::Acts;
+use mollm_cpu_common::Error;
+
+/// Rows per group.
+pub const ROWS: usize = 16;
+/// Tasks per pool thread.
+const TASKS_PER_THREAD: usize = 2;
+
+/// (elements per weight group, bytes per block) of a 4-bit mollm format.
+pub fn geometry(dt: DType) -> Option<(usize, usize)> {
+    match dt {
+        DType::W4G32 => Some((32, 18)),
+        DType::W4G128 => Some((128, 66)),
+        _ => None,
+    }
+}
+
+/// Bytes of one repacked 16-row group of `k` elements per row.
+pub fn stride(g: usize, k: usize) -> usize {
+    let ng = k / g;
+    (ng * g * 8 + ng * 32).div_ceil(64) * 64
+}
+
+/// Whether an `n x k` weight of `dt` can be repacked.
+pub fn fits(dt: DType, k: usize, n: usize) -> bool {
+    geometry(dt).is_some_and(|(g, _)| k % g == 0 && k > 0 && n % ROWS == 0 && n > 0)
+}
+
+/// Bytes of a repacked `n x k` weight.
+pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
+    let (g, _) = geometry(dt).expect("a 4-bit mollm format");
+    n / ROWS * stride(g, k)
+}
+
+/// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`.
+pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u8]) {
+    let (g, bb) = geometry(dt).expect("a 4-bit mollm format");
+    assert!(fits(dt, k, n));
+    let (ng, st) = (k / g, stride(g, k));
+    assert!(dst.len() >= n / ROWS * st);
+    assert!(src.len() >= (n - 1) * rs + ng * bb);
+    for rg in 0..n / ROWS {
+        let out = &mut dst[rg * st..(rg + 1) * st];
+        for r in 0..ROWS {
+            let row = &src[(rg * ROWS + r) * rs..][..ng * bb];
+            for (gi, b) in row.chunks_exact(bb).enumerate() {
+                for t in 0..g / 8 {
+                    let o = gi * g * 8 + 64 * t + 4 * r;
+                    out[o..o + 4].copy_from_slice(&b[2 + 4 * t..6 + 4 * t]);
+                }
+                let o = ng * g * 8 + 32 * gi + 2 * r;
+                out[o..o + 2].copy_from_slice(&b[..2]);
+            }
+        }
+    }
+}
+
+/// mat_mul on a repacked weight (`inputs[0].data`), any number of activation columns.
+///
+/// # Safety
+/// A validated mat_mul whose weight is [`repack`]ed (`fits`), on valid host memory; the CPU
+/// runs AVX-512 F/BW/VL/VNNI.
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(), Error> {
+    let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let dt = w.dtype().expect("validated");
+    let (k, n, cols) = (w.ne[0] as usize, w.ne[1] as usize, x.nrows() as usize);
+    if cols == 0 {
+        return Ok(());
+    }
+    let (g, _) = geometry(dt).expect("checked by check_prepared");
+    let acts = Acts::quantize(dt, x)?;
+    let st = stride(g, k);
+    let (wp, op) = (SyncPtr(w.data as *mut u8), SyncPtr(out.data));
+    let out = *out;
+    let acts = &acts;
+    let groups = n / ROWS;
+    // A few long contiguous runs per thread: the hardware prefetchers lose their stream at
+    // every jump (measured on Qwen2.5-1.5B decode, 2 threads: tasks of four 16-row groups
+    // streamed at ~22 GB/s, two runs per thread at up to ~32, this machine's ceiling).
+    let tasks = (host.n_threads.max(1) as usize * TASKS_PER_THREAD).min(groups);
+    let per = groups.div_ceil(tasks);
+    crate::par::parallel_for(host, groups.div_ceil(per) as u32, |t| {
+        let g0 = t as usize * per;
+        for rg in g0..(g0 + per).min(groups) {
+            let wg = wp.0.wrapping_add(rg * st) as *const u8;
+            let put = |c: usize, v: &[f32; ROWS]| {
+                let (i1, i2, i3) = acts.col_index[c];
+                let base = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+                for (i, &v) in v.iter().enumerate() {
+                    let off = (rg * ROWS + i) as i64 * out.nb[0] + base;
+                    // SAFETY: each (row, column) is written by exactly one task.
+                    unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+                }
+            };
+            let mut c = 0;
+            while c + 4 <= cols {
+                // SAFETY: the caller's contract; columns c..c+4 exist.
+                let v = unsafe { tile::<4>(g, wg, k, acts, c) };
+                for (j, v) in v.iter().enumerate() {
+                    put(c + j, v);
+                }
+                c += 4;
+            }
+            for c in c..cols {
+                // SAFETY: as above.
+                let [v] = unsafe { tile::<1>(g, wg, k, acts, c) };
+                put(c, &v);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// 16 rows x `C` columns (from `c0`) on one repacked row group.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn tile<const C: usize>(
+    g: usize,
+    w: *const u8,
+    k: usize,
+    acts: &Acts,
+    c0: usize,
+) -> [[f32; ROWS]; C] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let a: [*const i8; C] = core::array::from_fn(|j| acts.aq.as_ptr().add((c0 + j) * k));
+        let ad: [*const f32; C] =
+            core::array::from_fn(|j| acts.ad.as_ptr().add((c0 + j) * acts.gpad));
+        let asum: [*const i32; C] =
+            core::array::from_fn(|j| acts.asum.as_ptr().add((c0 + j) * acts.gpad));
+        if g == 128 {
+            x86::tile::<128, C>(w, k / 128, a, ad, asum)
+        } else {
+            x86::tile::<32, C>(w, k / 32, a, ad, asum)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (g, w, k, acts, c0);
+        unreachable!("repacked weights are x86-64 only")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86 {
+    use super::ROWS;
+    use core::arch::x86_64::*;
+
+    /// How far ahead of the line being read to prefetch (a small help to the hardware
+    /// prefetchers at the start of each run).
+    const PREFETCH: usize = 1024;
+
+    /// 16 rows x `C` columns: `w` one repacked row group of `ng` groups of `G`; `a[c]`
+    /// activation codes, `ad[c]` / `asum[c]` per-group scales and code sums.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI; pointers valid for `ng` groups.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn tile<const G: usize, const C: usize>(
+        w: *const u8,
+        ng: usize,
+        a: [*const i8; C],
+        ad: [*const f32; C],
+        asum: [*const i32; C],
+    ) -> [[f32; ROWS]; C] {
+        let scales = w.add(ng * G * 8) as *const __m256i;
+        let mut lanes = [[_mm512_setzero_ps(); 8]; C];
+        for g0 in (0..ng).step_by(8) {
+            for j in 0..8 {
+                let gi = g0 + j;
+                if gi >= ng {
+                    break;
+                }
+                let isum = group::<G, C>(w.add(gi * G * 8), gi * G, &a);
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(gi)));
+                for c in 0..C {
+                    let s = _mm512_sub_epi32(isum[c], _mm512_set1_epi32(8 * *asum[c].add(gi)));
+                    let d = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[c].add(gi)));
+                    lanes[c][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), lanes[c][j]);
+                }
+            }
+        }
+        let mut out = [[0f32; ROWS]; C];
+        for c in 0..C {
+            // hsum_float_8, lane by lane.
+            let l = &lanes[c];
+            let r0 = _mm512_add_ps(l[4], l[0]);
+            let r1 = _mm512_add_ps(l[5], l[1]);
+            let r2 = _mm512_add_ps(l[6], l[2]);
+            let r3 = _mm512_add_ps(l[7], l[3]);
+            let v = _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3));
+            _mm512_storeu_ps(out[c].as_mut_ptr(), v);
+        }
+        out
+    }
+
+    /// One group's exact integer sums (codes still offset by 8), 16 rows per vector, for each
+    /// column. Two chains per column (four for one column) keep `vpdpbusd`'s latency hidden.
+    #[inline(always)]
+    unsafe fn group<const G: usize, const C: usize>(
+        lines: *const u8,
+        e0: usize,
+        a: &[*const i8; C],
+    ) -> [__m512i; C] {
+        let m = _mm512_set1_epi8(0x0F);
+        let mut acc = [[_mm512_setzero_si512(); 4]; C];
+        for t in 0..G / 8 {
+            let v = _mm512_load_si512(lines.add(64 * t) as *const __m512i);
+            _mm_prefetch::<_MM_HINT_T0>(lines.add(64 * t + PREFETCH) as *const i8);
+            let lo = _mm512_and_si512(v, m);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+            let p = if C == 1 { 2 * (t & 1) } else { 0 };
+            for c in 0..C {
+                let al = (a[c].add(e0 + 4 * t) as *const i32).read_unaligned();
+                let ah = (a[c].add(e0 + G / 2 + 4 * t) as *const i32).read_unaligned();
+                acc[c][p] = _mm512_dpbusd_epi32(acc[c][p], lo, _mm512_set1_epi32(al));
+                acc[c][p + 1] = _mm512_dpbusd_epi32(acc[c][p + 1], hi, _mm512_set1_epi32(ah));
+            }
+        }
+        core::array::from_fn(|c| {
+            let x = &acc[c];
+            _mm512_add_epi32(_mm512_add_epi32(x[0], x[1]), _mm512_add_epi32(x[2], x[3]))
+        })
+    }
+}
