@@ -92,7 +92,10 @@ pub unsafe fn run(
         return Ok(());
     }
     let (g, _) = geometry(dt).expect("checked by check_prepared");
-    let acts = Acts::quantize(dt, x)?;
+    let acts = match quantize_acts(dt, x) {
+        Some(a) => a,
+        None => Acts::quantize(dt, x)?,
+    };
     let st = stride(g, k);
     let (wp, op) = (SyncPtr(w.data as *mut u8), SyncPtr(out.data));
     let out = *out;
@@ -133,6 +136,62 @@ pub unsafe fn run(
         }
     });
     Ok(())
+}
+
+/// [`Acts::quantize`] with AVX-512 for contiguous columns (`None`: strided ones, which take
+/// the scalar path). Same codes, scales and sums: per group `d = amax/127`, codes
+/// `round_ties_even(v · 127/amax)`; W4G32's Q8_0 scale rounded through f16, W4G128's A8G128
+/// scale kept in f32. A group whose `127/amax` is not finite (subnormal amax) is done the
+/// scalar way, so that the saturating casts agree too.
+///
+/// # Safety
+/// As [`run`].
+pub unsafe fn quantize_acts(dt: DType, x: &TensorDesc) -> Option<Acts> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x.nb[0] != 4 {
+            return None;
+        }
+        let ga = if dt == DType::W4G128 { 128 } else { 32 };
+        let k = x.ne[0] as usize;
+        let cols = x.nrows() as usize;
+        let groups = k / ga;
+        let gpad = groups.div_ceil(8) * 8;
+        let col_index: Vec<(i64, i64, i64)> = (0..cols as i64)
+            .map(|c| mollm_cpu_common::split_row(x, c))
+            .collect();
+        let mut aq = vec![0i8; cols * k];
+        let mut ad = vec![0f32; cols * gpad];
+        let mut asum = vec![0i32; cols * gpad];
+        for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
+            let base = x
+                .data
+                .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize)
+                as *const f32;
+            let col = core::slice::from_raw_parts(base, k);
+            x86::quantize_col(
+                ga,
+                dt == DType::W4G32,
+                col,
+                &mut aq[c * k..(c + 1) * k],
+                &mut ad[c * gpad..c * gpad + groups],
+                &mut asum[c * gpad..c * gpad + groups],
+            );
+        }
+        Some(Acts {
+            ga,
+            gpad,
+            aq,
+            ad,
+            asum,
+            col_index,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dt, x);
+        None
+    }
 }
 
 /// 16 rows x `C` columns (from `c0`) on one repacked row group.
@@ -217,6 +276,59 @@ pub mod x86 {
             _mm512_storeu_ps(out[c].as_mut_ptr(), v);
         }
         out
+    }
+
+    /// Quantizes one contiguous column in groups of `ga` (see `super::quantize_acts`);
+    /// `f16_scale`: Q8_0 (the scale goes through f16), else A8G128.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; `x.len() == q.len()`, one `d`/`sum` per group.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    pub unsafe fn quantize_col(
+        ga: usize,
+        f16_scale: bool,
+        x: &[f32],
+        q: &mut [i8],
+        d: &mut [f32],
+        sum: &mut [i32],
+    ) {
+        let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+        for (g, (xg, qg)) in x.chunks_exact(ga).zip(q.chunks_exact_mut(ga)).enumerate() {
+            let mut m = _mm512_setzero_ps();
+            for v in xg.chunks_exact(16) {
+                let a = _mm512_castsi512_ps(_mm512_and_si512(
+                    _mm512_castps_si512(_mm512_loadu_ps(v.as_ptr())),
+                    abs,
+                ));
+                m = _mm512_max_ps(m, a);
+            }
+            let amax = _mm512_reduce_max_ps(m);
+            let dg = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            d[g] = if f16_scale {
+                quant::fp16_to_f32(quant::f32_to_fp16(dg))
+            } else {
+                dg
+            };
+            if !id.is_finite() || amax.is_nan() {
+                let mut s = 0;
+                for (o, &v) in qg.iter_mut().zip(xg) {
+                    *o = (v * id).round_ties_even() as i8;
+                    s += *o as i32;
+                }
+                sum[g] = s;
+                continue;
+            }
+            let idv = _mm512_set1_ps(id);
+            let mut acc = _mm512_setzero_si512();
+            for (v, o) in xg.chunks_exact(16).zip(qg.chunks_exact_mut(16)) {
+                // Round to nearest, ties to even (the default MXCSR mode), like the reference.
+                let i = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v.as_ptr()), idv));
+                acc = _mm512_add_epi32(acc, i);
+                _mm_storeu_si128(o.as_mut_ptr() as *mut __m128i, _mm512_cvtsepi32_epi8(i));
+            }
+            sum[g] = _mm512_reduce_add_epi32(acc);
+        }
     }
 
     /// One group's exact integer sums (codes still offset by 8), 16 rows per vector, for each

@@ -555,3 +555,38 @@ fn prepared_mollm_format_weights_match_reference_bit_for_bit() {
         true,
     );
 }
+
+/// The AVX-512 activation quantization of the repacked path gives `Acts::quantize`'s codes,
+/// scales and sums exactly: random columns, an all-zero group, a group whose amax is
+/// subnormal (127/amax overflows), exact .5 ties (amax 127 makes the factor 1), big values.
+#[test]
+fn simd_activation_groups_match_the_scalar_ones() {
+    if !Isa::Avx512.detected() {
+        eprintln!("SKIP: no AVX-512 here");
+        return;
+    }
+    let mut rng = Rng::new(23);
+    for dt in [DType::W4G32, DType::W4G128] {
+        let k = 512;
+        let cols = 3;
+        let mut x = rng.data(k * cols, 3.0);
+        x[..128].fill(0.0);
+        for (i, v) in x[128..256].iter_mut().enumerate() {
+            *v = f32::from_bits(1 + i as u32) * if i % 2 == 0 { 1.0 } else { -1.0 };
+        }
+        for (i, v) in x[256..384].iter_mut().enumerate() {
+            *v = (i as f32 - 64.0) + 0.5;
+        }
+        x[256] = 127.0;
+        x[600] = 3.0e30;
+        let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
+        // SAFETY: a contiguous F32 activation on this CPU (AVX-512 detected).
+        let simd = unsafe { mollm_x86_common::w4r16::quantize_acts(dt, &xd) }.unwrap();
+        let scalar = unsafe { mollm_cpu_common::wmatmul::Acts::quantize(dt, &xd) }.unwrap();
+        assert_eq!(simd.aq, scalar.aq, "{dt} codes");
+        assert_eq!(simd.asum, scalar.asum, "{dt} sums");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&simd.ad), bits(&scalar.ad), "{dt} scales");
+        assert_eq!((simd.ga, simd.gpad), (scalar.ga, scalar.gpad));
+    }
+}
