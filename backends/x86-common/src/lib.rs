@@ -30,7 +30,7 @@ pub mod par;
 pub mod q4k16;
 #[cfg(target_arch = "x86_64")]
 pub mod simd;
-pub mod w4r16;
+pub mod wr16;
 
 /// Bits of `BackendHeader::cpu_features` (the CPU features a library's kernels use).
 pub mod features {
@@ -302,8 +302,8 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
     ) -> Result<(), Error> {
         // The table's `compute` ran `check_prepared` on this call already.
         let _ = (op, params);
-        if kind == matmul::KIND_W4R16 {
-            return w4r16::run(host, inputs, outputs);
+        if kind == matmul::KIND_WR16 {
+            return wr16::run(host, inputs, outputs);
         }
         let repacked = kind == matmul::KIND_Q4K16;
         matmul::run_weights(Isa::from_u8(ISA), host, repacked, inputs, outputs)

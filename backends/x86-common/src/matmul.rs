@@ -63,13 +63,13 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
 pub const KIND_Q4K16: u32 = 1;
 /// Prepared layout: the weight's own, copied into the prepared memory.
 pub const KIND_COPY: u32 = 2;
-/// Prepared layout: W4G32 / W4G128 in 16-row groups ([`crate::w4r16`]).
-pub const KIND_W4R16: u32 = 3;
+/// Prepared layout: W4G32 / W4G128 / W8PC in 16-row groups ([`crate::wr16`]).
+pub const KIND_WR16: u32 = 3;
 /// Largest weight copied as it is (see [`prepare`]).
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
-/// AVX-512 kernels of [`crate::q4k16`], W4G32 / W4G128 ones for those of [`crate::w4r16`];
+/// AVX-512 kernels of [`crate::q4k16`], mollm-format ones for those of [`crate::wr16`];
 /// other weights of formats with kernels here are
 /// copied as they are (into 2 MiB pages, see `mollm_cpu_common::Prepared`).
 ///
@@ -99,10 +99,10 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
         crate::q4k16::repack(src, rb, k, n, p.bytes_mut());
         return Ok(p);
     }
-    if crate::w4r16::fits(dt, k, n) {
-        let bytes = crate::w4r16::repacked_bytes(dt, k, n);
-        let mut p = mollm_cpu_common::Prepared::zeroed(KIND_W4R16, bytes);
-        crate::w4r16::repack(dt, src, rb, k, n, p.bytes_mut());
+    if crate::wr16::fits(dt, k, n) {
+        let bytes = crate::wr16::repacked_bytes(dt, k, n);
+        let mut p = mollm_cpu_common::Prepared::zeroed(KIND_WR16, bytes);
+        crate::wr16::repack(dt, src, rb, k, n, p.bytes_mut());
         return Ok(p);
     }
     // Same layout, in the prepared memory (huge pages): the weight is streamed once per token
@@ -127,10 +127,10 @@ pub fn check_prepared(
     if kind == KIND_COPY && isa == Isa::Avx512 {
         return Ok(());
     }
-    if kind == KIND_W4R16 && isa == Isa::Avx512 {
+    if kind == KIND_WR16 && isa == Isa::Avx512 {
         let w = &inputs[0];
         let dt = w.dtype().unwrap_or(DType::F32);
-        return match crate::w4r16::fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
+        return match crate::wr16::fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
             true => Ok(()),
             false => Err(Error::Invalid(format!(
                 "mat_mul: a {dt} {}x{} weight is not in the 16-row layout",

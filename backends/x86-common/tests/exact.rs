@@ -533,8 +533,8 @@ fn mollm_format_mat_mul_matches_reference_backend_bit_for_bit() {
     );
 }
 
-/// W4G32 / W4G128 weights repacked into 16-row groups by the AVX-512 backend
-/// (`mollm_x86_common::w4r16`), and row counts that are not a multiple of 16 (copied as they
+/// W4G32 / W4G128 / W8PC weights repacked into 16-row groups by the AVX-512 backend
+/// (`mollm_x86_common::wr16`), and row counts that are not a multiple of 16 (copied as they
 /// are), against the reference, bit for bit: full and partial chunks of eight groups, GEMV and
 /// the four-column GEMM tile with leftover columns.
 #[test]
@@ -548,7 +548,9 @@ fn prepared_mollm_format_weights_match_reference_bit_for_bit() {
             (DType::W4G128, 896, 16),  // 7: only a partial chunk
             (DType::W4G128, 2304, 64), // 18
             (DType::W4G128, 256, 24),  // not repacked: 24 rows
-            (DType::W8PC, 576, 32),    // not repacked: copied
+            (DType::W8PC, 576, 32),    // 18 groups of 32 in 9 blocks
+            (DType::W8PC, 64, 16),     // one block
+            (DType::W8PC, 128, 8),     // not repacked: copied
         ],
         (0.7, 2.0),
         &[1, 2, 4, 5, 9],
@@ -566,7 +568,7 @@ fn simd_activation_groups_match_the_scalar_ones() {
         return;
     }
     let mut rng = Rng::new(23);
-    for dt in [DType::W4G32, DType::W4G128] {
+    for dt in [DType::W4G32, DType::W4G128, DType::W8PC] {
         let k = 512;
         let cols = 3;
         let mut x = rng.data(k * cols, 3.0);
@@ -581,7 +583,7 @@ fn simd_activation_groups_match_the_scalar_ones() {
         x[600] = 3.0e30;
         let xd = f32_desc(&mut x, &[k as i64, cols as i64]);
         // SAFETY: a contiguous F32 activation on this CPU (AVX-512 detected).
-        let simd = unsafe { mollm_x86_common::w4r16::quantize_acts(dt, &xd) }.unwrap();
+        let simd = unsafe { mollm_x86_common::wr16::quantize_acts(dt, &xd) }.unwrap();
         let scalar = unsafe { mollm_cpu_common::wmatmul::Acts::quantize(dt, &xd) }.unwrap();
         assert_eq!(simd.aq, scalar.aq, "{dt} codes");
         assert_eq!(simd.asum, scalar.asum, "{dt} sums");

@@ -1,20 +1,24 @@
-//! W4G32 / W4G128 weights repacked at load (`prepare_weight`) into groups of 16 rows, so that
-//! one 64-byte line holds four code bytes of each of the 16 rows and `vpdpbusd` with four
-//! broadcast activation bytes puts every row's integer sum in its own 32-bit lane: no
-//! per-row unpacking into activation order, no horizontal sums, one f16→f32 conversion for 16
-//! rows' scales.
+//! mollm's W4G32 / W4G128 / W8PC weights repacked at load (`prepare_weight`) into groups of 16
+//! rows, so that one 64-byte line holds four code bytes of each of the 16 rows and `vpdpbusd`
+//! with four broadcast activation bytes puts every row's integer sum in its own 32-bit lane:
+//! no per-row unpacking into activation order, no horizontal sums, one load (and for f16 one
+//! conversion) for 16 rows' scales.
 //!
-//! The float chain is the reference's (`quant::mollm::vec_dot`) in every lane: group `g`'s
-//! exact integer sum, `lane[g % 8] = fma(dw · da, isum, lane[g % 8])`, then `hsum_float_8` of
-//! the eight lanes, so results are bit-identical to it (and to the row-wise kernels of
-//! `mollm_cpu_common::wmatmul`).
+//! The float chain is the reference's (`quant::mollm::vec_dot`) in every lane: activation
+//! group `g`'s exact integer sum, `lane[g % 8] = fma(dw · da, isum, lane[g % 8])`, then
+//! `hsum_float_8` of the eight lanes, so results are bit-identical to it (and to the row-wise
+//! kernels of `mollm_cpu_common::wmatmul`).
 //!
-//! Layout of one 16-row group, `stride` bytes (64-byte multiple) for `ng` weight groups of `G`
-//! elements (`G/2` code bytes per row):
-//! - codes: for group `g`, `G/8` lines of 64 bytes; line `t` holds bytes `4t .. 4t + 4` of
-//!   each row's codes (rows in order), so its low nibbles are elements `4t .. 4t + 4` and its
-//!   high nibbles elements `G/2 + 4t ..` of every row;
-//! - then the f16 scales, `[g][row]` (32 bytes per group), zero-padded to the stride.
+//! Layout of one 16-row group, `stride` bytes (a 64-byte multiple), for `ng` activation
+//! groups of `G` elements (W4G128: 128; W4G32 and W8PC: 32, Q8_0's):
+//! - codes, for each group `g` in turn, 64-byte lines; line `t` holds four code bytes of each
+//!   row (rows in order). 4-bit formats: `G/8` lines, bytes `4t .. 4t + 4` of the group's
+//!   packed codes, so the low nibbles are elements `4t .. 4t + 4` and the high nibbles
+//!   elements `G/2 + 4t ..` (codes `q + 8`). W8PC: 8 lines, elements `4t .. 4t + 4` as
+//!   `q + 128` (unsigned, as `vpdpbusd` wants them);
+//! - then the scales, `[g][row]`: f16 (32 bytes per group) for the 4-bit formats, the f32
+//!   scale of the block holding the group for W8PC (64 bytes per group), zero-padded to the
+//!   stride.
 
 use crate::par::SyncPtr;
 use abi::{DType, HostApi, TensorDesc};
@@ -26,50 +30,101 @@ pub const ROWS: usize = 16;
 /// Tasks per pool thread.
 const TASKS_PER_THREAD: usize = 2;
 
-/// (elements per weight group, bytes per block) of a 4-bit mollm format.
-pub fn geometry(dt: DType) -> Option<(usize, usize)> {
+const W4G32: u8 = 0;
+const W4G128: u8 = 1;
+const W8PC: u8 = 2;
+
+fn fmt(dt: DType) -> Option<u8> {
     match dt {
-        DType::W4G32 => Some((32, 18)),
-        DType::W4G128 => Some((128, 66)),
+        DType::W4G32 => Some(W4G32),
+        DType::W4G128 => Some(W4G128),
+        DType::W8PC => Some(W8PC),
         _ => None,
     }
 }
 
+/// Activation group length.
+const fn group_len(f: u8) -> usize {
+    if f == W4G128 {
+        128
+    } else {
+        32
+    }
+}
+
+/// 64-byte code lines per activation group.
+const fn lines(f: u8) -> usize {
+    if f == W8PC {
+        8
+    } else {
+        group_len(f) / 8
+    }
+}
+
+/// Scale bytes per activation group (16 rows).
+const fn scale_bytes(f: u8) -> usize {
+    if f == W8PC {
+        64
+    } else {
+        32
+    }
+}
+
 /// Bytes of one repacked 16-row group of `k` elements per row.
-pub fn stride(g: usize, k: usize) -> usize {
-    let ng = k / g;
-    (ng * g * 8 + ng * 32).div_ceil(64) * 64
+fn stride(f: u8, k: usize) -> usize {
+    let ng = k / group_len(f);
+    (ng * (64 * lines(f) + scale_bytes(f))).div_ceil(64) * 64
 }
 
 /// Whether an `n x k` weight of `dt` can be repacked.
 pub fn fits(dt: DType, k: usize, n: usize) -> bool {
-    geometry(dt).is_some_and(|(g, _)| k % g == 0 && k > 0 && n % ROWS == 0 && n > 0)
+    let Some(bl) = fmt(dt).map(|_| dt.info().block_len as usize) else {
+        return false;
+    };
+    k > 0 && k % bl == 0 && n > 0 && n % ROWS == 0
 }
 
 /// Bytes of a repacked `n x k` weight.
 pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
-    let (g, _) = geometry(dt).expect("a 4-bit mollm format");
-    n / ROWS * stride(g, k)
+    n / ROWS * stride(fmt(dt).expect("a mollm format"), k)
 }
 
 /// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`.
 pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u8]) {
-    let (g, bb) = geometry(dt).expect("a 4-bit mollm format");
+    let f = fmt(dt).expect("a mollm format");
     assert!(fits(dt, k, n));
-    let (ng, st) = (k / g, stride(g, k));
+    let (g, st) = (group_len(f), stride(f, k));
+    let ng = k / g;
+    let row_bytes = quant::row_bytes(dt, k).expect("whole blocks");
+    let codes = 64 * lines(f);
     assert!(dst.len() >= n / ROWS * st);
-    assert!(src.len() >= (n - 1) * rs + ng * bb);
+    assert!(src.len() >= (n - 1) * rs + row_bytes);
     for rg in 0..n / ROWS {
         let out = &mut dst[rg * st..(rg + 1) * st];
         for r in 0..ROWS {
-            let row = &src[(rg * ROWS + r) * rs..][..ng * bb];
-            for (gi, b) in row.chunks_exact(bb).enumerate() {
-                for t in 0..g / 8 {
-                    let o = gi * g * 8 + 64 * t + 4 * r;
-                    out[o..o + 4].copy_from_slice(&b[2 + 4 * t..6 + 4 * t]);
+            let row = &src[(rg * ROWS + r) * rs..][..row_bytes];
+            for gi in 0..ng {
+                let (packed, scale): (&[u8], &[u8]) = match f {
+                    W8PC => {
+                        let b = &row[68 * (gi / 2)..][..68];
+                        (&b[4 + 32 * (gi % 2)..][..32], &b[..4])
+                    }
+                    _ => {
+                        let bb = 2 + g / 2;
+                        let b = &row[bb * gi..][..bb];
+                        (&b[2..], &b[..2])
+                    }
+                };
+                for t in 0..lines(f) {
+                    let o = gi * codes + 64 * t + 4 * r;
+                    for j in 0..4 {
+                        let c = packed[4 * t + j];
+                        out[o + j] = if f == W8PC { c ^ 0x80 } else { c };
+                    }
                 }
-                let o = ng * g * 8 + 32 * gi + 2 * r;
-                out[o..o + 2].copy_from_slice(&b[..2]);
+                let sb = scale_bytes(f) / ROWS;
+                let o = ng * codes + scale_bytes(f) * gi + sb * r;
+                out[o..o + sb].copy_from_slice(scale);
             }
         }
     }
@@ -91,12 +146,12 @@ pub unsafe fn run(
     if cols == 0 {
         return Ok(());
     }
-    let (g, _) = geometry(dt).expect("checked by check_prepared");
+    let f = fmt(dt).expect("checked by check_prepared");
     let acts = match quantize_acts(dt, x) {
         Some(a) => a,
         None => Acts::quantize(dt, x)?,
     };
-    let st = stride(g, k);
+    let st = stride(f, k);
     let (wp, op) = (SyncPtr(w.data as *mut u8), SyncPtr(out.data));
     let out = *out;
     let acts = &acts;
@@ -122,7 +177,7 @@ pub unsafe fn run(
             let mut c = 0;
             while c + 4 <= cols {
                 // SAFETY: the caller's contract; columns c..c+4 exist.
-                let v = unsafe { tile::<4>(g, wg, k, acts, c) };
+                let v = unsafe { tile::<4>(f, wg, k, acts, c) };
                 for (j, v) in v.iter().enumerate() {
                     put(c + j, v);
                 }
@@ -130,7 +185,7 @@ pub unsafe fn run(
             }
             for c in c..cols {
                 // SAFETY: as above.
-                let [v] = unsafe { tile::<1>(g, wg, k, acts, c) };
+                let [v] = unsafe { tile::<1>(f, wg, k, acts, c) };
                 put(c, &v);
             }
         }
@@ -140,8 +195,8 @@ pub unsafe fn run(
 
 /// [`Acts::quantize`] with AVX-512 for contiguous columns (`None`: strided ones, which take
 /// the scalar path). Same codes, scales and sums: per group `d = amax/127`, codes
-/// `round_ties_even(v · 127/amax)`; W4G32's Q8_0 scale rounded through f16, W4G128's A8G128
-/// scale kept in f32. A group whose `127/amax` is not finite (subnormal amax) is done the
+/// `round_ties_even(v · 127/amax)`; the Q8_0 scale (W4G32, W8PC) rounded through f16, the
+/// A8G128 one (W4G128) kept in f32. A group whose `127/amax` is not finite (subnormal amax) is done the
 /// scalar way, so that the saturating casts agree too.
 ///
 /// # Safety
@@ -171,7 +226,7 @@ pub unsafe fn quantize_acts(dt: DType, x: &TensorDesc) -> Option<Acts> {
             let col = core::slice::from_raw_parts(base, k);
             x86::quantize_col(
                 ga,
-                dt == DType::W4G32,
+                dt != DType::W4G128,
                 col,
                 &mut aq[c * k..(c + 1) * k],
                 &mut ad[c * gpad..c * gpad + groups],
@@ -199,7 +254,7 @@ pub unsafe fn quantize_acts(dt: DType, x: &TensorDesc) -> Option<Acts> {
 /// # Safety
 /// As [`run`].
 unsafe fn tile<const C: usize>(
-    g: usize,
+    f: u8,
     w: *const u8,
     k: usize,
     acts: &Acts,
@@ -212,42 +267,46 @@ unsafe fn tile<const C: usize>(
             core::array::from_fn(|j| acts.ad.as_ptr().add((c0 + j) * acts.gpad));
         let asum: [*const i32; C] =
             core::array::from_fn(|j| acts.asum.as_ptr().add((c0 + j) * acts.gpad));
-        if g == 128 {
-            x86::tile::<128, C>(w, k / 128, a, ad, asum)
-        } else {
-            x86::tile::<32, C>(w, k / 32, a, ad, asum)
+        let ng = k / group_len(f);
+        match f {
+            W4G128 => x86::tile::<W4G128, C>(w, ng, a, ad, asum),
+            W4G32 => x86::tile::<W4G32, C>(w, ng, a, ad, asum),
+            _ => x86::tile::<W8PC, C>(w, ng, a, ad, asum),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (g, w, k, acts, c0);
+        let _ = (f, w, k, acts, c0);
         unreachable!("repacked weights are x86-64 only")
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    use super::ROWS;
+    use super::{group_len, lines, scale_bytes, ROWS, W8PC};
     use core::arch::x86_64::*;
 
     /// How far ahead of the line being read to prefetch (a small help to the hardware
     /// prefetchers at the start of each run).
     const PREFETCH: usize = 1024;
 
-    /// 16 rows x `C` columns: `w` one repacked row group of `ng` groups of `G`; `a[c]`
-    /// activation codes, `ad[c]` / `asum[c]` per-group scales and code sums.
+    /// 16 rows x `C` columns: `w` one repacked row group of `ng` activation groups of
+    /// format `F`; `a[c]` activation codes, `ad[c]` / `asum[c]` per-group scales and code sums.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI; pointers valid for `ng` groups.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn tile<const G: usize, const C: usize>(
+    pub unsafe fn tile<const F: u8, const C: usize>(
         w: *const u8,
         ng: usize,
         a: [*const i8; C],
         ad: [*const f32; C],
         asum: [*const i32; C],
     ) -> [[f32; ROWS]; C] {
-        let scales = w.add(ng * G * 8) as *const __m256i;
+        let codes = 64 * lines(F);
+        let scales = w.add(ng * codes);
+        // The codes' offset: 4-bit codes are q + 8, W8PC's stored q + 128.
+        let offset = if F == W8PC { 128 } else { 8 };
         let mut lanes = [[_mm512_setzero_ps(); 8]; C];
         for g0 in (0..ng).step_by(8) {
             for j in 0..8 {
@@ -255,10 +314,15 @@ pub mod x86 {
                 if gi >= ng {
                     break;
                 }
-                let isum = group::<G, C>(w.add(gi * G * 8), gi * G, &a);
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(gi)));
+                let isum = group::<F, C>(w.add(gi * codes), gi * group_len(F), &a);
+                let sp = scales.add(gi * scale_bytes(F));
+                let dw = if F == W8PC {
+                    _mm512_loadu_ps(sp as *const f32)
+                } else {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i))
+                };
                 for c in 0..C {
-                    let s = _mm512_sub_epi32(isum[c], _mm512_set1_epi32(8 * *asum[c].add(gi)));
+                    let s = _mm512_sub_epi32(isum[c], _mm512_set1_epi32(offset * *asum[c].add(gi)));
                     let d = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[c].add(gi)));
                     lanes[c][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), lanes[c][j]);
                 }
@@ -331,27 +395,36 @@ pub mod x86 {
         }
     }
 
-    /// One group's exact integer sums (codes still offset by 8), 16 rows per vector, for each
+    /// One group's exact integer sums (codes still offset), 16 rows per vector, for each
     /// column. Two chains per column (four for one column) keep `vpdpbusd`'s latency hidden.
     #[inline(always)]
-    unsafe fn group<const G: usize, const C: usize>(
-        lines: *const u8,
+    unsafe fn group<const F: u8, const C: usize>(
+        code: *const u8,
         e0: usize,
         a: &[*const i8; C],
     ) -> [__m512i; C] {
         let m = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_si512(); 4]; C];
-        for t in 0..G / 8 {
-            let v = _mm512_load_si512(lines.add(64 * t) as *const __m512i);
-            _mm_prefetch::<_MM_HINT_T0>(lines.add(64 * t + PREFETCH) as *const i8);
-            let lo = _mm512_and_si512(v, m);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
-            let p = if C == 1 { 2 * (t & 1) } else { 0 };
-            for c in 0..C {
-                let al = (a[c].add(e0 + 4 * t) as *const i32).read_unaligned();
-                let ah = (a[c].add(e0 + G / 2 + 4 * t) as *const i32).read_unaligned();
-                acc[c][p] = _mm512_dpbusd_epi32(acc[c][p], lo, _mm512_set1_epi32(al));
-                acc[c][p + 1] = _mm512_dpbusd_epi32(acc[c][p + 1], hi, _mm512_set1_epi32(ah));
+        for t in 0..lines(F) {
+            let v = _mm512_load_si512(code.add(64 * t) as *const __m512i);
+            _mm_prefetch::<_MM_HINT_T0>(code.add(64 * t + PREFETCH) as *const i8);
+            let act = |c: usize, e: usize| {
+                _mm512_set1_epi32((a[c].add(e0 + e) as *const i32).read_unaligned())
+            };
+            if F == W8PC {
+                let p = if C == 1 { t & 3 } else { t & 1 };
+                for c in 0..C {
+                    acc[c][p] = _mm512_dpbusd_epi32(acc[c][p], v, act(c, 4 * t));
+                }
+            } else {
+                let lo = _mm512_and_si512(v, m);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+                let p = if C == 1 { 2 * (t & 1) } else { 0 };
+                for c in 0..C {
+                    acc[c][p] = _mm512_dpbusd_epi32(acc[c][p], lo, act(c, 4 * t));
+                    acc[c][p + 1] =
+                        _mm512_dpbusd_epi32(acc[c][p + 1], hi, act(c, group_len(F) / 2 + 4 * t));
+                }
             }
         }
         core::array::from_fn(|c| {
