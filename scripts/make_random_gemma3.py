@@ -39,7 +39,7 @@ import numpy as np
 import gguf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_random_qwen3 import CACHE, bf16_round, safetensors_bytes, sha256  # noqa: E402
+from make_random_qwen3 import CACHE, Weights, add_dense_hparams, safetensors_bytes, sha256  # noqa: E402
 
 KEY = "gemma3-random"
 M = dict(seed=300, hidden=64, layers=3, heads=4, kv_heads=2, head_dim=32, ff=128, window=8,
@@ -118,19 +118,9 @@ def write_tokenizer_files(d, v):
 def make_weights(n_vocab):
     """HF name -> (float32 values in HF shape, storage kind). Norm weights are HF's (the model
     uses 1 + weight)."""
-    rng = np.random.default_rng(M["seed"])
+    W = Weights(M["seed"])
+    normal, put, w = W.normal, W.put, W.w
     H, hd, nh, nkv, ff = M["hidden"], M["head_dim"], M["heads"], M["kv_heads"], M["ff"]
-    w = {}
-
-    def normal(shape, std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
-
-    def put(name, vals, kind):
-        if kind == "BF16":
-            vals, _ = bf16_round(vals)
-        elif kind == "F16":
-            vals = vals.astype(np.float16).astype(np.float32)
-        w[name] = (vals, kind)
 
     put("model.embed_tokens.weight", normal((n_vocab, H), 1.0), "F16")
     for i in range(M["layers"]):
@@ -178,16 +168,7 @@ def write_hf(d, v, weights):
 def write_gguf(path, v, weights):
     w = gguf.GGUFWriter(path, "gemma3")
     w.add_name(KEY)
-    w.add_context_length(4096)
-    w.add_embedding_length(M["hidden"])
-    w.add_block_count(M["layers"])
-    w.add_feed_forward_length(M["ff"])
-    w.add_head_count(M["heads"])
-    w.add_head_count_kv(M["kv_heads"])
-    w.add_key_length(M["head_dim"])
-    w.add_value_length(M["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1000000.0)
+    add_dense_hparams(w, M)
     w.add_sliding_window(M["window"])
     w.add_uint32("gemma3.attention.sliding_window_pattern", M["pattern"])
     w.add_tokenizer_model("llama")

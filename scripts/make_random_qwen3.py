@@ -129,21 +129,44 @@ def bf16_round(x):
     return (r.astype(np.uint32) << 16).view(np.float32), r
 
 
-def make_weights(m, n_vocab):
-    """name -> (values as float32 numpy array in HF shape, HF storage: 'BF16'|'F16'|'F32')."""
-    rng = np.random.default_rng(m["seed"])
-    H, hd, nh, nkv, ff = m["hidden"], m["head_dim"], m["heads"], m["kv_heads"], m["ff"]
-    w = {}
+class Weights:
+    """name -> (values as float32 numpy array in HF shape, HF storage: 'BF16'|'F16'|'F32'),
+    drawn from one seeded generator (values rounded to their storage type)."""
 
-    def normal(shape, std):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.w = {}
 
-    def put(name, vals, kind):
+    def normal(self, shape, std):
+        return (self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    def put(self, name, vals, kind):
         if kind == "BF16":
             vals, _ = bf16_round(vals)
         elif kind == "F16":
             vals = vals.astype(np.float16).astype(np.float32)
-        w[name] = (vals, kind)
+        self.w[name] = (vals, kind)
+
+
+def add_dense_hparams(w, m, rope_base=1000000.0):
+    """The GGUF hyper-parameters both generators' models share."""
+    w.add_context_length(4096)
+    w.add_embedding_length(m["hidden"])
+    w.add_block_count(m["layers"])
+    w.add_feed_forward_length(m["ff"])
+    w.add_head_count(m["heads"])
+    w.add_head_count_kv(m["kv_heads"])
+    w.add_key_length(m["head_dim"])
+    w.add_value_length(m["head_dim"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(rope_base)
+
+
+def make_weights(m, n_vocab):
+    """name -> (values as float32 numpy array in HF shape, HF storage: 'BF16'|'F16'|'F32')."""
+    W = Weights(m["seed"])
+    normal, put, w = W.normal, W.put, W.w
+    H, hd, nh, nkv, ff = m["hidden"], m["head_dim"], m["heads"], m["kv_heads"], m["ff"]
 
     put("model.embed_tokens.weight", normal((n_vocab, H), 1.0), "BF16")
     for i in range(m["layers"]):
@@ -232,16 +255,7 @@ def write_gguf(path, key, m, v, weights):
     arch = m["arch"]
     w = gguf.GGUFWriter(path, arch)
     w.add_name(key)
-    w.add_context_length(4096)
-    w.add_embedding_length(m["hidden"])
-    w.add_block_count(m["layers"])
-    w.add_feed_forward_length(m["ff"])
-    w.add_head_count(m["heads"])
-    w.add_head_count_kv(m["kv_heads"])
-    w.add_key_length(m["head_dim"])
-    w.add_value_length(m["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1000000.0)
+    add_dense_hparams(w, m)
     if "experts" in m:
         w.add_expert_count(m["experts"])
         w.add_expert_used_count(m["top_k"])

@@ -98,6 +98,8 @@ pub unsafe fn run(
             };
             let a = |c: usize| &aq[c * k..(c + 1) * k];
             let d = |c: usize| &ad[c * gpad..(c + 1) * gpad];
+            // The portable chain takes no sums (it dots the unpacked codes).
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
             let s = |c: usize| &asum[c * gpad..(c + 1) * gpad];
             match frame {
                 #[cfg(target_arch = "x86_64")]
@@ -155,28 +157,43 @@ pub struct Acts {
 }
 
 impl Acts {
+    /// Zeroed buffers for the columns of `x`, with groups of the activation format `dt`'s
+    /// weights take (a SIMD quantizer fills them in).
+    pub fn zeroed(dt: DType, x: &TensorDesc) -> Acts {
+        let k = x.ne[0] as usize;
+        let cols = x.nrows() as usize;
+        let ga = quant::vec_dot_type(dt).info().block_len as usize;
+        let gpad = (k / ga).div_ceil(8) * 8;
+        Acts {
+            ga,
+            gpad,
+            aq: vec![0i8; cols * k],
+            ad: vec![0f32; cols * gpad],
+            asum: vec![0i32; cols * gpad],
+            col_index: (0..cols as i64).map(|c| split_row(x, c)).collect(),
+        }
+    }
+
+    /// The first element of column `c` of `x`.
+    pub fn column(&self, x: &TensorDesc, c: usize) -> *const u8 {
+        let (i1, i2, i3) = self.col_index[c];
+        x.data
+            .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize)
+    }
+
     /// # Safety
     /// `x` is a validated F32 activation of a mat_mul with a [`FORMATS`] weight of `dt`, on
     /// valid host memory.
     pub unsafe fn quantize(dt: DType, x: &TensorDesc) -> Result<Acts, Error> {
-        let k = x.ne[0] as usize;
-        let cols = x.nrows() as usize;
+        let mut a = Acts::zeroed(dt, x);
+        let (k, ga, gpad) = (x.ne[0] as usize, a.ga, a.gpad);
         let vt = quant::vec_dot_type(dt);
-        let ga = vt.info().block_len as usize;
-        let groups = k / ga;
-        let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
         let rb =
             quant::row_bytes(vt, k).ok_or_else(|| Error::Invalid("mat_mul: bad row".into()))?;
-        let mut aq = vec![0i8; cols * k];
-        let gpad = groups.div_ceil(8) * 8;
-        let mut ad = vec![0f32; cols * gpad];
-        let mut asum = vec![0i32; cols * gpad];
         let mut col = vec![0f32; k];
         let mut conv = vec![0u8; rb];
-        for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
-            let base = x
-                .data
-                .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize);
+        for c in 0..a.col_index.len() {
+            let base = a.column(x, c);
             for (e, v) in col.iter_mut().enumerate() {
                 *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
                     .read_unaligned();
@@ -193,21 +210,14 @@ impl Acts {
                 } else {
                     (f32::from_le_bytes(b[..4].try_into().unwrap()), &b[4..])
                 };
-                ad[c * gpad + g] = d;
-                for (o, &v) in aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
+                a.ad[c * gpad + g] = d;
+                for (o, &v) in a.aq[c * k + g * ga..c * k + (g + 1) * ga].iter_mut().zip(q) {
                     *o = v as i8;
                 }
-                asum[c * gpad + g] = q.iter().map(|&v| v as i8 as i32).sum();
+                a.asum[c * gpad + g] = q.iter().map(|&v| v as i8 as i32).sum();
             }
         }
-        Ok(Acts {
-            ga,
-            gpad,
-            aq,
-            ad,
-            asum,
-            col_index,
-        })
+        Ok(a)
     }
 }
 

@@ -207,40 +207,21 @@ pub unsafe fn quantize_acts(dt: DType, x: &TensorDesc) -> Option<Acts> {
         if x.nb[0] != 4 {
             return None;
         }
-        let ga = if dt == DType::W4G128 { 128 } else { 32 };
-        let k = x.ne[0] as usize;
-        let cols = x.nrows() as usize;
+        let mut a = Acts::zeroed(dt, x);
+        let (k, ga, gpad) = (x.ne[0] as usize, a.ga, a.gpad);
         let groups = k / ga;
-        let gpad = groups.div_ceil(8) * 8;
-        let col_index: Vec<(i64, i64, i64)> = (0..cols as i64)
-            .map(|c| mollm_cpu_common::split_row(x, c))
-            .collect();
-        let mut aq = vec![0i8; cols * k];
-        let mut ad = vec![0f32; cols * gpad];
-        let mut asum = vec![0i32; cols * gpad];
-        for (c, &(i1, i2, i3)) in col_index.iter().enumerate() {
-            let base = x
-                .data
-                .wrapping_offset((i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]) as isize)
-                as *const f32;
-            let col = core::slice::from_raw_parts(base, k);
+        for c in 0..a.col_index.len() {
+            let col = core::slice::from_raw_parts(a.column(x, c) as *const f32, k);
             x86::quantize_col(
                 ga,
                 dt != DType::W4G128,
                 col,
-                &mut aq[c * k..(c + 1) * k],
-                &mut ad[c * gpad..c * gpad + groups],
-                &mut asum[c * gpad..c * gpad + groups],
+                &mut a.aq[c * k..(c + 1) * k],
+                &mut a.ad[c * gpad..c * gpad + groups],
+                &mut a.asum[c * gpad..c * gpad + groups],
             );
         }
-        Some(Acts {
-            ga,
-            gpad,
-            aq,
-            ad,
-            asum,
-            col_index,
-        })
+        Some(a)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
