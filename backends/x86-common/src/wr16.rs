@@ -214,7 +214,7 @@ pub unsafe fn quantize_acts(dt: DType, x: &TensorDesc) -> Option<Acts> {
             let col = core::slice::from_raw_parts(a.column(x, c) as *const f32, k);
             x86::quantize_col(
                 ga,
-                dt != DType::W4G128,
+                quant::vec_dot_type(dt) == DType::Q8_0,
                 col,
                 &mut a.aq[c * k..(c + 1) * k],
                 &mut a.ad[c * gpad..c * gpad + groups],

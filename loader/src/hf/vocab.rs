@@ -77,10 +77,9 @@ pub fn metadata(
     }
     // Whether the pipeline puts a space before the text (Llama 2 does, Gemma does not):
     // llama.cpp's add_space_prefix, which decoding undoes.
+    let pre = tj.get("pre_tokenizer");
     let space_prefix = mentions(tj.get("normalizer"), "\"Prepend\"")
-        || tj.get("pre_tokenizer").is_some_and(|p| {
-            p.to_string().contains("Metaspace") && !p.to_string().contains("\"never\"")
-        });
+        || (mentions(pre, "Metaspace") && !mentions(pre, "\"never\""));
     let unk_token = model.get("unk_token").and_then(|u| u.as_str());
     let vocab = model
         .get("vocab")
