@@ -57,8 +57,17 @@ if [[ ! -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ]]; then
   tar xzf "$SDIST" -C "$SRC" --strip-components=1
 fi
 
+# Sapphire Rapids (AMX): llama.cpp's AMX kernels die with SIGILL here, so a native build must
+# not use the AMX instructions the compiler would otherwise enable.
+EXTRA_FLAGS=()
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  EXTRA_FLAGS=(-DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX")
+  echo "==> AMX CPU: building with $NOAMX"
+fi
+
 echo "==> configuring in $BUILD"
-cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" \
+cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${EXTRA_FLAGS[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON \
   -DBUILD_SHARED_LIBS=ON \
@@ -73,9 +82,10 @@ cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" \
 
 echo "==> building (-j$JOBS)"
 start=$(date +%s)
-# llama-completion is the classic text-completion CLI (llama-cli now needs the server build).
+# llama-completion is the classic text-completion CLI (llama-cli now needs the server build);
+# llama-eval-callback prints every tensor of a forward pass (compare with MOLLM_TRACE=1).
 cmake --build "$BUILD" --config Release -j"$JOBS" --target \
-  llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion
+  llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion llama-eval-callback
 end=$(date +%s)
 echo "==> build done in $((end - start)) s; binaries in $BUILD/bin"
 ls -la "$BUILD/bin"

@@ -226,9 +226,14 @@ fn rope_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
     Ok(vec![x])
 }
 
-fn matmul_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+fn matmul_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
     let (w, x) = (s[0], s[1]);
     need(w[2] == 1 && w[3] == 1, || "weight must be 2-D".into())?;
+    let g = p.i[0];
+    let m = x[1] * x[2] * x[3];
+    need(g == 0 || (g > 0 && m % g == 0), || {
+        format!("chain_cols {g} does not divide the {m} columns")
+    })?;
     need(w[0] == x[0], || {
         format!("inner sizes differ: weight {} vs input {}", w[0], x[0])
     })?;
@@ -350,13 +355,23 @@ pub static SCHEMAS: [OpSchema; 12] = [
               the weight's dot format, exactly as ggml's CPU backend does: Q4_0/Q5_0/Q8_0 -> \
               Q8_0; Q4_1/Q5_1 -> Q8_1; K-quants -> Q8_K; F16 -> F16; BF16 -> BF16; F32 stays \
               F32. Integer block dot products are exact; per-block scaling and the sum over \
-              blocks are f32.",
+              blocks are f32. Which of ggml's chains computes a column (vec_dot, tinyBLAS, \
+              repacked GEMM/GEMV, tiled) depends on the call's column count M, as in ggml; \
+              chain_cols = g > 0 computes the columns as independent calls of g columns each \
+              (column c takes the chain of column c % g of a g-column call; g divides M), so \
+              one call can serve the single tokens of many sequences with the chain each would \
+              get alone (batch invariance).",
         inputs: &[
             operand!("w", WEIGHT_DTYPES, "[K, N] weight, one row per output"),
             operand!("x", F32, "[K, M, ...] activations"),
         ],
         outputs: &[operand!("out", F32, "[N, M, ...]")],
-        attrs: &[],
+        attrs: &[attr!(
+            "chain_cols",
+            I64,
+            0,
+            "0 = the chain follows M; g > 0: as separate calls of g columns"
+        )],
         shape_rule: matmul_shape,
     },
     OpSchema {

@@ -1,5 +1,6 @@
 //! `mollm`: run local language models.
 
+mod batch;
 mod bench;
 mod chat;
 mod common;
@@ -30,6 +31,8 @@ enum Command {
     Run(run::RunArgs),
     /// Talk with a model through its chat template (interactive; piped lines are turns).
     Chat(chat::ChatArgs),
+    /// Generate for every request of a JSONL file, batched on one loaded model.
+    Batch(batch::BatchArgs),
     /// Measure prompt processing and generation speed (llama-bench style rows).
     Bench(bench::BenchArgs),
     /// Perplexity of a model over a text file, computed as llama-perplexity does.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
+        Command::Batch(args) => batch::batch(args),
         Command::Bench(args) => bench::bench(args),
         Command::Ppl(args) => ppl::ppl(args),
         Command::Convert(args) => convert::convert(args),

@@ -4,6 +4,23 @@ use crate::error::{EngineError, Result};
 use abi::{BackendHeader, BackendTable, HostApi, Op, OpCall, OpParams, Status, TensorDesc};
 use core::ffi::{c_void, CStr};
 
+thread_local! {
+    static IN_BACKEND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is inside a backend's `compute` (what the backend allocates for its own
+/// scratch is its business; tests that count the engine's allocations leave it out).
+pub fn in_backend_call() -> bool {
+    IN_BACKEND.with(|f| f.get())
+}
+
+fn in_backend<R>(f: impl FnOnce() -> R) -> R {
+    IN_BACKEND.with(|b| b.set(true));
+    let r = f();
+    IN_BACKEND.with(|b| b.set(false));
+    r
+}
+
 pub struct Backend {
     name: String,
     table: &'static BackendTable,
@@ -120,7 +137,7 @@ impl Backend {
             return Ok(false);
         }
         let call = OpCall::new(op, inputs, outputs, params);
-        match Status::from_raw((self.table.compute)(self.ctx, &call)) {
+        match Status::from_raw(in_backend(|| (self.table.compute)(self.ctx, &call))) {
             Status::Ok => Ok(true),
             Status::Unsupported => Ok(false),
             st => Err(EngineError::Backend {
@@ -139,7 +156,7 @@ impl Backend {
         params: OpParams,
     ) -> Result<()> {
         let call = OpCall::new(op, inputs, outputs, params);
-        let st = Status::from_raw((self.table.compute)(self.ctx, &call));
+        let st = Status::from_raw(in_backend(|| (self.table.compute)(self.ctx, &call)));
         if st == Status::Ok {
             return Ok(());
         }

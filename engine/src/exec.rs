@@ -282,6 +282,32 @@ impl Exec {
         )))
     }
 
+    /// One op on descriptors the caller owns (the graph executor's arena).
+    pub(crate) fn call_desc(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: OpParams,
+    ) -> Result<()> {
+        self.call(op, inputs, outputs, params)
+    }
+
+    /// `out = w x` into the caller's memory, on the weight's prepared copy where a backend
+    /// made one; `params` carries mat_mul's `chain_cols`.
+    pub(crate) fn matmul_desc(
+        &self,
+        w: &Weight,
+        x: TensorDesc,
+        out: TensorDesc,
+        params: OpParams,
+    ) -> Result<()> {
+        let prepared = self.prepared(w);
+        let ins = prepared.map(|(_, d)| [d, x]);
+        let first = prepared.zip(ins.as_ref()).map(|((bi, _), i)| (bi, &i[..]));
+        self.call_with(Op::MatMul, &[w.desc, x], &[out], params, first)
+    }
+
     pub fn get_rows(&self, table: &Weight, ids: &[i32]) -> Result<Act> {
         let mut out = Act::zeros(&[table.ne()[0], ids.len() as i64]);
         self.call(

@@ -3,6 +3,9 @@
 
 use abi::{DType, TensorDesc};
 
+/// Cache rows come in pages of this many (llama.cpp's KV padding).
+pub const KV_PAGE: usize = 256;
+
 pub struct CacheTensor {
     data: Vec<u8>,
     dtype: DType,
@@ -58,6 +61,29 @@ impl KvCache {
             .map(|_| LayerCache {
                 k: CacheTensor::new(dtype, head_dim, n_kv_heads, n_ctx),
                 v: CacheTensor::new(dtype, head_dim, n_kv_heads, n_ctx),
+            })
+            .collect();
+        KvCache {
+            layers,
+            n_ctx,
+            n_past: 0,
+        }
+    }
+
+    /// A cache of `n_ctx` positions for every cached layer of `p`.
+    ///
+    /// The tensors hold a whole number of 256-row pages (llama.cpp pads its cache the same
+    /// way): attention runs over the used rows padded to 256, capped at the tensor, so a cache
+    /// of another size would change the float order, and a sequence's results would depend on
+    /// the size it was given.
+    pub fn for_program(p: &crate::graph::Program, dtype: DType, n_ctx: usize) -> KvCache {
+        let rows = n_ctx.max(1).next_multiple_of(KV_PAGE);
+        let layers = p
+            .kv_layers
+            .iter()
+            .map(|&[d, h]| LayerCache {
+                k: CacheTensor::new(dtype, d, h, rows),
+                v: CacheTensor::new(dtype, d, h, rows),
             })
             .collect();
         KvCache {

@@ -4,8 +4,9 @@
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::exec::Exec;
+use crate::graph::{Program, Runner, SeqStep};
 use crate::kv::KvCache;
-use crate::model::{build_graph, Graph, HParams};
+use crate::model::HParams;
 use crate::pool::Pool;
 use crate::sampler::Sampler;
 use crate::tensor::Act;
@@ -14,10 +15,12 @@ use loader::{ChatTemplate, GgufFile, Tokenizer};
 use std::path::Path;
 use std::time::Instant;
 
-/// A model ready to run: graph, tokenizer, chat template. Weights stay in the file's memory map.
+/// A model ready to run: its program (graph bound to the weights), tokenizer, chat template.
+/// Weights stay in the file's memory map. Shareable across threads: nothing in it changes
+/// after loading.
 pub struct Model {
-    // Declared before `gguf`: the graph's weights point into its memory map.
-    pub graph: Box<dyn Graph>,
+    // Declared before `gguf`: the program's weights point into its memory map.
+    pub program: Program,
     pub hp: HParams,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
@@ -31,11 +34,12 @@ impl Model {
         let gguf = loader::open_model(path)?;
         crate::model::check_architecture(&gguf)?;
         let hp = HParams::from_gguf(&gguf)?;
-        let graph = build_graph(&gguf, &hp)?;
+        let graph = crate::model::build_graph(&gguf, &hp)?;
+        let program = crate::model::bind(&gguf, graph)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
         Ok(Model {
-            graph,
+            program,
             hp,
             tokenizer,
             chat_template,
@@ -102,6 +106,9 @@ pub struct SessionOptions {
     /// Native backend plugins (discovery, conformance gate, `--require-native`); `None` = the
     /// built-in reference only.
     pub plugins: Option<crate::registry::PluginOptions>,
+    /// Logit rows one step may produce (the activation arena is sized for it): 1 for
+    /// generation, a whole batch for perplexity. A step that needs more grows it.
+    pub max_outputs: usize,
 }
 
 impl Default for SessionOptions {
@@ -113,6 +120,7 @@ impl Default for SessionOptions {
             backend: BackendChoice::Auto,
             kv_dtype: DType::F32,
             plugins: None,
+            max_outputs: 1,
         }
     }
 }
@@ -142,9 +150,27 @@ fn rate(n: usize, ms: f64) -> f64 {
     }
 }
 
+/// A sequence of its own on a session's model and backends, for batched steps
+/// ([`Session::step`]): its KV cache and the tokens in it. It can move between threads.
+pub struct Sequence {
+    pub kv: KvCache,
+    pub history: Vec<u32>,
+}
+
+/// One sequence's share of a batched step: `tokens` appended to it, logits for the last
+/// `n_out` of them.
+pub struct Work<'a> {
+    pub seq: &'a mut Sequence,
+    pub tokens: &'a [u32],
+    pub n_out: usize,
+}
+
 pub struct Session<'m> {
     model: &'m Model,
+    kv_dtype: DType,
+    step_tokens: Vec<u32>,
     exec: Exec,
+    runner: Runner,
     kv: KvCache,
     n_batch: usize,
     /// Tokens whose keys and values are in the cache, in order.
@@ -161,17 +187,25 @@ impl<'m> Session<'m> {
         let (backends, fallback) = open_backends(opts, &pool)?;
         let exec = Exec::with_fallback(backends, fallback)?;
         let n_ctx = opts.n_ctx.max(1);
-        let hp = &model.hp;
-        let kv = KvCache::new(opts.kv_dtype, hp.n_layer, hp.head_dim, hp.n_head_kv, n_ctx);
+        let kv = KvCache::for_program(&model.program, opts.kv_dtype, n_ctx);
+        let n_batch = opts.n_batch.max(1);
+        let runner = Runner::new(&model.program, n_batch, opts.max_outputs.clamp(1, n_batch));
         Ok(Session {
             model,
+            kv_dtype: opts.kv_dtype,
+            step_tokens: Vec::new(),
             exec,
+            runner,
             kv,
             n_batch: opts.n_batch.max(1),
-            history: Vec::new(),
+            history: Vec::with_capacity(n_ctx),
             stop_at_eog: true,
             pool,
         })
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.model
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -188,6 +222,54 @@ impl<'m> Session<'m> {
     }
     pub fn history(&self) -> &[u32] {
         &self.history
+    }
+
+    /// A new, empty sequence with room for `n_ctx` tokens.
+    pub fn new_sequence(&self, n_ctx: usize) -> Sequence {
+        Sequence {
+            kv: KvCache::for_program(&self.model.program, self.kv_dtype, n_ctx.max(1)),
+            history: Vec::with_capacity(n_ctx),
+        }
+    }
+
+    /// Sizes the activation arena for steps of up to `max_tokens` tokens and `max_outputs`
+    /// logit rows (what a batch scheduler will ask for at most).
+    pub fn reserve_step(&mut self, max_tokens: usize, max_outputs: usize) {
+        if max_tokens > self.runner.max_tokens() || max_outputs > self.runner.max_outputs() {
+            self.runner = Runner::new(
+                &self.model.program,
+                max_tokens.max(self.runner.max_tokens()),
+                max_outputs.max(self.runner.max_outputs()),
+            );
+        }
+    }
+
+    /// One batched step over several sequences: each `Work`'s tokens are appended to its
+    /// sequence; returns the logits, `n_vocab` values per row, the rows of each `Work` in order.
+    /// A sequence's results do not depend on the other sequences of the step.
+    pub fn step(&mut self, work: &mut [Work]) -> Result<&[f32]> {
+        let t: usize = work.iter().map(|w| w.tokens.len()).sum();
+        let o: usize = work.iter().map(|w| w.n_out).sum();
+        self.reserve_step(t, o);
+        self.step_tokens.clear();
+        for w in work.iter() {
+            self.step_tokens.extend_from_slice(w.tokens);
+        }
+        let mut seqs: Vec<SeqStep> = work
+            .iter_mut()
+            .map(|w| SeqStep {
+                n_tokens: w.tokens.len(),
+                n_out: w.n_out,
+                kv: &mut w.seq.kv,
+            })
+            .collect();
+        let out = self
+            .runner
+            .step(&self.model.program, &self.exec, &self.step_tokens, &mut seqs)?;
+        for w in work.iter_mut() {
+            w.seq.history.extend_from_slice(w.tokens);
+        }
+        Ok(out)
     }
 
     /// Drops the cached state after `n` tokens.
@@ -211,6 +293,14 @@ impl<'m> Session<'m> {
     /// Appends `tokens` to the context, `n_batch` at a time, and returns the logits after each
     /// of `tokens[from..]`, row after row (`n_vocab` values each): what perplexity scores.
     pub fn eval_from(&mut self, tokens: &[u32], from: usize) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.eval_into(tokens, from, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Session::eval_from`] into `logits` (cleared first; no allocation once it has room).
+    pub fn eval_into(&mut self, tokens: &[u32], from: usize, logits: &mut Vec<f32>) -> Result<()> {
+        logits.clear();
         let need = self.history.len() + tokens.len();
         if need > self.kv.n_ctx {
             return Err(EngineError::ContextFull {
@@ -224,24 +314,24 @@ impl<'m> Session<'m> {
                 "token id {bad} outside the vocabulary of {n_vocab}"
             )));
         }
-        let mut logits = Vec::new();
         for (i, chunk) in tokens.chunks(self.n_batch).enumerate() {
             let start = i * self.n_batch;
-            let out_rows: Vec<usize> = (from.max(start)..start + chunk.len())
-                .map(|j| j - start)
-                .collect();
-            let pos0 = self.history.len();
-            let out: Act =
-                self.model
-                    .graph
-                    .forward(&self.exec, &mut self.kv, chunk, pos0, &out_rows)?;
-            self.history.extend_from_slice(chunk);
-            self.kv.n_past = self.history.len();
-            if !out_rows.is_empty() {
-                logits.extend_from_slice(&out.data);
+            let n_out = (start + chunk.len()).saturating_sub(from.max(start));
+            if n_out > self.runner.max_outputs() {
+                self.runner = Runner::new(&self.model.program, self.n_batch, n_out);
             }
+            let mut seq = [SeqStep {
+                kv: &mut self.kv,
+                n_tokens: chunk.len(),
+                n_out,
+            }];
+            let out = self
+                .runner
+                .step(&self.model.program, &self.exec, chunk, &mut seq)?;
+            logits.extend_from_slice(out);
+            self.history.extend_from_slice(chunk);
         }
-        Ok(logits)
+        Ok(())
     }
 
     /// Picks the next token from `logits`: greedy through the backend's argmax, otherwise the
@@ -279,7 +369,8 @@ impl<'m> Session<'m> {
             sampler.accept(t);
         }
         let t0 = Instant::now();
-        let mut logits = self.eval(prompt, true)?.expect("logits requested");
+        let mut logits = Vec::new();
+        self.eval_into(prompt, prompt.len() - 1, &mut logits)?;
         timings.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         timings.prefill_tokens = prompt.len();
 
@@ -297,7 +388,7 @@ impl<'m> Session<'m> {
             if self.history.len() >= self.kv.n_ctx {
                 break;
             }
-            logits = self.eval(&[tok], true)?.expect("logits requested");
+            self.eval_into(&[tok], 0, &mut logits)?;
             timings.decode_tokens += 1;
         }
         timings.decode_ms = t1.elapsed().as_secs_f64() * 1e3;

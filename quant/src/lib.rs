@@ -272,6 +272,20 @@ pub enum Kernel {
 
 /// The kernel ggml's x86 build uses for output column `col` of a matmul of a `[k, n_rows]`
 /// weight of `dtype` with `n_cols` activation columns.
+/// [`matmul_kernel`] for a call with mat_mul's `chain_cols` attribute: `chain == 0` is one
+/// call of `n_cols` columns; `chain == g > 0` computes the columns as separate calls of `g`.
+pub fn matmul_kernel_in(
+    dtype: DType,
+    k: usize,
+    n_rows: usize,
+    n_cols: usize,
+    col: usize,
+    chain: usize,
+) -> Kernel {
+    let g = if chain == 0 { n_cols } else { chain };
+    matmul_kernel(dtype, k, n_rows, g, col % g.max(1))
+}
+
 pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: usize) -> Kernel {
     let _ = (k, n_rows, n_cols, col);
     match dtype {

@@ -130,7 +130,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
             }));
         }
         match op {
-            Op::MatMul => matmul::check(inputs, outputs),
+            Op::MatMul => matmul::check(inputs, outputs, params.i[0].max(0) as usize),
             // The shared ops' portable variant: the reference's formulas in plain Rust,
             // vectorized by the compiler for NEON (AArch64's baseline).
             _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
@@ -145,7 +145,9 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
         params: &OpParams,
     ) -> Result<(), Error> {
         match op {
-            Op::MatMul => matmul::run(Self::path(), host, false, inputs, outputs),
+            Op::MatMul => {
+                matmul::run(Self::path(), host, false, inputs, outputs, params.i[0].max(0) as usize)
+            }
             _ => mollm_cpu_common::ops::run(
                 mollm_cpu_common::ops::Isa::Portable,
                 host,
@@ -190,8 +192,8 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
         params: &OpParams,
     ) -> Result<(), Error> {
         // The table's `compute` ran `check_prepared` on this call already (one layout).
-        let _ = (kind, op, params);
-        matmul::run(Self::path(), host, true, inputs, outputs)
+        let _ = (kind, op);
+        matmul::run(Self::path(), host, true, inputs, outputs, params.i[0].max(0) as usize)
     }
 }
 

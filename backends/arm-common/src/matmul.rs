@@ -31,7 +31,8 @@ const FORMATS: &[DType] = &[
 pub const ROWS_PER_TASK: usize = 32;
 
 /// Whether this backend computes this (already validated) mat_mul call.
-pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+/// `chain`: mat_mul's chain_cols attribute.
+pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc], chain: usize) -> Result<(), Error> {
     let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "ARM")?;
     if matches!(dt, DType::F32 | DType::F16) || mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
         // mollm_cpu_common::fmatmul / wmatmul: any shape.
@@ -40,7 +41,7 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
     // The kernel depends on the column only through `col < n_cols / 4 * 4`: the first and the
     // last column cover every case.
     for c in [0, cols.saturating_sub(1)] {
-        let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+        let kernel = quant::matmul_kernel_in(dt, k, n, cols, c, chain);
         if !simd::has_kernel(kernel, dt) && !kquants::has_kernel(kernel, dt) {
             return Err(Error::Unsupported(format!(
                 "mat_mul: no ARM {kernel:?} kernel for {dt} ({cols} columns)"
@@ -100,11 +101,12 @@ pub unsafe fn run(
     prepared: bool,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
+    chain: usize,
 ) -> Result<(), Error> {
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
     if matches!(dt, DType::F32 | DType::F16) {
-        return mollm_cpu_common::fmatmul::run(host, inputs, outputs);
+        return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
     }
     if mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
         let frame = mollm_cpu_common::wmatmul::Frame::Portable;
@@ -135,13 +137,13 @@ pub unsafe fn run(
             *v = (base.wrapping_offset(e as isize * x.nb[0] as isize) as *const f32)
                 .read_unaligned();
         }
-        let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+        let kernel = quant::matmul_kernel_in(dt, k, n, cols, c, chain);
         quant::quantize_activations_for(kernel, dt, &col, &mut act[c * rb..(c + 1) * rb])
             .map_err(|e| Error::Unsupported(format!("mat_mul: {e}")))?;
     }
 
     let kernels: Vec<quant::Kernel> = (0..cols)
-        .map(|c| quant::matmul_kernel(dt, k, n, cols, c))
+        .map(|c| quant::matmul_kernel_in(dt, k, n, cols, c, chain))
         .collect();
     let n_tasks = n.div_ceil(ROWS_PER_TASK) as u32;
     let (act, col_index, kernels) = (&act, &col_index, &kernels);

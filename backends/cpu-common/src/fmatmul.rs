@@ -27,6 +27,7 @@ pub unsafe fn run(
     host: &HostApi,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
+    chain: usize,
 ) -> Result<(), Error> {
     let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let dt = w.dtype().expect("validated");
@@ -51,7 +52,9 @@ pub unsafe fn run(
             };
         }
     }
-    let tile = x.ne[1] >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
+    // mat_mul's chain_cols: the columns as separate calls of `chain` columns (0: one call).
+    let group = if chain == 0 { x.ne[1] } else { chain as i64 };
+    let tile = group >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
     let chain = match (tile, dt) {
         (true, _) => Chain::Tile,
         (false, DType::F32) => Chain::VecF32,

@@ -217,7 +217,7 @@ pub unsafe fn check(
         return Err(Error::Unsupported(format!("this CPU lacks {isa:?}")));
     }
     match op {
-        Op::MatMul => matmul::check(inputs, outputs),
+        Op::MatMul => matmul::check(inputs, outputs, params.i[0].max(0) as usize),
         _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
     }
 }
@@ -236,7 +236,7 @@ pub unsafe fn compute_op(
 ) -> Result<(), Error> {
     check(isa, op, inputs, outputs, params)?;
     match op {
-        Op::MatMul => matmul::run(isa, host, inputs, outputs),
+        Op::MatMul => matmul::run(isa, host, inputs, outputs, params.i[0].max(0) as usize),
         _ => mollm_cpu_common::ops::run(isa.ops(), host, op, inputs, outputs, params),
     }
 }
@@ -289,7 +289,7 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
                 op.schema().name
             )));
         }
-        matmul::check_prepared(Isa::from_u8(ISA), kind, inputs, outputs)
+        matmul::check_prepared(Isa::from_u8(ISA), kind, inputs, outputs, params.i[0].max(0) as usize)
     }
 
     unsafe fn compute_prepared(
@@ -301,12 +301,12 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         params: &OpParams,
     ) -> Result<(), Error> {
         // The table's `compute` ran `check_prepared` on this call already.
-        let _ = (op, params);
+        let _ = op;
         if kind == matmul::KIND_WR16 {
             return wr16::run(host, inputs, outputs);
         }
         let repacked = kind == matmul::KIND_Q4K16;
-        matmul::run_weights(Isa::from_u8(ISA), host, repacked, inputs, outputs)
+        matmul::run_weights(Isa::from_u8(ISA), host, repacked, inputs, outputs, params.i[0].max(0) as usize)
     }
 }
 

@@ -32,14 +32,15 @@ pub const FORMATS: &[DType] = &[
 ];
 
 /// Whether this backend computes this (already validated) mat_mul call.
-pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+/// `chain`: mat_mul's chain_cols attribute.
+pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc], chain: usize) -> Result<(), Error> {
     let (dt, k, n, cols) = mollm_cpu_common::mat_mul_host_layout(inputs, outputs, FORMATS, "x86")?;
     if matches!(dt, DType::F32 | DType::F16) || mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
         // mollm_cpu_common::fmatmul / wmatmul: any shape.
         return Ok(());
     }
     for c in 0..cols.min(64) {
-        let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+        let kernel = quant::matmul_kernel_in(dt, k, n, cols, c, chain);
         if !crate::simd_has_kernel(kernel, dt) {
             return Err(Error::Unsupported(format!(
                 "mat_mul: no x86 {kernel:?} kernel for {dt}"
@@ -49,7 +50,7 @@ pub fn check(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error>
     // Columns past 64 get the same kernels as those below (the choice depends on col only
     // through `col < n_cols / 4 * 4`); check the last one too.
     if cols > 64 {
-        let kernel = quant::matmul_kernel(dt, k, n, cols, cols - 1);
+        let kernel = quant::matmul_kernel_in(dt, k, n, cols, cols - 1, chain);
         if !crate::simd_has_kernel(kernel, dt) {
             return Err(Error::Unsupported(format!(
                 "mat_mul: no x86 {kernel:?} kernel for {dt}"
@@ -122,8 +123,9 @@ pub fn check_prepared(
     kind: u32,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
+    chain: usize,
 ) -> Result<(), Error> {
-    check(inputs, outputs)?;
+    check(inputs, outputs, chain)?;
     if kind == KIND_COPY && isa == Isa::Avx512 {
         return Ok(());
     }
@@ -156,8 +158,9 @@ pub unsafe fn run(
     host: &HostApi,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
+    chain: usize,
 ) -> Result<(), Error> {
-    run_weights(isa, host, false, inputs, outputs)
+    run_weights(isa, host, false, inputs, outputs, chain)
 }
 
 /// [`run`], or with `repacked` the weight in [`crate::q4k16`]'s layout.
@@ -170,11 +173,12 @@ pub unsafe fn run_weights(
     repacked: bool,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
+    chain: usize,
 ) -> Result<(), Error> {
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
     if matches!(dt, DType::F32 | DType::F16) {
-        return mollm_cpu_common::fmatmul::run(host, inputs, outputs);
+        return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
     }
     if mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
         let frame = match isa {
@@ -196,7 +200,7 @@ pub unsafe fn run_weights(
         ))
     })?;
     let kernels: Vec<quant::Kernel> = (0..cols)
-        .map(|c| quant::matmul_kernel(dt, k, n, cols, c))
+        .map(|c| quant::matmul_kernel_in(dt, k, n, cols, c, chain))
         .collect();
     let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(&x, c)).collect();
 
@@ -286,7 +290,7 @@ pub unsafe fn run_weights(
             if repacked {
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
-                    repacked_cols(r0, nr, c0, c1, cols, n16, nb, wp.0, act, rb, &packed, buf)
+                    repacked_cols(r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf)
                 };
             } else if c0 < n16 * PACKED_COLS {
                 let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
@@ -364,7 +368,7 @@ unsafe fn repacked_cols(
     nr: usize,
     c0: usize,
     c1: usize,
-    cols: usize,
+    kernels: &[quant::Kernel],
     n16: usize,
     nb: usize,
     w: *mut u8,
@@ -388,14 +392,15 @@ unsafe fn repacked_cols(
             return;
         }
         for c in c0..c1 {
-            let gemm = c < cols / 4 * 4;
+            let gemm = kernels[c] == quant::Kernel::RepackGemm;
             let out = buf.as_mut_ptr().add((c - c0) * nr);
             crate::q4k16::column_avx512(gemm, wg, ng, nb, act[c * rb..].as_ptr(), out);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "repacked weights are x86-64 only: {r0} {nr} {c0} {c1} {cols} {n16} {nb} {w:?} {} {rb} {} {}",
+        "repacked weights are x86-64 only: {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
+        kernels.len(),
         act.len(),
         packed.len(),
         buf.len()

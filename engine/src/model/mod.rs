@@ -1,5 +1,7 @@
-//! Model graphs, one file per architecture, and what they share: hyper-parameters read from
-//! GGUF metadata, weight lookup with shape checks, and the attention block.
+//! Architectures as graph builders, one short file each: hyper-parameters read from GGUF
+//! metadata, and a function writing the model's graph (see [`crate::graph`]) from the blocks
+//! in [`crate::graph::build`]. The graph, not this code, is what runs: a package carries its
+//! own and needs none of these.
 
 pub mod gemma3;
 pub mod llama;
@@ -8,34 +10,21 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3moe;
 
-mod common;
+mod decoder;
 mod hparams;
 
 pub use hparams::HParams;
 
 use crate::error::{EngineError, Result};
-use crate::exec::Exec;
-use crate::kv::KvCache;
-use crate::tensor::{Act, Weight};
+use crate::graph::{GraphFile, Program};
+use crate::tensor::Weight;
 use loader::GgufFile;
 
-/// A decoder-only graph. `forward` runs `tokens` at positions `pos0..`, appends their keys and
-/// values to `kv`, and returns logits `[n_vocab, out_rows.len()]` for the tokens at the given
-/// indices (an empty list computes no logits).
-pub trait Graph: Send + Sync {
-    fn forward(
-        &self,
-        ex: &Exec,
-        kv: &mut KvCache,
-        tokens: &[u32],
-        pos0: usize,
-        out_rows: &[usize],
-    ) -> Result<Act>;
-}
+/// Writes an architecture's graph; `has(name)` says whether the file has a tensor (tied
+/// output, optional biases).
+pub type Builder = fn(&HParams, &dyn Fn(&str) -> bool) -> Result<GraphFile>;
 
-type Builder = fn(&GgufFile, &HParams) -> Result<Box<dyn Graph>>;
-
-/// Architectures mollm runs, by GGUF `general.architecture`.
+/// Architectures mollm has builders for, by GGUF `general.architecture`.
 pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
     (
         "llama",
@@ -64,7 +53,7 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
     ),
 ];
 
-/// Refuses a file whose architecture mollm has no graph for, naming what it does have.
+/// Refuses a file whose architecture mollm has no builder for, naming what it does have.
 pub fn check_architecture(gguf: &GgufFile) -> Result<()> {
     let arch = gguf.architecture()?;
     if ARCHITECTURES.iter().any(|(name, _, _)| *name == arch) {
@@ -83,43 +72,33 @@ pub fn check_architecture(gguf: &GgufFile) -> Result<()> {
     })
 }
 
-pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<Box<dyn Graph>> {
+/// The graph the builders write for this file.
+pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<GraphFile> {
     check_architecture(gguf)?;
     let (_, _, build) = ARCHITECTURES
         .iter()
         .find(|(name, _, _)| *name == hp.arch)
         .expect("checked");
-    build(gguf, hp)
+    build(hp, &|name| gguf.tensor(name).is_some())
 }
 
-/// Looks a weight up by name and checks its shape (ggml order).
-pub(crate) fn weight(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Weight> {
-    let file = || gguf.path.display().to_string();
-    let info = gguf.tensor(name).ok_or_else(|| EngineError::Model {
-        file: file(),
-        msg: format!("missing tensor '{name}'"),
-    })?;
-    let got: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
-    let mut want = shape.to_vec();
-    while want.len() > 1 && *want.last().unwrap() == 1 && want.len() > got.len() {
-        want.pop();
-    }
-    if got != want {
-        return Err(EngineError::Model {
-            file: file(),
-            msg: format!("tensor '{name}' has shape {got:?}, expected {want:?}"),
-        });
+/// The file's tensor `name` as an operand.
+pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
+    let info = gguf.tensor(name)?;
+    let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+    if shape.is_empty() || shape.len() > 4 || shape[0] % info.dtype.info().block_len as i64 != 0 {
+        return None;
     }
     let data = gguf.tensor_data(info);
-    Ok(Weight {
-        desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, shape),
+    Some(Weight {
+        desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, &shape),
         file_mapped: gguf.is_file_mapped(),
     })
 }
 
-pub(crate) fn weight_opt(gguf: &GgufFile, name: &str, shape: &[i64]) -> Result<Option<Weight>> {
-    if gguf.tensor(name).is_none() {
-        return Ok(None);
-    }
-    weight(gguf, name, shape).map(Some)
+/// Checks `graph` against the file's weights.
+pub fn bind(gguf: &GgufFile, graph: GraphFile) -> Result<Program> {
+    let file = gguf.path.display().to_string();
+    crate::graph::compile(graph, &|name| file_weight(gguf, name), &file)
+        .map_err(|msg| EngineError::Model { file, msg })
 }

@@ -1,84 +1,109 @@
 //! Routed mixture-of-experts FFN (Qwen3-MoE; llama.cpp's `build_moe_ffn` with softmax gating
 //! and SwiGLU experts): the router's softmax over all experts, the top `k` per token, their
-//! weights optionally renormalized to sum to 1, each selected expert's SwiGLU FFN on the
-//! tokens that chose it, and per token the weighted expert outputs summed in slot order.
+//! weights optionally renormalized to sum to 1, each selected expert's FFN on the tokens that
+//! chose it, and per token the weighted expert outputs summed in slot order.
 //!
-//! Routing is host code between backend calls: only the experts some token selected run, each
-//! once per chunk on all of its tokens (a prompt's matmuls stay matmuls).
+//! Routing is host code between backend calls (the graph's `moe_ffn` node): only the experts
+//! some token selected run, each on all of its tokens of one sequence at once (a prompt's
+//! matmuls stay matmuls; a sequence's chain never depends on the other sequences of a step).
 
-use super::{weight, HParams};
 use crate::error::Result;
 use crate::exec::Exec;
+use crate::graph::program::Src;
+use crate::graph::run::{col_groups, matmul_grouped, ColGroup};
 use crate::tensor::{Act, Weight};
-use abi::GLU_SILU;
-use loader::GgufFile;
+use abi::{OpParams, TensorDesc};
 
-pub struct Experts {
-    /// Router `[n_embd, n_expert]`.
-    pub gate_inp: Weight,
-    /// Stacked experts: gate and up `[n_embd, n_ff_exp, n_expert]`, down
-    /// `[n_ff_exp, n_embd, n_expert]`.
-    pub gate: Weight,
-    pub up: Weight,
-    pub down: Weight,
-}
-
-impl Experts {
-    pub fn load(g: &GgufFile, hp: &HParams, il: usize) -> Result<Experts> {
-        let (e, ff, nx) = (hp.n_embd as i64, hp.n_ff_exp as i64, hp.n_expert as i64);
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        Ok(Experts {
-            gate_inp: weight(g, &n("ffn_gate_inp"), &[e, nx])?,
-            gate: weight(g, &n("ffn_gate_exps"), &[e, ff, nx])?,
-            up: weight(g, &n("ffn_up_exps"), &[e, ff, nx])?,
-            down: weight(g, &n("ffn_down_exps"), &[ff, e, nx])?,
-        })
-    }
-
-    /// The routed FFN of `x` (`[n_embd, T]`, already normalized).
-    pub fn forward(&self, ex: &Exec, hp: &HParams, x: &Act) -> Result<Act> {
-        let logits = ex.matmul(&self.gate_inp, x)?;
-        let probs = ex.softmax(&logits, 1.0)?;
-        let routes = route(&probs, hp.n_expert_used, hp.expert_weights_norm);
-        let (e, t, k) = (x.ne[0] as usize, x.nrows(), hp.n_expert_used);
-        // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
-        let mut slot_out = vec![0f32; t * k * e];
-        for xi in 0..hp.n_expert {
-            let users: Vec<(usize, usize)> = (0..t)
-                .flat_map(|tok| (0..k).map(move |s| (tok, s)))
-                .filter(|&(tok, s)| routes[tok * k + s].0 == xi)
-                .collect();
-            if users.is_empty() {
-                continue;
-            }
-            let rows: Vec<usize> = users.iter().map(|&(tok, _)| tok).collect();
-            let xe = x.select_rows(&rows);
-            let g = ex.matmul(&self.gate.slice(xi), &xe)?;
-            let u = ex.matmul(&self.up.slice(xi), &xe)?;
-            let h = ex.glu(&g, &u, GLU_SILU)?;
-            let d = ex.matmul(&self.down.slice(xi), &h)?;
-            for (i, &(tok, s)) in users.iter().enumerate() {
-                let w = routes[tok * k + s].1;
-                let dst = &mut slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
-                for (o, &v) in dst.iter_mut().zip(d.row(i)) {
-                    *o = v * w;
-                }
+/// The `moe_ffn` node: `x` `[n_embd, N]` in, `out` the same shape; `w` the router, gate, up
+/// and down weights (stacked experts); `groups` the column groups of `x` by sequence.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    ex: &Exec,
+    weights: &[Weight],
+    w: &[Src],
+    x: TensorDesc,
+    out: TensorDesc,
+    k: usize,
+    norm: bool,
+    act: i64,
+    groups: &[ColGroup],
+) -> Result<()> {
+    let wt = |i: usize| match w[i] {
+        Src::Weight(j) => weights[j],
+        _ => unreachable!("compile checks moe weights"),
+    };
+    let (router, gate, up, down) = (wt(0), wt(1), wt(2), wt(3));
+    let (e, t) = (x.ne[0] as usize, x.ne[1] as usize);
+    let n_expert = router.ne()[1] as usize;
+    // SAFETY: x is a contiguous f32 [e, t] activation of this step.
+    let xs = unsafe { std::slice::from_raw_parts(x.data as *const f32, e * t) };
+    let xa = Act::from_vec(xs.to_vec(), &[e as i64, t as i64]);
+    let mut logits = Act::zeros(&[n_expert as i64, t as i64]);
+    matmul_grouped(ex, &router, xa.desc(), logits.desc_mut(), OpParams::default(), Some(groups))?;
+    let probs = ex.softmax(&logits, 1.0)?;
+    let routes = route(&probs, k, norm);
+    // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
+    let mut slot_out = vec![0f32; t * k * e];
+    let mut lens = Vec::new();
+    let mut cg = Vec::new();
+    for xi in 0..n_expert {
+        let users: Vec<(usize, usize)> = (0..t)
+            .flat_map(|tok| (0..k).map(move |s| (tok, s)))
+            .filter(|&(tok, s)| routes[tok * k + s].0 == xi)
+            .collect();
+        if users.is_empty() {
+            continue;
+        }
+        // Per sequence group: its users' rows form one call (a decoding token: one column).
+        lens.clear();
+        for g in groups {
+            let n = users
+                .iter()
+                .filter(|&&(tok, _)| tok >= g.start && tok < g.start + g.len)
+                .count();
+            if g.chain == 1 {
+                lens.extend(std::iter::repeat_n(1, n));
+            } else {
+                lens.push(n);
             }
         }
-        // llama.cpp adds the weighted slots in order: ((s0 + s1) + s2) + ...
-        let mut out = vec![0f32; t * e];
-        for tok in 0..t {
-            let o = &mut out[tok * e..(tok + 1) * e];
-            o.copy_from_slice(&slot_out[tok * k * e..(tok * k + 1) * e]);
-            for s in 1..k {
-                let src = &slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
-                for (a, &b) in o.iter_mut().zip(src) {
-                    *a += b;
-                }
+        col_groups(lens.iter().copied(), &mut cg);
+        let rows: Vec<usize> = users.iter().map(|&(tok, _)| tok).collect();
+        let xe = xa.select_rows(&rows);
+        let m = rows.len() as i64;
+        let ff = gate.ne()[1];
+        let (mut g, mut u, mut d) = (
+            Act::zeros(&[ff, m]),
+            Act::zeros(&[ff, m]),
+            Act::zeros(&[e as i64, m]),
+        );
+        let p0 = OpParams::default();
+        matmul_grouped(ex, &gate.slice(xi), xe.desc(), g.desc_mut(), p0, Some(&cg))?;
+        matmul_grouped(ex, &up.slice(xi), xe.desc(), u.desc_mut(), p0, Some(&cg))?;
+        let h = ex.glu(&g, &u, act)?;
+        matmul_grouped(ex, &down.slice(xi), h.desc(), d.desc_mut(), p0, Some(&cg))?;
+        for (i, &(tok, s)) in users.iter().enumerate() {
+            let wgt = routes[tok * k + s].1;
+            let dst = &mut slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
+            for (o, &v) in dst.iter_mut().zip(d.row(i)) {
+                *o = v * wgt;
             }
         }
-        Ok(Act::from_vec(out, &[e as i64, t as i64]))
     }
+    // llama.cpp adds the weighted slots in order: ((s0 + s1) + s2) + ...
+    // SAFETY: out is a contiguous f32 [e, t] slot of this step.
+    let o = unsafe { std::slice::from_raw_parts_mut(out.data as *mut f32, e * t) };
+    for tok in 0..t {
+        let dst = &mut o[tok * e..(tok + 1) * e];
+        dst.copy_from_slice(&slot_out[tok * k * e..(tok * k + 1) * e]);
+        for s in 1..k {
+            let src = &slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
+            for (a, &b) in dst.iter_mut().zip(src) {
+                *a += b;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Per token (a row of `probs`, `[n_expert, T]`), the `k` most probable experts, most

@@ -31,7 +31,12 @@ pub fn check_formats(inputs: &[TensorDesc]) -> Result<()> {
 
 /// # Safety
 /// Validated call on valid memory.
-pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+pub unsafe fn run(
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &abi::OpParams,
+) -> Result<()> {
     let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let dt = w.dtype().expect("validated");
     let k = w.ne[0] as usize;
@@ -40,6 +45,9 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
     if n == 0 || cols == 0 {
         return Ok(());
     }
+    // mat_mul's chain_cols: the columns as separate calls of `chain` columns (0: one call).
+    let chain = p.i[0].max(0) as usize;
+    let group = if chain == 0 { x.ne[1] } else { chain as i64 };
     let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
     let out_ptr = SyncPtr(out.data);
     let out_desc = *out;
@@ -65,7 +73,7 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
             }
         }
         let tile =
-            x.ne[1] >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
+            group >= 2 && k % 16 == 0 && n % 4 == 0 && (dt == DType::F16 || x.is_contiguous());
         let dot: fn(&[f32], &[f32]) -> f32 = match (tile, dt) {
             (true, _) => dot_tile,
             (false, DType::F32) => dot_vec_f32,
@@ -107,7 +115,7 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
                 }
                 // SAFETY: column c owns bytes c*rb..(c+1)*rb.
                 let dst = unsafe { core::slice::from_raw_parts_mut(act_ptr.0.add(c * rb), rb) };
-                let kernel = quant::matmul_kernel(dt, k, n, cols, c);
+                let kernel = quant::matmul_kernel_in(dt, k, n, cols, c, chain);
                 if let Err(e) = quant::quantize_activations_for(kernel, dt, &col, dst) {
                     qerr.lock()
                         .unwrap()
@@ -121,7 +129,7 @@ pub unsafe fn run(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc])
     }
     // ggml picks a kernel (and with it a float summation order) per column; see quant::Kernel.
     let kernels: Vec<quant::Kernel> = (0..cols)
-        .map(|c| quant::matmul_kernel(dt, k, n, cols, c))
+        .map(|c| quant::matmul_kernel_in(dt, k, n, cols, c, chain))
         .collect();
     parallel_for(host, n_tasks, |t| {
         let r0 = t as usize * ROWS_PER_TASK;

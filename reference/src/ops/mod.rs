@@ -71,7 +71,7 @@ pub fn compute(
             Op::GetRows => get_rows::run(host, inputs, outputs),
             Op::RmsNorm => norm::run(host, inputs, outputs, p),
             Op::Rope => rope::run(host, inputs, outputs, p),
-            Op::MatMul => matmul::run(host, inputs, outputs),
+            Op::MatMul => matmul::run(host, inputs, outputs, p),
             Op::Attention => attention::run(host, inputs, outputs, p),
             Op::SetRows => set_rows::run(host, inputs, outputs),
             Op::Glu => glu::run(host, inputs, outputs, p),

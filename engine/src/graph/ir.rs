@@ -1,0 +1,104 @@
+//! The graph file: what a `.mollm` package carries and what the builders produce. Plain data
+//! (JSON), versioned; [`super::compile`] turns it into a checked [`super::Program`].
+//!
+//! Operand references are strings: `$tokens`, `$positions`, `$out_ids` (the step's inputs),
+//! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
+//! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
+//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`) declare theirs in
+//! [`GRAPH_OPS`]. Dimensions are expressions (see [`super::dim`]).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Bumped on any change an older mollm cannot run; a newer version is refused by name.
+pub const GRAPH_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GraphFile {
+    pub version: u32,
+    /// Provenance only (the model family it was built for): nothing selects code by it.
+    pub arch: String,
+    /// Named hyper-parameters dimension expressions may use.
+    pub consts: BTreeMap<String, i64>,
+    /// KV cache geometry, one entry per cached attention layer: `[head_dim, n_head_kv]`.
+    pub kv_layers: Vec<[i64; 2]>,
+    pub nodes: Vec<NodeDef>,
+    /// The node whose value is the logits `[n_vocab, O]`.
+    pub output: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDef {
+    /// Unique within the graph; traces and errors use it.
+    pub name: String,
+    /// An ABI op name (`mat_mul`, `rms_norm`, ...) or a graph op of [`GRAPH_OPS`].
+    pub op: String,
+    pub inputs: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attrs: BTreeMap<String, f64>,
+    /// `reshape` only: the target shape, ggml order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<String>,
+}
+
+/// A graph-level op: what the executor does itself around ABI calls.
+pub struct GraphOp {
+    pub name: &'static str,
+    pub inputs: &'static [&'static str],
+    pub attrs: &'static [&'static str],
+    pub doc: &'static str,
+}
+
+pub const GRAPH_OPS: &[GraphOp] = &[
+    GraphOp {
+        name: "reshape",
+        inputs: &["x"],
+        attrs: &[],
+        doc: "A view of x with the node's `shape` (same element count, same memory).",
+    },
+    GraphOp {
+        name: "kv_attention",
+        inputs: &["q", "k", "v"],
+        attrs: &["layer", "window", "scale", "softcap"],
+        doc: "Stores this step's k and v [D, Hkv, T] in cache layer `layer` of each token's \
+              sequence at the token's position, then runs the ABI attention of q [D, Hq, T] \
+              over that sequence's cache; out [D*Hq, T].",
+    },
+    GraphOp {
+        name: "moe_ffn",
+        inputs: &["x", "router", "gate", "up", "down"],
+        attrs: &["n_used", "norm_weights", "act"],
+        doc: "Routed experts (softmax router, top n_used, weights renormalized when \
+              norm_weights = 1): per token the weighted sum, in slot order, of each chosen \
+              expert's down(act(gate x) * up x); x [E, N], out [E, N].",
+    },
+];
+
+pub fn graph_op(name: &str) -> Option<&'static GraphOp> {
+    GRAPH_OPS.iter().find(|g| g.name == name)
+}
+
+impl GraphFile {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("graph files serialize")
+    }
+
+    /// Parses a graph file; `what` names it in errors (a package path).
+    pub fn from_json(text: &[u8], what: &str) -> Result<GraphFile, String> {
+        // Version first, so a newer file gets a clear message rather than a field error.
+        let v: serde_json::Value =
+            serde_json::from_slice(text).map_err(|e| format!("{what}: graph is not valid JSON: {e}"))?;
+        match v.get("version").and_then(|x| x.as_u64()) {
+            Some(n) if n == GRAPH_VERSION as u64 => {}
+            Some(n) => {
+                return Err(format!(
+                    "{what}: graph version {n}, this mollm runs version {GRAPH_VERSION}"
+                ))
+            }
+            None => return Err(format!("{what}: graph has no numeric 'version'")),
+        }
+        serde_json::from_value(v).map_err(|e| format!("{what}: bad graph: {e}"))
+    }
+}

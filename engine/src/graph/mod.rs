@@ -1,0 +1,15 @@
+//! Model programs as data: a graph of ABI ops (plus a few graph-level ops the executor runs
+//! itself), built once per model by the architecture builders or read from a `.mollm`
+//! package, checked against the weights, planned into one activation arena and run by one
+//! executor for steps that carry tokens of many sequences.
+
+pub mod build;
+pub mod dim;
+pub mod ir;
+pub mod plan;
+pub mod program;
+pub mod run;
+
+pub use ir::{GraphFile, NodeDef, GRAPH_VERSION};
+pub use program::{compile, Program};
+pub use run::{Runner, SeqStep};

@@ -1,0 +1,409 @@
+//! A graph file checked against the model's weights and the ABI schemas, ready to run: every
+//! operand resolved, every attribute in its slot, every node's output shape linear in the
+//! step's `T` and `O`. Anything wrong is refused here, naming the node.
+
+use super::dim::{self, Lin, Shape};
+use super::ir::{graph_op, GraphFile, NodeDef};
+use crate::tensor::Weight;
+use abi::{AttrKind, DType, Op, OpParams, TensorDesc};
+use std::collections::HashMap;
+
+/// Where an operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Src {
+    Node(usize),
+    Weight(usize),
+    Tokens,
+    Positions,
+    OutIds,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    Abi(Op, OpParams),
+    Reshape,
+    KvAttention {
+        layer: usize,
+        window: usize,
+        scale: f32,
+        softcap: f32,
+    },
+    Moe {
+        n_used: usize,
+        norm: bool,
+        act: i64,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct PNode {
+    pub name: String,
+    pub kind: Kind,
+    pub inputs: Vec<Src>,
+    pub shape: Shape,
+    pub dtype: DType,
+}
+
+/// A checked graph bound to the weights of one model file.
+pub struct Program {
+    /// The graph as written (what `mollm convert` stores in a package).
+    pub file: GraphFile,
+    pub nodes: Vec<PNode>,
+    pub weights: Vec<Weight>,
+    pub weight_names: Vec<String>,
+    pub output: usize,
+    /// `[head_dim, n_head_kv]` per cached layer.
+    pub kv_layers: Vec<[usize; 2]>,
+}
+
+/// Limits that keep a hostile graph from costing more than a real one.
+const MAX_NODES: usize = 1 << 20;
+const MAX_INPUTS: usize = 8;
+const MAX_KV_LAYERS: usize = 4096;
+/// (T, O) points the shapes are evaluated at: three fix a linear form, the rest check it.
+const POINTS: [(i64, i64); 5] = [(1, 1), (2, 1), (1, 2), (7, 3), (3, 5)];
+
+pub type Weights<'a> = &'a dyn Fn(&str) -> Option<Weight>;
+
+fn sample_desc(dt: DType, s: [i64; 4]) -> TensorDesc {
+    let mut d = TensorDesc::contiguous(core::ptr::null_mut(), DType::F32, &[1]);
+    d.dtype = dt.id();
+    d.ndim = 4;
+    d.ne = s;
+    let info = dt.info();
+    d.nb[0] = info.block_bytes as i64;
+    d.nb[1] = d.nb[0] * (s[0] / info.block_len as i64);
+    for i in 2..4 {
+        d.nb[i] = d.nb[i - 1] * s[i - 1];
+    }
+    d
+}
+
+/// The linear form through the values at [`POINTS`], if they lie on one.
+fn fit(vals: &[[i64; 4]; 5]) -> Option<Shape> {
+    let mut s = [Lin::k(0); 4];
+    for d in 0..4 {
+        let (v11, v21, v12) = (vals[0][d], vals[1][d], vals[2][d]);
+        let l = Lin {
+            t: v21 - v11,
+            o: v12 - v11,
+            c: v11 - (v21 - v11) - (v12 - v11),
+        };
+        if l.c < 0 || l.t < 0 || l.o < 0 {
+            return None;
+        }
+        for (i, &(t, o)) in POINTS.iter().enumerate() {
+            if l.eval(t, o) != vals[i][d] {
+                return None;
+            }
+        }
+        s[d] = l;
+    }
+    Some(s)
+}
+
+fn params_for(op: Op, n: &NodeDef) -> Result<OpParams, String> {
+    let schema = op.schema();
+    let mut p = OpParams::default();
+    for (k, &v) in &n.attrs {
+        let a = schema.attrs.iter().find(|a| a.name == k).ok_or_else(|| {
+            let names: Vec<&str> = schema.attrs.iter().map(|a| a.name).collect();
+            format!("{} has no attribute '{k}' (it has: {})", schema.name, names.join(", "))
+        })?;
+        if !v.is_finite() {
+            return Err(format!("attribute '{k}' is not a finite number"));
+        }
+        match a.kind {
+            AttrKind::F32 => p.f[a.slot] = v as f32,
+            AttrKind::I64 => {
+                if v.fract() != 0.0 || v.abs() > (1u64 << 53) as f64 {
+                    return Err(format!("attribute '{k}' must be an integer, got {v}"));
+                }
+                p.i[a.slot] = v as i64;
+            }
+        }
+    }
+    Ok(p)
+}
+
+fn graph_attr(n: &NodeDef, k: &str) -> Result<f64, String> {
+    let v = *n
+        .attrs
+        .get(k)
+        .ok_or_else(|| format!("missing attribute '{k}'"))?;
+    if !v.is_finite() {
+        return Err(format!("attribute '{k}' is not a finite number"));
+    }
+    Ok(v)
+}
+
+fn graph_int(n: &NodeDef, k: &str, max: u64) -> Result<u64, String> {
+    let v = graph_attr(n, k)?;
+    if v.fract() != 0.0 || v < 0.0 || v > max as f64 {
+        return Err(format!("attribute '{k}' must be an integer in 0..={max}, got {v}"));
+    }
+    Ok(v as u64)
+}
+
+/// Checks `g` and binds it to the weights `weights` finds by name. `file` names the source in
+/// errors.
+pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, String> {
+    let err = |node: &str, msg: String| format!("{file}: graph node '{node}': {msg}");
+    if g.version != super::ir::GRAPH_VERSION {
+        return Err(format!("{file}: graph version {} is not {}", g.version, super::ir::GRAPH_VERSION));
+    }
+    if g.nodes.len() > MAX_NODES || g.kv_layers.len() > MAX_KV_LAYERS {
+        return Err(format!(
+            "{file}: graph of {} nodes / {} kv layers (limits {MAX_NODES} / {MAX_KV_LAYERS})",
+            g.nodes.len(),
+            g.kv_layers.len()
+        ));
+    }
+    let mut kv_layers = Vec::with_capacity(g.kv_layers.len());
+    for (i, &[d, h]) in g.kv_layers.iter().enumerate() {
+        if !(1..=1 << 16).contains(&d) || !(1..=1 << 12).contains(&h) {
+            return Err(format!("{file}: graph kv layer {i}: implausible geometry [{d}, {h}]"));
+        }
+        kv_layers.push([d as usize, h as usize]);
+    }
+    let mut by_name: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if n.name.is_empty() || n.name.len() > 256 || n.name.starts_with(['$', '@']) {
+            return Err(format!("{file}: graph node {i}: bad name '{}'", n.name.escape_debug()));
+        }
+        if by_name.insert(&n.name, i).is_some() {
+            return Err(err(&n.name, "defined twice".into()));
+        }
+    }
+    let mut weight_names: Vec<String> = Vec::new();
+    let mut weight_idx: HashMap<String, usize> = HashMap::new();
+    let mut bound: Vec<Weight> = Vec::new();
+    let mut nodes: Vec<PNode> = Vec::with_capacity(g.nodes.len());
+    // Per node, its concrete shape at each of POINTS.
+    let mut at: Vec<[[i64; 4]; 5]> = Vec::with_capacity(g.nodes.len());
+    let mut kv_used = vec![false; kv_layers.len()];
+
+    for (i, n) in g.nodes.iter().enumerate() {
+        let e = |msg: String| err(&n.name, msg);
+        if n.inputs.len() > MAX_INPUTS {
+            return Err(e(format!("{} inputs (limit {MAX_INPUTS})", n.inputs.len())));
+        }
+        let mut inputs = Vec::with_capacity(n.inputs.len());
+        // Per input: dtype and shapes at POINTS.
+        let mut in_info: Vec<(DType, [[i64; 4]; 5])> = Vec::with_capacity(n.inputs.len());
+        for r in &n.inputs {
+            let (src, info) = match r.as_str() {
+                "$tokens" | "$positions" => {
+                    let s = POINTS.map(|(t, _)| [t, 1, 1, 1]);
+                    let src = if r == "$tokens" { Src::Tokens } else { Src::Positions };
+                    (src, (DType::I32, s))
+                }
+                "$out_ids" => (Src::OutIds, (DType::I32, POINTS.map(|(_, o)| [o, 1, 1, 1]))),
+                w if w.starts_with('@') => {
+                    let name = &w[1..];
+                    let idx = match weight_idx.get(name) {
+                        Some(&k) => k,
+                        None => {
+                            let wt = weights(name)
+                                .ok_or_else(|| e(format!("weight '{name}' is not in the model")))?;
+                            bound.push(wt);
+                            weight_names.push(name.to_string());
+                            weight_idx.insert(name.to_string(), bound.len() - 1);
+                            bound.len() - 1
+                        }
+                    };
+                    let wt = &bound[idx];
+                    (Src::Weight(idx), (wt.dtype(), [wt.ne(); 5]))
+                }
+                node => match by_name.get(node) {
+                    Some(&j) if j < i => (Src::Node(j), (nodes[j].dtype, at[j])),
+                    Some(_) => {
+                        return Err(e(format!(
+                            "uses '{node}', which is not computed before it (a cycle, or nodes out of order)"
+                        )))
+                    }
+                    None => return Err(e(format!("input '{node}' is not a node, weight or step input"))),
+                },
+            };
+            inputs.push(src);
+            in_info.push(info);
+        }
+        let (kind, dtype, shapes) = if let Some(gop) = graph_op(&n.op) {
+            if n.inputs.len() != gop.inputs.len() {
+                return Err(e(format!(
+                    "{} takes {} inputs ({}), got {}",
+                    gop.name,
+                    gop.inputs.len(),
+                    gop.inputs.join(", "),
+                    n.inputs.len()
+                )));
+            }
+            if let Some(k) = n.attrs.keys().find(|k| !gop.attrs.contains(&k.as_str())) {
+                return Err(e(format!("{} has no attribute '{k}'", gop.name)));
+            }
+            if gop.name != "reshape" && !n.shape.is_empty() {
+                return Err(e("only reshape takes a shape".into()));
+            }
+            for (k, (dt, _)) in in_info.iter().enumerate() {
+                let is_weight = matches!(inputs[k], Src::Weight(_));
+                if !is_weight && *dt != DType::F32 {
+                    return Err(e(format!("input '{}' must be f32, is {dt}", gop.inputs[k])));
+                }
+            }
+            compile_graph_op(n, &inputs, &in_info, &kv_layers, &mut kv_used, &g).map_err(e)?
+        } else {
+            let op = Op::from_name(&n.op).ok_or_else(|| e(format!("unknown op '{}'", n.op)))?;
+            if matches!(op, Op::SetRows | Op::Attention) {
+                return Err(e(format!("{} is run by kv_attention, not as a node", op.name())));
+            }
+            if !n.shape.is_empty() {
+                return Err(e("only reshape takes a shape".into()));
+            }
+            let schema = op.schema();
+            if n.inputs.len() != schema.inputs.len() {
+                return Err(e(format!(
+                    "{} takes {} inputs, got {}",
+                    schema.name,
+                    schema.inputs.len(),
+                    n.inputs.len()
+                )));
+            }
+            let params = params_for(op, n).map_err(e)?;
+            let out_dt = schema.outputs[0].dtypes[0];
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, s) in shapes.iter_mut().enumerate() {
+                let descs: Vec<TensorDesc> = in_info
+                    .iter()
+                    .map(|(dt, sh)| {
+                        if sh[pi][0] % dt.info().block_len as i64 != 0 {
+                            return Err(format!("an input of shape {:?} is not whole {dt} blocks", sh[pi]));
+                        }
+                        Ok(sample_desc(*dt, sh[pi]))
+                    })
+                    .collect::<Result<_, String>>()
+                    .map_err(e)?;
+                let shp: Vec<[i64; 4]> = descs.iter().map(|d| d.ne).collect();
+                let out = (schema.shape_rule)(&shp, &params).map_err(|m| e(format!("{}: {m}", schema.name)))?;
+                let od = sample_desc(out_dt, out[0]);
+                abi::validate(op, &descs, &[od], &params).map_err(e)?;
+                *s = out[0];
+            }
+            (Kind::Abi(op, params), out_dt, shapes)
+        };
+        let shape = fit(&shapes).ok_or_else(|| e("its shape is not linear in T and O".into()))?;
+        at.push(shapes);
+        nodes.push(PNode {
+            name: n.name.clone(),
+            kind,
+            inputs,
+            shape,
+            dtype,
+        });
+    }
+    let output = *by_name
+        .get(g.output.as_str())
+        .ok_or_else(|| format!("{file}: graph output '{}' is not a node", g.output))?;
+    let s = nodes[output].shape;
+    if nodes[output].dtype != DType::F32 || !s[0].is_const() || s[1] != Lin::O || s[2] != Lin::k(1) || s[3] != Lin::k(1) {
+        return Err(err(&g.output, format!("the output must be f32 [n_vocab, O], is [{}]", shape_str(&s))));
+    }
+    Ok(Program {
+        file: g,
+        nodes,
+        weights: bound,
+        weight_names,
+        output,
+        kv_layers,
+    })
+}
+
+pub fn shape_str(s: &Shape) -> String {
+    s.iter().map(|l| l.to_expr()).collect::<Vec<_>>().join(", ")
+}
+
+type Compiled = (Kind, DType, [[i64; 4]; 5]);
+
+fn compile_graph_op(
+    n: &NodeDef,
+    inputs: &[Src],
+    info: &[(DType, [[i64; 4]; 5])],
+    kv_layers: &[[usize; 2]],
+    kv_used: &mut [bool],
+    g: &GraphFile,
+) -> Result<Compiled, String> {
+    match n.op.as_str() {
+        "reshape" => {
+            if n.shape.is_empty() || n.shape.len() > 4 {
+                return Err(format!("reshape needs 1 to 4 dimensions, got {}", n.shape.len()));
+            }
+            let mut target = [Lin::k(1); 4];
+            for (d, ex) in n.shape.iter().enumerate() {
+                target[d] = dim::parse(ex, &g.consts).map_err(|m| format!("shape dimension {d}: {m}"))?;
+            }
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, &(t, o)) in POINTS.iter().enumerate() {
+                let s = dim::eval_shape(&target, t, o);
+                let src = info[0].1[pi];
+                if s.iter().product::<i64>() != src.iter().product::<i64>() {
+                    return Err(format!("reshape of {src:?} to {s:?} changes the element count"));
+                }
+                shapes[pi] = s;
+            }
+            Ok((Kind::Reshape, info[0].0, shapes))
+        }
+        "kv_attention" => {
+            let layer = graph_int(n, "layer", kv_layers.len().saturating_sub(1) as u64)? as usize;
+            if kv_layers.is_empty() {
+                return Err("the graph declares no kv layers".into());
+            }
+            if std::mem::replace(&mut kv_used[layer], true) {
+                return Err(format!("kv layer {layer} is written by two nodes"));
+            }
+            let window = graph_int(n, "window", 1 << 40)? as usize;
+            let scale = graph_attr(n, "scale")? as f32;
+            let softcap = graph_attr(n, "softcap")? as f32;
+            let [d, h] = kv_layers[layer];
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, &(t, _)) in POINTS.iter().enumerate() {
+                let (q, k, v) = (info[0].1[pi], info[1].1[pi], info[2].1[pi]);
+                let want = [d as i64, h as i64, t, 1];
+                if k != want || v != want {
+                    return Err(format!("k {k:?} and v {v:?} must be [head_dim, n_head_kv, T] = {want:?} (kv layer {layer})"));
+                }
+                if q[0] != d as i64 || q[1] % h as i64 != 0 || q[2] != t || q[3] != 1 {
+                    return Err(format!("q {q:?} must be [{d}, a multiple of {h}, T]"));
+                }
+                shapes[pi] = [q[0] * q[1], t, 1, 1];
+            }
+            Ok((Kind::KvAttention { layer, window, scale, softcap }, DType::F32, shapes))
+        }
+        "moe_ffn" => {
+            if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
+                return Err("router, gate, up and down must be weights".into());
+            }
+            let (x, r, ga, up, dn) = (info[0].1[0], info[1].1[0], info[2].1[0], info[3].1[0], info[4].1[0]);
+            let (e, nx, f) = (x[0], r[1], ga[1]);
+            if r != [e, nx, 1, 1] || ga != [e, f, nx, 1] || up != ga || dn != [f, e, nx, 1] {
+                return Err(format!(
+                    "expert shapes do not fit: x {x:?}, router {r:?}, gate {ga:?}, up {up:?}, down {dn:?}"
+                ));
+            }
+            let n_used = graph_int(n, "n_used", nx as u64)? as usize;
+            if n_used == 0 {
+                return Err("n_used must be at least 1".into());
+            }
+            let norm = graph_int(n, "norm_weights", 1)? == 1;
+            let act = graph_int(n, "act", 1)? as i64;
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, s) in shapes.iter_mut().enumerate() {
+                let xs = info[0].1[pi];
+                if xs[0] != e || xs[2] != 1 || xs[3] != 1 {
+                    return Err(format!("x must be [{e}, N], is {xs:?}"));
+                }
+                *s = xs;
+            }
+            Ok((Kind::Moe { n_used, norm, act }, DType::F32, shapes))
+        }
+        other => unreachable!("graph op {other} is declared but not compiled"),
+    }
+}

@@ -1,0 +1,394 @@
+//! The executor: runs a [`Program`] for one step of tokens from one or more sequences, in the
+//! arena of its [`Plan`], calling every op through the backends' tables.
+//!
+//! A step's tokens are grouped by sequence, sequence after sequence. Row-wise ops see all of
+//! them at once. A matmul's columns are split so that each sequence's columns get the kernel
+//! chain they would get if that sequence ran alone (batch invariance): a prompt chunk is its
+//! own call; the single tokens of decoding sequences share one call whose columns each take
+//! the one-column chain (`chain_cols = 1`), so one pass over the weights serves them all.
+//! Attention runs per sequence over that sequence's cache.
+
+use super::plan::Plan;
+use super::program::{Kind, Program, Src};
+use crate::error::{EngineError, Result};
+use crate::exec::Exec;
+use crate::kv::KvCache;
+use abi::{DType, Op, OpParams, TensorDesc};
+
+/// One sequence's part of a step: `n_tokens` consecutive tokens of the step, appended to its
+/// cache at positions `kv.n_past..`; the last `n_out` of them produce logits.
+pub struct SeqStep<'a> {
+    pub kv: &'a mut KvCache,
+    pub n_tokens: usize,
+    pub n_out: usize,
+}
+
+/// A run of columns computed by one matmul call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ColGroup {
+    pub start: usize,
+    pub len: usize,
+    /// 0: the call's own column count picks the chain; 1: every column the one-column chain.
+    pub chain: i64,
+}
+
+/// Groups `lens` (consecutive segments of columns) for matmul calls: every segment of one
+/// column joins a shared one-column-chain call when segments of one are adjacent; longer
+/// segments get a call each.
+pub(crate) fn col_groups(lens: impl Iterator<Item = usize>, out: &mut Vec<ColGroup>) {
+    out.clear();
+    let mut start = 0;
+    for len in lens {
+        if len == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some(g) if len == 1 && g.chain == 1 && g.start + g.len == start => g.len += 1,
+            _ => out.push(ColGroup {
+                start,
+                len,
+                chain: if len == 1 { 1 } else { 0 },
+            }),
+        }
+        start += len;
+    }
+}
+
+/// 64-byte aligned activation memory.
+struct Arena {
+    buf: Vec<AlignedLine>,
+}
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct AlignedLine([u8; 64]);
+
+impl Arena {
+    fn new(bytes: usize) -> Arena {
+        Arena {
+            buf: vec![AlignedLine([0; 64]); bytes.div_ceil(64)],
+        }
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr() as *mut u8
+    }
+}
+
+/// Runs a program's steps: the plan, its arena and the per-step scratch, all sized at
+/// creation for steps of up to `max_t` tokens and `max_o` logit rows.
+pub struct Runner {
+    plan: Plan,
+    arena: Arena,
+    /// Per node: its shape in the current step.
+    shapes: Vec<[i64; 4]>,
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    out_ids: Vec<i32>,
+    tok_groups: Vec<ColGroup>,
+    out_groups: Vec<ColGroup>,
+}
+
+impl Runner {
+    pub fn new(p: &Program, max_t: usize, max_o: usize) -> Runner {
+        let plan = Plan::new(p, max_t.max(1), max_o.max(1));
+        let arena = Arena::new(plan.arena_bytes);
+        Runner {
+            arena,
+            shapes: vec![[0; 4]; p.nodes.len()],
+            tokens: Vec::with_capacity(plan.max_t),
+            positions: Vec::with_capacity(plan.max_t),
+            out_ids: Vec::with_capacity(plan.max_o),
+            tok_groups: Vec::with_capacity(64),
+            out_groups: Vec::with_capacity(64),
+            plan,
+        }
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.plan.max_t
+    }
+    pub fn max_outputs(&self) -> usize {
+        self.plan.max_o
+    }
+    pub fn arena_bytes(&self) -> usize {
+        self.plan.arena_bytes
+    }
+
+    /// Runs one step and returns the logits, `n_vocab` values per output row, rows in the
+    /// order of `seqs` (each sequence's last `n_out` tokens). Advances each cache.
+    pub fn step(
+        &mut self,
+        p: &Program,
+        ex: &Exec,
+        tokens: &[u32],
+        seqs: &mut [SeqStep],
+    ) -> Result<&[f32]> {
+        let t = tokens.len();
+        let n_seq_tokens: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        let o: usize = seqs.iter().map(|s| s.n_out).sum();
+        if n_seq_tokens != t {
+            return Err(EngineError::Invalid(format!(
+                "step of {t} tokens, but its sequences account for {n_seq_tokens}"
+            )));
+        }
+        if t > self.plan.max_t || o > self.plan.max_o {
+            return Err(EngineError::Invalid(format!(
+                "step of {t} tokens / {o} outputs exceeds this runner's {} / {}",
+                self.plan.max_t, self.plan.max_o
+            )));
+        }
+        let n_vocab = p.nodes[p.output].shape[0].c as u32;
+        if let Some(&bad) = tokens.iter().find(|&&x| x >= n_vocab) {
+            return Err(EngineError::Invalid(format!(
+                "token id {bad} outside the vocabulary of {n_vocab}"
+            )));
+        }
+        for s in seqs.iter() {
+            if s.n_out > s.n_tokens {
+                return Err(EngineError::Invalid(format!(
+                    "{} outputs asked of {} tokens",
+                    s.n_out, s.n_tokens
+                )));
+            }
+            if s.kv.layers.len() != p.kv_layers.len() {
+                return Err(EngineError::Invalid("cache built for another graph".into()));
+            }
+            if s.kv.n_past + s.n_tokens > s.kv.n_ctx {
+                return Err(EngineError::ContextFull {
+                    need: s.kv.n_past + s.n_tokens,
+                    n_ctx: s.kv.n_ctx,
+                });
+            }
+        }
+        self.tokens.clear();
+        self.tokens.extend(tokens.iter().map(|&x| x as i32));
+        self.positions.clear();
+        self.out_ids.clear();
+        let mut row = 0;
+        for s in seqs.iter() {
+            let p0 = s.kv.n_past;
+            self.positions.extend((p0..p0 + s.n_tokens).map(|x| x as i32));
+            self.out_ids
+                .extend((row + s.n_tokens - s.n_out..row + s.n_tokens).map(|x| x as i32));
+            row += s.n_tokens;
+        }
+        col_groups(seqs.iter().map(|s| s.n_tokens), &mut self.tok_groups);
+        col_groups(seqs.iter().map(|s| s.n_out), &mut self.out_groups);
+
+        let (ti, oi) = (t as i64, o as i64);
+        let base = self.arena.ptr();
+        for (i, node) in p.nodes.iter().enumerate() {
+            let shape = super::dim::eval_shape(&node.shape, ti, oi);
+            self.shapes[i] = shape;
+            if matches!(node.kind, Kind::Reshape) || shape.iter().product::<i64>() == 0 {
+                continue;
+            }
+            // SAFETY: the plan gives every node a slot inside the arena sized for max_t/max_o.
+            let out = TensorDesc::contiguous(
+                unsafe { base.add(self.plan.offset[i]) },
+                node.dtype,
+                &shape,
+            );
+            let mut ins = [out; 8];
+            for (k, s) in node.inputs.iter().enumerate() {
+                ins[k] = self.desc(p, *s, base);
+            }
+            let ins = &ins[..node.inputs.len()];
+            let res = match node.kind {
+                Kind::Abi(Op::MatMul, params) => {
+                    let Src::Weight(wi) = node.inputs[0] else {
+                        unreachable!("compile binds mat_mul weights")
+                    };
+                    let xs = p.nodes.get(match node.inputs[1] {
+                        Src::Node(j) => j,
+                        _ => usize::MAX,
+                    });
+                    let col = xs.map(|x| x.shape[1]).unwrap_or_default();
+                    let groups = if ins[1].ne[2] * ins[1].ne[3] != 1 {
+                        None
+                    } else if col.t != 0 && col.o == 0 {
+                        Some(&self.tok_groups)
+                    } else if col.o != 0 && col.t == 0 {
+                        Some(&self.out_groups)
+                    } else {
+                        None
+                    };
+                    matmul_grouped(ex, &p.weights[wi], ins[1], out, params, groups.map(|g| &g[..]))
+                }
+                Kind::Abi(op, params) => ex.call_desc(op, ins, &[out], params),
+                Kind::Reshape => Ok(()),
+                Kind::KvAttention {
+                    layer,
+                    window,
+                    scale,
+                    softcap,
+                } => self.attention(ex, seqs, ins, out, layer, window, scale, softcap),
+                Kind::Moe { n_used, norm, act } => crate::model::moe::run(
+                    ex,
+                    &p.weights,
+                    &node.inputs[1..],
+                    ins[0],
+                    out,
+                    n_used,
+                    norm,
+                    act,
+                    &self.tok_groups_for(ins[0], node, p),
+                ),
+            };
+            res.map_err(|e| match e {
+                EngineError::Backend { backend, op, msg } => EngineError::Backend {
+                    backend,
+                    op,
+                    msg: format!("{msg} (graph node '{}')", node.name),
+                },
+                other => other,
+            })?;
+        }
+        for s in seqs.iter_mut() {
+            s.kv.n_past += s.n_tokens;
+        }
+        let n = (n_vocab as usize) * o;
+        // SAFETY: the output node's slot holds n f32 values written by this step.
+        Ok(unsafe {
+            std::slice::from_raw_parts(base.add(self.plan.offset[p.output]) as *const f32, n)
+        })
+    }
+
+    /// Column groups of a MoE node's input (tokens or output rows).
+    fn tok_groups_for(&self, _x: TensorDesc, node: &super::program::PNode, p: &Program) -> Vec<ColGroup> {
+        let col = match node.inputs[0] {
+            Src::Node(j) => p.nodes[j].shape[1],
+            _ => Default::default(),
+        };
+        if col.o != 0 {
+            self.out_groups.clone()
+        } else {
+            self.tok_groups.clone()
+        }
+    }
+
+    fn desc(&self, p: &Program, s: Src, base: *mut u8) -> TensorDesc {
+        let i32d = |v: &Vec<i32>| {
+            TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
+        };
+        match s {
+            Src::Node(j) => TensorDesc::contiguous(
+                // SAFETY: inside the arena (see step).
+                unsafe { base.add(self.plan.offset[j]) },
+                p.nodes[j].dtype,
+                &self.shapes[j],
+            ),
+            Src::Weight(w) => p.weights[w].desc,
+            Src::Tokens => i32d(&self.tokens),
+            Src::Positions => i32d(&self.positions),
+            Src::OutIds => i32d(&self.out_ids),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        ex: &Exec,
+        seqs: &mut [SeqStep],
+        ins: &[TensorDesc],
+        out: TensorDesc,
+        layer: usize,
+        window: usize,
+        scale: f32,
+        softcap: f32,
+    ) -> Result<()> {
+        let (q, k, v) = (ins[0], ins[1], ins[2]);
+        let mut t0 = 0usize;
+        for s in seqs.iter_mut() {
+            let n = s.n_tokens;
+            if n == 0 {
+                continue;
+            }
+            let pos = &self.positions[t0..t0 + n];
+            let cols = |d: &TensorDesc, shape: &[i64]| {
+                TensorDesc::contiguous(
+                    d.data.wrapping_add(t0 * d.nb[2] as usize),
+                    DType::F32,
+                    shape,
+                )
+            };
+            let row = k.ne[0] * k.ne[1];
+            let kd = cols(&k, &[row, n as i64]);
+            let vd = cols(&v, &[row, n as i64]);
+            let qd = cols(&q, &[q.ne[0], q.ne[1], n as i64]);
+            let od = TensorDesc::contiguous(
+                out.data.wrapping_add(t0 * out.nb[1] as usize),
+                DType::F32,
+                &[q.ne[0], q.ne[1], n as i64],
+            );
+            let cache = &mut s.kv.layers[layer];
+            let pd = TensorDesc::contiguous(pos.as_ptr() as *mut u8, DType::I32, &[n as i64]);
+            let kc = cache.k.desc_2d();
+            ex.call_desc(Op::SetRows, &[kd, pd, kc], &[kc], OpParams::default())?;
+            let vc = cache.v.desc_2d();
+            ex.call_desc(Op::SetRows, &[vd, pd, vc], &[vc], OpParams::default())?;
+            let n_kv = s.kv.n_past + n;
+            let mut prm = OpParams::default();
+            prm.i[0] = n_kv as i64;
+            prm.i[1] = window as i64;
+            prm.f[0] = scale;
+            prm.f[1] = softcap;
+            ex.call_desc(
+                Op::Attention,
+                &[qd, cache.k.desc(), cache.v.desc(), pd],
+                &[od],
+                prm,
+            )?;
+            t0 += n;
+        }
+        Ok(())
+    }
+}
+
+/// A matmul whose columns run in `groups` (see [`col_groups`]); `None`: one call.
+pub(crate) fn matmul_grouped(
+    ex: &Exec,
+    w: &crate::tensor::Weight,
+    x: TensorDesc,
+    out: TensorDesc,
+    params: OpParams,
+    groups: Option<&[ColGroup]>,
+) -> Result<()> {
+    let Some(groups) = groups.filter(|g| g.len() > 1 || g.first().is_some_and(|g| g.chain != 0))
+    else {
+        return ex.matmul_desc(w, x, out, params);
+    };
+    for g in groups {
+        let view = |d: &TensorDesc| {
+            let mut v = *d;
+            v.data = d.data.wrapping_add(g.start * d.nb[1] as usize);
+            v.ne[1] = g.len as i64;
+            for i in 2..4 {
+                v.nb[i] = v.nb[i - 1] * v.ne[i - 1];
+            }
+            v
+        };
+        let mut prm = params;
+        prm.i[0] = if g.len == 1 { 0 } else { g.chain };
+        ex.matmul_desc(w, view(&x), view(&out), prm)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_tokens_share_a_call_and_chunks_get_their_own() {
+        let mut g = Vec::new();
+        col_groups([1, 1, 5, 1, 0, 1, 3].into_iter(), &mut g);
+        let want = [
+            ColGroup { start: 0, len: 2, chain: 1 },
+            ColGroup { start: 2, len: 5, chain: 0 },
+            ColGroup { start: 7, len: 2, chain: 1 },
+            ColGroup { start: 9, len: 3, chain: 0 },
+        ];
+        assert_eq!(g, want);
+    }
+}

@@ -1,0 +1,267 @@
+//! A continuous-batching scheduler over one [`Session`]: requests wait in a queue, at most
+//! `parallel` run at once, each step carries one token of every decoding sequence and prompt
+//! chunks of those still reading their prompt. The KV budget is shared: a sequence reserves
+//! what it can use (prompt + max tokens, in 256-row pages) when it starts, so a long request
+//! can use what idle ones do not; one that can never fit is refused, the others wait.
+//!
+//! A sequence's prompt is cut into chunks of `n_batch` from its own start, whatever else runs,
+//! so its tokens equal what it produces alone (see `graph::run` on batch invariance).
+
+use crate::error::Result;
+use crate::kv::KV_PAGE;
+use crate::sampler::Sampler;
+use crate::session::{Sequence, Session, Work};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+pub struct Request {
+    pub id: usize,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    pub stop_at_eog: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SeqTimings {
+    /// From submission to the start of its first step.
+    pub queue_ms: f64,
+    /// From its first step to its first token.
+    pub prefill_ms: f64,
+    /// From its first token to its last.
+    pub decode_ms: f64,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    Token { id: usize, token: u32 },
+    Done {
+        id: usize,
+        finish: Finish,
+        prompt_tokens: usize,
+        tokens: Vec<u32>,
+        timings: SeqTimings,
+    },
+    /// The request cannot run (it exceeds the KV budget, the context, ...); others go on.
+    Failed { id: usize, msg: String },
+}
+
+pub struct SchedOptions {
+    /// Most sequences in flight.
+    pub parallel: usize,
+    /// KV cache rows all sequences together may hold.
+    pub kv_budget: usize,
+    /// Prompt tokens per chunk (and per step, summed over the prompt chunks of a step).
+    pub n_batch: usize,
+    /// Longest sequence the model takes (its training context).
+    pub max_seq: usize,
+}
+
+struct Active {
+    req: Request,
+    seq: Sequence,
+    fed: usize,
+    out: Vec<u32>,
+    next: [u32; 1],
+    reserved: usize,
+    submitted: Instant,
+    started: Instant,
+    first: Option<Instant>,
+}
+
+pub struct Scheduler {
+    opts: SchedOptions,
+    queue: VecDeque<(Request, Instant)>,
+    active: Vec<Active>,
+    reserved: usize,
+    logits: Vec<f32>,
+    row: Vec<f32>,
+}
+
+/// KV rows a request reserves.
+fn need(r: &Request) -> usize {
+    (r.prompt.len() + r.max_tokens).next_multiple_of(KV_PAGE)
+}
+
+impl Scheduler {
+    pub fn new(opts: SchedOptions) -> Scheduler {
+        Scheduler {
+            opts,
+            queue: VecDeque::new(),
+            active: Vec::new(),
+            reserved: 0,
+            logits: Vec::new(),
+            row: Vec::new(),
+        }
+    }
+
+    pub fn submit(&mut self, r: Request) {
+        self.queue.push_back((r, Instant::now()));
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.active.is_empty()
+    }
+
+    /// Sequences running now, and waiting.
+    pub fn load(&self) -> (usize, usize) {
+        (self.active.len(), self.queue.len())
+    }
+
+    /// Admits what fits, runs one step, and appends what happened to `events`. An error of the
+    /// step itself (a backend failure) is returned: every sequence of the step is then lost.
+    pub fn step(&mut self, s: &mut Session, events: &mut Vec<Event>) -> Result<()> {
+        let n_vocab = s.model().hp.n_vocab;
+        while self.active.len() < self.opts.parallel.max(1) {
+            let Some((r, _)) = self.queue.front() else { break };
+            let n = need(r);
+            let fail = if r.prompt.is_empty() {
+                Some("the prompt is empty".to_string())
+            } else if r.prompt.len() + r.max_tokens > self.opts.max_seq {
+                Some(format!(
+                    "prompt ({}) + max_tokens ({}) exceed the model's context of {}",
+                    r.prompt.len(),
+                    r.max_tokens,
+                    self.opts.max_seq
+                ))
+            } else if n > self.opts.kv_budget {
+                Some(format!(
+                    "needs {n} KV cache rows (prompt {} + max_tokens {}, in pages of {KV_PAGE}), the budget is {}",
+                    r.prompt.len(),
+                    r.max_tokens,
+                    self.opts.kv_budget
+                ))
+            } else if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+                Some(format!("token id {bad} outside the vocabulary of {n_vocab}"))
+            } else {
+                None
+            };
+            if let Some(msg) = fail {
+                let (r, _) = self.queue.pop_front().expect("front");
+                events.push(Event::Failed { id: r.id, msg });
+                continue;
+            }
+            if self.reserved + n > self.opts.kv_budget {
+                break; // waits for a running sequence to end
+            }
+            let (mut req, submitted) = self.queue.pop_front().expect("front");
+            for &t in &req.prompt {
+                req.sampler.accept(t);
+            }
+            self.reserved += n;
+            self.active.push(Active {
+                seq: s.new_sequence(n),
+                req,
+                fed: 0,
+                out: Vec::new(),
+                next: [0],
+                reserved: n,
+                submitted,
+                started: Instant::now(),
+                first: None,
+            });
+        }
+        if self.active.is_empty() {
+            return Ok(());
+        }
+
+        // Decoding sequences first (their single tokens share one matmul call), then prompt
+        // chunks while the step's prompt budget lasts (always at least one).
+        let nb = self.opts.n_batch.max(1);
+        let mut order: Vec<usize> = (0..self.active.len())
+            .filter(|&i| self.active[i].fed == self.active[i].req.prompt.len())
+            .collect();
+        let mut budget = nb;
+        for i in 0..self.active.len() {
+            let a = &self.active[i];
+            if a.fed < a.req.prompt.len() {
+                let len = (a.req.prompt.len() - a.fed).min(nb);
+                if len <= budget || budget == nb {
+                    budget = budget.saturating_sub(len);
+                    order.push(i);
+                }
+            }
+        }
+        let mut slots: Vec<Option<&mut Active>> = self.active.iter_mut().map(Some).collect();
+        let mut work: Vec<Work> = Vec::with_capacity(order.len());
+        let mut meta: Vec<(usize, usize)> = Vec::with_capacity(order.len()); // (active index, n tokens)
+        for &i in &order {
+            let a = slots[i].take().expect("each sequence once");
+            let Active { req, seq, fed, next, .. } = a;
+            let (tokens, n_out): (&[u32], usize) = if *fed == req.prompt.len() {
+                (&next[..], 1)
+            } else {
+                let end = (*fed + nb).min(req.prompt.len());
+                (&req.prompt[*fed..end], (end == req.prompt.len()) as usize)
+            };
+            meta.push((i, tokens.len()));
+            work.push(Work { seq, tokens, n_out });
+        }
+        let outs: Vec<usize> = work.iter().map(|w| w.n_out).collect();
+        let logits = s.step(&mut work)?;
+        drop(work);
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+
+        let now = Instant::now();
+        let mut row = 0;
+        let mut done = Vec::new();
+        for (&(i, n), &n_out) in meta.iter().zip(&outs) {
+            let a = &mut self.active[i];
+            a.fed = (a.fed + n).min(a.req.prompt.len());
+            if n_out == 0 {
+                continue;
+            }
+            self.row.clear();
+            self.row
+                .extend_from_slice(&self.logits[row * n_vocab..(row + 1) * n_vocab]);
+            row += 1;
+            let tok = s.pick(&mut a.req.sampler, &mut self.row)?;
+            a.req.sampler.accept(tok);
+            a.first.get_or_insert(now);
+            a.out.push(tok);
+            a.next = [tok];
+            events.push(Event::Token { id: a.req.id, token: tok });
+            let eog = a.req.stop_at_eog && s.model().tokenizer.is_eog(tok);
+            if eog || a.out.len() >= a.req.max_tokens {
+                done.push((i, if eog { Finish::Stop } else { Finish::Length }));
+            }
+        }
+        done.sort_by(|a, b| b.0.cmp(&a.0));
+        for (i, finish) in done {
+            let a = self.active.swap_remove(i);
+            self.reserved -= a.reserved;
+            let first = a.first.unwrap_or(now);
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            events.push(Event::Done {
+                id: a.req.id,
+                finish,
+                prompt_tokens: a.req.prompt.len(),
+                tokens: a.out,
+                timings: SeqTimings {
+                    queue_ms: ms(a.started - a.submitted),
+                    prefill_ms: ms(first - a.started),
+                    decode_ms: ms(now - first),
+                },
+            });
+        }
+        Ok(())
+    }
+}
