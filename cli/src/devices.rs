@@ -3,7 +3,7 @@
 
 use abi::{DType, Op};
 use clap::Args;
-use conformance::cases::{case, Case};
+use conformance::cases::{self, case, Case};
 use engine::backend::Backend;
 use engine::pool::Pool;
 use engine::registry::{self, Assessed, Caps, GateRunner};
@@ -48,13 +48,18 @@ type Res = Result<(), Box<dyn std::error::Error>>;
 /// Seeds probed when listing what a backend declares.
 const PROBE_SEEDS: u64 = 48;
 
+/// Seeded cases per op the gate runs (as the engine's gate child reads them), besides the
+/// fixed cases.
+fn gate_seeds() -> u64 {
+    std::env::var(registry::GATE_CASES_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(registry::DEFAULT_GATE_CASES)
+}
+
 /// The operand whose format names a case: the weight, the KV cache or the destination.
 fn case_format(c: &Case) -> DType {
-    match c.op {
-        Op::Attention => c.inputs[1].dtype,
-        Op::SetRows => c.inputs[2].dtype,
-        _ => c.inputs[0].dtype,
-    }
+    cases::format(c)
 }
 
 /// Does `b` declare this case (its `supports` accepts the call)?
@@ -64,31 +69,123 @@ fn declares(b: &Backend, c: &mut Case) -> bool {
     b.supports(c.op, &ins, &outs, &c.params)
 }
 
-/// Per op: formats declared and formats not declared, over the probe cases.
-fn declared_formats(b: &Backend, op: Op) -> (Vec<DType>, Vec<DType>) {
-    let (mut yes, mut no) = (Vec::new(), Vec::new());
-    for seed in 0..PROBE_SEEDS {
-        let mut c = case(op, seed);
-        let f = case_format(&c);
-        if declares(b, &mut c) {
-            if !yes.contains(&f) {
-                yes.push(f);
+/// Cases of one op and format that `supports` declined, for one reason.
+struct Skip {
+    format: DType,
+    reason: String,
+    cases: usize,
+}
+
+/// What a backend declares of one op. Over the probe cases (more seeds than the gate runs,
+/// and the fixed cases): formats declared for some call (`yes`) and formats never declared
+/// (`no`). Over the cases the conformance gate runs: the formats it ran (`gate_ran`, a pass
+/// unless the gate refused the op) and every (format, reason) `supports` declined, which the
+/// gate skipped (`skipped`: not run, so not passed).
+struct Declared {
+    yes: Vec<DType>,
+    no: Vec<DType>,
+    gate_ran: Vec<DType>,
+    skipped: Vec<Skip>,
+    /// Gate cases per format.
+    gate_total: Vec<(DType, usize)>,
+}
+
+impl Declared {
+    fn gate_total(&self, f: DType) -> usize {
+        self.gate_total.iter().find(|t| t.0 == f).map_or(0, |t| t.1)
+    }
+
+    /// The formats the gate skipped (some or all of their cases).
+    fn skipped_formats(&self) -> Vec<DType> {
+        let mut v: Vec<DType> = Vec::new();
+        for s in &self.skipped {
+            if !v.contains(&s.format) {
+                v.push(s.format);
             }
-        } else if !no.contains(&f) {
-            no.push(f);
+        }
+        v
+    }
+
+    /// Declared formats the gate has no case of (neither passed nor skipped).
+    fn not_run(&self) -> Vec<DType> {
+        self.yes
+            .iter()
+            .copied()
+            .filter(|f| !self.gate_ran.contains(f))
+            .collect()
+    }
+}
+
+fn push_once(v: &mut Vec<DType>, f: DType) {
+    if !v.contains(&f) {
+        v.push(f);
+    }
+}
+
+fn declared_formats(b: &Backend, op: Op) -> Declared {
+    let mut d = Declared {
+        yes: Vec::new(),
+        no: Vec::new(),
+        gate_ran: Vec::new(),
+        skipped: Vec::new(),
+        gate_total: Vec::new(),
+    };
+    let n_gate = gate_seeds();
+    // (in the gate's cases, case): seeds 0..n_gate and the fixed cases are.
+    let seeded = (0..PROBE_SEEDS.max(n_gate)).map(|s| (s < n_gate, case(op, s)));
+    let fixed = (0..cases::fixed_count(op))
+        .filter_map(|i| cases::fixed_case(op, i))
+        .map(|c| (true, c));
+    for (in_gate, mut c) in seeded.chain(fixed) {
+        let f = case_format(&c);
+        if in_gate {
+            match d.gate_total.iter_mut().find(|t| t.0 == f) {
+                Some(t) => t.1 += 1,
+                None => d.gate_total.push((f, 1)),
+            }
+        }
+        if declares(b, &mut c) {
+            push_once(&mut d.yes, f);
+            if in_gate {
+                push_once(&mut d.gate_ran, f);
+            }
+            continue;
+        }
+        push_once(&mut d.no, f);
+        if !in_gate {
+            continue;
+        }
+        let reason = match b.last_error().trim() {
+            "" => "supports() gave no reason".to_string(),
+            e => e.to_string(),
+        };
+        match d
+            .skipped
+            .iter_mut()
+            .find(|s| s.format == f && s.reason == reason)
+        {
+            Some(s) => s.cases += 1,
+            None => d.skipped.push(Skip {
+                format: f,
+                reason,
+                cases: 1,
+            }),
         }
     }
     // A format declared for some shapes is listed as declared.
-    no.retain(|f| !yes.contains(f));
-    yes.sort_by_key(|d| d.id());
-    no.sort_by_key(|d| d.id());
-    (yes, no)
+    let yes = d.yes.clone();
+    d.no.retain(|f| !yes.contains(f));
+    d.yes.sort_by_key(|f| f.id());
+    d.no.sort_by_key(|f| f.id());
+    d.gate_ran.sort_by_key(|f| f.id());
+    d.skipped.sort_by_key(|s| s.format.id());
+    d
 }
 
 fn declared_ops(b: &Backend) -> usize {
     Op::ALL
         .iter()
-        .filter(|&&op| !declared_formats(b, op).0.is_empty())
+        .filter(|&&op| !declared_formats(b, op).yes.is_empty())
         .count()
 }
 
@@ -222,8 +319,16 @@ pub fn backends(libs: LibArgs) -> Res {
             "NOT DECLARED".into(),
             "GATE".into(),
         ]];
+        // The gate ran: what it skipped is listed apart from what passed.
+        let gated = a.is_some_and(|a| a.status.is_ok());
+        let mut skip_rows = vec![vec![
+            "    OP".to_string(),
+            "FORMAT".into(),
+            "CASES".into(),
+            "REASON".into(),
+        ]];
         for &op in Op::ALL {
-            let (yes, no) = declared_formats(b, op);
+            let dec = declared_formats(b, op);
             let fmt = |v: &[DType]| {
                 if v.is_empty() {
                     "-".to_string()
@@ -234,18 +339,59 @@ pub fn backends(libs: LibArgs) -> Res {
                         .join(" ")
                 }
             };
+            let skipped_formats = dec.skipped_formats();
             let gate = match a {
                 None => "-".to_string(),
                 Some(a) => match (&a.status, a.refused(op)) {
                     (Err(_), _) => "-".into(),
                     (Ok(_), Some(e)) => format!("refused: {e}"),
-                    (Ok(_), None) if yes.is_empty() => "-".into(),
-                    (Ok(_), None) => "passed".into(),
+                    (Ok(_), None) => {
+                        let mut parts = Vec::new();
+                        if !dec.gate_ran.is_empty() {
+                            parts.push(format!("passed: {}", fmt(&dec.gate_ran)));
+                        }
+                        if !skipped_formats.is_empty() {
+                            parts.push(format!("skipped: {}", fmt(&skipped_formats)));
+                        }
+                        if !dec.not_run().is_empty() {
+                            parts.push(format!("no gate case: {}", fmt(&dec.not_run())));
+                        }
+                        if dec.yes.is_empty() {
+                            "skipped (nothing declared)".into()
+                        } else {
+                            parts.join("; ")
+                        }
+                    }
                 },
             };
-            rows.push(vec![format!("  {}", op.name()), fmt(&yes), fmt(&no), gate]);
+            if gated {
+                for s in &dec.skipped {
+                    skip_rows.push(vec![
+                        format!("    {}", op.name()),
+                        s.format.to_string(),
+                        format!("{}/{}", s.cases, dec.gate_total(s.format)),
+                        s.reason.clone(),
+                    ]);
+                }
+            }
+            rows.push(vec![
+                format!("  {}", op.name()),
+                fmt(&dec.yes),
+                fmt(&dec.no),
+                gate,
+            ]);
         }
         println!("{}", table(&rows));
+        if gated {
+            if skip_rows.len() == 1 {
+                println!("  skipped by the conformance gate: none");
+            } else {
+                println!(
+                    "  skipped by the conformance gate (not declared, so not run: not passed):"
+                );
+                println!("{}", table(&skip_rows));
+            }
+        }
     };
     for a in &assessed {
         let header = match a.plugin() {

@@ -174,7 +174,51 @@ fn gate_refuses_only_the_wrong_op_and_caches_the_verdict() {
         .lines()
         .find(|l| l.trim_start().starts_with("mul "))
         .unwrap();
-    assert!(mul.contains("passed"), "{mul}");
+    assert!(mul.contains("passed: f32"), "{mul}");
+    // What it does not declare is skipped, not passed: the op rows say so, and the skipped
+    // list names op, format and the backend's reason, apart from the op table.
+    let softmax = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("softmax "))
+        .unwrap();
+    assert!(
+        softmax.contains("skipped (nothing declared)") && !softmax.contains("passed"),
+        "{softmax}"
+    );
+    let (ops_table, skipped) = out
+        .split_once("skipped by the conformance gate (not declared, so not run: not passed):")
+        .unwrap_or_else(|| panic!("no skipped list in:\n{out}"));
+    let skipped = skipped.split("\n\n").next().unwrap();
+    assert!(ops_table.contains("test-broken"), "{out}");
+    let skip_line = |op: &str, format: &str| {
+        skipped
+            .lines()
+            .find(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() > 3 && w[0] == op && w[1] == format
+            })
+            .unwrap_or_else(|| panic!("{op} {format} not listed as skipped in:\n{skipped}"))
+            .to_string()
+    };
+    assert!(
+        skip_line("mat_mul", "q4_K").contains("mat_mul is not implemented here"),
+        "{skipped}"
+    );
+    assert!(
+        skip_line("attention", "f16").contains("attention is not implemented here"),
+        "{skipped}"
+    );
+    assert!(
+        skip_line("softmax", "f32").contains("softmax is not implemented here"),
+        "{skipped}"
+    );
+    // What passed is not in the skipped list.
+    assert!(
+        !skipped
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("mul")),
+        "{skipped}"
+    );
 }
 
 #[test]

@@ -1,5 +1,8 @@
 //! Seeded random cases for every op, over shapes that include edge sizes: one row, odd head
-//! counts, a single block, many blocks, GQA ratios, windows shorter than the sequence.
+//! counts, a single block, many blocks, GQA ratios, windows shorter than the sequence; and
+//! fixed cases ([`fixed_case`]) at the sizes production calls have, which small random shapes
+//! never reach: attention over real KV caches (padded to 256 rows), so that the kernels' main
+//! loops run and not only their tails. [`cases`] is what the gate checks: both.
 
 use abi::{
     DType, Op, OpParams, TensorDesc, GLU_GELU_TANH, GLU_SILU, ROPE_NEOX, ROPE_NORMAL, WEIGHT_DTYPES,
@@ -105,6 +108,126 @@ impl Rng {
     }
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal(scale)).collect()
+    }
+}
+
+/// The operand whose format names a case: the weight or table, the KV cache (attention), the
+/// destination (set_rows), else the first input.
+pub fn format(c: &Case) -> DType {
+    match c.op {
+        Op::Attention => c.inputs[1].dtype,
+        Op::SetRows => c.inputs[2].dtype,
+        _ => c.inputs[0].dtype,
+    }
+}
+
+/// Every case the gate checks for `op`: seeds `0..n_seeds` of [`case`], then the fixed cases
+/// ([`fixed_case`]), each with its name in failure messages (`seed N`, `fixed case N`).
+pub fn cases(op: Op, n_seeds: u64) -> impl Iterator<Item = (String, Case)> {
+    let seeded = (0..n_seeds).map(move |seed| (format!("seed {seed}"), case(op, seed)));
+    let fixed = (0..fixed_count(op)).map(move |i| {
+        (
+            format!("fixed case {i}"),
+            fixed_case(op, i).expect("below fixed_count"),
+        )
+    });
+    seeded.chain(fixed)
+}
+
+/// `(head dim, q heads, kv heads, cache rows C, query tokens T, n_kv, window, softcap, cache
+/// format)`.
+pub type AttentionShape = (i64, i64, i64, i64, i64, i64, i64, f32, DType);
+
+/// Attention over real cache lengths, one row per case:
+/// `(head dim, q heads, kv heads, cache rows C, query tokens T, n_kv, window, softcap, cache
+/// format)`; query `t` sits at position `n_kv - T + t` (causal, as a prompt chunk or a decode
+/// step). The kernels (`reference::ops::attention`, `mollm_cpu_common::ops`) attend over `n_eff
+/// = min(round_up(n_kv, 256), C)` rows: scores in 16-row blocks up to the last visible row,
+/// `p·V` in 64 lanes per `vec_dot` step for one token (leftover rows past the last whole step
+/// with FMA) or 16-lane tiles for several tokens when `n_eff % 16 == 0`; dots over the head
+/// in 64-element steps. The comments say which paths each row takes.
+#[rustfmt::skip]
+pub const ATTENTION_FIXED: &[AttentionShape] = &[
+    // C = 256 (one pad block), f32 caches.
+    (64, 9, 3, 256, 1, 1, 0, 0.0, DType::F32),      // decode, first token: one 16-block, one lane step
+    (64, 8, 2, 256, 1, 200, 0, 0.0, DType::F32),    // decode, GQA 4: 3 full 64-lane steps + a partial one
+    (64, 6, 2, 256, 1, 256, 0, 0.0, DType::F32),    // decode, n_kv = C: every 64-lane step full
+    (64, 4, 4, 256, 1, 130, 0, 30.0, DType::F32),   // decode with soft-capping
+    (64, 9, 3, 256, 16, 16, 0, 0.0, DType::F32),    // prompt from an empty cache: 16-lane p·V tiles, causal
+    (256, 4, 1, 256, 3, 256, 0, 0.0, DType::F32),   // prompt ending at n_kv = C, head dim 256, GQA 4
+    // C = 512 (two pad blocks).
+    (64, 14, 2, 512, 3, 263, 0, 0.0, DType::F32),   // prompt just past the first pad block, GQA 7
+    (256, 4, 2, 512, 1, 320, 0, 0.0, DType::F32),   // decode, head dim 256, n_kv a multiple of 64 (n_eff 512)
+    (128, 2, 1, 512, 1, 512, 100, 0.0, DType::F32), // decode, n_kv = C, sliding window
+    (256, 2, 1, 512, 5, 512, 128, 0.0, DType::F32), // prompt, n_kv = C, sliding window, head dim 256
+    (64, 3, 1, 512, 20, 300, 16, 0.0, DType::F32),  // prompt chunk, window shorter than the chunk
+    // A cache that is not a multiple of the padding: n_eff = C = 300.
+    (64, 3, 3, 300, 1, 290, 0, 0.0, DType::F32),    // decode: 4 lane steps + leftover rows 256..290
+    (64, 2, 1, 300, 4, 290, 0, 0.0, DType::F32),    // prompt, n_eff % 16 != 0: 64-lane path + leftovers
+    // f16 caches (the reference's f16 paths; backends that do not declare them skip these).
+    (64, 8, 2, 256, 1, 200, 0, 0.0, DType::F16),    // decode: f16 vec_dot
+    (256, 2, 1, 512, 3, 300, 0, 0.0, DType::F16),   // prompt: f16 score tiles, 16-lane p·V
+    (128, 2, 2, 512, 1, 512, 64, 0.0, DType::F16),  // decode, n_kv = C, sliding window
+    (64, 2, 1, 300, 1, 290, 0, 0.0, DType::F16),    // leftover rows summed in f64
+];
+
+/// How many fixed cases `op` has.
+pub fn fixed_count(op: Op) -> u64 {
+    match op {
+        Op::Attention => ATTENTION_FIXED.len() as u64,
+        _ => 0,
+    }
+}
+
+/// Fixed case `i` of `op` (see [`ATTENTION_FIXED`]); `None` past [`fixed_count`].
+pub fn fixed_case(op: Op, i: u64) -> Option<Case> {
+    match op {
+        Op::Attention => {
+            let &(d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt) =
+                ATTENTION_FIXED.get(i as usize)?;
+            let mut r = Rng::new(0xA77E_0000 + i);
+            Some(attention(
+                &mut r, d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// An attention case: queries at positions `n_kv - t .. n_kv`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    r: &mut Rng,
+    d: i64,
+    hq: i64,
+    hkv: i64,
+    cache: i64,
+    t: i64,
+    n_kv: i64,
+    window: i64,
+    softcap: f32,
+    kv_dt: DType,
+) -> Case {
+    assert!(hq % hkv == 0 && t <= n_kv && n_kv <= cache);
+    let mut p = OpParams::default();
+    let pos0 = n_kv - t;
+    let pos: Vec<i32> = (0..t).map(|i| (pos0 + i) as i32).collect();
+    p.i[0] = n_kv;
+    p.i[1] = window;
+    p.f[0] = 1.0 / (d as f32).sqrt();
+    p.f[1] = softcap;
+    let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
+    let n = (d * hkv * cache) as usize;
+    let kc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec(n, 1.0));
+    let vc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec(n, 1.0));
+    Case {
+        op: Op::Attention,
+        label: format!(
+            "d={d} hq={hq} hkv={hkv} cache={cache} t={t} n_kv={n_kv} window={window} softcap={softcap} {kv_dt}"
+        ),
+        inputs: vec![q, kc, vc, Owned::i32(&pos)],
+        outputs: vec![Owned::zeros(DType::F32, &[d, hq, t])],
+        params: p,
     }
 }
 

@@ -1,14 +1,20 @@
 //! # Conformance: a backend's ops against the reference
 //!
-//! For every op a backend declares, seeded random [`cases`] run on the backend and on
-//! `reference`; outputs are compared with per-op tolerances ([`tolerance`]), exactly for
-//! argmax. Backend authors run `cargo test -p conformance`; the engine runs [`check_backend`]
-//! before it dispatches to a backend and refuses the ops that fail.
+//! For every op a backend declares, seeded random [`cases`] and fixed ones at production sizes
+//! run on the backend and on `reference`; outputs are compared with per-op tolerances
+//! ([`tolerance`]), exactly for argmax. Backend authors run `cargo test -p conformance`; the
+//! engine runs [`check_backend`] before it dispatches to a backend and refuses the ops that
+//! fail.
+//!
+//! A case the backend does not declare (`supports` answers `Unsupported`) is **skipped**: it is
+//! not run, so it proves nothing, and it is not a pass. [`check_backend_report`] keeps the
+//! three apart ([`Report`]: passed, skipped with the backend's reason, failed), per op and
+//! format.
 
 pub mod cases;
 
 use abi::{BackendTable, Op, OpCall, Status};
-use cases::{case, Case};
+use cases::Case;
 use core::ffi::c_void;
 
 /// How close a backend's output must be to the reference's: `|a - b| <= abs + rel * |b|`.
@@ -155,56 +161,223 @@ fn compare(op: Op, got: &[u8], want: &[u8], dtype: abi::DType) -> Result<(), Str
     Ok(())
 }
 
-/// Runs `n_cases` seeded cases of `op` on `backend` and on the reference.
+/// One op and format that passed: how many of its cases ran and matched the reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Passed {
+    pub op: Op,
+    pub format: abi::DType,
+    pub cases: usize,
+}
+
+/// One op and format (and reason) the backend does not declare: its cases were not run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub op: Op,
+    pub format: abi::DType,
+    /// The backend's `last_error` after `supports` declined, or a note that it gave none.
+    pub reason: String,
+    pub cases: usize,
+}
+
+/// What the gate did, per op and format ([`cases::format`]): passed, skipped, failed. An op
+/// that failed is refused whole, so none of its formats is listed as passed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub passed: Vec<Passed>,
+    pub skipped: Vec<Skipped>,
+    /// Ops with a case that failed, each with the first failure.
+    pub failed: Vec<(Op, String)>,
+}
+
+impl Report {
+    /// Nothing failed (skips do not count either way).
+    pub fn ok(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// Whether this op ran and passed for this format.
+    pub fn passed(&self, op: Op, format: abi::DType) -> bool {
+        self.passed.iter().any(|p| p.op == op && p.format == format)
+    }
+
+    /// The reasons this op and format were skipped (empty: not skipped).
+    pub fn skipped(&self, op: Op, format: abi::DType) -> Vec<&str> {
+        self.skipped
+            .iter()
+            .filter(|s| s.op == op && s.format == format)
+            .map(|s| s.reason.as_str())
+            .collect()
+    }
+
+    fn add_pass(&mut self, op: Op, format: abi::DType) {
+        match self
+            .passed
+            .iter_mut()
+            .find(|p| p.op == op && p.format == format)
+        {
+            Some(p) => p.cases += 1,
+            None => self.passed.push(Passed {
+                op,
+                format,
+                cases: 1,
+            }),
+        }
+    }
+
+    fn add_skip(&mut self, op: Op, format: abi::DType, reason: String) {
+        match self
+            .skipped
+            .iter_mut()
+            .find(|s| s.op == op && s.format == format && s.reason == reason)
+        {
+            Some(s) => s.cases += 1,
+            None => self.skipped.push(Skipped {
+                op,
+                format,
+                reason,
+                cases: 1,
+            }),
+        }
+    }
+
+    /// The summary, several lines: a count line, then `passed`, `skipped` and `failed` lines
+    /// (one per op for passes, one per op, format and reason for skips, one per failed op).
+    pub fn summary(&self) -> String {
+        let cases = |n: usize| if n == 1 { "case" } else { "cases" };
+        let n_pass: usize = self.passed.iter().map(|p| p.cases).sum();
+        let n_skip: usize = self.skipped.iter().map(|s| s.cases).sum();
+        let mut out = format!(
+            "{} op/format passed ({n_pass} {}), {} op/format skipped ({n_skip} {}, not run: not \
+             declared), {} op failed",
+            self.passed.len(),
+            cases(n_pass),
+            self.skipped.len(),
+            cases(n_skip),
+            self.failed.len()
+        );
+        for &op in Op::ALL {
+            let ps: Vec<String> = self
+                .passed
+                .iter()
+                .filter(|p| p.op == op)
+                .map(|p| format!("{} ({} {})", p.format, p.cases, cases(p.cases)))
+                .collect();
+            if !ps.is_empty() {
+                out += &format!("\n  passed   {}: {}", op.name(), ps.join(", "));
+            }
+        }
+        for s in &self.skipped {
+            out += &format!(
+                "\n  skipped  {} {} ({} {}): {}",
+                s.op.name(),
+                s.format,
+                s.cases,
+                cases(s.cases),
+                s.reason
+            );
+        }
+        for (op, e) in &self.failed {
+            out += &format!("\n  FAILED   {}: {e}", op.name());
+        }
+        out
+    }
+}
+
+impl core::fmt::Display for Report {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.summary())
+    }
+}
+
+/// Why `supports` declined: the backend's `last_error`, or a note when it left none.
+fn decline_reason(inst: &Instance) -> String {
+    let mut buf = vec![0u8; 512];
+    let n = (inst.table.last_error)(inst.ctx, buf.as_mut_ptr(), buf.len()).min(buf.len());
+    let msg = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+    if msg.is_empty() {
+        "not declared (supports() gave no reason)".into()
+    } else {
+        format!("not declared: {msg}")
+    }
+}
+
+/// Whether `backend` declares this case: `None` if so, else why not ([`decline_reason`]).
+pub fn declines(backend: &Instance, c: &mut Case) -> Option<String> {
+    let f = backend.table.supports?;
+    let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+    let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+    let st = Status::from_raw(f(backend.ctx, &OpCall::new(c.op, &ins, &outs, c.params)));
+    (st == Status::Unsupported).then(|| decline_reason(backend))
+}
+
+/// Runs `n_cases` seeded cases of `op` and its fixed cases ([`cases::cases`]) on `backend` and
+/// on the reference; stops at the first failure.
 pub fn check_op(
     backend: &Instance,
     reference: &Instance,
     op: Op,
     n_cases: u64,
 ) -> Result<(), String> {
-    for seed in 0..n_cases {
-        let mut c = case(op, seed);
-        let label = format!("{} seed {seed} ({})", op.name(), c.label);
-        let unsupported = backend
-            .table
-            .supports
-            .map(|f| {
-                let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
-                let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
-                Status::from_raw(f(backend.ctx, &OpCall::new(op, &ins, &outs, c.params)))
-                    == Status::Unsupported
-            })
-            .unwrap_or(false);
-        if unsupported {
-            continue;
-        }
-        let mut c2 = c.clone();
-        let want = reference
-            .run(&mut c2)
-            .map_err(|e| format!("{label}: reference failed: {e}"))?;
-        let got = backend.run(&mut c).map_err(|e| format!("{label}: {e}"))?;
-        let dtype = if op == Op::SetRows {
-            c.inputs[2].dtype
-        } else {
-            c.outputs[0].dtype
-        };
-        for (g, w) in got.iter().zip(&want) {
-            compare(op, g, w, dtype).map_err(|e| format!("{label}: {e}"))?;
-        }
-        // Weights the backend repacks at load: the same call on the prepared weight.
-        if op == Op::MatMul {
-            if let Some(got) = backend
-                .run_prepared(&mut c)
-                .map_err(|e| format!("{label}: {e}"))?
-            {
-                for (g, w) in got.iter().zip(&want) {
-                    compare(op, g, w, dtype)
-                        .map_err(|e| format!("{label}, prepared weight: {e}"))?;
+    let mut r = Report::default();
+    check_op_into(backend, reference, op, n_cases, &mut r);
+    match r.failed.pop() {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// [`check_op`], recording into `report` what passed, what was skipped and what failed.
+fn check_op_into(
+    backend: &Instance,
+    reference: &Instance,
+    op: Op,
+    n_cases: u64,
+    report: &mut Report,
+) {
+    let mut ran = Report::default();
+    let err = (|| {
+        for (name, mut c) in cases::cases(op, n_cases) {
+            let label = format!("{} {name} ({})", op.name(), c.label);
+            let format = cases::format(&c);
+            if let Some(why) = declines(backend, &mut c) {
+                ran.add_skip(op, format, why);
+                continue;
+            }
+            let mut c2 = c.clone();
+            let want = reference
+                .run(&mut c2)
+                .map_err(|e| format!("{label}: reference failed: {e}"))?;
+            let got = backend.run(&mut c).map_err(|e| format!("{label}: {e}"))?;
+            let dtype = if op == Op::SetRows {
+                c.inputs[2].dtype
+            } else {
+                c.outputs[0].dtype
+            };
+            for (g, w) in got.iter().zip(&want) {
+                compare(op, g, w, dtype).map_err(|e| format!("{label}: {e}"))?;
+            }
+            // Weights the backend repacks at load: the same call on the prepared weight.
+            if op == Op::MatMul {
+                if let Some(got) = backend
+                    .run_prepared(&mut c)
+                    .map_err(|e| format!("{label}: {e}"))?
+                {
+                    for (g, w) in got.iter().zip(&want) {
+                        compare(op, g, w, dtype)
+                            .map_err(|e| format!("{label}, prepared weight: {e}"))?;
+                    }
                 }
             }
+            ran.add_pass(op, format);
         }
+        Ok::<(), String>(())
+    })()
+    .err();
+    report.skipped.append(&mut ran.skipped);
+    match err {
+        Some(e) => report.failed.push((op, e)),
+        None => report.passed.append(&mut ran.passed),
     }
-    Ok(())
 }
 
 /// Checks every op; returns the ones that fail, each with why.
@@ -213,14 +386,23 @@ pub fn check_backend(
     host: &abi::HostApi,
     n_cases: u64,
 ) -> Result<Vec<(Op, String)>, String> {
+    Ok(check_backend_report(table, host, n_cases)?.failed)
+}
+
+/// Checks every op: what passed, what was skipped (and why) and what failed, per op and format.
+pub fn check_backend_report(
+    table: &BackendTable,
+    host: &abi::HostApi,
+    n_cases: u64,
+) -> Result<Report, String> {
     let backend = Instance::open(table, host)?;
     let reference = Instance::open(&reference::TABLE, host)?;
-    Ok(Op::ALL
-        .iter()
-        .filter_map(|&op| {
-            check_op(&backend, &reference, op, n_cases)
-                .err()
-                .map(|e| (op, e))
-        })
-        .collect())
+    let mut report = Report::default();
+    for &op in Op::ALL {
+        check_op_into(&backend, &reference, op, n_cases, &mut report);
+    }
+    let order = |op: Op| Op::ALL.iter().position(|&o| o == op);
+    report.passed.sort_by_key(|p| (order(p.op), p.format.id()));
+    report.skipped.sort_by_key(|s| (order(s.op), s.format.id()));
+    Ok(report)
 }

@@ -51,3 +51,213 @@ fn a_broken_op_is_refused_and_only_that_op() {
     assert_eq!(ops, vec![Op::Add], "{failures:?}");
     assert!(failures[0].1.contains("add seed"), "{}", failures[0].1);
 }
+
+/// The reference with attention that stops at `n_kv = min(n_kv, 256)`: a kernel that handles
+/// the first pad block only.
+extern "C" fn first_block_only(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    // SAFETY: the host passes a valid call (ABI contract).
+    let mut c = unsafe { *call };
+    if c.op == Op::Attention as u32 {
+        c.params.i[0] = c.params.i[0].min(256);
+    }
+    (reference::TABLE.compute)(ctx, &c)
+}
+
+/// The reference with attention that drops a partial last 64-row step: a kernel whose tail
+/// after the main loop is missing.
+extern "C" fn whole_steps_only(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    // SAFETY: the host passes a valid call (ABI contract).
+    let mut c = unsafe { *call };
+    if c.op == Op::Attention as u32 && c.params.i[0] > 64 {
+        c.params.i[0] &= !63;
+    }
+    (reference::TABLE.compute)(ctx, &c)
+}
+
+static FIRST_BLOCK_ONLY: BackendTable = BackendTable {
+    compute: first_block_only,
+    ..copy_reference()
+};
+static WHOLE_STEPS_ONLY: BackendTable = BackendTable {
+    compute: whole_steps_only,
+    ..copy_reference()
+};
+
+/// Bugs that only show over real cache lengths (the random cases use caches of 8 and 40 rows)
+/// are caught by the fixed cases, at the gate's default case count.
+#[test]
+fn attention_bugs_past_small_caches_are_caught() {
+    let host = reference::serial_host();
+    for (name, table) in [
+        ("first pad block only", &FIRST_BLOCK_ONLY),
+        ("whole 64-row steps only", &WHOLE_STEPS_ONLY),
+    ] {
+        let failures =
+            conformance::check_backend(table, &host, abi::WEIGHT_DTYPES.len() as u64).unwrap();
+        let ops: Vec<Op> = failures.iter().map(|f| f.0).collect();
+        assert_eq!(ops, vec![Op::Attention], "{name}: {failures:?}");
+        assert!(
+            failures[0].1.contains("fixed case"),
+            "{name}: {}",
+            failures[0].1
+        );
+    }
+}
+
+/// The fixed attention cases reach every path of the kernels (see `reference::ops::attention`
+/// and `mollm_cpu_common::ops`), on real cache sizes.
+#[test]
+fn fixed_attention_cases_cover_the_kernel_paths() {
+    use conformance::cases::ATTENTION_FIXED;
+    let round_up = |v: i64, m: i64| (v + m - 1) / m * m;
+    let mut seen = std::collections::BTreeSet::new();
+    for &(d, hq, hkv, c, t, n_kv, window, softcap, dt) in ATTENTION_FIXED {
+        let n_eff = round_up(n_kv, 256).min(c).max(n_kv);
+        let tile = t >= 2 && n_eff % 16 == 0 && d % 4 == 0;
+        let f = if dt == abi::DType::F16 { "f16" } else { "f32" };
+        let mut hit = |what: &str| {
+            seen.insert(format!("{what} {f}"));
+        };
+        hit(&format!("cache {c}"));
+        hit(&format!("head dim {d}"));
+        if n_kv == c {
+            hit("n_kv = C");
+        }
+        if hq > hkv {
+            hit("gqa");
+        }
+        if window > 0 && window < n_kv {
+            hit("window");
+        }
+        if softcap > 0.0 {
+            hit("softcap");
+        }
+        if t >= 2 {
+            hit("causal prompt");
+        }
+        if tile {
+            // 16-lane p·V tiles over n_eff, with 16-row score blocks cut at the last row.
+            hit("tiled p.V");
+            if n_eff >= 256 {
+                hit("tiled main loop");
+            }
+        } else {
+            let np = n_eff & !63;
+            let span = round_up(n_kv, 64).min(n_eff);
+            if np >= 128 {
+                hit("64-lane main loop");
+            }
+            if span % 64 != 0 || n_kv % 64 != 0 {
+                hit("partial 64-lane step");
+            }
+            if np < n_eff && span > np {
+                hit("leftover rows");
+            }
+        }
+        if n_kv > 256 {
+            hit("past the first pad block");
+        }
+    }
+    let mut missing = Vec::new();
+    for f in ["f32", "f16"] {
+        for what in [
+            "cache 256",
+            "cache 512",
+            "head dim 64",
+            "head dim 256",
+            "n_kv = C",
+            "gqa",
+            "window",
+            "causal prompt",
+            "tiled p.V",
+            "tiled main loop",
+            "64-lane main loop",
+            "partial 64-lane step",
+            "leftover rows",
+            "past the first pad block",
+        ] {
+            if !seen.contains(&format!("{what} {f}")) {
+                missing.push(format!("{what} {f}"));
+            }
+        }
+    }
+    assert!(seen.contains("softcap f32"));
+    assert!(missing.is_empty(), "not covered: {missing:?}");
+}
+
+// A backend that declares neither f16 attention caches nor q8_0 weights, and says why.
+static DECLINED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+extern "C" fn picky_supports(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    // SAFETY: the call's arrays are valid for this call (ABI contract).
+    let (op, ins, _) = unsafe { (*call).parts() };
+    let why = match op {
+        Some(Op::Attention) if ins[1].dtype() == Some(abi::DType::F16) => "no f16 caches here",
+        Some(Op::MatMul) if ins[0].dtype() == Some(abi::DType::Q8_0) => "no q8_0 here",
+        _ => return (reference::TABLE.supports.unwrap())(ctx, call),
+    };
+    *DECLINED.lock().unwrap() = why.into();
+    Status::Unsupported as i32
+}
+
+extern "C" fn picky_last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
+    let e = DECLINED.lock().unwrap();
+    if e.is_empty() {
+        return (reference::TABLE.last_error)(ctx, buf, cap);
+    }
+    let n = e.len().min(cap);
+    // SAFETY: `buf` has room for `cap` bytes (ABI contract).
+    unsafe { core::ptr::copy_nonoverlapping(e.as_ptr(), buf, n) };
+    e.len()
+}
+
+static PICKY: BackendTable = BackendTable {
+    supports: Some(picky_supports),
+    last_error: picky_last_error,
+    ..copy_reference()
+};
+
+#[test]
+fn formats_not_declared_are_skips_listed_apart_from_passes() {
+    let host = reference::serial_host();
+    let r = conformance::check_backend_report(&PICKY, &host, 24).unwrap();
+    assert!(r.ok(), "{r}");
+    use abi::DType::{F16, F32, Q8_0};
+    assert_eq!(
+        r.skipped(Op::Attention, F16),
+        ["not declared: no f16 caches here"],
+        "{r}"
+    );
+    assert_eq!(
+        r.skipped(Op::MatMul, Q8_0),
+        ["not declared: no q8_0 here"],
+        "{r}"
+    );
+    assert!(
+        !r.passed(Op::Attention, F16) && !r.passed(Op::MatMul, Q8_0),
+        "{r}"
+    );
+    assert!(
+        r.passed(Op::Attention, F32) && r.passed(Op::MatMul, F16),
+        "{r}"
+    );
+    // Nothing else is skipped, and every skip counts its cases.
+    assert_eq!(r.skipped.len(), 2, "{r}");
+    assert!(r.skipped.iter().all(|s| s.cases > 0), "{r}");
+    let s = r.summary();
+    assert!(s.contains("2 op/format skipped"), "{s}");
+    assert!(
+        s.lines()
+            .any(|l| l.trim_start().starts_with("skipped  attention f16 (")
+                && l.ends_with("not declared: no f16 caches here")),
+        "{s}"
+    );
+    assert!(
+        s.lines()
+            .any(|l| l.trim_start().starts_with("passed   attention: f32 (") && !l.contains("f16")),
+        "{s}"
+    );
+    // The reference declares everything: no skips.
+    let r = conformance::check_backend_report(&reference::TABLE, &host, 24).unwrap();
+    assert!(r.ok() && r.skipped.is_empty(), "{r}");
+}

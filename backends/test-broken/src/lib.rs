@@ -130,10 +130,16 @@ extern "C" fn score() -> u32 {
     5
 }
 
-extern "C" fn supports(_ctx: *mut c_void, call: *const OpCall) -> i32 {
+extern "C" fn supports(ctx: *mut c_void, call: *const OpCall) -> i32 {
     match unsafe { accept(call) } {
         Ok(_) => Status::Ok as i32,
-        Err(_) => Status::Unsupported as i32,
+        Err(e) => {
+            if !ctx.is_null() {
+                // SAFETY: ctx came from init.
+                unsafe { &mut *(ctx as *mut Ctx) }.last_error = e;
+            }
+            Status::Unsupported as i32
+        }
     }
 }
 
