@@ -171,7 +171,12 @@ pub fn batch(a: BatchArgs) -> CliResult {
             }
             Err(e) => {
                 let msg = format!("{}: line {}: {e}", a.input.display(), i + 1);
-                ids.push(Value::Null);
+                // The error result carries the line's id where the line has one.
+                let id = serde_json::from_str::<Value>(line)
+                    .ok()
+                    .and_then(|v| v.get("id").cloned())
+                    .unwrap_or(Value::Null);
+                ids.push(id);
                 results.push(Some(json!({"line": i + 1, "error": msg})));
             }
         }
@@ -190,9 +195,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
         while written < results.len() && results[written].is_some() {
             let mut v = results[written].take().expect("checked");
             if let Value::Object(m) = &mut v {
-                if !m.contains_key("error") || !ids[written].is_null() {
-                    m.insert("id".into(), ids[written].clone());
-                }
+                m.insert("id".into(), ids[written].clone());
             }
             writeln!(out, "{v}")?;
             results[written] = Some(Value::Null);

@@ -7,43 +7,9 @@
 
 mod common;
 
-use common::repo;
+use common::{repo, test_backends as backends};
 use serde_json::Value;
 use std::process::Command;
-
-/// Backends the parity tests run on: the reference, then each native backend built next to
-/// `mollm` that can run on this CPU (MOLLM_TEST_BACKENDS=a,b overrides the list; `auto` is
-/// `--backend auto`).
-fn backends() -> Vec<String> {
-    let wanted = std::env::var("MOLLM_TEST_BACKENDS")
-        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512,arm-neon,arm-i8mm".into());
-    let devices = Command::new(env!("CARGO_BIN_EXE_mollm"))
-        .arg("devices")
-        .output()
-        .expect("mollm devices");
-    let devices = String::from_utf8_lossy(&devices.stdout).into_owned();
-    let mut out = Vec::new();
-    for name in wanted.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        if name == "auto" {
-            // whatever `--backend auto` picks on this CPU
-            out.push(name.to_string());
-            continue;
-        }
-        let line = devices
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(name));
-        match line {
-            Some(l) if l.contains("available") && !l.contains("unavailable") => {
-                out.push(name.to_string())
-            }
-            // Built, but this CPU lacks what it needs: nothing to test here.
-            Some(l) if l.contains("CPU lacks") => eprintln!("SKIP backend {name}: {l}"),
-            Some(l) => panic!("backend {name} is not usable: {l}"),
-            None => panic!("backend {name} was not found by `mollm devices`:\n{devices}"),
-        }
-    }
-    out
-}
 
 fn ids(v: &Value) -> Vec<u64> {
     v.as_array()

