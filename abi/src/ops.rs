@@ -230,7 +230,7 @@ fn matmul_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
     let (w, x) = (s[0], s[1]);
     need(w[2] == 1 && w[3] == 1, || "weight must be 2-D".into())?;
     let g = p.i[0];
-    let m = x[1] * x[2] * x[3];
+    let m = x[1].saturating_mul(x[2]).saturating_mul(x[3]);
     need(g == 0 || (g > 0 && m % g == 0), || {
         format!("chain_cols {g} does not divide the {m} columns")
     })?;

@@ -24,6 +24,22 @@ use loader::package::{PackTensor, Writer};
 use loader::{GgufFile, TensorInfo};
 use std::path::PathBuf;
 
+/// The source's metadata with the model's graph, which the package carries so that running it
+/// needs no architecture code: a package source keeps its own, other sources get the graph
+/// the architecture's builder writes for them.
+fn with_graph(src: &GgufFile) -> CliResult<Vec<(String, loader::Value)>> {
+    let mut meta = src.metadata.clone();
+    if src.get_str(loader::package::GRAPH_KEY)?.is_none() {
+        engine::model::check_architecture(src)?;
+        let hp = engine::model::HParams::from_gguf(src)?;
+        let g = engine::model::build_graph(src, &hp)?;
+        // Refuse now what would be refused at load.
+        engine::model::bind(src, g.clone())?;
+        meta.push((loader::package::GRAPH_KEY.into(), loader::Value::String(g.to_json())));
+    }
+    Ok(meta)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     Fp16,
@@ -203,6 +219,7 @@ pub fn convert(a: ConvertArgs) -> CliResult {
     }
     let src = loader::open_model(&a.src)?;
     let arch = src.architecture()?.to_string();
+    let metadata = with_graph(&src)?;
     if !engine::model::ARCHITECTURES
         .iter()
         .any(|(n, _, _)| *n == arch)
@@ -219,7 +236,7 @@ pub fn convert(a: ConvertArgs) -> CliResult {
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     let len = |m: Mode| {
-        loader::package::package_len(&arch, m.name(), &source, &src.metadata, &plan(&src, m))
+        loader::package::package_len(&arch, m.name(), &source, &metadata, &plan(&src, m))
     };
     let mode = match a.fit {
         None => a.quant,
@@ -251,7 +268,7 @@ pub fn convert(a: ConvertArgs) -> CliResult {
         }
     };
     let tensors = plan(&src, mode);
-    let mut w = Writer::create(&a.out, &arch, mode.name(), &source, &src.metadata, &tensors)?;
+    let mut w = Writer::create(&a.out, &arch, mode.name(), &source, &metadata, &tensors)?;
     let bar = crate::progress::bar(a.quiet, tensors.len() as u64, "tensors");
     let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
     for (i, (t, p)) in src.tensors.iter().zip(&tensors).enumerate() {

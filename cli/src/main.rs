@@ -39,6 +39,12 @@ enum Command {
     Ppl(ppl::PplArgs),
     /// Convert a Hugging Face directory or a GGUF file into one .mollm package.
     Convert(convert::ConvertArgs),
+    /// Print the graph a model runs (JSON: what a .mollm package carries).
+    Graph {
+        /// A GGUF file, a .mollm package or a Hugging Face directory.
+        #[arg(long, short = 'm')]
+        model: Option<std::path::PathBuf>,
+    },
     /// List the model architectures this build can run.
     Architectures,
     /// List the backends found (built in and plugins): device, score, available or why not.
@@ -78,6 +84,12 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "mollm", &mut std::io::stdout());
             Ok(())
         }
+        Command::Graph { model } => (|| -> common::CliResult {
+            let path = common::resolve_model(&model)?;
+            let m = engine::Model::load(&path).map_err(|e| e.to_string())?;
+            println!("{}", m.program.file.to_json());
+            Ok(())
+        })(),
         Command::Devices(a) => devices::devices(a),
         Command::Backends(a) => devices::backends(a),
         Command::Ops(a) => devices::ops(a),

@@ -162,3 +162,53 @@ fn bad_arguments_fail_clearly() {
         "w3",
     );
 }
+
+fn graph_of(model: &Path) -> serde_json::Value {
+    let o = mollm(&["graph", "-m", model.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
+/// The package carries its graph (the one the builders write for its source), and runs it
+/// with no architecture code: renamed to an architecture this build has never heard of, it
+/// generates the same tokens.
+#[test]
+fn a_package_runs_its_own_graph_whatever_its_architecture() {
+    for (key, file) in [("smollm2", SMOLLM2), ("gemma3", "gemma3-270m-q4_k_m.gguf")] {
+        let Some(src) = common::model(file) else {
+            continue;
+        };
+        let pkg = out(&format!("{key}-graph.mollm"));
+        convert(&src, &pkg, &["--quant", "keep"]);
+        assert_eq!(graph_of(&pkg), graph_of(&src), "{key}: the package's graph is the builders'");
+
+        // Rename the architecture everywhere before the data (same length: offsets hold).
+        let arch = graph_of(&src)["arch"].as_str().unwrap().to_string();
+        let fake: String = "z".repeat(arch.len());
+        let mut bytes = std::fs::read(&pkg).unwrap();
+        let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+        for (from, to) in [(format!("\"{arch}\""), format!("\"{fake}\"")), (format!("\"{arch}."), format!("\"{fake}."))] {
+            let (from, to) = (from.as_bytes(), to.as_bytes());
+            let mut i = 0;
+            while i + from.len() <= data_off {
+                if &bytes[i..i + from.len()] == from {
+                    bytes[i..i + from.len()].copy_from_slice(to);
+                }
+                i += 1;
+            }
+        }
+        let renamed = out(&format!("{key}-renamed.mollm"));
+        std::fs::write(&renamed, &bytes).unwrap();
+        assert_eq!(graph_of(&renamed)["arch"], fake.as_str());
+        let o = mollm(&["run", "-m", renamed.to_str().unwrap(), "--json", "-p", "The capital of France is", "-n", "12"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["architecture"], fake.as_str());
+        let o = mollm(&["run", "-m", src.to_str().unwrap(), "--json", "-p", "The capital of France is", "-n", "12"]);
+        let w: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["tokens"], w["tokens"], "{key}: the renamed package generates differently");
+        // Without its graph the renamed file would be refused: the builders are not used.
+        let gguf_like = mollm(&["architectures"]);
+        assert!(!stdout(&gguf_like).contains(&fake));
+    }
+}

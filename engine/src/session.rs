@@ -32,9 +32,22 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let t0 = Instant::now();
         let gguf = loader::open_model(path)?;
-        crate::model::check_architecture(&gguf)?;
-        let hp = HParams::from_gguf(&gguf)?;
-        let graph = crate::model::build_graph(&gguf, &hp)?;
+        // A package carries its graph: it runs as written, whatever its architecture string
+        // (provenance only). Other files get theirs from the architecture's builder.
+        let (hp, graph) = match gguf.get_str(loader::package::GRAPH_KEY)? {
+            Some(text) => {
+                let file = gguf.path.display().to_string();
+                let g = crate::graph::GraphFile::from_json(text.as_bytes(), &file)
+                    .map_err(|msg| EngineError::Model { file: file.clone(), msg })?;
+                (HParams::from_graph(&g, &gguf)?, g)
+            }
+            None => {
+                crate::model::check_architecture(&gguf)?;
+                let hp = HParams::from_gguf(&gguf)?;
+                let g = crate::model::build_graph(&gguf, &hp)?;
+                (hp, g)
+            }
+        };
         let program = crate::model::bind(&gguf, graph)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;

@@ -40,6 +40,10 @@ const MAX_TENSORS: usize = 1 << 20;
 const MAX_DIM: u64 = 1 << 40;
 
 /// Whether the file starts with the package magic.
+/// The model graph (JSON, versioned by its own `version`; see the engine's `graph` module):
+/// written as the package's `graph` section, read back under this metadata key.
+pub const GRAPH_KEY: &str = "mollm.graph";
+
 pub fn is_package(path: &Path) -> bool {
     let mut m = [0u8; 8];
     std::fs::File::open(path)
@@ -215,6 +219,7 @@ struct Layout {
     meta: Vec<u8>,
     tok: Vec<u8>,
     template: Option<Vec<u8>>,
+    graph: Option<Vec<u8>>,
     data_offset: u64,
     offsets: Vec<(u64, u64)>,
     file_len: u64,
@@ -230,8 +235,13 @@ fn layout(
     let mut meta = Vec::new();
     let mut tok = Vec::new();
     let mut template = None;
+    let mut graph = None;
     for (k, v) in metadata {
-        if k == "tokenizer.chat_template" {
+        if k == GRAPH_KEY {
+            if let Value::String(s) = v {
+                graph = Some(s.clone().into_bytes());
+            }
+        } else if k == "tokenizer.chat_template" {
             if let Value::String(s) = v {
                 template = Some(s.clone());
             }
@@ -242,6 +252,7 @@ fn layout(
         }
     }
     let tok = Json::Array(tok).to_string().into_bytes();
+    // The graph section rides behind the chat template in the same sections area.
     let template = template.map(String::into_bytes);
     let mut offsets = Vec::with_capacity(tensors.len());
     let mut off = 0u64;
@@ -276,14 +287,20 @@ fn layout(
         "quant": quant, "source": source, "metadata": meta,
         "tokenizer": {"offset": 0u64, "bytes": tok.len()},
         "chat_template": template.as_ref().map(|t| json!({"offset": 0u64, "bytes": t.len()})),
+        "graph": graph.as_ref().map(|g| json!({"offset": 0u64, "bytes": g.len()})),
         "tensors": entries,
     });
     let mut bytes: Vec<u8> = Vec::new();
     for _ in 0..8 {
         let tok_off = HEADER + bytes.len() as u64;
         doc["tokenizer"]["offset"] = json!(tok_off);
+        let tmpl_end = tok_off + tok.len() as u64;
         if template.is_some() {
-            doc["chat_template"]["offset"] = json!(tok_off + tok.len() as u64);
+            doc["chat_template"]["offset"] = json!(tmpl_end);
+        }
+        if graph.is_some() {
+            doc["graph"]["offset"] =
+                json!(tmpl_end + template.as_ref().map_or(0, |t| t.len() as u64));
         }
         let next = doc.to_string().into_bytes();
         let done = next.len() == bytes.len();
@@ -295,12 +312,14 @@ fn layout(
     let sections_end = HEADER
         + bytes.len() as u64
         + tok.len() as u64
-        + template.as_ref().map_or(0, |t| t.len() as u64);
+        + template.as_ref().map_or(0, |t| t.len() as u64)
+        + graph.as_ref().map_or(0, |g| g.len() as u64);
     let data_offset = sections_end.div_ceil(DATA_ALIGN) * DATA_ALIGN;
     Ok(Layout {
         meta: bytes,
         tok,
         template,
+        graph,
         data_offset,
         offsets,
         file_len: data_offset + data_len,
@@ -331,6 +350,7 @@ impl Writer {
             meta: bytes,
             tok,
             template,
+            graph,
             data_offset,
             offsets,
             file_len,
@@ -352,6 +372,9 @@ impl Writer {
         file.write_all(&tok).map_err(io)?;
         if let Some(t) = &template {
             file.write_all(t).map_err(io)?;
+        }
+        if let Some(g) = &graph {
+            file.write_all(g).map_err(io)?;
         }
         file.set_len(file_len).map_err(io)?;
         Ok(Writer {
@@ -499,6 +522,10 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
             "tokenizer.chat_template".into(),
             Value::String(t.to_string()),
         ));
+    }
+    if let Some(g) = section("graph")? {
+        let g = std::str::from_utf8(g).map_err(|_| err("graph section is not UTF-8".into()))?;
+        metadata.push((GRAPH_KEY.into(), Value::String(g.to_string())));
     }
     let list = field("tensors")?
         .as_array()

@@ -20,8 +20,12 @@ impl Lin {
     pub const T: Lin = Lin { c: 0, t: 1, o: 0 };
     pub const O: Lin = Lin { c: 0, t: 0, o: 1 };
 
+    /// The value at `T = t`, `O = o` (programs bound their dims at compile time; wrapping
+    /// keeps a hostile value from panicking before the check refuses it).
     pub fn eval(self, t: i64, o: i64) -> i64 {
-        self.c + self.t * t + self.o * o
+        self.c
+            .wrapping_add(self.t.wrapping_mul(t))
+            .wrapping_add(self.o.wrapping_mul(o))
     }
 
     pub fn is_const(self) -> bool {

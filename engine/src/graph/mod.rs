@@ -13,3 +13,6 @@ pub mod run;
 pub use ir::{GraphFile, NodeDef, GRAPH_VERSION};
 pub use program::{compile, Program};
 pub use run::{Runner, SeqStep};
+
+#[cfg(test)]
+mod tests;

@@ -61,6 +61,10 @@ const MAX_NODES: usize = 1 << 20;
 const MAX_INPUTS: usize = 8;
 const MAX_KV_LAYERS: usize = 4096;
 /// (T, O) points the shapes are evaluated at: three fix a linear form, the rest check it.
+/// The most tokens (and logit rows) one step may carry.
+pub const MAX_STEP: i64 = 1 << 16;
+/// The most elements one value may have at the largest step.
+const MAX_ELEMS: i64 = 1 << 38;
 const POINTS: [(i64, i64); 5] = [(1, 1), (2, 1), (1, 2), (7, 3), (3, 5)];
 
 pub type Weights<'a> = &'a dyn Fn(&str) -> Option<Weight>;
@@ -85,9 +89,9 @@ fn fit(vals: &[[i64; 4]; 5]) -> Option<Shape> {
     for d in 0..4 {
         let (v11, v21, v12) = (vals[0][d], vals[1][d], vals[2][d]);
         let l = Lin {
-            t: v21 - v11,
-            o: v12 - v11,
-            c: v11 - (v21 - v11) - (v12 - v11),
+            t: v21.wrapping_sub(v11),
+            o: v12.wrapping_sub(v11),
+            c: v11.wrapping_sub(v21.wrapping_sub(v11)).wrapping_sub(v12.wrapping_sub(v11)),
         };
         if l.c < 0 || l.t < 0 || l.o < 0 {
             return None;
@@ -268,6 +272,9 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
                     n.inputs.len()
                 )));
             }
+            if op == Op::MatMul && !matches!(inputs[0], Src::Weight(_)) {
+                return Err(e("mat_mul's first operand must be a weight (`@name`)".into()));
+            }
             let params = params_for(op, n).map_err(e)?;
             let out_dt = schema.outputs[0].dtypes[0];
             let mut shapes = [[0i64; 4]; 5];
@@ -291,6 +298,18 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
             (Kind::Abi(op, params), out_dt, shapes)
         };
         let shape = fit(&shapes).ok_or_else(|| e("its shape is not linear in T and O".into()))?;
+        // Bounded at the largest step a runner takes, so that planning cannot overflow and
+        // no graph asks for an absurd arena.
+        let big = shape.iter().try_fold(1i64, |acc, l| {
+            let d = l.c.checked_add(l.t.checked_mul(MAX_STEP)?)?.checked_add(l.o.checked_mul(MAX_STEP)?)?;
+            acc.checked_mul(d)
+        });
+        if big.is_none_or(|n| n > MAX_ELEMS) {
+            return Err(e(format!(
+                "its shape [{}] is too large for steps of {MAX_STEP} tokens (limit {MAX_ELEMS} elements)",
+                shape_str(&shape)
+            )));
+        }
         at.push(shapes);
         nodes.push(PNode {
             name: n.name.clone(),
@@ -344,7 +363,8 @@ fn compile_graph_op(
             for (pi, &(t, o)) in POINTS.iter().enumerate() {
                 let s = dim::eval_shape(&target, t, o);
                 let src = info[0].1[pi];
-                if s.iter().product::<i64>() != src.iter().product::<i64>() {
+                let n = |v: &[i64; 4]| v.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
+                if n(&s).is_none() || n(&s) != n(&src) {
                     return Err(format!("reshape of {src:?} to {s:?} changes the element count"));
                 }
                 shapes[pi] = s;

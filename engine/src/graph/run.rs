@@ -90,7 +90,9 @@ pub struct Runner {
 
 impl Runner {
     pub fn new(p: &Program, max_t: usize, max_o: usize) -> Runner {
-        let plan = Plan::new(p, max_t.max(1), max_o.max(1));
+        // Programs are checked for steps of up to MAX_STEP tokens.
+        let cap = super::program::MAX_STEP as usize;
+        let plan = Plan::new(p, max_t.clamp(1, cap), max_o.clamp(1, cap));
         let arena = Arena::new(plan.arena_bytes);
         Runner {
             arena,

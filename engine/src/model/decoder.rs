@@ -18,6 +18,7 @@ pub fn constants(b: &mut Builder, hp: &HParams) {
     b.constant("n_ff", hp.n_ff);
     b.constant("n_vocab", hp.n_vocab);
     b.constant("n_layer", hp.n_layer);
+    b.constant("n_ctx_train", hp.n_ctx_train);
 }
 
 pub fn pre_norm(hp: &HParams, spec: &AttnSpec, ffn: Ffn, has: &dyn Fn(&str) -> bool) -> GraphFile {

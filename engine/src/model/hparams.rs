@@ -34,6 +34,45 @@ pub struct HParams {
 }
 
 impl HParams {
+    /// What the engine needs to know of a model that brings its own graph: the sizes the
+    /// graph names as constants (the graph itself holds everything else).
+    pub fn from_graph(g: &crate::graph::GraphFile, file: &GgufFile) -> Result<HParams> {
+        let c = |k: &str| -> Result<usize> {
+            g.consts
+                .get(k)
+                .filter(|&&v| v > 0 && v < 1 << 40)
+                .map(|&v| v as usize)
+                .ok_or_else(|| EngineError::Model {
+                    file: file.path.display().to_string(),
+                    msg: format!("graph constant '{k}' is missing or not a positive size"),
+                })
+        };
+        let n_layer = c("n_layer")?;
+        Ok(HParams {
+            arch: g.arch.clone(),
+            n_layer,
+            n_embd: c("n_embd")?,
+            n_ff: c("n_ff").unwrap_or(0),
+            n_head: c("n_head")?,
+            n_head_kv: c("n_head_kv")?,
+            head_dim: c("head_dim")?,
+            n_rot: c("head_dim")?,
+            n_vocab: c("n_vocab")?,
+            n_ctx_train: c("n_ctx_train").unwrap_or(2048),
+            eps: 0.0,
+            rope_base: 0.0,
+            rope_freq_scale: 1.0,
+            n_swa: 0,
+            rope_base_swa: 0.0,
+            swa_layers: vec![false; n_layer],
+            attn_scale: None,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
+            expert_weights_norm: false,
+        })
+    }
+
     pub fn from_gguf(g: &GgufFile) -> Result<HParams> {
         let file = g.path.display().to_string();
         let err = |msg: String| EngineError::Model {
