@@ -17,7 +17,8 @@ use std::time::Instant;
 pub struct BatchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Requests, one JSON object per line: `prompt` (text) or `messages` ([{role, content}]),
+    /// Requests, one JSON object per line: `prompt` (text), `messages` ([{role, content}]) or
+    /// `prompt_ids` (token ids, as they are: no BOS added),
     /// optional `id`, `max_tokens`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`,
     /// `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `repeat_last_n`, `ignore_eos`.
     #[arg(long, short = 'i')]
@@ -50,7 +51,7 @@ struct Parsed {
 }
 
 const FIELDS: &[&str] = &[
-    "id", "prompt", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
+    "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
     "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "ignore_eos",
 ];
 
@@ -78,8 +79,22 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
             x => Ok(x.map(|f| f as u64)),
         }
     };
+    let given = ["prompt", "messages", "prompt_ids"].iter().filter(|k| o.contains_key(**k)).count();
+    if given > 1 {
+        return Err("fields 'prompt', 'messages' and 'prompt_ids': give one".into());
+    }
     let prompt = match (o.get("prompt"), o.get("messages")) {
-        (Some(_), Some(_)) => return Err("fields 'prompt' and 'messages': give one, not both".into()),
+        _ if o.contains_key("prompt_ids") => {
+            let ids = o["prompt_ids"].as_array().ok_or("field 'prompt_ids': must be a list of token ids")?;
+            let n_vocab = model.hp.n_vocab as u64;
+            ids.iter()
+                .map(|x| match x.as_u64() {
+                    Some(t) if t < n_vocab => Ok(t as u32),
+                    _ => Err(format!("field 'prompt_ids': {x} is not a token id below {n_vocab}")),
+                })
+                .collect::<Result<Vec<u32>, String>>()?
+        }
+        (Some(_), Some(_)) => unreachable!("checked above"),
         (Some(Value::String(p)), None) => model.tokenizer.encode(p, true, true).map_err(|e| format!("field 'prompt': {e}"))?,
         (Some(_), None) => return Err("field 'prompt': must be a string".into()),
         (None, Some(Value::Array(m))) => {
