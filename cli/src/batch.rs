@@ -251,6 +251,9 @@ pub fn batch(a: BatchArgs) -> CliResult {
         }
     }
     out.flush()?;
+    if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1" || v == "2") {
+        eprintln!("{}", session.exec().stats().report());
+    }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "batch: {} requests in {secs:.2} s ({:.2} requests/s), {gen_tokens} tokens generated ({:.1} tokens/s), {steps} steps, --parallel {}",

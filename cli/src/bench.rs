@@ -53,6 +53,13 @@ pub struct BenchArgs {
     /// tpot_ms, peak_rss_bytes) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Sequences decoding together (comma-separated: a row each): the tg rows then measure
+    /// the aggregate tokens/s of N sequences taking one token each per batched step.
+    #[arg(long, value_delimiter = ',')]
+    pub sequences: Vec<usize>,
+    /// Tokens already in each sequence's cache before the timed tg steps (with --sequences).
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
@@ -65,6 +72,8 @@ pub struct BenchArgs {
 enum Test {
     Prompt(usize),
     Gen(usize),
+    /// `seqs` sequences, `gen` batched steps of one token each, after `depth` tokens each.
+    Multi { gen: usize, seqs: usize, depth: usize },
 }
 
 impl Test {
@@ -72,11 +81,21 @@ impl Test {
         match self {
             Test::Prompt(n) => format!("pp{n}"),
             Test::Gen(n) => format!("tg{n}"),
+            Test::Multi { gen, seqs, depth } => format!("tg{gen} x{seqs} @ d{depth}"),
         }
     }
+    /// Tokens one run produces (all sequences together).
     fn n_tokens(self) -> usize {
         match self {
             Test::Prompt(n) | Test::Gen(n) => n,
+            Test::Multi { gen, seqs, .. } => gen * seqs,
+        }
+    }
+    /// Context one sequence needs.
+    fn n_ctx(self) -> usize {
+        match self {
+            Test::Prompt(n) | Test::Gen(n) => n,
+            Test::Multi { gen, depth, .. } => gen + depth,
         }
     }
 }
@@ -109,6 +128,35 @@ fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliRes
             Ok(Sample {
                 secs,
                 first_secs: secs,
+            })
+        }
+        Test::Multi { gen, seqs, depth } => {
+            let mut all: Vec<engine::Sequence> =
+                (0..seqs).map(|_| s.new_sequence(gen + depth)).collect();
+            s.reserve_step(seqs.max(depth.min(512)), seqs);
+            for q in all.iter_mut() {
+                let pre = random_tokens(rng, model, depth);
+                for chunk in pre.chunks(512) {
+                    s.step(&mut [engine::Work { seq: q, tokens: chunk, n_out: 0 }])?;
+                }
+            }
+            let steps: Vec<Vec<u32>> = (0..gen).map(|_| random_tokens(rng, model, seqs)).collect();
+            let t0 = Instant::now();
+            let mut first_secs = 0.0;
+            for (i, toks) in steps.iter().enumerate() {
+                let mut work: Vec<engine::Work> = all
+                    .iter_mut()
+                    .zip(toks.chunks(1))
+                    .map(|(seq, t)| engine::Work { seq, tokens: t, n_out: 1 })
+                    .collect();
+                s.step(&mut work)?;
+                if i == 0 {
+                    first_secs = t0.elapsed().as_secs_f64();
+                }
+            }
+            Ok(Sample {
+                secs: t0.elapsed().as_secs_f64(),
+                first_secs,
             })
         }
         Test::Gen(_) => {
@@ -160,12 +208,17 @@ pub fn bench(a: BenchArgs) -> CliResult {
         .filter(|&&n| n > 0)
         .map(|&n| Test::Prompt(n))
         .collect();
-    tests.extend(
-        a.gen_tokens
-            .iter()
-            .filter(|&&n| n > 0)
-            .map(|&n| Test::Gen(n)),
-    );
+    for &n in a.gen_tokens.iter().filter(|&&n| n > 0) {
+        if a.sequences.is_empty() {
+            tests.push(Test::Gen(n));
+        }
+        for &seqs in &a.sequences {
+            if seqs == 0 {
+                return Err("--sequences: each count must be at least 1".into());
+            }
+            tests.push(Test::Multi { gen: n, seqs, depth: a.depth });
+        }
+    }
     if tests.is_empty() {
         return Err("nothing to measure: --prompt-tokens and --gen-tokens are all 0".into());
     }
@@ -179,7 +232,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         quiet: a.quiet,
     };
     let (_, model) = base.load()?;
-    let need = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
+    let need = tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
     let n_ctx = base
         .n_ctx(&model, Some(need.max(1)), need)
         .map_err(|e| format!("{e} (lower --prompt-tokens / --gen-tokens)"))?;
@@ -232,9 +285,10 @@ fn row(
     let (avg_ts, stddev_ts) = mean_sd(&ts);
     let (avg_ns, stddev_ns) = mean_sd(&ns);
     let ttft: Vec<f64> = samples.iter().map(|x| x.first_secs * 1e3).collect();
-    let (n_prompt, n_gen) = match test {
-        Test::Prompt(p) => (p, 0),
-        Test::Gen(g) => (0, g),
+    let (n_prompt, n_gen, n_seq, n_depth) = match test {
+        Test::Prompt(p) => (p, 0, 1, 0),
+        Test::Gen(g) => (0, g, 1, 0),
+        Test::Multi { gen, seqs, depth } => (0, gen, seqs, depth),
     };
     serde_json::json!({
         "build_commit": option_env!("MOLLM_GIT_COMMIT").unwrap_or("unknown"),
@@ -248,7 +302,8 @@ fn row(
         "type_v": "f32",
         "n_prompt": n_prompt,
         "n_gen": n_gen,
-        "n_depth": 0,
+        "n_depth": n_depth,
+        "n_seq": n_seq,
         "test_time": now_rfc3339(),
         "avg_ns": avg_ns.round() as u64,
         "stddev_ns": stddev_ns.round() as u64,
@@ -298,6 +353,8 @@ fn print_table(rows: &[serde_json::Value]) {
     for r in rows {
         let test = if r["n_prompt"].as_u64() > Some(0) {
             format!("pp{}", r["n_prompt"])
+        } else if r["n_seq"].as_u64() > Some(1) || r["n_depth"].as_u64() > Some(0) {
+            format!("tg{} x{} @ d{}", r["n_gen"], r["n_seq"], r["n_depth"])
         } else {
             format!("tg{}", r["n_gen"])
         };
