@@ -172,6 +172,9 @@ pub const ATTENTION_FIXED: &[AttentionShape] = &[
 ];
 
 /// How many fixed cases `op` has.
+/// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
+pub const CASES_VERSION: u32 = 2;
+
 pub fn fixed_count(op: Op) -> u64 {
     match op {
         Op::Attention => ATTENTION_FIXED.len() as u64,

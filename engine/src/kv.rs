@@ -6,6 +6,7 @@ use abi::{DType, TensorDesc};
 /// Cache rows come in pages of this many (llama.cpp's KV padding).
 pub const KV_PAGE: usize = 256;
 
+#[derive(Clone)]
 pub struct CacheTensor {
     data: Vec<u8>,
     dtype: DType,
@@ -37,11 +38,13 @@ impl CacheTensor {
     }
 }
 
+#[derive(Clone)]
 pub struct LayerCache {
     pub k: CacheTensor,
     pub v: CacheTensor,
 }
 
+#[derive(Clone)]
 pub struct KvCache {
     pub layers: Vec<LayerCache>,
     pub n_ctx: usize,

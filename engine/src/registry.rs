@@ -652,17 +652,23 @@ pub fn gate_cache_dir() -> Option<PathBuf> {
     Some(base.join("mollm").join("gate"))
 }
 
-/// The cache file for `lib`'s verdict: keyed by the library's bytes, this host's ABI version
-/// and case count, and the CPU signature.
+/// The cache file for `lib`'s verdict: keyed by the library's bytes, this host's ABI version,
+/// the case set (version, counts) and the CPU signature.
 pub fn gate_cache_path(lib: &Path) -> Option<PathBuf> {
     let bytes = std::fs::read(lib).ok()?;
     let mut h = fnv1a(&bytes, 0xcbf2_9ce4_8422_2325);
+    // The case set too: a verdict on older cases is not a verdict on these.
+    let fixed: Vec<u64> = abi::Op::ALL
+        .iter()
+        .map(|&op| conformance::cases::fixed_count(op))
+        .collect();
     let host = format!(
-        "mollm {} abi {}.{} cases {}",
+        "mollm {} abi {}.{} cases {} v{} {fixed:?}",
         env!("CARGO_PKG_VERSION"),
         abi::ABI_MAJOR,
         abi::ABI_MINOR,
-        gate_cases()
+        gate_cases(),
+        conformance::cases::CASES_VERSION
     );
     h = fnv1a(host.as_bytes(), h);
     Some(gate_cache_dir()?.join(format!("{h:016x}-{}.json", cpu_signature())))

@@ -170,6 +170,22 @@ pub struct Sequence {
     pub history: Vec<u32>,
 }
 
+impl Sequence {
+    /// Forgets everything after `n` tokens (the next step writes from there).
+    pub fn truncate(&mut self, n: usize) {
+        self.history.truncate(n);
+        self.kv.truncate(n);
+    }
+
+    /// A copy that continues independently from the same state (its own cache).
+    pub fn fork(&self) -> Sequence {
+        Sequence {
+            kv: self.kv.clone(),
+            history: self.history.clone(),
+        }
+    }
+}
+
 /// One sequence's share of a batched step: `tokens` appended to it, logits for the last
 /// `n_out` of them.
 pub struct Work<'a> {

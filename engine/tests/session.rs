@@ -132,3 +132,47 @@ fn context_and_vocabulary_limits_are_errors() {
         .to_string();
     assert!(e.contains("empty prompt"), "{e}");
 }
+
+/// Greedy continuation of `seq` by `n` tokens, one batched step each, alone.
+fn greedy(s: &mut Session, seq: &mut engine::Sequence, first: u32, n: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut tok = first;
+    for _ in 0..n {
+        let logits = s
+            .step(&mut [engine::Work { seq, tokens: &[tok], n_out: 1 }])
+            .unwrap()
+            .to_vec();
+        tok = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as u32;
+        out.push(tok);
+    }
+    out
+}
+
+#[test]
+fn sequences_fork_and_truncate() {
+    let Some(m) = smollm2() else { return };
+    let mut s = Session::new(&m, &opts(64)).unwrap();
+    let ids = m.tokenizer.encode("The history of the city begins", true, true).unwrap();
+    let mut a = s.new_sequence(128);
+    s.step(&mut [engine::Work { seq: &mut a, tokens: &ids, n_out: 0 }]).unwrap();
+    let mut b = a.fork();
+    assert_eq!(b.history, a.history);
+    let ga = greedy(&mut s, &mut a, 11, 8);
+    let gb = greedy(&mut s, &mut b, 11, 8);
+    assert_eq!(ga, gb, "a fork continues exactly as the original");
+    // Truncated back to the prompt, a sequence regenerates the same tokens.
+    a.truncate(ids.len());
+    assert_eq!(a.history.len(), ids.len());
+    assert_eq!(greedy(&mut s, &mut a, 11, 8), ga);
+    // A fork diverging does not touch the original's cache.
+    let mut c = b.fork();
+    c.truncate(ids.len());
+    let gc = greedy(&mut s, &mut c, 42, 4);
+    b.truncate(ids.len());
+    assert_eq!(greedy(&mut s, &mut b, 11, 8), ga);
+    assert_eq!(gc.len(), 4);
+}
