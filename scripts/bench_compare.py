@@ -17,7 +17,7 @@ source GGUF on both engines.
 
 Usage: scripts/bench_compare.py --model A.gguf [--model B.gguf ...] [--prompt-tokens 256]
        [--gen 64] [--reps 5] [--warmup 1] [--threads 2] [--backend auto] [--llama-bench PATH]
-       [--convert w4g128]
+       [--convert w4g128] [--baseline OLD/mollm --rounds 3]
 mollm is target/release/mollm (or $CARGO_TARGET_DIR/release/mollm); llama-bench is --llama-bench,
 then PATH, then ~/.cache/mollm/llama.cpp-build/bin/llama-bench (scripts/build-llama-cpp.sh).
 """
@@ -37,8 +37,8 @@ def median_ts(row):
     return statistics.median(s) if s else row["avg_ts"]
 
 
-def mollm_rows(a, model):
-    out = subprocess.run([mollm_exe(), "bench", "-m", model, "-p", str(a.prompt_tokens), "-n", str(a.gen),
+def mollm_rows(a, model, exe=None):
+    out = subprocess.run([exe or mollm_exe(), "bench", "-m", model, "-p", str(a.prompt_tokens), "-n", str(a.gen),
                           "--warmup", str(a.warmup), "--reps", str(a.reps), "--threads", str(a.threads),
                           "--backend", a.backend, "--json", "--quiet"],
                          capture_output=True, text=True, check=True)
@@ -73,6 +73,9 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bench")
     p.add_argument("--convert")
+    p.add_argument("--baseline", help="another mollm binary (an older build), measured in the same run, "
+                   "interleaved with this one: rows say new / baseline")
+    p.add_argument("--rounds", type=int, default=1, help="with --baseline: alternate the two this many times")
     a = p.parse_args()
     print(f"pp{a.prompt_tokens} and tg{a.gen} from an empty context, random token ids, {a.threads} threads, "
           f"warm-up then {a.reps} runs, median tokens/s; mollm --backend {a.backend} (F32 KV cache), "
@@ -80,6 +83,8 @@ def main():
     print()
     if a.convert:
         return with_packages(a)
+    if a.baseline:
+        return against_baseline(a)
     print("| model | test | mollm t/s | llama.cpp t/s | mollm / llama.cpp |")
     print("|---|---|---:|---:|---:|")
     for model in a.model:
@@ -92,6 +97,23 @@ def main():
             ratio = f"{m / l:.2f}" if l else "n/a"
             print(f"| {name} | {test} | {m:.2f} | {ls} | {ratio} |", flush=True)
         print(f"<!-- {name}: mollm backends {backend} -->", flush=True)
+
+
+def against_baseline(a):
+    """This build against an older one, interleaved (baseline, new, baseline, new, ...), so drift
+    hits both alike; each figure is the median over the rounds of each run's median."""
+    print(f"| model | test | baseline t/s | this build t/s | this / baseline |")
+    print("|---|---|---:|---:|---:|")
+    for model in a.model:
+        runs = {"base": [], "new": []}
+        for _ in range(a.rounds):
+            runs["base"].append(mollm_rows(a, model, a.baseline))
+            runs["new"].append(mollm_rows(a, model))
+        name = os.path.basename(model)
+        for i, test in [(0, f"pp{a.prompt_tokens}"), (1, f"tg{a.gen}")]:
+            b = statistics.median(r[i] for r in runs["base"])
+            n = statistics.median(r[i] for r in runs["new"])
+            print(f"| {name} | {test} | {b:.2f} | {n:.2f} | {n / b:.2f} |", flush=True)
 
 
 def with_packages(a):

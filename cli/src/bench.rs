@@ -229,6 +229,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         libs: a.libs.clone(),
         threads: 0,
         batch: 512,
+        kv_type: crate::common::KvType::F32,
         quiet: a.quiet,
     };
     let (_, model) = base.load()?;

@@ -31,10 +31,20 @@ pub struct ModelArgs {
     /// Prompt tokens processed per step.
     #[arg(long, short = 'b', default_value_t = 512)]
     pub batch: usize,
+    /// K/V cache format: f32 computes what llama.cpp does with `-fa off -ctk f32 -ctv f32`,
+    /// f16 what it does with `-fa off` and its default F16 cache (half the memory).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_type: KvType,
     /// No progress bars or banners (progress bars are also off when stdout or stderr is not a
     /// terminal).
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -148,6 +158,10 @@ impl ModelArgs {
             n_batch: self.batch,
             n_threads: self.threads,
             backend: BackendChoice::parse(&self.backend),
+            kv_dtype: match self.kv_type {
+                KvType::F32 => abi::DType::F32,
+                KvType::F16 => abi::DType::F16,
+            },
             plugins: Some(engine::registry::PluginOptions {
                 libs: self.libs.backend_lib.clone(),
                 gate: engine::registry::GateRunner::self_exec()?,
