@@ -11,36 +11,10 @@ fn random(name: &str) -> Option<std::path::PathBuf> {
     Some(random_checkpoint(name))
 }
 
-/// The random checkpoint `name` under the model cache's `random/`, made by
-/// scripts/make-random-checkpoints.sh when missing (once per test binary); a failure says what
-/// is missing and how to get it.
-fn random_checkpoint(name: &str) -> std::path::PathBuf {
-    static MADE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-    let models = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => std::path::PathBuf::from(d),
-        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    };
-    let p = models.join("random").join(name);
-    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    if !p.exists() && !*made {
-        *made = true;
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-random-checkpoints.sh");
-        let o = std::process::Command::new(&script).output();
-        if let Ok(o) = &o {
-            if !o.status.success() {
-                eprintln!("{}", String::from_utf8_lossy(&o.stderr));
-            }
-        }
-    }
-    assert!(
-        p.exists(),
-        "{} is missing and {} could not make it (it needs python3 with numpy and gguf==0.19.0 from PyPI, and the models of scripts/fetch-models.sh)",
-        p.display(),
-        "scripts/make-random-checkpoints.sh"
-    );
-    p
-}
 
+#[path = "../../engine/tests/support/random.rs"]
+mod random_support;
+use random_support::random_checkpoint;
 
 #[test]
 fn a_hf_directory_runs_like_its_gguf() {

@@ -3,11 +3,31 @@
 //! rows that produce logits go through the last layer's FFN; final norm and output matrix.
 
 use super::HParams;
+use crate::exec::RopeParams;
 use crate::graph::build::{self, w, AttnSpec, Builder, TOKENS};
 use crate::graph::GraphFile;
 
 /// The FFN of one layer, on the normalized input.
 pub type Ffn<'a> = &'a dyn Fn(&mut Builder, &str, usize) -> String;
+
+/// Attention as the pre-norm decoders have it: rope of `rope_mode` over `n_rot` dimensions
+/// with the file's base and linear scaling, 1/sqrt(head_dim) inside the product, no window.
+pub fn attn_spec(hp: &HParams, rope_mode: i64, qkv_bias: bool, qk_norm: bool) -> AttnSpec {
+    let mut rope = RopeParams::new(rope_mode, hp.n_rot as i64, hp.rope_base, hp.n_ctx_train as i64);
+    rope.freq_scale = hp.rope_freq_scale;
+    AttnSpec {
+        head_dim: hp.head_dim,
+        n_head: hp.n_head,
+        n_head_kv: hp.n_head_kv,
+        eps: hp.eps,
+        rope,
+        window: 0,
+        kq_scale: 1.0 / (hp.head_dim as f32).sqrt(),
+        q_scale: None,
+        qkv_bias,
+        qk_norm,
+    }
+}
 
 /// Declares the hyper-parameters every graph names in its dimensions.
 pub fn constants(b: &mut Builder, hp: &HParams) {

@@ -3,26 +3,12 @@
 
 use super::{decoder, HParams};
 use crate::error::Result;
-use crate::exec::RopeParams;
-use crate::graph::build::{gated_ffn, AttnSpec};
+use crate::graph::build::gated_ffn;
 use crate::graph::GraphFile;
 use abi::{GLU_SILU, ROPE_NORMAL};
 
 pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
-    let mut rope = RopeParams::new(ROPE_NORMAL, hp.n_rot as i64, hp.rope_base, hp.n_ctx_train as i64);
-    rope.freq_scale = hp.rope_freq_scale;
-    let spec = AttnSpec {
-        head_dim: hp.head_dim,
-        n_head: hp.n_head,
-        n_head_kv: hp.n_head_kv,
-        eps: hp.eps,
-        rope,
-        window: 0,
-        kq_scale: 1.0 / (hp.head_dim as f32).sqrt(),
-        q_scale: None,
-        qkv_bias: false,
-        qk_norm: false,
-    };
+    let spec = decoder::attn_spec(hp, ROPE_NORMAL, false, false);
     let ffn = |b: &mut _, x: &str, il| gated_ffn(b, x, il, GLU_SILU);
     Ok(decoder::pre_norm(hp, &spec, &ffn, has))
 }
