@@ -94,3 +94,34 @@ fn gemma3_batched_equals_alone_on_native_backends() {
     let natives: Vec<String> = test_backends().into_iter().filter(|b| b != "reference").collect();
     check("gemma3-270m-q4_k_m.gguf", &natives);
 }
+
+/// The f16 K/V cache (`--kv-type f16`, llama.cpp's default cache type) computed natively:
+/// every backend generates what the reference does, alone and batched.
+#[test]
+fn f16_kv_cache_is_the_same_on_every_backend() {
+    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let input = tmp("f16.jsonl", REQUESTS.as_bytes());
+    let mut seen: Option<BTreeMap<String, Value>> = None;
+    for b in test_backends() {
+        // The reference (slow) once, batched; the native backends alone and batched.
+        let runs: &[&str] = if b == "reference" { &["4"] } else { &["1", "4"] };
+        for &parallel in runs {
+            let o = mollm(&[
+                "batch", "-m", m.to_str().unwrap(), "-i", input.to_str().unwrap(), "--kv-type", "f16",
+                "--parallel", parallel, "--batch", "16", "--backend", &b, "-t", "2",
+            ]);
+            assert!(o.status.success(), "{}", common::stderr(&o));
+            let got: BTreeMap<String, Value> = common::stdout(&o)
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .filter(|v| v.get("tokens").is_some())
+                .map(|v| (v["id"].as_str().unwrap().to_string(), v["tokens"].clone()))
+                .collect();
+            assert_eq!(got.len(), 6);
+            match &seen {
+                None => seen = Some(got),
+                Some(s) => assert_eq!(&got, s, "--kv-type f16 on {b}, --parallel {parallel}"),
+            }
+        }
+    }
+}

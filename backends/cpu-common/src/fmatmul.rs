@@ -111,6 +111,18 @@ pub(crate) fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     dot_body(Chain::VecF32, x, y)
 }
 
+/// `ggml_vec_dot_f16` on f16 values held as f32: the attention scores over an f16 K cache.
+#[inline(always)]
+pub(crate) fn vec_dot_f16(x: &[f32], y: &[f32]) -> f32 {
+    dot_body(Chain::VecF16, x, y)
+}
+
+/// tinyBLAS's one-accumulator tile dot: the attention scores over an f16 K cache (>= 2 queries).
+#[inline(always)]
+pub(crate) fn dot_tile(x: &[f32], y: &[f32]) -> f32 {
+    dot_body(Chain::Tile, x, y)
+}
+
 /// One output: 16-lane FMA accumulators (four of them for the vec_dot chains), lane `l`
 /// taking elements `16i + l`, reduced as ggml reduces a zmm; then the leftovers.
 #[inline(always)]

@@ -13,8 +13,9 @@
 //! element-wise loops for the target's baseline (NEON on AArch64).
 //!
 //! Supported: host memory, f32 tensors with packed elements (`nb[0] == 4`), any row strides.
-//! attention: f32 K/V caches only (f16 caches -> Unsupported). rope: no YaRN (`ext_factor !=
-//! 0` -> Unsupported). set_rows: f32 destination only.
+//! attention: f32 or f16 K/V caches (f16: the reference's ggml_vec_dot_f16 / tinyBLAS chains,
+//! q and the probabilities rounded to f16). rope: no YaRN (`ext_factor != 0` ->
+//! Unsupported). set_rows: f32 or f16 destination (round to nearest even).
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -145,7 +146,7 @@ fn layout(op: Op, t: &TensorDesc) -> Result<(), Error> {
 fn need_dtype(op: Op, t: &TensorDesc, dt: DType) -> Result<(), Error> {
     if t.dtype() != Some(dt) {
         return unsupported(format!(
-            "{}: {} operands are not implemented by the x86 backend",
+            "{}: {} operands are not implemented by this backend",
             op.schema().name,
             t.dtype().map(|d| d.to_string()).unwrap_or_default()
         ));
@@ -175,8 +176,11 @@ pub fn check(
             if p.i[1] < 0 {
                 return invalid(format!("attention: negative window {}", p.i[1]));
             }
-            for t in &inputs[..3] {
-                need_dtype(op, t, DType::F32)?;
+            need_dtype(op, &inputs[0], DType::F32)?;
+            for t in &inputs[1..3] {
+                if t.dtype() != Some(DType::F16) {
+                    need_dtype(op, t, DType::F32)?;
+                }
             }
             for t in [&inputs[0], &inputs[1], &inputs[2], &outputs[0]] {
                 if t.ne[3] != 1 {
@@ -205,8 +209,10 @@ pub fn check(
             }
         }
         Op::SetRows => {
-            need_dtype(op, &outputs[0], DType::F32)?;
-            need_dtype(op, &inputs[2], DType::F32)?;
+            if outputs[0].dtype() != Some(DType::F16) || inputs[2].dtype() != Some(DType::F16) {
+                need_dtype(op, &outputs[0], DType::F32)?;
+                need_dtype(op, &inputs[2], DType::F32)?;
+            }
         }
         Op::MatMul => unreachable!("handled by matmul"),
         _ => {}
@@ -215,7 +221,9 @@ pub fn check(
         if matches!(t.dtype(), Some(DType::F32) | Some(DType::I32)) {
             continue;
         }
-        if !matches!(op, Op::GetRows) {
+        // Tables of get_rows, f16 caches of attention and set_rows (checked above).
+        let f16_cache = t.dtype() == Some(DType::F16) && matches!(op, Op::Attention | Op::SetRows);
+        if !matches!(op, Op::GetRows) && !f16_cache {
             return unsupported(format!(
                 "{}: {} operands",
                 op.schema().name,
@@ -884,15 +892,25 @@ unsafe fn set_rows(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), 
         rows.push(r);
     }
     let k = dst.ne[0] as usize;
+    let f16 = dst.dtype() == Some(DType::F16);
+    let es = if f16 { 2 } else { 4 };
     if dst_in.data != dst.data || dst_in.nb != dst.nb {
         for r in 0..dst.ne[1] {
-            core::ptr::copy(row_ptr(&dst_in, r, 0, 0), row_ptr(&dst, r, 0, 0), 4 * k);
+            core::ptr::copy(row_ptr(&dst_in, r, 0, 0), row_ptr(&dst, r, 0, 0), es * k);
         }
     }
     let mut v = vec![0f32; k];
     for (i, &r) in rows.iter().enumerate() {
         read_into(&src, i as i64, 0, 0, &mut v);
-        write_from(&dst, r, 0, 0, &v);
+        if f16 {
+            // Packed f16 elements (checked by `layout`), rounded to nearest even.
+            let d = row_ptr(&dst, r, 0, 0) as *mut u16;
+            for (e, &x) in v.iter().enumerate() {
+                d.add(e).write_unaligned(quant::f32_to_fp16(x));
+            }
+        } else {
+            write_from(&dst, r, 0, 0, &v);
+        }
     }
     Ok(())
 }
@@ -1013,7 +1031,38 @@ struct Attn {
     scale: f32,
     softcap: f32,
     kqv_tile: bool,
+    /// f16 caches: q (for K) and the probabilities (for V) rounded to f16, and K's chain is
+    /// tinyBLAS when `kq_tile`, ggml_vec_dot_f16 otherwise.
+    k_f16: bool,
+    v_f16: bool,
+    kq_tile: bool,
     positions: Vec<i64>,
+}
+
+/// V row `(hk, j)` as f32: in place for an f32 cache, widened into `buf` for f16.
+#[inline(always)]
+unsafe fn v_row<'a>(v: &TensorDesc, hk: i64, j: usize, du: usize, buf: &'a mut [f32], f16: bool) -> &'a [f32] {
+    let p = row_ptr(v, hk, j as i64, 0);
+    if f16 {
+        widen_f16(p, buf);
+        buf
+    } else {
+        core::slice::from_raw_parts(p as *const f32, du)
+    }
+}
+
+/// An f16 cache row of `n` packed elements, widened exactly.
+#[inline(always)]
+unsafe fn widen_f16(p: *const u8, dst: &mut [f32]) {
+    let p = p as *const u16;
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = quant::fp16_to_f32(p.add(i).read_unaligned());
+    }
+}
+
+#[inline(always)]
+fn round_f16(x: f32) -> f32 {
+    quant::fp16_to_f32(quant::f32_to_fp16(x))
 }
 
 /// Output rows `(h, t)` for `h` in `h0..h1` (heads of one KV head) of attention, as
@@ -1035,6 +1084,14 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     for g in 0..nh {
         read_into(q, h0 + g as i64, t, 0, &mut qv[g * du..(g + 1) * du]);
     }
+    if a.k_f16 {
+        for x in qv.iter_mut() {
+            *x = round_f16(*x);
+        }
+    }
+    // Widened rows of f16 caches.
+    let mut krow = vec![0f32; if a.k_f16 { du } else { 0 }];
+    let mut vrow = vec![0f32; if a.v_f16 { du } else { 0 }];
     let len = if last < 0 {
         n_eff.min(16)
     } else {
@@ -1059,8 +1116,17 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             continue;
         }
         let kr = row_ptr(k, hk, j, 0) as *const f32;
+        if a.k_f16 {
+            widen_f16(kr as *const u8, &mut krow);
+        }
         for g in 0..nh {
-            let s = dot_vec_f32(a.isa, kr, qv.as_ptr().add(g * du), du);
+            let s = if !a.k_f16 {
+                dot_vec_f32(a.isa, kr, qv.as_ptr().add(g * du), du)
+            } else if a.kq_tile {
+                crate::fmatmul::dot_tile(&krow, &qv[g * du..(g + 1) * du])
+            } else {
+                crate::fmatmul::vec_dot_f16(&krow, &qv[g * du..(g + 1) * du])
+            };
             let s = if a.softcap > 0.0 {
                 ((s * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale
             } else {
@@ -1078,12 +1144,15 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         let inv = (1.0 / sum) as f32;
         for x in wg.iter_mut() {
             *x *= inv;
+            if a.v_f16 {
+                *x = round_f16(*x);
+            }
         }
     }
     let hs = du * lanes; // accumulator floats per head
     let mut acc = vec![0f32; hs * nh];
     for j in 0..simd_end.min(len) {
-        let vr = core::slice::from_raw_parts(row_ptr(v, hk, j as i64, 0) as *const f32, du);
+        let vr = v_row(v, hk, j, du, &mut vrow, a.v_f16);
         let lane = j % lanes;
         for g in 0..nh {
             let pj = w[g * len + j];
@@ -1126,19 +1195,37 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         fold!(0, 0, 1);
         res[g * du..(g + 1) * du].copy_from_slice(&acc[g * hs..g * hs + du]);
     }
-    // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA.
+    // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA (f32 V), or products
+    // summed in f64 (f16 V, ggml_vec_dot_f16's tail).
     if !a.kqv_tile && (np as i64) < n_eff && span > np {
+        let mut tail64: Vec<f64> = if a.v_f16 {
+            res.iter().map(|&x| x as f64).collect()
+        } else {
+            Vec::new()
+        };
         for j in np..(n_eff as usize) {
             if j as i64 >= n_kv {
                 continue; // padding: v treated as zero
             }
-            let vr = core::slice::from_raw_parts(row_ptr(v, hk, j as i64, 0) as *const f32, du);
+            let vr = v_row(v, hk, j, du, &mut vrow, a.v_f16);
             for g in 0..nh {
                 let pj = if j < len { w[g * len + j] } else { 0.0 };
-                let r = &mut res[g * du..(g + 1) * du];
-                for i in 0..du {
-                    r[i] = vr[i].mul_add(pj, r[i]);
+                if a.v_f16 {
+                    let r = &mut tail64[g * du..(g + 1) * du];
+                    for i in 0..du {
+                        r[i] += (vr[i] * pj) as f64;
+                    }
+                } else {
+                    let r = &mut res[g * du..(g + 1) * du];
+                    for i in 0..du {
+                        r[i] = vr[i].mul_add(pj, r[i]);
+                    }
                 }
+            }
+        }
+        if a.v_f16 {
+            for (r, &x) in res.iter_mut().zip(&tail64) {
+                *r = x as f32;
             }
         }
     }
@@ -1179,6 +1266,10 @@ unsafe fn attention(
         scale: p.f[0],
         softcap: p.f[1],
         kqv_tile: nt >= 2 && n_eff % 16 == 0 && d % 4 == 0,
+        k_f16: k.dtype() == Some(DType::F16),
+        v_f16: inputs[2].dtype() == Some(DType::F16),
+        // As reference::ops::attention: ggml's mul_mat choice for an f16 K.
+        kq_tile: k.dtype() == Some(DType::F16) && nt >= 2 && d % 16 == 0 && n_eff % 4 == 0,
         positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
     };
     // Tasks: (token, KV head, piece of its query heads). Whole groups share K/V loads best;
