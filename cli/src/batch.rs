@@ -51,21 +51,39 @@ struct Parsed {
 }
 
 const FIELDS: &[&str] = &[
-    "id", "prompt", "messages", "prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
-    "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "ignore_eos",
+    "id",
+    "prompt",
+    "messages",
+    "prompt_ids",
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seed",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_last_n",
+    "ignore_eos",
 ];
 
 fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String> {
     let v: Value = serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"))?;
     let o = v.as_object().ok_or("not a JSON object")?;
     if let Some(k) = o.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(format!("field '{k}': unknown (fields: {})", FIELDS.join(", ")));
+        return Err(format!(
+            "field '{k}': unknown (fields: {})",
+            FIELDS.join(", ")
+        ));
     }
     let num = |k: &str, lo: f64, hi: f64| -> Result<Option<f64>, String> {
         match o.get(k) {
             None | Some(Value::Null) => Ok(None),
             Some(x) => {
-                let f = x.as_f64().ok_or_else(|| format!("field '{k}': must be a number"))?;
+                let f = x
+                    .as_f64()
+                    .ok_or_else(|| format!("field '{k}': must be a number"))?;
                 if !(lo..=hi).contains(&f) {
                     return Err(format!("field '{k}': {f} is outside {lo}..={hi}"));
                 }
@@ -79,23 +97,33 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
             x => Ok(x.map(|f| f as u64)),
         }
     };
-    let given = ["prompt", "messages", "prompt_ids"].iter().filter(|k| o.contains_key(**k)).count();
+    let given = ["prompt", "messages", "prompt_ids"]
+        .iter()
+        .filter(|k| o.contains_key(**k))
+        .count();
     if given > 1 {
         return Err("fields 'prompt', 'messages' and 'prompt_ids': give one".into());
     }
     let prompt = match (o.get("prompt"), o.get("messages")) {
         _ if o.contains_key("prompt_ids") => {
-            let ids = o["prompt_ids"].as_array().ok_or("field 'prompt_ids': must be a list of token ids")?;
+            let ids = o["prompt_ids"]
+                .as_array()
+                .ok_or("field 'prompt_ids': must be a list of token ids")?;
             let n_vocab = model.hp.n_vocab as u64;
             ids.iter()
                 .map(|x| match x.as_u64() {
                     Some(t) if t < n_vocab => Ok(t as u32),
-                    _ => Err(format!("field 'prompt_ids': {x} is not a token id below {n_vocab}")),
+                    _ => Err(format!(
+                        "field 'prompt_ids': {x} is not a token id below {n_vocab}"
+                    )),
                 })
                 .collect::<Result<Vec<u32>, String>>()?
         }
         (Some(_), Some(_)) => unreachable!("checked above"),
-        (Some(Value::String(p)), None) => model.tokenizer.encode(p, true, true).map_err(|e| format!("field 'prompt': {e}"))?,
+        (Some(Value::String(p)), None) => model
+            .tokenizer
+            .encode(p, true, true)
+            .map_err(|e| format!("field 'prompt': {e}"))?,
         (Some(_), None) => return Err("field 'prompt': must be a string".into()),
         (None, Some(Value::Array(m))) => {
             let mut msgs = Vec::with_capacity(m.len());
@@ -106,7 +134,10 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
                         .map(str::to_string)
                         .ok_or_else(|| format!("field 'messages[{i}].{k}': must be a string"))
                 };
-                msgs.push(ChatMessage { role: get("role")?, content: get("content")? });
+                msgs.push(ChatMessage {
+                    role: get("role")?,
+                    content: get("content")?,
+                });
             }
             chat_tokens(model, &msgs, true).map_err(|e| format!("field 'messages': {e}"))?
         }
@@ -124,8 +155,10 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
         top_p: num("top_p", 0.0, 1.0)?.map_or(d.top_p, |f| f as f32),
         min_p: num("min_p", 0.0, 1.0)?.map_or(d.min_p, |f| f as f32),
         repeat_penalty: num("repeat_penalty", 0.0, 100.0)?.map_or(d.repeat_penalty, |f| f as f32),
-        presence_penalty: num("presence_penalty", -100.0, 100.0)?.map_or(d.presence_penalty, |f| f as f32),
-        frequency_penalty: num("frequency_penalty", -100.0, 100.0)?.map_or(d.frequency_penalty, |f| f as f32),
+        presence_penalty: num("presence_penalty", -100.0, 100.0)?
+            .map_or(d.presence_penalty, |f| f as f32),
+        frequency_penalty: num("frequency_penalty", -100.0, 100.0)?
+            .map_or(d.frequency_penalty, |f| f as f32),
         repeat_last_n: int("repeat_last_n", 1e9)?.map_or(d.repeat_last_n, |x| x as usize),
         seed,
     };
@@ -148,8 +181,8 @@ pub fn batch(a: BatchArgs) -> CliResult {
         return Err("--parallel must be at least 1".into());
     }
     let (_path, model) = a.model.load()?;
-    let text = std::fs::read_to_string(&a.input)
-        .map_err(|e| format!("{}: {e}", a.input.display()))?;
+    let text =
+        std::fs::read_to_string(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
     let budget = a.ctx.unwrap_or((4096 * a.parallel).min(65536));
     if budget == 0 {
         return Err("--ctx must be at least 1".into());
@@ -225,9 +258,20 @@ pub fn batch(a: BatchArgs) -> CliResult {
         for e in events.drain(..) {
             match e {
                 Event::Token { .. } => gen_tokens += 1,
-                Event::Done { id, finish, prompt_tokens, tokens, timings } => {
+                Event::Done {
+                    id,
+                    finish,
+                    prompt_tokens,
+                    tokens,
+                    timings,
+                } => {
                     let text = model.tokenizer.decode(
-                        tokens.iter().copied().filter(|&t| !model.tokenizer.is_eog(t)).collect::<Vec<_>>().as_slice(),
+                        tokens
+                            .iter()
+                            .copied()
+                            .filter(|&t| !model.tokenizer.is_eog(t))
+                            .collect::<Vec<_>>()
+                            .as_slice(),
                     );
                     let dec = tokens.len().saturating_sub(1);
                     let mut m = Map::new();

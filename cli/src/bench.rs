@@ -73,7 +73,11 @@ enum Test {
     Prompt(usize),
     Gen(usize),
     /// `seqs` sequences, `gen` batched steps of one token each, after `depth` tokens each.
-    Multi { gen: usize, seqs: usize, depth: usize },
+    Multi {
+        gen: usize,
+        seqs: usize,
+        depth: usize,
+    },
 }
 
 impl Test {
@@ -137,7 +141,11 @@ fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliRes
             for q in all.iter_mut() {
                 let pre = random_tokens(rng, model, depth);
                 for chunk in pre.chunks(512) {
-                    s.step(&mut [engine::Work { seq: q, tokens: chunk, n_out: 0 }])?;
+                    s.step(&mut [engine::Work {
+                        seq: q,
+                        tokens: chunk,
+                        n_out: 0,
+                    }])?;
                 }
             }
             let steps: Vec<Vec<u32>> = (0..gen).map(|_| random_tokens(rng, model, seqs)).collect();
@@ -147,7 +155,11 @@ fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliRes
                 let mut work: Vec<engine::Work> = all
                     .iter_mut()
                     .zip(toks.chunks(1))
-                    .map(|(seq, t)| engine::Work { seq, tokens: t, n_out: 1 })
+                    .map(|(seq, t)| engine::Work {
+                        seq,
+                        tokens: t,
+                        n_out: 1,
+                    })
                     .collect();
                 s.step(&mut work)?;
                 if i == 0 {
@@ -216,7 +228,11 @@ pub fn bench(a: BenchArgs) -> CliResult {
             if seqs == 0 {
                 return Err("--sequences: each count must be at least 1".into());
             }
-            tests.push(Test::Multi { gen: n, seqs, depth: a.depth });
+            tests.push(Test::Multi {
+                gen: n,
+                seqs,
+                depth: a.depth,
+            });
         }
     }
     if tests.is_empty() {

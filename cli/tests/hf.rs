@@ -11,7 +11,6 @@ fn random(name: &str) -> Option<std::path::PathBuf> {
     Some(random_checkpoint(name))
 }
 
-
 #[path = "../../engine/tests/support/random.rs"]
 mod random_support;
 use random_support::random_checkpoint;

@@ -51,7 +51,10 @@ pub struct SeqTimings {
 
 #[derive(Debug)]
 pub enum Event {
-    Token { id: usize, token: u32 },
+    Token {
+        id: usize,
+        token: u32,
+    },
     Done {
         id: usize,
         finish: Finish,
@@ -60,7 +63,10 @@ pub enum Event {
         timings: SeqTimings,
     },
     /// The request cannot run (it exceeds the KV budget, the context, ...); others go on.
-    Failed { id: usize, msg: String },
+    Failed {
+        id: usize,
+        msg: String,
+    },
 }
 
 pub struct SchedOptions {
@@ -130,7 +136,9 @@ impl Scheduler {
     pub fn step(&mut self, s: &mut Session, events: &mut Vec<Event>) -> Result<()> {
         let n_vocab = s.model().hp.n_vocab;
         while self.active.len() < self.opts.parallel.max(1) {
-            let Some((r, _)) = self.queue.front() else { break };
+            let Some((r, _)) = self.queue.front() else {
+                break;
+            };
             let n = need(r);
             let fail = if r.prompt.is_empty() {
                 Some("the prompt is empty".to_string())
@@ -149,7 +157,9 @@ impl Scheduler {
                     self.opts.kv_budget
                 ))
             } else if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= n_vocab) {
-                Some(format!("token id {bad} outside the vocabulary of {n_vocab}"))
+                Some(format!(
+                    "token id {bad} outside the vocabulary of {n_vocab}"
+                ))
             } else {
                 None
             };
@@ -204,7 +214,13 @@ impl Scheduler {
         let mut meta: Vec<(usize, usize)> = Vec::with_capacity(order.len()); // (active index, n tokens)
         for &i in &order {
             let a = slots[i].take().expect("each sequence once");
-            let Active { req, seq, fed, next, .. } = a;
+            let Active {
+                req,
+                seq,
+                fed,
+                next,
+                ..
+            } = a;
             let (tokens, n_out): (&[u32], usize) = if *fed == req.prompt.len() {
                 (&next[..], 1)
             } else {
@@ -238,7 +254,10 @@ impl Scheduler {
             a.first.get_or_insert(now);
             a.out.push(tok);
             a.next = [tok];
-            events.push(Event::Token { id: a.req.id, token: tok });
+            events.push(Event::Token {
+                id: a.req.id,
+                token: tok,
+            });
             let eog = a.req.stop_at_eog && s.model().tokenizer.is_eog(tok);
             if eog || a.out.len() >= a.req.max_tokens {
                 done.push((i, if eog { Finish::Stop } else { Finish::Length }));

@@ -37,8 +37,13 @@ impl Model {
         let (hp, graph) = match gguf.get_str(loader::package::GRAPH_KEY)? {
             Some(text) => {
                 let file = gguf.path.display().to_string();
-                let g = crate::graph::GraphFile::from_json(text.as_bytes(), &file)
-                    .map_err(|msg| EngineError::Model { file: file.clone(), msg })?;
+                let g =
+                    crate::graph::GraphFile::from_json(text.as_bytes(), &file).map_err(|msg| {
+                        EngineError::Model {
+                            file: file.clone(),
+                            msg,
+                        }
+                    })?;
                 (HParams::from_graph(&g, &gguf)?, g)
             }
             None => {
@@ -292,9 +297,12 @@ impl<'m> Session<'m> {
                 kv: &mut w.seq.kv,
             })
             .collect();
-        let out = self
-            .runner
-            .step(&self.model.program, &self.exec, &self.step_tokens, &mut seqs)?;
+        let out = self.runner.step(
+            &self.model.program,
+            &self.exec,
+            &self.step_tokens,
+            &mut seqs,
+        )?;
         for w in work.iter_mut() {
             w.seq.history.extend_from_slice(w.tokens);
         }

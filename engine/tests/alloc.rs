@@ -36,9 +36,11 @@ unsafe impl GlobalAlloc for Counting {
 static A: Counting = Counting;
 
 fn model() -> Option<Model> {
-    let dir = std::env::var("MOLLM_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mollm/models")
-    });
+    let dir = std::env::var("MOLLM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mollm/models")
+        });
     let p = dir.join("smollm2-135m-instruct-q4_1.gguf");
     if !p.exists() {
         assert!(

@@ -139,13 +139,20 @@ fn greedy(s: &mut Session, seq: &mut engine::Sequence, first: u32, n: usize) -> 
     let mut tok = first;
     for _ in 0..n {
         let logits = s
-            .step(&mut [engine::Work { seq, tokens: &[tok], n_out: 1 }])
+            .step(&mut [engine::Work {
+                seq,
+                tokens: &[tok],
+                n_out: 1,
+            }])
             .unwrap()
             .to_vec();
         tok = logits
             .iter()
             .enumerate()
-            .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
             .0 as u32;
         out.push(tok);
     }
@@ -156,9 +163,17 @@ fn greedy(s: &mut Session, seq: &mut engine::Sequence, first: u32, n: usize) -> 
 fn sequences_fork_and_truncate() {
     let Some(m) = smollm2() else { return };
     let mut s = Session::new(&m, &opts(64)).unwrap();
-    let ids = m.tokenizer.encode("The history of the city begins", true, true).unwrap();
+    let ids = m
+        .tokenizer
+        .encode("The history of the city begins", true, true)
+        .unwrap();
     let mut a = s.new_sequence(128);
-    s.step(&mut [engine::Work { seq: &mut a, tokens: &ids, n_out: 0 }]).unwrap();
+    s.step(&mut [engine::Work {
+        seq: &mut a,
+        tokens: &ids,
+        n_out: 0,
+    }])
+    .unwrap();
     let mut b = a.fork();
     assert_eq!(b.history, a.history);
     let ga = greedy(&mut s, &mut a, 11, 8);

@@ -145,9 +145,14 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
         params: &OpParams,
     ) -> Result<(), Error> {
         match op {
-            Op::MatMul => {
-                matmul::run(Self::path(), host, false, inputs, outputs, params.i[0].max(0) as usize)
-            }
+            Op::MatMul => matmul::run(
+                Self::path(),
+                host,
+                false,
+                inputs,
+                outputs,
+                params.i[0].max(0) as usize,
+            ),
             _ => mollm_cpu_common::ops::run(
                 mollm_cpu_common::ops::Isa::Portable,
                 host,
@@ -193,7 +198,14 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
     ) -> Result<(), Error> {
         // The table's `compute` ran `check_prepared` on this call already (one layout).
         let _ = (kind, op);
-        matmul::run(Self::path(), host, true, inputs, outputs, params.i[0].max(0) as usize)
+        matmul::run(
+            Self::path(),
+            host,
+            true,
+            inputs,
+            outputs,
+            params.i[0].max(0) as usize,
+        )
     }
 }
 

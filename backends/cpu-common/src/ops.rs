@@ -1041,7 +1041,14 @@ struct Attn {
 
 /// V row `(hk, j)` as f32: in place for an f32 cache, widened into `buf` for f16.
 #[inline(always)]
-unsafe fn v_row<'a>(v: &TensorDesc, hk: i64, j: usize, du: usize, buf: &'a mut [f32], f16: bool) -> &'a [f32] {
+unsafe fn v_row<'a>(
+    v: &TensorDesc,
+    hk: i64,
+    j: usize,
+    du: usize,
+    buf: &'a mut [f32],
+    f16: bool,
+) -> &'a [f32] {
     let p = row_ptr(v, hk, j as i64, 0);
     if f16 {
         widen_f16(p, buf);

@@ -289,7 +289,13 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
                 op.schema().name
             )));
         }
-        matmul::check_prepared(Isa::from_u8(ISA), kind, inputs, outputs, params.i[0].max(0) as usize)
+        matmul::check_prepared(
+            Isa::from_u8(ISA),
+            kind,
+            inputs,
+            outputs,
+            params.i[0].max(0) as usize,
+        )
     }
 
     unsafe fn compute_prepared(
@@ -306,7 +312,14 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
             return wr16::run(host, inputs, outputs);
         }
         let repacked = kind == matmul::KIND_Q4K16;
-        matmul::run_weights(Isa::from_u8(ISA), host, repacked, inputs, outputs, params.i[0].max(0) as usize)
+        matmul::run_weights(
+            Isa::from_u8(ISA),
+            host,
+            repacked,
+            inputs,
+            outputs,
+            params.i[0].max(0) as usize,
+        )
     }
 }
 

@@ -290,7 +290,9 @@ pub unsafe fn run_weights(
             if repacked {
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
-                    repacked_cols(r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf)
+                    repacked_cols(
+                        r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
+                    )
                 };
             } else if c0 < n16 * PACKED_COLS {
                 let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();

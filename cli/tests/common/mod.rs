@@ -137,4 +137,3 @@ pub fn test_backends() -> Vec<String> {
     }
     out
 }
-

@@ -185,9 +185,17 @@ pub fn attention(b: &mut Builder, x: &str, il: usize, s: &AttnSpec) -> V {
     let n = |t: &str| w(&format!("blk.{il}.{t}"));
     let layer = b.kv_layer(s.head_dim, s.n_head_kv);
     let proj = |b: &mut Builder, what: &str, heads: &str| {
-        let mut y = b.matmul(&format!("{what}cur"), &n(&format!("attn_{}.weight", what.to_lowercase())), x);
+        let mut y = b.matmul(
+            &format!("{what}cur"),
+            &n(&format!("attn_{}.weight", what.to_lowercase())),
+            x,
+        );
         if s.qkv_bias {
-            y = b.add(&format!("{what}cur"), &y, &n(&format!("attn_{}.bias", what.to_lowercase())));
+            y = b.add(
+                &format!("{what}cur"),
+                &y,
+                &n(&format!("attn_{}.bias", what.to_lowercase())),
+            );
         }
         b.reshape(&format!("{what}cur"), &y, &["head_dim", heads, "T"])
     };
@@ -222,7 +230,13 @@ pub fn moe_ffn(b: &mut Builder, x: &str, il: usize, n_used: usize, norm: bool, a
     b.node(
         "ffn_moe_out",
         "moe_ffn",
-        &[x, &n("ffn_gate_inp"), &n("ffn_gate_exps"), &n("ffn_up_exps"), &n("ffn_down_exps")],
+        &[
+            x,
+            &n("ffn_gate_inp"),
+            &n("ffn_gate_exps"),
+            &n("ffn_up_exps"),
+            &n("ffn_down_exps"),
+        ],
         &[
             ("n_used", n_used as f64),
             ("norm_weights", if norm { 1.0 } else { 0.0 }),
@@ -240,6 +254,10 @@ pub fn select_outputs(b: &mut Builder, name: &str, x: &str) -> V {
 pub fn logits(b: &mut Builder, x: &str, eps: f32, has_output: bool) -> V {
     b.layer(None);
     let normed = b.rms_norm("result_norm", x, &w("output_norm.weight"), eps);
-    let out = if has_output { "output.weight" } else { "token_embd.weight" };
+    let out = if has_output {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
     b.matmul("result_output", &w(out), &normed)
 }

@@ -59,10 +59,18 @@ impl Lin {
     pub fn to_expr(self) -> String {
         let mut parts = Vec::new();
         if self.t != 0 {
-            parts.push(if self.t == 1 { "T".to_string() } else { format!("{}*T", self.t) });
+            parts.push(if self.t == 1 {
+                "T".to_string()
+            } else {
+                format!("{}*T", self.t)
+            });
         }
         if self.o != 0 {
-            parts.push(if self.o == 1 { "O".to_string() } else { format!("{}*O", self.o) });
+            parts.push(if self.o == 1 {
+                "O".to_string()
+            } else {
+                format!("{}*O", self.o)
+            });
         }
         if self.c != 0 || parts.is_empty() {
             parts.push(self.c.to_string());
@@ -74,7 +82,10 @@ impl Lin {
 /// Parses a dimension expression. Errors say what is wrong with it.
 pub fn parse(expr: &str, consts: &BTreeMap<String, i64>) -> Result<Lin, String> {
     if expr.len() > 256 {
-        return Err(format!("dimension expression of {} bytes (limit 256)", expr.len()));
+        return Err(format!(
+            "dimension expression of {} bytes (limit 256)",
+            expr.len()
+        ));
     }
     let mut sum = Lin::k(0);
     for term in expr.split('+') {
@@ -92,7 +103,9 @@ pub fn parse(expr: &str, consts: &BTreeMap<String, i64>) -> Result<Lin, String> 
             } else if f.is_empty() {
                 return Err(format!("'{expr}': empty term"));
             } else {
-                return Err(format!("'{expr}': unknown name '{f}' (not T, O or a constant)"));
+                return Err(format!(
+                    "'{expr}': unknown name '{f}' (not T, O or a constant)"
+                ));
             };
             prod = prod
                 .mul(v)
@@ -112,7 +125,12 @@ pub fn parse(expr: &str, consts: &BTreeMap<String, i64>) -> Result<Lin, String> 
 pub type Shape = [Lin; 4];
 
 pub fn eval_shape(s: &Shape, t: i64, o: i64) -> [i64; 4] {
-    [s[0].eval(t, o), s[1].eval(t, o), s[2].eval(t, o), s[3].eval(t, o)]
+    [
+        s[0].eval(t, o),
+        s[1].eval(t, o),
+        s[2].eval(t, o),
+        s[3].eval(t, o),
+    ]
 }
 
 #[cfg(test)]
@@ -128,10 +146,14 @@ mod tests {
         assert_eq!(parse("T", &c).unwrap(), Lin::T);
         assert_eq!(parse(" 2*T + O + 3", &c).unwrap(), Lin { c: 3, t: 2, o: 1 });
         assert!(parse("T*O", &c).unwrap_err().contains("linear"));
-        assert!(parse("n_embd", &c).unwrap_err().contains("unknown name 'n_embd'"));
+        assert!(parse("n_embd", &c)
+            .unwrap_err()
+            .contains("unknown name 'n_embd'"));
         assert!(parse("T+", &c).unwrap_err().contains("empty"));
         assert!(parse("-1", &c).unwrap_err().contains("negative"));
-        assert!(parse("9223372036854775807*2", &c).unwrap_err().contains("overflows"));
+        assert!(parse("9223372036854775807*2", &c)
+            .unwrap_err()
+            .contains("overflows"));
         for l in [Lin::T, Lin::k(7), Lin { c: 3, t: 2, o: 1 }, Lin::O] {
             assert_eq!(parse(&l.to_expr(), &c).unwrap(), l);
         }

@@ -88,8 +88,8 @@ impl GraphFile {
     /// Parses a graph file; `what` names it in errors (a package path).
     pub fn from_json(text: &[u8], what: &str) -> Result<GraphFile, String> {
         // Version first, so a newer file gets a clear message rather than a field error.
-        let v: serde_json::Value =
-            serde_json::from_slice(text).map_err(|e| format!("{what}: graph is not valid JSON: {e}"))?;
+        let v: serde_json::Value = serde_json::from_slice(text)
+            .map_err(|e| format!("{what}: graph is not valid JSON: {e}"))?;
         match v.get("version").and_then(|x| x.as_u64()) {
             Some(n) if n == GRAPH_VERSION as u64 => {}
             Some(n) => {

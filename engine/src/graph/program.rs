@@ -91,7 +91,9 @@ fn fit(vals: &[[i64; 4]; 5]) -> Option<Shape> {
         let l = Lin {
             t: v21.wrapping_sub(v11),
             o: v12.wrapping_sub(v11),
-            c: v11.wrapping_sub(v21.wrapping_sub(v11)).wrapping_sub(v12.wrapping_sub(v11)),
+            c: v11
+                .wrapping_sub(v21.wrapping_sub(v11))
+                .wrapping_sub(v12.wrapping_sub(v11)),
         };
         if l.c < 0 || l.t < 0 || l.o < 0 {
             return None;
@@ -112,7 +114,11 @@ fn params_for(op: Op, n: &NodeDef) -> Result<OpParams, String> {
     for (k, &v) in &n.attrs {
         let a = schema.attrs.iter().find(|a| a.name == k).ok_or_else(|| {
             let names: Vec<&str> = schema.attrs.iter().map(|a| a.name).collect();
-            format!("{} has no attribute '{k}' (it has: {})", schema.name, names.join(", "))
+            format!(
+                "{} has no attribute '{k}' (it has: {})",
+                schema.name,
+                names.join(", ")
+            )
         })?;
         if !v.is_finite() {
             return Err(format!("attribute '{k}' is not a finite number"));
@@ -144,7 +150,9 @@ fn graph_attr(n: &NodeDef, k: &str) -> Result<f64, String> {
 fn graph_int(n: &NodeDef, k: &str, max: u64) -> Result<u64, String> {
     let v = graph_attr(n, k)?;
     if v.fract() != 0.0 || v < 0.0 || v > max as f64 {
-        return Err(format!("attribute '{k}' must be an integer in 0..={max}, got {v}"));
+        return Err(format!(
+            "attribute '{k}' must be an integer in 0..={max}, got {v}"
+        ));
     }
     Ok(v as u64)
 }
@@ -154,7 +162,11 @@ fn graph_int(n: &NodeDef, k: &str, max: u64) -> Result<u64, String> {
 pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, String> {
     let err = |node: &str, msg: String| format!("{file}: graph node '{node}': {msg}");
     if g.version != super::ir::GRAPH_VERSION {
-        return Err(format!("{file}: graph version {} is not {}", g.version, super::ir::GRAPH_VERSION));
+        return Err(format!(
+            "{file}: graph version {} is not {}",
+            g.version,
+            super::ir::GRAPH_VERSION
+        ));
     }
     if g.nodes.len() > MAX_NODES || g.kv_layers.len() > MAX_KV_LAYERS {
         return Err(format!(
@@ -166,14 +178,19 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
     let mut kv_layers = Vec::with_capacity(g.kv_layers.len());
     for (i, &[d, h]) in g.kv_layers.iter().enumerate() {
         if !(1..=1 << 16).contains(&d) || !(1..=1 << 12).contains(&h) {
-            return Err(format!("{file}: graph kv layer {i}: implausible geometry [{d}, {h}]"));
+            return Err(format!(
+                "{file}: graph kv layer {i}: implausible geometry [{d}, {h}]"
+            ));
         }
         kv_layers.push([d as usize, h as usize]);
     }
     let mut by_name: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if n.name.is_empty() || n.name.len() > 256 || n.name.starts_with(['$', '@']) {
-            return Err(format!("{file}: graph node {i}: bad name '{}'", n.name.escape_debug()));
+            return Err(format!(
+                "{file}: graph node {i}: bad name '{}'",
+                n.name.escape_debug()
+            ));
         }
         if by_name.insert(&n.name, i).is_some() {
             return Err(err(&n.name, "defined twice".into()));
@@ -258,7 +275,10 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
         } else {
             let op = Op::from_name(&n.op).ok_or_else(|| e(format!("unknown op '{}'", n.op)))?;
             if matches!(op, Op::SetRows | Op::Attention) {
-                return Err(e(format!("{} is run by kv_attention, not as a node", op.name())));
+                return Err(e(format!(
+                    "{} is run by kv_attention, not as a node",
+                    op.name()
+                )));
             }
             if !n.shape.is_empty() {
                 return Err(e("only reshape takes a shape".into()));
@@ -273,7 +293,9 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
                 )));
             }
             if op == Op::MatMul && !matches!(inputs[0], Src::Weight(_)) {
-                return Err(e("mat_mul's first operand must be a weight (`@name`)".into()));
+                return Err(e(
+                    "mat_mul's first operand must be a weight (`@name`)".into()
+                ));
             }
             let params = params_for(op, n).map_err(e)?;
             let out_dt = schema.outputs[0].dtypes[0];
@@ -283,14 +305,18 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
                     .iter()
                     .map(|(dt, sh)| {
                         if sh[pi][0] % dt.info().block_len as i64 != 0 {
-                            return Err(format!("an input of shape {:?} is not whole {dt} blocks", sh[pi]));
+                            return Err(format!(
+                                "an input of shape {:?} is not whole {dt} blocks",
+                                sh[pi]
+                            ));
                         }
                         Ok(sample_desc(*dt, sh[pi]))
                     })
                     .collect::<Result<_, String>>()
                     .map_err(e)?;
                 let shp: Vec<[i64; 4]> = descs.iter().map(|d| d.ne).collect();
-                let out = (schema.shape_rule)(&shp, &params).map_err(|m| e(format!("{}: {m}", schema.name)))?;
+                let out = (schema.shape_rule)(&shp, &params)
+                    .map_err(|m| e(format!("{}: {m}", schema.name)))?;
                 let od = sample_desc(out_dt, out[0]);
                 abi::validate(op, &descs, &[od], &params).map_err(e)?;
                 *s = out[0];
@@ -301,7 +327,9 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
         // Bounded at the largest step a runner takes, so that planning cannot overflow and
         // no graph asks for an absurd arena.
         let big = shape.iter().try_fold(1i64, |acc, l| {
-            let d = l.c.checked_add(l.t.checked_mul(MAX_STEP)?)?.checked_add(l.o.checked_mul(MAX_STEP)?)?;
+            let d =
+                l.c.checked_add(l.t.checked_mul(MAX_STEP)?)?
+                    .checked_add(l.o.checked_mul(MAX_STEP)?)?;
             acc.checked_mul(d)
         });
         if big.is_none_or(|n| n > MAX_ELEMS) {
@@ -323,8 +351,19 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
         .get(g.output.as_str())
         .ok_or_else(|| format!("{file}: graph output '{}' is not a node", g.output))?;
     let s = nodes[output].shape;
-    if nodes[output].dtype != DType::F32 || !s[0].is_const() || s[1] != Lin::O || s[2] != Lin::k(1) || s[3] != Lin::k(1) {
-        return Err(err(&g.output, format!("the output must be f32 [n_vocab, O], is [{}]", shape_str(&s))));
+    if nodes[output].dtype != DType::F32
+        || !s[0].is_const()
+        || s[1] != Lin::O
+        || s[2] != Lin::k(1)
+        || s[3] != Lin::k(1)
+    {
+        return Err(err(
+            &g.output,
+            format!(
+                "the output must be f32 [n_vocab, O], is [{}]",
+                shape_str(&s)
+            ),
+        ));
     }
     Ok(Program {
         file: g,
@@ -353,11 +392,15 @@ fn compile_graph_op(
     match n.op.as_str() {
         "reshape" => {
             if n.shape.is_empty() || n.shape.len() > 4 {
-                return Err(format!("reshape needs 1 to 4 dimensions, got {}", n.shape.len()));
+                return Err(format!(
+                    "reshape needs 1 to 4 dimensions, got {}",
+                    n.shape.len()
+                ));
             }
             let mut target = [Lin::k(1); 4];
             for (d, ex) in n.shape.iter().enumerate() {
-                target[d] = dim::parse(ex, &g.consts).map_err(|m| format!("shape dimension {d}: {m}"))?;
+                target[d] =
+                    dim::parse(ex, &g.consts).map_err(|m| format!("shape dimension {d}: {m}"))?;
             }
             let mut shapes = [[0i64; 4]; 5];
             for (pi, &(t, o)) in POINTS.iter().enumerate() {
@@ -365,7 +408,9 @@ fn compile_graph_op(
                 let src = info[0].1[pi];
                 let n = |v: &[i64; 4]| v.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
                 if n(&s).is_none() || n(&s) != n(&src) {
-                    return Err(format!("reshape of {src:?} to {s:?} changes the element count"));
+                    return Err(format!(
+                        "reshape of {src:?} to {s:?} changes the element count"
+                    ));
                 }
                 shapes[pi] = s;
             }
@@ -395,13 +440,28 @@ fn compile_graph_op(
                 }
                 shapes[pi] = [q[0] * q[1], t, 1, 1];
             }
-            Ok((Kind::KvAttention { layer, window, scale, softcap }, DType::F32, shapes))
+            Ok((
+                Kind::KvAttention {
+                    layer,
+                    window,
+                    scale,
+                    softcap,
+                },
+                DType::F32,
+                shapes,
+            ))
         }
         "moe_ffn" => {
             if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
                 return Err("router, gate, up and down must be weights".into());
             }
-            let (x, r, ga, up, dn) = (info[0].1[0], info[1].1[0], info[2].1[0], info[3].1[0], info[4].1[0]);
+            let (x, r, ga, up, dn) = (
+                info[0].1[0],
+                info[1].1[0],
+                info[2].1[0],
+                info[3].1[0],
+                info[4].1[0],
+            );
             let (e, nx, f) = (x[0], r[1], ga[1]);
             if r != [e, nx, 1, 1] || ga != [e, f, nx, 1] || up != ga || dn != [f, e, nx, 1] {
                 return Err(format!(

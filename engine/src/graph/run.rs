@@ -169,7 +169,8 @@ impl Runner {
         let mut row = 0;
         for s in seqs.iter() {
             let p0 = s.kv.n_past;
-            self.positions.extend((p0..p0 + s.n_tokens).map(|x| x as i32));
+            self.positions
+                .extend((p0..p0 + s.n_tokens).map(|x| x as i32));
             self.out_ids
                 .extend((row + s.n_tokens - s.n_out..row + s.n_tokens).map(|x| x as i32));
             row += s.n_tokens;
@@ -215,7 +216,14 @@ impl Runner {
                     } else {
                         None
                     };
-                    matmul_grouped(ex, &p.weights[wi], ins[1], out, params, groups.map(|g| &g[..]))
+                    matmul_grouped(
+                        ex,
+                        &p.weights[wi],
+                        ins[1],
+                        out,
+                        params,
+                        groups.map(|g| &g[..]),
+                    )
                 }
                 Kind::Abi(op, params) => ex.call_desc(op, ins, &[out], params),
                 Kind::Reshape => Ok(()),
@@ -257,7 +265,12 @@ impl Runner {
     }
 
     /// Column groups of a MoE node's input (tokens or output rows).
-    fn tok_groups_for(&self, _x: TensorDesc, node: &super::program::PNode, p: &Program) -> Vec<ColGroup> {
+    fn tok_groups_for(
+        &self,
+        _x: TensorDesc,
+        node: &super::program::PNode,
+        p: &Program,
+    ) -> Vec<ColGroup> {
         let col = match node.inputs[0] {
             Src::Node(j) => p.nodes[j].shape[1],
             _ => Default::default(),
@@ -386,10 +399,26 @@ mod tests {
         let mut g = Vec::new();
         col_groups([1, 1, 5, 1, 0, 1, 3].into_iter(), &mut g);
         let want = [
-            ColGroup { start: 0, len: 2, chain: 1 },
-            ColGroup { start: 2, len: 5, chain: 0 },
-            ColGroup { start: 7, len: 2, chain: 1 },
-            ColGroup { start: 9, len: 3, chain: 0 },
+            ColGroup {
+                start: 0,
+                len: 2,
+                chain: 1,
+            },
+            ColGroup {
+                start: 2,
+                len: 5,
+                chain: 0,
+            },
+            ColGroup {
+                start: 7,
+                len: 2,
+                chain: 1,
+            },
+            ColGroup {
+                start: 9,
+                len: 3,
+                chain: 0,
+            },
         ];
         assert_eq!(g, want);
     }

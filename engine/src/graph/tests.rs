@@ -98,11 +98,21 @@ fn the_plan_never_overlaps_live_values() {
     }
     last[plan.base[p.output]] = usize::MAX;
     for i in 0..n {
-        let live: Vec<usize> = (0..=i).filter(|&b| plan.base[b] == b && last[b] >= i).collect();
+        let live: Vec<usize> = (0..=i)
+            .filter(|&b| plan.base[b] == b && last[b] >= i)
+            .collect();
         for (x, &a) in live.iter().enumerate() {
             for &b in &live[x + 1..] {
-                let (ra, rb) = (plan.offset[a]..plan.offset[a] + size(a), plan.offset[b]..plan.offset[b] + size(b));
-                assert!(ra.end <= rb.start || rb.end <= ra.start, "at node {i}: {} and {} overlap", p.nodes[a].name, p.nodes[b].name);
+                let (ra, rb) = (
+                    plan.offset[a]..plan.offset[a] + size(a),
+                    plan.offset[b]..plan.offset[b] + size(b),
+                );
+                assert!(
+                    ra.end <= rb.start || rb.end <= ra.start,
+                    "at node {i}: {} and {} overlap",
+                    p.nodes[a].name,
+                    p.nodes[b].name
+                );
             }
         }
     }
@@ -131,24 +141,120 @@ fn node(g: &mut GraphFile, name: &str) -> usize {
 
 #[test]
 fn bad_graphs_are_refused_naming_the_node_and_the_problem() {
-    refused(|g| { let i = node(g, "attn_norm-1"); g.nodes[i].op = "frobnicate".into() }, &["'attn_norm-1'", "unknown op 'frobnicate'"]);
-    refused(|g| { let i = node(g, "ffn_gate-0"); g.nodes[i].inputs[0] = w("blk.0.nope.weight") }, &["'ffn_gate-0'", "weight 'blk.0.nope.weight' is not in the model"]);
-    refused(|g| { let i = node(g, "l_out-0"); g.nodes[i].inputs.pop(); }, &["'l_out-0'", "add takes 2 inputs, got 1"]);
-    refused(|g| { let i = node(g, "ffn_norm-0"); g.nodes[i].inputs[1] = w("q4.weight") }, &["'ffn_norm-0'", "does not accept q4_0"]);
-    refused(|g| { let i = node(g, "Kcur-0.1"); g.nodes[i].shape[1] = "n_heads".into() }, &["'Kcur-0.1'", "unknown name 'n_heads'"]);
-    refused(|g| { let i = node(g, "Kcur-0.1"); g.nodes[i].shape[1] = "n_head_kv*T".into() }, &["'Kcur-0.1'", "changes the element count"]);
-    refused(|g| { let i = node(g, "attn_norm-0"); g.nodes[i].inputs[0] = "l_out-1".into() }, &["'attn_norm-0'", "not computed before it"]);
-    refused(|g| { let i = node(g, "attn_norm-0"); g.nodes[i].inputs[0] = "ghost".into() }, &["'attn_norm-0'", "'ghost' is not a node"]);
-    refused(|g| { let i = node(g, "attn_norm-0"); g.nodes[i].attrs.insert("epsilon".into(), 1.0); }, &["'attn_norm-0'", "no attribute 'epsilon'"]);
-    refused(|g| { let i = node(g, "Qcur-0"); g.nodes[i].inputs.swap(0, 1) }, &["'Qcur-0'", "must be a weight"]);
-    refused(|g| { let i = node(g, "kqv_out-1"); g.nodes[i].attrs.insert("layer".into(), 0.0); }, &["'kqv_out-1'", "kv layer 0 is written by two nodes"]);
-    refused(|g| { let i = node(g, "kqv_out-0"); g.nodes[i].attrs.insert("layer".into(), 9.0); }, &["'kqv_out-0'", "'layer'"]);
-    refused(|g| { let n = g.nodes[3].clone(); g.nodes.push(n) }, &["defined twice"]);
-    refused(|g| g.output = "attn_norm-0".into(), &["'attn_norm-0'", "[n_vocab, O]"]);
-    refused(|g| g.output = "nowhere".into(), &["'nowhere' is not a node"]);
-    refused(|g| { let i = node(g, "Qcur-0.1"); g.nodes[i].shape = vec!["9223372036854775807".into(), "T".into()] }, &["'Qcur-0.1'", "element count"]);
+    refused(
+        |g| {
+            let i = node(g, "attn_norm-1");
+            g.nodes[i].op = "frobnicate".into()
+        },
+        &["'attn_norm-1'", "unknown op 'frobnicate'"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "ffn_gate-0");
+            g.nodes[i].inputs[0] = w("blk.0.nope.weight")
+        },
+        &[
+            "'ffn_gate-0'",
+            "weight 'blk.0.nope.weight' is not in the model",
+        ],
+    );
+    refused(
+        |g| {
+            let i = node(g, "l_out-0");
+            g.nodes[i].inputs.pop();
+        },
+        &["'l_out-0'", "add takes 2 inputs, got 1"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "ffn_norm-0");
+            g.nodes[i].inputs[1] = w("q4.weight")
+        },
+        &["'ffn_norm-0'", "does not accept q4_0"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "Kcur-0.1");
+            g.nodes[i].shape[1] = "n_heads".into()
+        },
+        &["'Kcur-0.1'", "unknown name 'n_heads'"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "Kcur-0.1");
+            g.nodes[i].shape[1] = "n_head_kv*T".into()
+        },
+        &["'Kcur-0.1'", "changes the element count"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "attn_norm-0");
+            g.nodes[i].inputs[0] = "l_out-1".into()
+        },
+        &["'attn_norm-0'", "not computed before it"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "attn_norm-0");
+            g.nodes[i].inputs[0] = "ghost".into()
+        },
+        &["'attn_norm-0'", "'ghost' is not a node"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "attn_norm-0");
+            g.nodes[i].attrs.insert("epsilon".into(), 1.0);
+        },
+        &["'attn_norm-0'", "no attribute 'epsilon'"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "Qcur-0");
+            g.nodes[i].inputs.swap(0, 1)
+        },
+        &["'Qcur-0'", "must be a weight"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "kqv_out-1");
+            g.nodes[i].attrs.insert("layer".into(), 0.0);
+        },
+        &["'kqv_out-1'", "kv layer 0 is written by two nodes"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "kqv_out-0");
+            g.nodes[i].attrs.insert("layer".into(), 9.0);
+        },
+        &["'kqv_out-0'", "'layer'"],
+    );
+    refused(
+        |g| {
+            let n = g.nodes[3].clone();
+            g.nodes.push(n)
+        },
+        &["defined twice"],
+    );
+    refused(
+        |g| g.output = "attn_norm-0".into(),
+        &["'attn_norm-0'", "[n_vocab, O]"],
+    );
+    refused(
+        |g| g.output = "nowhere".into(),
+        &["'nowhere' is not a node"],
+    );
+    refused(
+        |g| {
+            let i = node(g, "Qcur-0.1");
+            g.nodes[i].shape = vec!["9223372036854775807".into(), "T".into()]
+        },
+        &["'Qcur-0.1'", "element count"],
+    );
     let e = GraphFile::from_json(br#"{"version": 2, "nodes": []}"#, "p.mollm").unwrap_err();
-    assert!(e.contains("graph version 2, this mollm runs version 1"), "{e}");
+    assert!(
+        e.contains("graph version 2, this mollm runs version 1"),
+        "{e}"
+    );
 }
 
 /// A tiny xorshift, so the fuzz cases are the same every run.
@@ -198,7 +304,16 @@ fn corrupted_graphs_are_refused_without_panicking() {
             }
             1 => {
                 let v = [0.0, -1.0, 1e300, 2.5, 1e15, 4096.0][(rng(&mut s) % 6) as usize];
-                let k = ["eps", "n_dims", "layer", "window", "mode", "s", "act", "chain_cols"][(rng(&mut s) % 8) as usize];
+                let k = [
+                    "eps",
+                    "n_dims",
+                    "layer",
+                    "window",
+                    "mode",
+                    "s",
+                    "act",
+                    "chain_cols",
+                ][(rng(&mut s) % 8) as usize];
                 n.attrs.insert(k.into(), v);
             }
             2 => n.shape = vec!["T".into(); (rng(&mut s) % 5) as usize],

@@ -13,7 +13,12 @@ pub type Ffn<'a> = &'a dyn Fn(&mut Builder, &str, usize) -> String;
 /// Attention as the pre-norm decoders have it: rope of `rope_mode` over `n_rot` dimensions
 /// with the file's base and linear scaling, 1/sqrt(head_dim) inside the product, no window.
 pub fn attn_spec(hp: &HParams, rope_mode: i64, qkv_bias: bool, qk_norm: bool) -> AttnSpec {
-    let mut rope = RopeParams::new(rope_mode, hp.n_rot as i64, hp.rope_base, hp.n_ctx_train as i64);
+    let mut rope = RopeParams::new(
+        rope_mode,
+        hp.n_rot as i64,
+        hp.rope_base,
+        hp.n_ctx_train as i64,
+    );
     rope.freq_scale = hp.rope_freq_scale;
     AttnSpec {
         head_dim: hp.head_dim,
@@ -48,14 +53,24 @@ pub fn pre_norm(hp: &HParams, spec: &AttnSpec, ffn: Ffn, has: &dyn Fn(&str) -> b
     for il in 0..hp.n_layer {
         b.layer(Some(il));
         let mut inp_sa = inp_l.clone();
-        let normed = b.rms_norm("attn_norm", &inp_l, &w(&format!("blk.{il}.attn_norm.weight")), hp.eps);
+        let normed = b.rms_norm(
+            "attn_norm",
+            &inp_l,
+            &w(&format!("blk.{il}.attn_norm.weight")),
+            hp.eps,
+        );
         let mut cur = build::attention(&mut b, &normed, il, spec);
         if il == hp.n_layer - 1 {
             cur = build::select_outputs(&mut b, "attn_out_rows", &cur);
             inp_sa = build::select_outputs(&mut b, "inp_sa_rows", &inp_sa);
         }
         let ffn_inp = b.add("ffn_inp", &cur, &inp_sa);
-        let normed = b.rms_norm("ffn_norm", &ffn_inp, &w(&format!("blk.{il}.ffn_norm.weight")), hp.eps);
+        let normed = b.rms_norm(
+            "ffn_norm",
+            &ffn_inp,
+            &w(&format!("blk.{il}.ffn_norm.weight")),
+            hp.eps,
+        );
         let out = ffn(&mut b, &normed, il);
         inp_l = b.add("l_out", &out, &ffn_inp);
     }

@@ -38,7 +38,11 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
             n_head_kv: hp.n_head_kv,
             eps: hp.eps,
             // Linear rope scaling applies to the global layers only.
-            rope: if local { rope(hp.rope_base_swa, 1.0) } else { rope(hp.rope_base, hp.rope_freq_scale) },
+            rope: if local {
+                rope(hp.rope_base_swa, 1.0)
+            } else {
+                rope(hp.rope_base, hp.rope_freq_scale)
+            },
             window: if local { hp.n_swa } else { 0 },
             kq_scale: 1.0,
             q_scale: Some(q_scale),

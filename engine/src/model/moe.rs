@@ -39,7 +39,14 @@ pub(crate) fn run(
     let xs = unsafe { std::slice::from_raw_parts(x.data as *const f32, e * t) };
     let xa = Act::from_vec(xs.to_vec(), &[e as i64, t as i64]);
     let mut logits = Act::zeros(&[n_expert as i64, t as i64]);
-    matmul_grouped(ex, &router, xa.desc(), logits.desc_mut(), OpParams::default(), Some(groups))?;
+    matmul_grouped(
+        ex,
+        &router,
+        xa.desc(),
+        logits.desc_mut(),
+        OpParams::default(),
+        Some(groups),
+    )?;
     let probs = ex.softmax(&logits, 1.0)?;
     let routes = route(&probs, k, norm);
     // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.

@@ -7,13 +7,16 @@ pub fn random_checkpoint(name: &str) -> std::path::PathBuf {
     static MADE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let models = match std::env::var_os("MOLLM_MODELS_DIR") {
         Some(d) => std::path::PathBuf::from(d),
-        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
+        None => {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models")
+        }
     };
     let p = models.join("random").join(name);
     let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
     if !p.exists() && !*made {
         *made = true;
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-random-checkpoints.sh");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scripts/make-random-checkpoints.sh");
         let o = std::process::Command::new(&script).output();
         if let Ok(o) = &o {
             if !o.status.success() {
@@ -29,4 +32,3 @@ pub fn random_checkpoint(name: &str) -> std::path::PathBuf {
     );
     p
 }
-
