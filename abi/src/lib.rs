@@ -17,10 +17,12 @@
 pub mod cpu;
 mod dtype;
 mod ops;
+mod paged;
 mod table;
 mod tensor;
 
 pub use dtype::{DType, DTypeInfo};
 pub use ops::*;
+pub use paged::PagedRows;
 pub use table::*;
 pub use tensor::{TensorDesc, MAX_DIMS};

@@ -93,6 +93,8 @@ pub struct Operand {
     pub name: &'static str,
     pub dtypes: &'static [DType],
     pub doc: &'static str,
+    /// May be left off (only trailing inputs are optional): the call passes fewer inputs.
+    pub optional: bool,
 }
 
 pub type ShapeRule = fn(&[[i64; MAX_DIMS]], &OpParams) -> Result<Vec<[i64; MAX_DIMS]>, String>;
@@ -105,7 +107,15 @@ pub struct OpSchema {
     pub outputs: &'static [Operand],
     pub attrs: &'static [Attr],
     /// Output shapes from input shapes and attributes, or why the inputs do not fit together.
+    /// It sees the inputs the call passes (optional ones may be missing).
     pub shape_rule: ShapeRule,
+}
+
+impl OpSchema {
+    /// Inputs every call passes (the optional ones trail them).
+    pub fn required_inputs(&self) -> usize {
+        self.inputs.iter().filter(|o| !o.optional).count()
+    }
 }
 
 /// Weight formats a matmul or embedding lookup accepts.
@@ -143,6 +153,15 @@ macro_rules! operand {
             name: $name,
             dtypes: $dt,
             doc: $doc,
+            optional: false,
+        }
+    };
+    (optional $name:expr, $dt:expr, $doc:expr) => {
+        Operand {
+            name: $name,
+            dtypes: $dt,
+            doc: $doc,
+            optional: true,
         }
     };
 }
@@ -255,9 +274,31 @@ fn attention_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
     need(pos[0] == q[2], || {
         format!("positions must be [{}], got {:?}", q[2], pos)
     })?;
+    // Rows the sequence can address: the cache itself, or its pages.
+    let page = p.i[2];
+    let rows = match s.get(4) {
+        None => {
+            need(page == 0, || {
+                format!("page_rows {page} without a block_table")
+            })?;
+            k[2]
+        }
+        Some(t) => {
+            need(t[1] * t[2] * t[3] == 1, || {
+                format!("block_table must be 1-D, got {t:?}")
+            })?;
+            need(page > 0 && k[2] % page == 0, || {
+                format!(
+                    "page_rows {page} must be positive and divide the {} cache rows",
+                    k[2]
+                )
+            })?;
+            t[0].saturating_mul(page)
+        }
+    };
     let n_kv = p.i[0];
-    need(n_kv > 0 && n_kv <= k[2], || {
-        format!("n_kv {n_kv} outside the cache of {}", k[2])
+    need(n_kv > 0 && n_kv <= rows, || {
+        format!("n_kv {n_kv} outside the {rows} rows the call can address")
     })?;
     Ok(vec![q])
 }
@@ -378,7 +419,11 @@ pub static SCHEMAS: [OpSchema; 12] = [
         op: Op::Attention,
         name: "attention",
         doc: "Causal multi-head attention of queries q [D, Hq, T] over cache rows 0..n_kv of k \
-              and v [D, Hkv, C]; query head h reads kv head h / (Hq/Hkv) (GQA). Query t sees \
+              and v [D, Hkv, C]; query head h reads kv head h / (Hq/Hkv) (GQA). With a \
+              block_table the caches are a pool of pages of page_rows rows and the sequence's \
+              row j is pool row block_table[j / page_rows] * page_rows + j % page_rows (its \
+              C is then len(block_table) * page_rows); results equal the unpaged call on the \
+              gathered rows. Query t sees \
               cache row j iff j <= positions[t] and (window == 0 or positions[t] - j < window). \
               s_j = dot(k_j, q) (f32; with an f16 cache q is rounded to f16 first); if \
               softcap > 0, s = softcap * tanh(s / softcap); then s = s * scale (this order is \
@@ -394,11 +439,22 @@ pub static SCHEMAS: [OpSchema; 12] = [
                 I32,
                 "[T] absolute position of each query = its cache row"
             ),
+            operand!(
+                optional "block_table",
+                I32,
+                "[P] pool page of each page of the sequence (ABI 1.2)"
+            ),
         ],
         outputs: &[operand!("out", F32, "[D, Hq, T]")],
         attrs: &[
             attr!("n_kv", I64, 0, "valid cache rows"),
             attr!("window", I64, 1, "sliding window length; 0 = unlimited"),
+            attr!(
+                "page_rows",
+                I64,
+                2,
+                "rows per page with a block_table; 0 without"
+            ),
             attr!("scale", F32, 0, "applied to q.k"),
             attr!("softcap", F32, 1, "logit soft-capping; 0 = off"),
         ],
@@ -501,11 +557,16 @@ pub fn validate(
     params: &OpParams,
 ) -> Result<(), String> {
     let s = op.schema();
-    if inputs.len() != s.inputs.len() || outputs.len() != s.outputs.len() {
+    let (lo, hi) = (s.required_inputs(), s.inputs.len());
+    if !(lo..=hi).contains(&inputs.len()) || outputs.len() != s.outputs.len() {
+        let want = if lo == hi {
+            format!("{hi}")
+        } else {
+            format!("{lo} to {hi}")
+        };
         return Err(format!(
-            "{}: expects {} inputs and {} outputs, got {} and {}",
+            "{}: expects {want} inputs and {} outputs, got {} and {}",
             s.name,
-            s.inputs.len(),
             s.outputs.len(),
             inputs.len(),
             outputs.len()

@@ -17,8 +17,10 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 1;
+pub const ABI_MINOR: u16 = 2;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
+// Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
+// caches); a host passes them only to backends of minor 2 or later.
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 

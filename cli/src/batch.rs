@@ -36,6 +36,10 @@ pub struct BatchArgs {
     /// at most 65536].
     #[arg(long, short = 'c')]
     pub ctx: Option<usize>,
+    /// Compute every prompt in full instead of reusing the cached keys and values of whole
+    /// prompt chunks that earlier requests computed (the results are the same either way).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
     /// Defaults for requests that do not set them.
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -187,14 +191,14 @@ pub fn batch(a: BatchArgs) -> CliResult {
     if budget == 0 {
         return Err("--ctx must be at least 1".into());
     }
-    let mut session = a.model.session(&model, 1)?;
+    let mut session = a.model.session_with_pool(&model, 1, budget)?;
     let nb = a.model.batch.max(1);
     session.reserve_step(nb + a.parallel, a.parallel);
     let mut sched = Scheduler::new(SchedOptions {
         parallel: a.parallel,
-        kv_budget: budget,
         n_batch: nb,
         max_seq: model.hp.n_ctx_train,
+        prefix_cache: !a.no_prefix_cache,
     });
 
     // Every line gets a result slot; bad lines are filled at once.
@@ -236,7 +240,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
         None => Box::new(std::io::stdout().lock()),
     };
     let t0 = Instant::now();
-    let (mut written, mut gen_tokens, mut steps) = (0usize, 0usize, 0usize);
+    let (mut written, mut gen_tokens, mut steps, mut cached) = (0usize, 0usize, 0usize, 0usize);
     let mut events = Vec::new();
     loop {
         // Results go out in input order as soon as the ones before them are done.
@@ -262,6 +266,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
                     id,
                     finish,
                     prompt_tokens,
+                    cached_tokens,
                     tokens,
                     timings,
                 } => {
@@ -276,6 +281,8 @@ pub fn batch(a: BatchArgs) -> CliResult {
                     let dec = tokens.len().saturating_sub(1);
                     let mut m = Map::new();
                     m.insert("prompt_tokens".into(), json!(prompt_tokens));
+                    m.insert("cached_tokens".into(), json!(cached_tokens));
+                    cached += cached_tokens;
                     m.insert("completion_tokens".into(), json!(tokens.len()));
                     m.insert("tokens".into(), json!(tokens));
                     m.insert("text".into(), json!(text));
@@ -300,7 +307,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
     }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "batch: {} requests in {secs:.2} s ({:.2} requests/s), {gen_tokens} tokens generated ({:.1} tokens/s), {steps} steps, --parallel {}",
+        "batch: {} requests in {secs:.2} s ({:.2} requests/s), {gen_tokens} tokens generated ({:.1} tokens/s), {cached} prompt tokens from the prefix cache, {steps} steps, --parallel {}",
         results.len(),
         results.len() as f64 / secs.max(1e-9),
         gen_tokens as f64 / secs.max(1e-9),

@@ -250,6 +250,18 @@ pub fn bench(a: BenchArgs) -> CliResult {
     };
     let (_, model) = base.load()?;
     let need = tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
+    // Multi-sequence tests hold every sequence's pages at once.
+    let pool = tests
+        .iter()
+        .map(|t| match *t {
+            Test::Multi { gen, seqs, depth } => {
+                seqs * (gen + depth).next_multiple_of(engine::kv::KV_PAGE)
+            }
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+        .max(need);
     let n_ctx = base
         .n_ctx(&model, Some(need.max(1)), need)
         .map_err(|e| format!("{e} (lower --prompt-tokens / --gen-tokens)"))?;
@@ -263,7 +275,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 batch,
                 ..base.clone()
             };
-            let mut s = margs.session(&model, n_ctx)?;
+            let mut s = margs.session_with_pool(&model, n_ctx, pool)?;
             for &test in &tests {
                 let total = (a.warmup + a.reps) as u64;
                 let bar = crate::progress::bar(a.quiet, total, &test.name());

@@ -150,6 +150,17 @@ impl ModelArgs {
 
     /// A session on `model`: backends chosen and gated, KV cache for `n_ctx` tokens.
     pub fn session<'m>(&self, model: &'m Model, n_ctx: usize) -> CliResult<Session<'m>> {
+        self.session_with_pool(model, n_ctx, 0)
+    }
+
+    /// [`ModelArgs::session`] whose KV pool holds `pool_rows` positions for all its sequences
+    /// (0: `n_ctx`).
+    pub fn session_with_pool<'m>(
+        &self,
+        model: &'m Model,
+        n_ctx: usize,
+        pool_rows: usize,
+    ) -> CliResult<Session<'m>> {
         if self.batch == 0 {
             return Err("--batch must be at least 1".into());
         }
@@ -167,6 +178,7 @@ impl ModelArgs {
                 gate: engine::registry::GateRunner::self_exec()?,
                 require_native: self.require_native,
             }),
+            kv_pool_rows: pool_rows,
             ..Default::default()
         };
         let spin = progress::spinner(self.quiet, "preparing backends".to_string());

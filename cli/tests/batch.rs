@@ -207,3 +207,67 @@ fn f16_kv_cache_is_the_same_on_every_backend() {
         }
     }
 }
+
+#[path = "../../engine/tests/support/random.rs"]
+mod random_support;
+
+/// Prefix reuse in `mollm batch`, on every backend: requests that share a long prompt prefix
+/// (a system prompt) reuse the cached pages of the first one's whole prompt chunks, and every
+/// request's tokens equal those of the same batch run with `--no-prefix-cache`. On the small
+/// random Qwen3 checkpoint, so that prompts of several pages are quick on the reference too.
+#[test]
+fn prefix_cache_reuses_shared_prompts_and_changes_no_token() {
+    let m = random_support::random_checkpoint("qwen3-random.gguf");
+    let system: Vec<u32> = (0..600u32).map(|i| (i * 7919) % 150_000 + 10).collect();
+    let mut lines = String::new();
+    for k in 0..4u32 {
+        let mut ids = system.clone();
+        ids.extend((0..20 + k).map(|i| (i * 31 + k * 1000) % 150_000 + 10));
+        lines.push_str(&format!(
+            "{{\"id\": \"r{k}\", \"prompt_ids\": {ids:?}, \"max_tokens\": 6, \"ignore_eos\": true}}\n"
+        ));
+    }
+    let input = tmp("prefix.jsonl", lines.as_bytes());
+    let run = |b: &str, parallel: &str, extra: &[&str]| {
+        let mut args = vec![
+            "batch",
+            "-m",
+            m.to_str().unwrap(),
+            "-i",
+            input.to_str().unwrap(),
+            "--parallel",
+            parallel,
+            "--batch",
+            "64",
+            "--backend",
+            b,
+            "-t",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        let o = mollm(&args);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let v: Vec<Value> = common::stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(v.len(), 4);
+        let toks: Vec<Value> = v.iter().map(|x| x["tokens"].clone()).collect();
+        let cached: Vec<u64> = v
+            .iter()
+            .map(|x| x["cached_tokens"].as_u64().unwrap())
+            .collect();
+        (toks, cached)
+    };
+    for b in test_backends() {
+        let (plain, none) = run(&b, "1", &["--no-prefix-cache"]);
+        assert_eq!(none, [0, 0, 0, 0]);
+        // One at a time: every later request finds the first's two whole pages (512 tokens).
+        let (seq, cached) = run(&b, "1", &[]);
+        assert_eq!(cached, [0, 512, 512, 512], "{b}");
+        assert_eq!(seq, plain, "{b}: reuse changed tokens");
+        // All at once: none is cached when they start together; tokens still the same.
+        let (together, _) = run(&b, "4", &[]);
+        assert_eq!(together, plain, "{b}: batched reuse changed tokens");
+    }
+}

@@ -171,13 +171,37 @@ pub const ATTENTION_FIXED: &[AttentionShape] = &[
     (64, 2, 1, 300, 1, 290, 0, 0.0, DType::F16),    // leftover rows summed in f64
 ];
 
-/// How many fixed cases `op` has.
-/// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
-pub const CASES_VERSION: u32 = 2;
+/// Paged attention (the `block_table` operand, ABI 1.2), after [`ATTENTION_FIXED`]:
+/// `(head dim, q heads, kv heads, pool pages, page rows, block table, query tokens T, n_kv,
+/// window, cache format)`. The sequence's C is `len(table) * page rows`.
+pub type PagedShape = (
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    &'static [i32],
+    i64,
+    i64,
+    i64,
+    DType,
+);
 
+#[rustfmt::skip]
+pub const ATTENTION_PAGED: &[PagedShape] = &[
+    (64, 8, 2, 4, 256, &[3, 1], 1, 300, 0, DType::F32),        // decode across two pages, out of order
+    (64, 9, 3, 4, 256, &[2, 0, 3], 5, 700, 0, DType::F32),     // prompt chunk in a third page, 16-lane tiles
+    (128, 2, 1, 3, 256, &[1, 2], 1, 400, 100, DType::F16),     // f16 decode, sliding window
+    (64, 4, 2, 6, 16, &[5, 0, 3, 1], 3, 50, 0, DType::F32),    // small pages: n_eff capped at C = 64
+];
+
+/// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
+pub const CASES_VERSION: u32 = 3;
+
+/// How many fixed cases `op` has.
 pub fn fixed_count(op: Op) -> u64 {
     match op {
-        Op::Attention => ATTENTION_FIXED.len() as u64,
+        Op::Attention => (ATTENTION_FIXED.len() + ATTENTION_PAGED.len()) as u64,
         _ => 0,
     }
 }
@@ -186,12 +210,32 @@ pub fn fixed_count(op: Op) -> u64 {
 pub fn fixed_case(op: Op, i: u64) -> Option<Case> {
     match op {
         Op::Attention => {
-            let &(d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt) =
-                ATTENTION_FIXED.get(i as usize)?;
             let mut r = Rng::new(0xA77E_0000 + i);
-            Some(attention(
-                &mut r, d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt,
-            ))
+            if let Some(&(d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt)) =
+                ATTENTION_FIXED.get(i as usize)
+            {
+                return Some(attention(
+                    &mut r, d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt,
+                ));
+            }
+            let &(d, hq, hkv, pages, page, table, t, n_kv, window, kv_dt) =
+                ATTENTION_PAGED.get(i as usize - ATTENTION_FIXED.len())?;
+            let mut c = attention(
+                &mut r,
+                d,
+                hq,
+                hkv,
+                pages * page,
+                t,
+                n_kv,
+                window,
+                0.0,
+                kv_dt,
+            );
+            c.inputs.push(Owned::i32(table));
+            c.params.i[2] = page;
+            c.label = format!("{} paged: {page}-row pages {table:?} of {pages}", c.label);
+            Some(c)
         }
         _ => None,
     }

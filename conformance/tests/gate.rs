@@ -261,3 +261,74 @@ fn formats_not_declared_are_skips_listed_apart_from_passes() {
     let r = conformance::check_backend_report(&reference::TABLE, &host, 24).unwrap();
     assert!(r.ok() && r.skipped.is_empty(), "{r}");
 }
+
+/// The reference, except that attention ignores a block table (reads pool rows as if they were
+/// the sequence's): a backend that predates ABI 1.2's paging but takes the call anyway.
+extern "C" fn ignores_block_table(ctx: *mut c_void, call: *const OpCall) -> i32 {
+    // SAFETY: the host passes a valid call (ABI contract).
+    let mut c = unsafe { *call };
+    if c.op == Op::Attention as u32 && c.n_inputs == 5 {
+        c.n_inputs = 4;
+        c.params.i[2] = 0;
+    }
+    (reference::TABLE.compute)(ctx, &c)
+}
+
+static IGNORES_BLOCK_TABLE: BackendTable = BackendTable {
+    compute: ignores_block_table,
+    ..copy_reference()
+};
+
+#[test]
+fn a_backend_that_ignores_the_block_table_is_refused() {
+    let host = reference::serial_host();
+    let failures = conformance::check_backend(&IGNORES_BLOCK_TABLE, &host, 8).unwrap();
+    let ops: Vec<Op> = failures.iter().map(|f| f.0).collect();
+    assert_eq!(ops, vec![Op::Attention], "{failures:?}");
+}
+
+fn run_ref(c: &mut conformance::cases::Case) -> Result<Vec<f32>, String> {
+    let host = reference::serial_host();
+    let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+    let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+    reference::ops::compute(&host, c.op, &ins, &outs, &c.params).map_err(|e| format!("{e:?}"))?;
+    Ok(c.outputs[0].as_f32())
+}
+
+/// The spec of paging: a paged call equals the unpaged call over the rows gathered through
+/// the block table, bit for bit; a table entry outside the pool is refused.
+#[test]
+fn paged_attention_equals_attention_over_the_gathered_rows() {
+    use conformance::cases::{fixed_case, ATTENTION_FIXED, ATTENTION_PAGED};
+    for (i, &(_, _, _, _, page, table, ..)) in ATTENTION_PAGED.iter().enumerate() {
+        let mut paged = fixed_case(Op::Attention, (ATTENTION_FIXED.len() + i) as u64).unwrap();
+        let mut flat = paged.clone();
+        flat.inputs.pop();
+        flat.params.i[2] = 0;
+        for kv in 1..3 {
+            let src = &paged.inputs[kv];
+            let row = src.data.len() / src.shape[2] as usize; // bytes per cache row
+            let mut data = Vec::new();
+            for &b in table {
+                let at = b as usize * page as usize * row;
+                data.extend_from_slice(&src.data[at..at + page as usize * row]);
+            }
+            flat.inputs[kv].data = data;
+            flat.inputs[kv].shape[2] = table.len() as i64 * page;
+        }
+        let (a, b) = (run_ref(&mut paged).unwrap(), run_ref(&mut flat).unwrap());
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{}",
+            paged.label
+        );
+        let mut bad = paged.clone();
+        let n = bad.inputs[4].data.len();
+        bad.inputs[4].data[n - 4..].copy_from_slice(&99i32.to_le_bytes());
+        let e = run_ref(&mut bad).unwrap_err();
+        assert!(
+            e.contains("block_table") && e.contains("outside the pool"),
+            "{e}"
+        );
+    }
+}

@@ -30,6 +30,8 @@ pub struct Backend {
     /// Ops refused for this backend (bit `1 << op`), e.g. by the conformance gate: `supports`
     /// answers false for them, so dispatch passes them on.
     refused: u32,
+    /// The ABI minor version the backend was built against: newer operands are not sent to it.
+    abi_minor: u16,
     /// The plugin library the table lives in, for backends loaded at run time; dropped after
     /// `shutdown` (fields drop after `Drop::drop`).
     _lib: Option<std::sync::Arc<libloading::Library>>,
@@ -48,7 +50,7 @@ impl Backend {
             .to_string_lossy()
             .into_owned();
         let table: &'static BackendTable = unsafe { &*header.table };
-        Self::open_table(name, table, host, None)
+        Self::open_table(name, table, header.abi_minor, host, None)
     }
 
     /// Opens a backend whose table lives in a loaded plugin library; `lib` is kept alive as
@@ -60,15 +62,17 @@ impl Backend {
     pub(crate) unsafe fn open_plugin(
         name: String,
         table: &'static BackendTable,
+        abi_minor: u16,
         host: HostApi,
         lib: std::sync::Arc<libloading::Library>,
     ) -> Result<Backend> {
-        Self::open_table(name, table, host, Some(lib))
+        Self::open_table(name, table, abi_minor, host, Some(lib))
     }
 
     fn open_table(
         name: String,
         table: &'static BackendTable,
+        abi_minor: u16,
         host: HostApi,
         lib: Option<std::sync::Arc<libloading::Library>>,
     ) -> Result<Backend> {
@@ -88,6 +92,7 @@ impl Backend {
             ctx,
             _host: host,
             refused: 0,
+            abi_minor,
             _lib: lib,
         })
     }
@@ -99,6 +104,13 @@ impl Backend {
 
     pub fn is_refused(&self, op: Op) -> bool {
         self.refused & (1 << (op as u32)) != 0
+    }
+
+    /// Whether this call uses what the backend's ABI version does not know (it is then
+    /// declined, as an unsupported call, instead of sent).
+    fn too_new(&self, op: Op, inputs: &[TensorDesc]) -> bool {
+        // ABI 1.2: attention's block_table.
+        op == Op::Attention && inputs.len() > 4 && self.abi_minor < 2
     }
 
     pub fn name(&self) -> &str {
@@ -113,7 +125,7 @@ impl Backend {
         outputs: &[TensorDesc],
         params: &OpParams,
     ) -> bool {
-        if self.is_refused(op) {
+        if self.is_refused(op) || self.too_new(op, inputs) {
             return false;
         }
         let call = OpCall::new(op, inputs, outputs, *params);
@@ -133,7 +145,7 @@ impl Backend {
         outputs: &[TensorDesc],
         params: OpParams,
     ) -> Result<bool> {
-        if self.is_refused(op) {
+        if self.is_refused(op) || self.too_new(op, inputs) {
             return Ok(false);
         }
         let call = OpCall::new(op, inputs, outputs, params);

@@ -16,6 +16,13 @@ pub enum EngineError {
     Model { file: String, msg: String },
     #[error("context is full: {need} tokens needed, the context holds {n_ctx}")]
     ContextFull { need: usize, n_ctx: usize },
+    /// The shared KV pool has no page left for a sequence.
+    #[error("the KV cache pool is full: the sequence needs {need} rows and holds {held}, the pool has {total} in all (raise --ctx, or run fewer sequences at once)")]
+    KvFull {
+        need: usize,
+        held: usize,
+        total: usize,
+    },
     #[error("{0}")]
     Invalid(String),
 }

@@ -1,12 +1,35 @@
-//! The key/value cache: one K and one V tensor per layer, `[head_dim, n_kv_heads, n_ctx]`,
-//! row `p` holding the token at position `p` (one sequence per cache).
+//! The key/value cache: one pool of pages for every sequence of a session.
+//!
+//! The pool holds, per cached layer, a K and a V tensor `[head_dim, n_kv_heads, n_pages *
+//! KV_PAGE]`. A sequence ([`KvCache`]) owns no memory: it is a block table (the pool page of
+//! each of its pages) and a length, and attention reads it through the table (the ABI's
+//! `block_table`). So one long sequence can use what idle ones do not, and sequences can share
+//! pages:
+//! - **Prefix reuse.** Every sequence cuts its prompt into chunks of `chunk` tokens from its
+//!   start. Pages filled only by such whole chunks, from the sequence's start on, are
+//!   published in units of `unit` tokens (the larger of a chunk and a page, when one divides
+//!   the other) under a hash of the unit's tokens and of every token before it. A new sequence
+//!   whose prompt starts with published units takes those pages instead of computing them.
+//!   Only whole chunks are shared because the floats of a cache row depend on the chunk it was
+//!   computed in (its kernels and attention length): a shared unit holds exactly what the
+//!   sequence would have computed itself, so reuse keeps batch invariance. Rows computed one
+//!   token at a time (generated tokens) or in a prompt's last, partial chunk are never
+//!   shared.
+//! - **Fork** shares every page; **truncate** drops pages. A page is written only while one
+//!   sequence holds it and it is not published: otherwise the writer copies it first.
+//! - Pages nobody holds but that are published stay cached, and are evicted least recently
+//!   released first when a page is needed.
 
+use crate::error::{EngineError, Result};
 use abi::{DType, TensorDesc};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Cache rows come in pages of this many (llama.cpp's KV padding).
+/// Cache rows come in pages of this many (llama.cpp's KV padding, and the sharing unit).
 pub const KV_PAGE: usize = 256;
 
-#[derive(Clone)]
+/// One pool tensor (K or V of one layer).
 pub struct CacheTensor {
     data: Vec<u8>,
     dtype: DType,
@@ -14,97 +37,392 @@ pub struct CacheTensor {
 }
 
 impl CacheTensor {
-    fn new(dtype: DType, head_dim: usize, n_heads: usize, n_ctx: usize) -> CacheTensor {
-        let bytes = head_dim * n_heads * n_ctx * dtype.info().block_bytes as usize;
+    fn new(dtype: DType, head_dim: usize, n_heads: usize, rows: usize) -> CacheTensor {
+        // Zeroed memory from the allocator is mapped lazily: unused pages cost nothing.
+        let bytes = head_dim * n_heads * rows * dtype.info().block_bytes as usize;
         CacheTensor {
             data: vec![0u8; bytes],
             dtype,
-            ne: [head_dim as i64, n_heads as i64, n_ctx as i64, 1],
+            ne: [head_dim as i64, n_heads as i64, rows as i64, 1],
         }
     }
 
-    /// The cache as `[head_dim, n_heads, n_ctx]`, what attention reads.
+    /// The pool as `[head_dim, n_heads, rows]`, what attention reads.
     pub fn desc(&self) -> TensorDesc {
         TensorDesc::contiguous(self.data.as_ptr() as *mut u8, self.dtype, &self.ne)
     }
 
-    /// The cache as `[head_dim * n_heads, n_ctx]`: one row per position, what set_rows writes.
+    /// The pool as `[head_dim * n_heads, rows]`: one row per position, what set_rows writes.
     pub fn desc_2d(&mut self) -> TensorDesc {
         TensorDesc::contiguous(
-            self.data.as_mut_ptr() as *mut u8,
+            self.data.as_mut_ptr(),
             self.dtype,
             &[self.ne[0] * self.ne[1], self.ne[2]],
         )
     }
+
+    fn page_bytes(&self) -> usize {
+        self.data.len() / self.ne[2] as usize * KV_PAGE
+    }
+
+    fn copy_page(&mut self, from: usize, to: usize) {
+        let n = self.page_bytes();
+        self.data.copy_within(from * n..(from + 1) * n, to * n);
+    }
 }
 
-#[derive(Clone)]
 pub struct LayerCache {
     pub k: CacheTensor,
     pub v: CacheTensor,
 }
 
-#[derive(Clone)]
-pub struct KvCache {
-    pub layers: Vec<LayerCache>,
-    pub n_ctx: usize,
-    /// Positions 0..n_past are filled.
-    pub n_past: usize,
+/// Who holds which page (shared by the pool and its sequences, which release their pages
+/// when dropped).
+struct Pages {
+    refs: Vec<u32>,
+    key: Vec<Option<u128>>,
+    /// Unheld, unpublished pages.
+    free: Vec<u32>,
+    /// Published pages, held or not.
+    published: HashMap<u128, u32>,
+    /// Unheld published pages by release order (the eviction order).
+    lru: BTreeMap<u64, u32>,
+    released_at: Vec<u64>,
+    clock: u64,
 }
 
-impl KvCache {
-    pub fn new(
-        dtype: DType,
-        n_layers: usize,
-        head_dim: usize,
-        n_kv_heads: usize,
-        n_ctx: usize,
-    ) -> KvCache {
-        let layers = (0..n_layers)
-            .map(|_| LayerCache {
-                k: CacheTensor::new(dtype, head_dim, n_kv_heads, n_ctx),
-                v: CacheTensor::new(dtype, head_dim, n_kv_heads, n_ctx),
-            })
-            .collect();
-        KvCache {
-            layers,
-            n_ctx,
-            n_past: 0,
+impl Pages {
+    fn alloc(&mut self) -> Option<u32> {
+        let p = match self.free.pop() {
+            Some(p) => p,
+            None => {
+                let (_, p) = self.lru.pop_first()?;
+                let key = self.key[p as usize]
+                    .take()
+                    .expect("lru pages are published");
+                self.published.remove(&key);
+                p
+            }
+        };
+        self.refs[p as usize] = 1;
+        Some(p)
+    }
+
+    fn retain(&mut self, p: u32) {
+        let i = p as usize;
+        if self.refs[i] == 0 {
+            self.lru.remove(&self.released_at[i]);
+        }
+        self.refs[i] += 1;
+    }
+
+    fn release(&mut self, p: u32) {
+        let i = p as usize;
+        self.refs[i] -= 1;
+        if self.refs[i] > 0 {
+            return;
+        }
+        if self.key[i].is_some() {
+            self.clock += 1;
+            self.released_at[i] = self.clock;
+            self.lru.insert(self.clock, p);
+        } else {
+            self.free.push(p);
         }
     }
 
-    /// A cache of `n_ctx` positions for every cached layer of `p`.
-    ///
-    /// The tensors hold a whole number of 256-row pages (llama.cpp pads its cache the same
-    /// way): attention runs over the used rows padded to 256, capped at the tensor, so a cache
-    /// of another size would change the float order, and a sequence's results would depend on
-    /// the size it was given.
-    pub fn for_program(p: &crate::graph::Program, dtype: DType, n_ctx: usize) -> KvCache {
-        let rows = n_ctx.max(1).next_multiple_of(KV_PAGE);
+    /// Whether a writer must copy page `p` first.
+    fn shared(&self, p: u32) -> bool {
+        self.refs[p as usize] > 1 || self.key[p as usize].is_some()
+    }
+
+    fn publish(&mut self, p: u32, key: u128) {
+        if self.key[p as usize].is_none() && !self.published.contains_key(&key) {
+            self.key[p as usize] = Some(key);
+            self.published.insert(key, p);
+        }
+    }
+}
+
+fn lock(p: &Mutex<Pages>) -> MutexGuard<'_, Pages> {
+    // A panic while holding the lock leaves counts that are still consistent per call.
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 128-bit key of `tokens` after the prefix whose key is `prev` (two independent SipHash
+/// streams; a collision would need both to collide).
+fn chain_key(prev: u128, tokens: &[u32], salt: u64) -> u128 {
+    let half = |seed: u64| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (seed, salt, prev, tokens).hash(&mut h);
+        h.finish() as u128
+    };
+    half(0x6d6f6c6c6d) << 64 | half(0x6b7663616368)
+}
+
+/// A sequence's cache: its pages in the pool and how many positions are filled.
+pub struct KvCache {
+    /// The pool page of each of its pages (the block table attention reads).
+    table: Vec<i32>,
+    /// The most positions it may hold.
+    pub n_ctx: usize,
+    /// Positions `0..n_past` are filled.
+    pub n_past: usize,
+    /// Positions `0..canon` were computed in whole prompt chunks from the start.
+    canon: usize,
+    /// Keys of the units of `0..canon` (see the module docs).
+    units: Vec<u128>,
+    /// Prompt chunk and sharing unit in tokens (`unit` 0: no sharing).
+    chunk: usize,
+    unit: usize,
+    pages: Arc<Mutex<Pages>>,
+}
+
+impl KvCache {
+    /// Forgets everything after `n` positions, releasing the pages past them.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+        let keep = self.n_past.div_ceil(KV_PAGE);
+        if self.table.len() > keep {
+            let mut pages = lock(&self.pages);
+            for &p in &self.table[keep..] {
+                pages.release(p as u32);
+            }
+            self.table.truncate(keep);
+        }
+        if self.chunk > 0 {
+            self.canon = self.canon.min(self.n_past) / self.chunk * self.chunk;
+        }
+        if self.unit > 0 {
+            self.units.truncate(self.canon / self.unit);
+        }
+    }
+
+    /// A cache that continues independently from the same state, sharing every page until
+    /// one of the two writes to it.
+    pub fn fork(&self) -> KvCache {
+        let mut pages = lock(&self.pages);
+        for &p in &self.table {
+            pages.retain(p as u32);
+        }
+        drop(pages);
+        KvCache {
+            table: self.table.clone(),
+            n_ctx: self.n_ctx,
+            n_past: self.n_past,
+            canon: self.canon,
+            units: self.units.clone(),
+            chunk: self.chunk,
+            unit: self.unit,
+            pages: self.pages.clone(),
+        }
+    }
+
+    /// Pages it holds.
+    pub fn n_pages(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Its block table, as attention takes it.
+    pub fn table_desc(&self) -> TensorDesc {
+        TensorDesc::contiguous(
+            self.table.as_ptr() as *mut u8,
+            DType::I32,
+            &[self.table.len() as i64],
+        )
+    }
+
+    /// The pool row of position `pos` (which must have a page).
+    #[inline]
+    pub fn row(&self, pos: usize) -> i32 {
+        self.table[pos / KV_PAGE] * KV_PAGE as i32 + (pos % KV_PAGE) as i32
+    }
+}
+
+impl Drop for KvCache {
+    fn drop(&mut self) {
+        let mut pages = lock(&self.pages);
+        for &p in &self.table {
+            pages.release(p as u32);
+        }
+    }
+}
+
+/// The pool: every sequence's K and V, and the page bookkeeping.
+pub struct KvPool {
+    pub layers: Vec<LayerCache>,
+    n_pages: usize,
+    chunk: usize,
+    unit: usize,
+    pages: Arc<Mutex<Pages>>,
+}
+
+impl KvPool {
+    /// A pool of `rows` positions (rounded up to whole pages) for every cached layer of `p`;
+    /// sequences cut their prompts into chunks of `chunk` tokens (see the module docs on what
+    /// is shared).
+    pub fn new(p: &crate::graph::Program, dtype: DType, rows: usize, chunk: usize) -> KvPool {
+        let n_pages = rows.max(1).div_ceil(KV_PAGE);
         let layers = p
             .kv_layers
             .iter()
             .map(|&[d, h]| LayerCache {
-                k: CacheTensor::new(dtype, d, h, rows),
-                v: CacheTensor::new(dtype, d, h, rows),
+                k: CacheTensor::new(dtype, d, h, n_pages * KV_PAGE),
+                v: CacheTensor::new(dtype, d, h, n_pages * KV_PAGE),
             })
             .collect();
-        KvCache {
+        let pages = Pages {
+            refs: vec![0; n_pages],
+            key: vec![None; n_pages],
+            free: (0..n_pages as u32).rev().collect(),
+            published: HashMap::new(),
+            lru: BTreeMap::new(),
+            released_at: vec![0; n_pages],
+            clock: 0,
+        };
+        KvPool {
             layers,
-            n_ctx,
-            n_past: 0,
+            n_pages,
+            chunk,
+            unit: match chunk {
+                0 => 0,
+                c if c % KV_PAGE == 0 => c,
+                c if KV_PAGE % c == 0 => KV_PAGE,
+                _ => 0,
+            },
+            pages: Arc::new(Mutex::new(pages)),
         }
     }
 
-    /// Forgets everything after `n` positions (the data stays; it is masked out).
-    pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
+    /// Positions the pool holds in all.
+    pub fn rows(&self) -> usize {
+        self.n_pages * KV_PAGE
     }
 
-    pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| l.k.data.len() + l.v.data.len())
-            .sum()
+    /// Pages that can be handed out now: free ones and cached ones nobody holds.
+    pub fn available_pages(&self) -> usize {
+        let p = lock(&self.pages);
+        p.free.len() + p.lru.len()
+    }
+
+    /// Cached pages nobody holds (what prefix reuse can still find).
+    pub fn cached_pages(&self) -> usize {
+        lock(&self.pages).lru.len()
+    }
+
+    /// An empty sequence that may grow to `n_ctx` positions.
+    pub fn sequence(&self, n_ctx: usize) -> KvCache {
+        KvCache {
+            table: Vec::with_capacity(n_ctx.div_ceil(KV_PAGE)),
+            n_ctx,
+            n_past: 0,
+            canon: 0,
+            units: Vec::new(),
+            chunk: self.chunk,
+            unit: self.unit,
+            pages: self.pages.clone(),
+        }
+    }
+
+    pub fn owns(&self, kv: &KvCache) -> bool {
+        Arc::ptr_eq(&self.pages, &kv.pages)
+    }
+
+    /// Takes the published pages of the whole units `prompt` starts with into the empty `kv`,
+    /// leaving at least the last prompt token to compute; returns the positions now filled.
+    pub fn reuse_prefix(&self, kv: &mut KvCache, prompt: &[u32]) -> usize {
+        let u = self.unit;
+        if u == 0 || kv.n_past != 0 || !self.owns(kv) {
+            return kv.n_past;
+        }
+        let per = u / KV_PAGE;
+        let mut pages = lock(&self.pages);
+        let mut found = Vec::with_capacity(per);
+        loop {
+            let start = kv.units.len() * u;
+            if start + u >= prompt.len() || start + u > kv.n_ctx {
+                break;
+            }
+            let prev = kv.units.last().copied().unwrap_or(0);
+            let key = chain_key(prev, &prompt[start..start + u], u as u64);
+            found.clear();
+            for i in 0..per {
+                match pages.published.get(&chain_key(key, &[], i as u64)) {
+                    Some(&p) => found.push(p),
+                    None => break,
+                }
+            }
+            if found.len() < per {
+                break;
+            }
+            for &p in &found {
+                pages.retain(p);
+                kv.table.push(p as i32);
+            }
+            kv.units.push(key);
+            kv.n_past = start + u;
+            kv.canon = kv.n_past;
+        }
+        kv.n_past
+    }
+
+    /// Makes room in `kv` for `n` more positions: pages up to the new end, and a private copy
+    /// of the page the first new position lands in if it is shared. Fails, changing nothing
+    /// the sequence can see, when the pool has no page left.
+    pub fn prepare(&mut self, kv: &mut KvCache, n: usize) -> Result<()> {
+        if !self.owns(kv) {
+            return Err(EngineError::Invalid(
+                "a sequence of another session's cache".into(),
+            ));
+        }
+        let need = (kv.n_past + n).div_ceil(KV_PAGE);
+        let mut pages = lock(&self.pages);
+        let full = |need: usize, held: usize| EngineError::KvFull {
+            need: need * KV_PAGE,
+            held: held * KV_PAGE,
+            total: self.n_pages * KV_PAGE,
+        };
+        if n > 0 && kv.n_past % KV_PAGE != 0 {
+            let i = kv.n_past / KV_PAGE;
+            let old = kv.table[i] as u32;
+            if pages.shared(old) {
+                let new = pages.alloc().ok_or_else(|| full(need, kv.table.len()))?;
+                for l in &mut self.layers {
+                    l.k.copy_page(old as usize, new as usize);
+                    l.v.copy_page(old as usize, new as usize);
+                }
+                pages.release(old);
+                kv.table[i] = new as i32;
+            }
+        }
+        while kv.table.len() < need {
+            let p = pages.alloc().ok_or_else(|| full(need, kv.table.len()))?;
+            kv.table.push(p as i32);
+        }
+        Ok(())
+    }
+
+    /// Records that positions `start..` of `kv` were just computed as one call for the last
+    /// `n` tokens of `history` (the sequence's tokens so far): a whole chunk continuing the
+    /// sequence's whole chunks extends them, and each unit they complete is published.
+    pub fn finish(&mut self, kv: &mut KvCache, start: usize, history: &[u32]) {
+        let n = history.len() - start;
+        let (c, u) = (kv.chunk, kv.unit);
+        if c == 0 || n != c || start != kv.canon || kv.n_past != start + c {
+            return;
+        }
+        kv.canon += c;
+        if u == 0 || kv.canon % u != 0 {
+            return;
+        }
+        let s0 = kv.canon - u;
+        let prev = kv.units.last().copied().unwrap_or(0);
+        let key = chain_key(prev, &history[s0..kv.canon], u as u64);
+        kv.units.push(key);
+        let mut pages = lock(&self.pages);
+        for i in 0..u / KV_PAGE {
+            let p = kv.table[s0 / KV_PAGE + i] as u32;
+            pages.publish(p, chain_key(key, &[], i as u64));
+        }
     }
 }

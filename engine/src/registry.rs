@@ -97,7 +97,15 @@ impl Plugin {
     /// A backend instance; the library stays loaded while it lives.
     pub fn open_backend(&self, host: abi::HostApi) -> Result<Backend> {
         // SAFETY: `table` lives in `lib` (or is a leaked padded copy), which the backend keeps.
-        unsafe { Backend::open_plugin(self.name.clone(), self.table, host, self.lib.clone()) }
+        unsafe {
+            Backend::open_plugin(
+                self.name.clone(),
+                self.table,
+                self.abi_minor,
+                host,
+                self.lib.clone(),
+            )
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! A continuous-batching scheduler over one [`Session`]: requests wait in a queue, at most
 //! `parallel` run at once, each step carries one token of every decoding sequence and prompt
-//! chunks of those still reading their prompt. The KV budget is shared: a sequence reserves
-//! what it can use (prompt + max tokens, in 256-row pages) when it starts, so a long request
-//! can use what idle ones do not; one that can never fit is refused, the others wait.
+//! chunks of those still reading their prompt. The session's KV pool is shared: a sequence is
+//! admitted when the pool can give it every page it may use (prompt + max tokens, in 256-row
+//! pages, less the pages of a prompt prefix it reuses) on top of what the running ones may
+//! still take, so a long request can use what idle ones do not; one that can never fit is
+//! refused, the others wait.
 //!
 //! A sequence's prompt is cut into chunks of `n_batch` from its own start, whatever else runs,
 //! so its tokens equal what it produces alone (see `graph::run` on batch invariance).
@@ -59,6 +61,8 @@ pub enum Event {
         id: usize,
         finish: Finish,
         prompt_tokens: usize,
+        /// Prompt tokens whose keys and values came from the prefix cache.
+        cached_tokens: usize,
         tokens: Vec<u32>,
         timings: SeqTimings,
     },
@@ -72,18 +76,19 @@ pub enum Event {
 pub struct SchedOptions {
     /// Most sequences in flight.
     pub parallel: usize,
-    /// KV cache rows all sequences together may hold.
-    pub kv_budget: usize,
     /// Prompt tokens per chunk (and per step, summed over the prompt chunks of a step).
     pub n_batch: usize,
     /// Longest sequence the model takes (its training context).
     pub max_seq: usize,
+    /// Reuse cached prompt prefixes (see [`crate::kv`]); results are the same either way.
+    pub prefix_cache: bool,
 }
 
 struct Active {
     req: Request,
     seq: Sequence,
     fed: usize,
+    cached: usize,
     out: Vec<u32>,
     next: [u32; 1],
     reserved: usize,
@@ -96,7 +101,6 @@ pub struct Scheduler {
     opts: SchedOptions,
     queue: VecDeque<(Request, Instant)>,
     active: Vec<Active>,
-    reserved: usize,
     logits: Vec<f32>,
     row: Vec<f32>,
 }
@@ -112,7 +116,6 @@ impl Scheduler {
             opts,
             queue: VecDeque::new(),
             active: Vec::new(),
-            reserved: 0,
             logits: Vec::new(),
             row: Vec::new(),
         }
@@ -135,6 +138,7 @@ impl Scheduler {
     /// step itself (a backend failure) is returned: every sequence of the step is then lost.
     pub fn step(&mut self, s: &mut Session, events: &mut Vec<Event>) -> Result<()> {
         let n_vocab = s.model().hp.n_vocab;
+        let budget = s.kv_pool().rows();
         while self.active.len() < self.opts.parallel.max(1) {
             let Some((r, _)) = self.queue.front() else {
                 break;
@@ -149,12 +153,11 @@ impl Scheduler {
                     r.max_tokens,
                     self.opts.max_seq
                 ))
-            } else if n > self.opts.kv_budget {
+            } else if n > budget {
                 Some(format!(
-                    "needs {n} KV cache rows (prompt {} + max_tokens {}, in pages of {KV_PAGE}), the budget is {}",
+                    "needs {n} KV cache rows (prompt {} + max_tokens {}, in pages of {KV_PAGE}), the pool holds {budget}",
                     r.prompt.len(),
                     r.max_tokens,
-                    self.opts.kv_budget
                 ))
             } else if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= n_vocab) {
                 Some(format!(
@@ -168,18 +171,32 @@ impl Scheduler {
                 events.push(Event::Failed { id: r.id, msg });
                 continue;
             }
-            if self.reserved + n > self.opts.kv_budget {
-                break; // waits for a running sequence to end
+            // Pages the running sequences may still take, and this one's beyond a reused prefix.
+            let owed: usize = self
+                .active
+                .iter()
+                .map(|a| (a.reserved / KV_PAGE).saturating_sub(a.seq.kv.n_pages()))
+                .sum();
+            let n_ctx = r.prompt.len() + r.max_tokens;
+            let seq = if self.opts.prefix_cache {
+                s.new_sequence_for(&r.prompt, n_ctx)
+            } else {
+                s.new_sequence(n_ctx)
+            };
+            let fresh = (n / KV_PAGE).saturating_sub(seq.kv.n_pages());
+            if owed + fresh > s.kv_pool().available_pages() {
+                break; // waits for a running sequence to end (dropping `seq` returns its pages)
             }
             let (mut req, submitted) = self.queue.pop_front().expect("front");
             for &t in &req.prompt {
                 req.sampler.accept(t);
             }
-            self.reserved += n;
+            let cached = seq.history.len();
             self.active.push(Active {
-                seq: s.new_sequence(n),
+                seq,
                 req,
-                fed: 0,
+                fed: cached,
+                cached,
                 out: Vec::new(),
                 next: [0],
                 reserved: n,
@@ -266,13 +283,13 @@ impl Scheduler {
         done.sort_by(|a, b| b.0.cmp(&a.0));
         for (i, finish) in done {
             let a = self.active.swap_remove(i);
-            self.reserved -= a.reserved;
             let first = a.first.unwrap_or(now);
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             events.push(Event::Done {
                 id: a.req.id,
                 finish,
                 prompt_tokens: a.req.prompt.len(),
+                cached_tokens: a.cached,
                 tokens: a.out,
                 timings: SeqTimings {
                     queue_ms: ms(a.started - a.submitted),

@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::exec::Exec;
 use crate::graph::{Program, Runner, SeqStep};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvPool};
 use crate::model::HParams;
 use crate::pool::Pool;
 use crate::sampler::Sampler;
@@ -124,6 +124,9 @@ pub struct SessionOptions {
     /// Native backend plugins (discovery, conformance gate, `--require-native`); `None` = the
     /// built-in reference only.
     pub plugins: Option<crate::registry::PluginOptions>,
+    /// Positions the shared KV pool holds for all sequences together; 0: `n_ctx` (the
+    /// session's own sequence alone).
+    pub kv_pool_rows: usize,
     /// Logit rows one step may produce (the activation arena is sized for it): 1 for
     /// generation, a whole batch for perplexity. A step that needs more grows it.
     pub max_outputs: usize,
@@ -138,6 +141,7 @@ impl Default for SessionOptions {
             backend: BackendChoice::Auto,
             kv_dtype: DType::F32,
             plugins: None,
+            kv_pool_rows: 0,
             max_outputs: 1,
         }
     }
@@ -182,10 +186,11 @@ impl Sequence {
         self.kv.truncate(n);
     }
 
-    /// A copy that continues independently from the same state (its own cache).
+    /// A copy that continues independently from the same state (sharing cache pages until
+    /// either writes to them).
     pub fn fork(&self) -> Sequence {
         Sequence {
-            kv: self.kv.clone(),
+            kv: self.kv.fork(),
             history: self.history.clone(),
         }
     }
@@ -201,11 +206,13 @@ pub struct Work<'a> {
 
 pub struct Session<'m> {
     model: &'m Model,
-    kv_dtype: DType,
     step_tokens: Vec<u32>,
     exec: Exec,
     runner: Runner,
+    /// The session's own sequence (`eval`, `generate`).
     kv: KvCache,
+    /// Every sequence's keys and values.
+    kv_pool: KvPool,
     n_batch: usize,
     /// Tokens whose keys and values are in the cache, in order.
     history: Vec<u32>,
@@ -221,17 +228,23 @@ impl<'m> Session<'m> {
         let (backends, fallback) = open_backends(opts, &pool)?;
         let exec = Exec::with_fallback(backends, fallback)?;
         let n_ctx = opts.n_ctx.max(1);
-        let kv = KvCache::for_program(&model.program, opts.kv_dtype, n_ctx);
         let n_batch = opts.n_batch.max(1);
+        let rows = if opts.kv_pool_rows > 0 {
+            opts.kv_pool_rows
+        } else {
+            n_ctx
+        };
+        let kv_pool = KvPool::new(&model.program, opts.kv_dtype, rows, n_batch);
+        let kv = kv_pool.sequence(n_ctx);
         let runner = Runner::new(&model.program, n_batch, opts.max_outputs.clamp(1, n_batch));
         Ok(Session {
             model,
-            kv_dtype: opts.kv_dtype,
             step_tokens: Vec::new(),
             exec,
             runner,
             kv,
-            n_batch: opts.n_batch.max(1),
+            kv_pool,
+            n_batch,
             history: Vec::with_capacity(n_ctx),
             stop_at_eog: true,
             pool,
@@ -258,12 +271,28 @@ impl<'m> Session<'m> {
         &self.history
     }
 
-    /// A new, empty sequence with room for `n_ctx` tokens.
+    /// A new, empty sequence that may grow to `n_ctx` tokens (its pages come from the
+    /// session's pool as it grows).
     pub fn new_sequence(&self, n_ctx: usize) -> Sequence {
         Sequence {
-            kv: KvCache::for_program(&self.model.program, self.kv_dtype, n_ctx.max(1)),
+            kv: self.kv_pool.sequence(n_ctx.max(1)),
             history: Vec::with_capacity(n_ctx),
         }
+    }
+
+    /// A new sequence for `prompt` that already holds the longest run of whole prompt chunks
+    /// another sequence computed (see [`crate::kv`]); the rest of the prompt is still to be
+    /// fed. Its results are those of a sequence that computed everything itself.
+    pub fn new_sequence_for(&self, prompt: &[u32], n_ctx: usize) -> Sequence {
+        let mut seq = self.new_sequence(n_ctx);
+        let n = self.kv_pool.reuse_prefix(&mut seq.kv, prompt);
+        seq.history.extend_from_slice(&prompt[..n]);
+        seq
+    }
+
+    /// The shared KV pool (sizes, free pages).
+    pub fn kv_pool(&self) -> &KvPool {
+        &self.kv_pool
     }
 
     /// Sizes the activation arena for steps of up to `max_tokens` tokens and `max_outputs`
@@ -300,11 +329,14 @@ impl<'m> Session<'m> {
         let out = self.runner.step(
             &self.model.program,
             &self.exec,
+            &mut self.kv_pool,
             &self.step_tokens,
             &mut seqs,
         )?;
         for w in work.iter_mut() {
+            let start = w.seq.history.len();
             w.seq.history.extend_from_slice(w.tokens);
+            self.kv_pool.finish(&mut w.seq.kv, start, &w.seq.history);
         }
         Ok(out)
     }
@@ -362,11 +394,17 @@ impl<'m> Session<'m> {
                 n_tokens: chunk.len(),
                 n_out,
             }];
-            let out = self
-                .runner
-                .step(&self.model.program, &self.exec, chunk, &mut seq)?;
+            let out = self.runner.step(
+                &self.model.program,
+                &self.exec,
+                &mut self.kv_pool,
+                chunk,
+                &mut seq,
+            )?;
             logits.extend_from_slice(out);
+            let start = self.history.len();
             self.history.extend_from_slice(chunk);
+            self.kv_pool.finish(&mut self.kv, start, &self.history);
         }
         Ok(())
     }

@@ -2,10 +2,13 @@
 //! plan's arena, step inputs in scratch sized at creation. Counted with a global allocator on
 //! this thread, outside backend calls (a backend's own scratch is its business).
 
-use engine::{Model, Session, SessionOptions};
+#[path = "support/smollm2.rs"]
+mod smollm2;
+
+use engine::{Session, SessionOptions};
+use smollm2::smollm2;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::PathBuf;
 
 struct Counting;
 
@@ -35,28 +38,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
-fn model() -> Option<Model> {
-    let dir = std::env::var("MOLLM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mollm/models")
-        });
-    let p = dir.join("smollm2-135m-instruct-q4_1.gguf");
-    if !p.exists() {
-        assert!(
-            std::env::var("MOLLM_REQUIRE_MODELS").is_err(),
-            "{} missing (scripts/fetch-models.sh fetches it)",
-            p.display()
-        );
-        eprintln!("skipped: {} missing (scripts/fetch-models.sh)", p.display());
-        return None;
-    }
-    Some(Model::load(&p).unwrap())
-}
-
 #[test]
 fn decode_steps_allocate_nothing_in_the_engine() {
-    let Some(m) = model() else { return };
+    let Some(m) = smollm2() else { return };
     let opts = SessionOptions {
         n_ctx: 64,
         n_batch: 16,

@@ -1,27 +1,11 @@
 //! Session mechanics on a real model: chunked prompt processing agrees with one batch, the KV
 //! cache continues a sequence exactly as re-processing it would, limits are enforced.
 
-use engine::{Model, Sampler, SamplerParams, Session, SessionOptions};
-use std::path::PathBuf;
+#[path = "support/smollm2.rs"]
+mod smollm2;
 
-fn smollm2() -> Option<Model> {
-    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    };
-    let p = dir.join("smollm2-135m-instruct-q4_1.gguf");
-    if !p.exists() {
-        assert_ne!(
-            std::env::var("MOLLM_REQUIRE_MODELS").as_deref(),
-            Ok("1"),
-            "{} missing",
-            p.display()
-        );
-        eprintln!("SKIP: {} not found", p.display());
-        return None;
-    }
-    Some(Model::load(&p).unwrap())
-}
+use engine::{Sampler, SamplerParams, Session, SessionOptions};
+use smollm2::smollm2;
 
 fn opts(n_batch: usize) -> SessionOptions {
     SessionOptions {
@@ -162,7 +146,10 @@ fn greedy(s: &mut Session, seq: &mut engine::Sequence, first: u32, n: usize) -> 
 #[test]
 fn sequences_fork_and_truncate() {
     let Some(m) = smollm2() else { return };
-    let mut s = Session::new(&m, &opts(64)).unwrap();
+    // Room for forks' copies of the shared last page.
+    let mut o = opts(64);
+    o.kv_pool_rows = 4 * engine::kv::KV_PAGE;
+    let mut s = Session::new(&m, &o).unwrap();
     let ids = m
         .tokenizer
         .encode("The history of the city begins", true, true)

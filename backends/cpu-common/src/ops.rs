@@ -187,6 +187,9 @@ pub fn check(
                     return unsupported("attention: 4-d operands");
                 }
             }
+            if let Some(t) = inputs.get(4) {
+                need_dtype(op, t, DType::I32)?;
+            }
         }
         Op::Rope => {
             if !matches!(p.i[0], abi::ROPE_NORMAL | abi::ROPE_NEOX) {
@@ -1037,6 +1040,8 @@ struct Attn {
     v_f16: bool,
     kq_tile: bool,
     positions: Vec<i64>,
+    /// The pool row of each of the sequence's rows (paged caches).
+    rows: abi::PagedRows,
 }
 
 /// V row `(hk, j)` as f32: in place for an f32 cache, widened into `buf` for f16.
@@ -1044,12 +1049,12 @@ struct Attn {
 unsafe fn v_row<'a>(
     v: &TensorDesc,
     hk: i64,
-    j: usize,
+    j: i64,
     du: usize,
     buf: &'a mut [f32],
     f16: bool,
 ) -> &'a [f32] {
-    let p = row_ptr(v, hk, j as i64, 0);
+    let p = row_ptr(v, hk, j, 0);
     if f16 {
         widen_f16(p, buf);
         buf
@@ -1122,7 +1127,7 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         if !visible(j) {
             continue;
         }
-        let kr = row_ptr(k, hk, j, 0) as *const f32;
+        let kr = row_ptr(k, hk, a.rows.get(j), 0) as *const f32;
         if a.k_f16 {
             widen_f16(kr as *const u8, &mut krow);
         }
@@ -1159,7 +1164,7 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let hs = du * lanes; // accumulator floats per head
     let mut acc = vec![0f32; hs * nh];
     for j in 0..simd_end.min(len) {
-        let vr = v_row(v, hk, j, du, &mut vrow, a.v_f16);
+        let vr = v_row(v, hk, a.rows.get(j as i64), du, &mut vrow, a.v_f16);
         let lane = j % lanes;
         for g in 0..nh {
             let pj = w[g * len + j];
@@ -1214,7 +1219,7 @@ unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             if j as i64 >= n_kv {
                 continue; // padding: v treated as zero
             }
-            let vr = v_row(v, hk, j, du, &mut vrow, a.v_f16);
+            let vr = v_row(v, hk, a.rows.get(j as i64), du, &mut vrow, a.v_f16);
             for g in 0..nh {
                 let pj = if j < len { w[g * len + j] } else { 0.0 };
                 if a.v_f16 {
@@ -1253,10 +1258,12 @@ unsafe fn attention(
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
     p: &OpParams,
-) {
+) -> Result<(), Error> {
     let (q, k, pos) = (inputs[0], inputs[1], inputs[3]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
-    let (hkv, c) = (k.ne[1], k.ne[2]);
+    let hkv = k.ne[1];
+    let rows = abi::PagedRows::new(inputs.get(4), p.i[2], k.ne[2]).map_err(Error::Invalid)?;
+    let c = rows.len;
     let n_kv = p.i[0];
     let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
     let group = hq / hkv;
@@ -1278,6 +1285,7 @@ unsafe fn attention(
         // As reference::ops::attention: ggml's mul_mat choice for an f16 K.
         kq_tile: k.dtype() == Some(DType::F16) && nt >= 2 && d % 16 == 0 && n_eff % 4 == 0,
         positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
+        rows,
     };
     // Tasks: (token, KV head, piece of its query heads). Whole groups share K/V loads best;
     // they are split only when there would be fewer than two tasks per thread.
@@ -1298,6 +1306,7 @@ unsafe fn attention(
         // SAFETY: `a` outlives parallel_for; tasks write disjoint output rows.
         attn_task(isa, &*(shared.0 as *const Attn), h0, h1, t);
     });
+    Ok(())
 }
 
 /// Runs one checked op.
@@ -1316,7 +1325,7 @@ pub unsafe fn run(
         data_ok(t)?;
     }
     match op {
-        Op::Attention => attention(isa, host, inputs, outputs, p),
+        Op::Attention => return attention(isa, host, inputs, outputs, p),
         Op::Glu => glu(isa, host, inputs, outputs, p.i[0]),
         Op::RmsNorm => rms_norm(isa, host, inputs, outputs, p.f[0]),
         Op::Rope => rope(isa, host, inputs, outputs, p),

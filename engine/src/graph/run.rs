@@ -12,7 +12,7 @@ use super::plan::Plan;
 use super::program::{Kind, Program, Src};
 use crate::error::{EngineError, Result};
 use crate::exec::Exec;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvPool, KV_PAGE};
 use abi::{DType, Op, OpParams, TensorDesc};
 
 /// One sequence's part of a step: `n_tokens` consecutive tokens of the step, appended to its
@@ -83,6 +83,8 @@ pub struct Runner {
     shapes: Vec<[i64; 4]>,
     tokens: Vec<i32>,
     positions: Vec<i32>,
+    /// The pool row each token's keys and values go to.
+    kv_rows: Vec<i32>,
     out_ids: Vec<i32>,
     tok_groups: Vec<ColGroup>,
     out_groups: Vec<ColGroup>,
@@ -99,6 +101,7 @@ impl Runner {
             shapes: vec![[0; 4]; p.nodes.len()],
             tokens: Vec::with_capacity(plan.max_t),
             positions: Vec::with_capacity(plan.max_t),
+            kv_rows: Vec::with_capacity(plan.max_t),
             out_ids: Vec::with_capacity(plan.max_o),
             tok_groups: Vec::with_capacity(64),
             out_groups: Vec::with_capacity(64),
@@ -117,11 +120,13 @@ impl Runner {
     }
 
     /// Runs one step and returns the logits, `n_vocab` values per output row, rows in the
-    /// order of `seqs` (each sequence's last `n_out` tokens). Advances each cache.
+    /// order of `seqs` (each sequence's last `n_out` tokens). Advances each cache, whose pages
+    /// live in `pool`.
     pub fn step(
         &mut self,
         p: &Program,
         ex: &Exec,
+        pool: &mut KvPool,
         tokens: &[u32],
         seqs: &mut [SeqStep],
     ) -> Result<&[f32]> {
@@ -152,7 +157,7 @@ impl Runner {
                     s.n_out, s.n_tokens
                 )));
             }
-            if s.kv.layers.len() != p.kv_layers.len() {
+            if pool.layers.len() != p.kv_layers.len() {
                 return Err(EngineError::Invalid("cache built for another graph".into()));
             }
             if s.kv.n_past + s.n_tokens > s.kv.n_ctx {
@@ -162,15 +167,21 @@ impl Runner {
                 });
             }
         }
+        for s in seqs.iter_mut() {
+            pool.prepare(s.kv, s.n_tokens)?;
+        }
         self.tokens.clear();
         self.tokens.extend(tokens.iter().map(|&x| x as i32));
         self.positions.clear();
+        self.kv_rows.clear();
         self.out_ids.clear();
         let mut row = 0;
         for s in seqs.iter() {
             let p0 = s.kv.n_past;
             self.positions
                 .extend((p0..p0 + s.n_tokens).map(|x| x as i32));
+            self.kv_rows
+                .extend((p0..p0 + s.n_tokens).map(|x| s.kv.row(x)));
             self.out_ids
                 .extend((row + s.n_tokens - s.n_out..row + s.n_tokens).map(|x| x as i32));
             row += s.n_tokens;
@@ -232,7 +243,7 @@ impl Runner {
                     window,
                     scale,
                     softcap,
-                } => self.attention(ex, seqs, ins, out, layer, window, scale, softcap),
+                } => self.attention(ex, pool, seqs, ins, out, layer, window, scale, softcap),
                 Kind::Moe { n_used, norm, act } => crate::model::moe::run(
                     ex,
                     &p.weights,
@@ -304,6 +315,7 @@ impl Runner {
     fn attention(
         &self,
         ex: &Exec,
+        pool: &mut KvPool,
         seqs: &mut [SeqStep],
         ins: &[TensorDesc],
         out: TensorDesc,
@@ -336,21 +348,25 @@ impl Runner {
                 DType::F32,
                 &[q.ne[0], q.ne[1], n as i64],
             );
-            let cache = &mut s.kv.layers[layer];
-            let pd = TensorDesc::contiguous(pos.as_ptr() as *mut u8, DType::I32, &[n as i64]);
+            let cache = &mut pool.layers[layer];
+            let i32d = |v: &[i32]| {
+                TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
+            };
+            let (pd, rd) = (i32d(pos), i32d(&self.kv_rows[t0..t0 + n]));
             let kc = cache.k.desc_2d();
-            ex.call_desc(Op::SetRows, &[kd, pd, kc], &[kc], OpParams::default())?;
+            ex.call_desc(Op::SetRows, &[kd, rd, kc], &[kc], OpParams::default())?;
             let vc = cache.v.desc_2d();
-            ex.call_desc(Op::SetRows, &[vd, pd, vc], &[vc], OpParams::default())?;
+            ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
             let n_kv = s.kv.n_past + n;
             let mut prm = OpParams::default();
             prm.i[0] = n_kv as i64;
             prm.i[1] = window as i64;
+            prm.i[2] = KV_PAGE as i64;
             prm.f[0] = scale;
             prm.f[1] = softcap;
             ex.call_desc(
                 Op::Attention,
-                &[qd, cache.k.desc(), cache.v.desc(), pd],
+                &[qd, cache.k.desc(), cache.v.desc(), pd, s.kv.table_desc()],
                 &[od],
                 prm,
             )?;

@@ -11,7 +11,7 @@
 use crate::ggml::{dot_tile, dot_vec_f16, dot_vec_f32, reduce16, round_f16, soft_max_f32};
 use crate::ops::softmax::ggml_max;
 use crate::par::{parallel_for_shared as parallel_for, SyncPtr};
-use crate::tensor::{read_i32, row_ptr, widen_row, Result};
+use crate::tensor::{read_i32, row_ptr, widen_row, Error, Result};
 use abi::{DType, HostApi, OpParams, TensorDesc};
 
 /// llama.cpp's KV padding (`max(n_pad, 256)`).
@@ -45,7 +45,9 @@ pub unsafe fn run(
 ) -> Result<()> {
     let (q, k, v, pos, out) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3], &outputs[0]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
-    let (hkv, c) = (k.ne[1], k.ne[2]);
+    let hkv = k.ne[1];
+    let rows = abi::PagedRows::new(inputs.get(4), p.i[2], k.ne[2]).map_err(Error::Invalid)?;
+    let c = rows.len;
     let n_kv = p.i[0];
     let window = p.i[1];
     let (scale, softcap) = (p.f[0], p.f[1]);
@@ -87,7 +89,7 @@ pub unsafe fn run(
             if !visible(j) {
                 continue;
             }
-            cache_row(k, hk, j, &mut krow);
+            cache_row(k, hk, rows.get(j), &mut krow);
             let s = if !k_f16 {
                 dot_vec_f32(&krow, &qv)
             } else if kq_tile {
@@ -135,7 +137,7 @@ pub unsafe fn run(
             if pj == 0.0 {
                 continue; // fma(0, v, acc) == acc for finite v
             }
-            cache_row(v, hk, j as i64, &mut vrow);
+            cache_row(v, hk, rows.get(j as i64), &mut vrow);
             let lane = j % lanes;
             for i in 0..du {
                 let a = &mut acc[i * lanes + lane];
@@ -171,7 +173,7 @@ pub unsafe fn run(
                     // Padding: v treated as zero.
                     continue;
                 }
-                cache_row(v, hk, j as i64, &mut vrow);
+                cache_row(v, hk, rows.get(j as i64), &mut vrow);
                 for i in 0..du {
                     if v_f16 {
                         tail64[i] += (vrow[i] * pj) as f64;
