@@ -284,6 +284,51 @@ pub unsafe fn vecdot_q6k<const R: usize>(
     out
 }
 
+/// [`vecdot_q6k`] for `C` activation columns (column `c` at `a + c * as_`): each weight
+/// block is decoded once for all of them; every (row, column) keeps its own accumulator and
+/// the same chain, so the results equal [`vecdot_q6k`]'s bit for bit.
+#[inline(always)]
+pub unsafe fn vecdot_q6k_cols<const R: usize, const C: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> [[f32; R]; C] {
+    let mut acc8 = [[_mm256_setzero_ps(); R]; C];
+    let pd = prefetch_rows(ws, R);
+    for i in 0..nb {
+        for r in 0..R {
+            let x = w.add(r * ws + i * Q6_K_B);
+            let p = x.wrapping_add(pd * ws);
+            for l in 0..4 {
+                prefetch(p.wrapping_add(64 * l));
+            }
+            let b = q6k_decode(x);
+            let xd = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (x.add(208) as *const u16).read_unaligned() as i32,
+            )));
+            for c in 0..C {
+                let y = a.add(c * as_ + i * Q8_K_B);
+                let yd = f32::from_le_bytes(*(y as *const [u8; 4]));
+                let lanes = q6k_lanes(&b, y);
+                acc8[c][r] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(yd * xd),
+                    _mm256_cvtepi32_ps(lanes),
+                    acc8[c][r],
+                );
+            }
+        }
+    }
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = crate::simd::hsum_float_8(acc8[c][r]);
+        }
+    }
+    out
+}
+
 // ---------------------------------------------------------------- Q4_K GEMM, 16 columns
 
 /// Activation columns per packed tile of [`gemm_q4k_t16`].

@@ -180,6 +180,128 @@ mod kernels {
         }
     }
 
+    /// [`column`] for `C` activation columns at once (column `c` at `a + c * as_`, its
+    /// outputs at `out[c * os + 16 g + r]`): the nibbles of each weight line are unpacked once
+    /// for all the columns. Per (row, column) the chain is [`column`]'s: the integer sums are
+    /// exact in any order, and the float steps run per sub-block pair (GEMM) or per block
+    /// (GEMV) in the same order, so every output equals the one-column kernel's bit for bit.
+    #[inline(always)]
+    unsafe fn columns<const GEMM: bool, const C: usize>(
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let m4 = _mm512_set1_epi8(0x0F);
+        for g in 0..n_groups {
+            let gw = w.add(g * nb * GROUP_BLOCK);
+            let mut acc = [_mm512_setzero_ps(); C];
+            let mut accm = [_mm512_setzero_ps(); C];
+            for i in 0..nb {
+                let p = gw.add(i * GROUP_BLOCK);
+                for l in 0..GROUP_BLOCK / 64 {
+                    crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                }
+                let mut dw = [_mm512_setzero_ps(); C];
+                let mut dm = [_mm512_setzero_ps(); C];
+                for c in 0..C {
+                    let y = a.add(c * as_ + i * Q8_K_B);
+                    let yd = _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])));
+                    dw[c] = _mm512_mul_ps(h16x16(p.add(D)), yd);
+                    dm[c] = _mm512_mul_ps(h16x16(p.add(DMIN)), yd);
+                }
+                let mut hs = [_mm512_setzero_si512(); C];
+                let mut im = [_mm512_setzero_si512(); C];
+                for j in 0..4 {
+                    let mut s0 = [_mm512_setzero_si512(); C];
+                    let mut s1 = [_mm512_setzero_si512(); C];
+                    for t in 0..8 {
+                        let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
+                        let lo = _mm512_and_si512(wv, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                        for c in 0..C {
+                            let yq = a.add(c * as_ + i * Q8_K_B + 4);
+                            let a0 = _mm512_set1_epi32(
+                                (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
+                            );
+                            let a1 = _mm512_set1_epi32(
+                                (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
+                            );
+                            s0[c] = _mm512_dpbusd_epi32(s0[c], lo, a0);
+                            s1[c] = _mm512_dpbusd_epi32(s1[c], hi, a1);
+                        }
+                    }
+                    // scales and mins of sub-blocks 2j and 2j + 1
+                    let (sc0, sc1) = (
+                        bytes16(p.add(SC + 32 * j)),
+                        bytes16(p.add(SC + 32 * j + 16)),
+                    );
+                    let (mn0, mn1) = (
+                        bytes16(p.add(MN + 32 * j)),
+                        bytes16(p.add(MN + 32 * j + 16)),
+                    );
+                    for c in 0..C {
+                        let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
+                        let b0 = bs.add(4 * j).read_unaligned() as i32
+                            + bs.add(4 * j + 1).read_unaligned() as i32;
+                        let b1 = bs.add(4 * j + 2).read_unaligned() as i32
+                            + bs.add(4 * j + 3).read_unaligned() as i32;
+                        let h = _mm512_add_epi32(
+                            _mm512_mullo_epi32(s0[c], sc0),
+                            _mm512_mullo_epi32(s1[c], sc1),
+                        );
+                        let m = _mm512_add_epi32(
+                            _mm512_mullo_epi32(_mm512_set1_epi32(b0), mn0),
+                            _mm512_mullo_epi32(_mm512_set1_epi32(b1), mn1),
+                        );
+                        if GEMM {
+                            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), dw[c], acc[c]);
+                            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm[c], accm[c]);
+                        } else {
+                            hs[c] = _mm512_add_epi32(hs[c], h);
+                            im[c] = _mm512_add_epi32(im[c], m);
+                        }
+                    }
+                }
+                if !GEMM {
+                    for c in 0..C {
+                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[c]), dw[c], acc[c]);
+                        accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im[c]), dm[c], accm[c]);
+                    }
+                }
+            }
+            for c in 0..C {
+                _mm512_storeu_ps(out.add(c * os + g * ROWS), _mm512_sub_ps(acc[c], accm[c]));
+            }
+        }
+    }
+
+    /// [`columns`] for four columns, compiled for AVX-512 F/BW/VL/VNNI.
+    ///
+    /// # Safety
+    /// As [`column_avx512`] for each of the four columns (`a + c * as_`, `out + c * os`).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn columns4_avx512(
+        gemm: bool,
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        if gemm {
+            columns::<true, 4>(w, n_groups, nb, a, as_, out, os)
+        } else {
+            columns::<false, 4>(w, n_groups, nb, a, as_, out, os)
+        }
+    }
+
     /// [`column`] compiled for AVX-512 F/BW/VL/VNNI: `out[r]` for the `16 * n_groups` rows
     /// of the groups at `w`.
     ///

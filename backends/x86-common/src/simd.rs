@@ -833,7 +833,37 @@ unsafe fn tile_any<const VNNI: bool>(
                 abi::DType::Q4_K => matches!(kern, Kernel::RepackGemm | Kernel::Tiled),
                 _ => kern == Kernel::Tiled,
             };
-            if !tiled || kernels[c..c + C].iter().any(|&k| k != kern) {
+            let same = kernels[c..c + C].iter().all(|&k| k == kern);
+            if VNNI && same && dtype == abi::DType::Q6_K && kern == Kernel::VecDot {
+                // One-column chains of several columns (decode steps of several sequences):
+                // each weight block decoded once for the four.
+                let a = act.add(c * as_);
+                let mut r = 0;
+                while r < nrows {
+                    let v: [[f32; 2]; C] = if r + 2 <= nrows {
+                        crate::kq512::vecdot_q6k_cols::<2, C>(w.add(r * ws), ws, a, as_, n / 256)
+                    } else {
+                        let v = crate::kq512::vecdot_q6k_cols::<1, C>(
+                            w.add(r * ws),
+                            ws,
+                            a,
+                            as_,
+                            n / 256,
+                        );
+                        core::array::from_fn(|j| [v[j][0], 0.0])
+                    };
+                    for j in 0..C {
+                        out[(c + j) * nrows + r] = v[j][0];
+                        if r + 1 < nrows {
+                            out[(c + j) * nrows + r + 1] = v[j][1];
+                        }
+                    }
+                    r += 2;
+                }
+                c += C;
+                continue;
+            }
+            if !tiled || !same {
                 rows_any::<VNNI>(
                     kernels[c],
                     dtype,

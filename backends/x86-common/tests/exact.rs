@@ -271,12 +271,28 @@ fn check_mat_mul(
     (k, n, cols): (usize, usize, usize),
     label: &str,
 ) {
+    check_mat_mul_chain(refi, me, wd, wme, x, (k, n, cols), label, 0)
+}
+
+/// [`check_mat_mul`] with mat_mul's `chain_cols` attribute.
+#[allow(clippy::too_many_arguments)]
+fn check_mat_mul_chain(
+    refi: &Instance,
+    me: &Instance,
+    wd: TensorDesc,
+    wme: TensorDesc,
+    x: &mut [f32],
+    (k, n, cols): (usize, usize, usize),
+    label: &str,
+    chain: i64,
+) {
     let xd = f32_desc(x, &[k as i64, cols as i64]);
     let mut want = vec![0f32; n * cols];
     let mut got = vec![f32::NAN; n * cols];
     let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
     let od = f32_desc(&mut got, &[n as i64, cols as i64]);
-    let p = OpParams::default();
+    let mut p = OpParams::default();
+    p.i[0] = chain;
     let (ins_ref, ins, outs_ref, outs) = ([wd, xd], [wme, xd], [od_ref], [od]);
     let call_ref = OpCall::new(Op::MatMul, &ins_ref, &outs_ref, p);
     assert_eq!(
@@ -412,6 +428,12 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
             for cols in [1usize, 2, 3, 4, 5, 8, 16, 17, 20, 33, 35] {
                 let mut x = rng.data(k * cols, 1.0);
                 check_mat_mul(&refi, &me, wd, pd, &mut x, (k, n, cols), "prepared");
+            }
+            // Decode steps of several sequences: every column on the one-column chain.
+            for cols in [2usize, 4, 5, 8, 9] {
+                let mut x = rng.data(k * cols, 1.0);
+                let l = "prepared, chain_cols 1";
+                check_mat_mul_chain(&refi, &me, wd, pd, &mut x, (k, n, cols), l, 1);
             }
             // a handle this instance never gave out, and a freed one, are refused
             let mut bogus = pd;
