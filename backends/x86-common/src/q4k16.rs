@@ -205,14 +205,13 @@ mod kernels {
                 for l in 0..GROUP_BLOCK / 64 {
                     crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
                 }
-                let mut dw = [_mm512_setzero_ps(); C];
-                let mut dm = [_mm512_setzero_ps(); C];
-                for c in 0..C {
+                // d·yd and dmin·yd of a column, formed where they are used (kept live for
+                // four columns they would spill).
+                let (d16, dmin16) = (h16x16(p.add(D)), h16x16(p.add(DMIN)));
+                let yd = |c: usize| {
                     let y = a.add(c * as_ + i * Q8_K_B);
-                    let yd = _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])));
-                    dw[c] = _mm512_mul_ps(h16x16(p.add(D)), yd);
-                    dm[c] = _mm512_mul_ps(h16x16(p.add(DMIN)), yd);
-                }
+                    _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])))
+                };
                 let mut hs = [_mm512_setzero_si512(); C];
                 let mut im = [_mm512_setzero_si512(); C];
                 for j in 0..4 {
@@ -258,8 +257,10 @@ mod kernels {
                             _mm512_mullo_epi32(_mm512_set1_epi32(b1), mn1),
                         );
                         if GEMM {
-                            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), dw[c], acc[c]);
-                            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm[c], accm[c]);
+                            let (dw, dm) =
+                                (_mm512_mul_ps(d16, yd(c)), _mm512_mul_ps(dmin16, yd(c)));
+                            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), dw, acc[c]);
+                            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, accm[c]);
                         } else {
                             hs[c] = _mm512_add_epi32(hs[c], h);
                             im[c] = _mm512_add_epi32(im[c], m);
@@ -268,8 +269,9 @@ mod kernels {
                 }
                 if !GEMM {
                     for c in 0..C {
-                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[c]), dw[c], acc[c]);
-                        accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im[c]), dm[c], accm[c]);
+                        let (dw, dm) = (_mm512_mul_ps(d16, yd(c)), _mm512_mul_ps(dmin16, yd(c)));
+                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[c]), dw, acc[c]);
+                        accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im[c]), dm, accm[c]);
                     }
                 }
             }
