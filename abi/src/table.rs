@@ -20,7 +20,8 @@ pub const ABI_MAJOR: u16 = 1;
 pub const ABI_MINOR: u16 = 2;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
-// caches); a host passes them only to backends of minor 2 or later.
+// caches; a host passes them only to backends of minor 2 or later), and the table's
+// `buffer_host_ptr` (host-memory buffers from `buffer_alloc`).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 
@@ -152,6 +153,10 @@ pub struct BackendTable {
     pub prepare_weight: Option<
         extern "C" fn(ctx: *mut c_void, weight: *const TensorDesc, out: *mut TensorDesc) -> i32,
     >,
+    /// ABI 1.2. The address of a `buffer_alloc` buffer when it is host memory (CPU backends):
+    /// the host then passes tensors inside it by address, with `buffer` 0. Null for device
+    /// memory, which the host reaches only through `buffer_copy`. Absent: no host buffers.
+    pub buffer_host_ptr: Option<extern "C" fn(ctx: *mut c_void, buffer: u64) -> *mut u8>,
 }
 
 /// What the entry symbol returns. The host checks `magic`, `abi_major`, and every size below

@@ -304,6 +304,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
     out.flush()?;
     if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1" || v == "2") {
         eprintln!("{}", session.exec().stats().report());
+        eprintln!("{}", session.exec().arena_report());
     }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(

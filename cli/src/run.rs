@@ -90,6 +90,7 @@ pub fn run(a: RunArgs) -> CliResult {
     let rest = stream.finish();
     if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1" || v == "2") {
         eprintln!("{}", session.exec().stats().report());
+        eprintln!("{}", session.exec().arena_report());
     }
     text_out.push_str(&rest);
 

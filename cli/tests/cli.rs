@@ -242,3 +242,40 @@ fn a_closed_pipe_ends_quietly() {
     let e = stderr(&o);
     assert!(!e.contains("panicked"), "{e}");
 }
+
+/// The activation arena comes from the backend's own buffer functions (`buffer_alloc` +
+/// `buffer_host_ptr`) on every native backend; the reference lends none, so the engine's
+/// memory serves.
+#[test]
+fn the_activation_arena_is_a_buffer_of_the_backend() {
+    let Some(m) = model(SMOLLM2) else { return };
+    for b in common::test_backends() {
+        let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
+            .args([
+                "run",
+                "-m",
+                m.to_str().unwrap(),
+                "-p",
+                "Hi",
+                "-n",
+                "2",
+                "-t",
+                "2",
+            ])
+            .args(["--backend", &b])
+            .env("MOLLM_PROFILE", "1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("activation arena:"))
+            .unwrap_or_else(|| panic!("no arena line: {err}"));
+        if b == "reference" {
+            assert!(line.ends_with("of the engine's memory"), "{line}");
+        } else {
+            assert!(line.ends_with(&format!("a host buffer of {b}")), "{line}");
+        }
+    }
+}

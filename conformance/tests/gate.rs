@@ -40,6 +40,7 @@ const fn copy_reference() -> BackendTable {
         buffer_free: reference::TABLE.buffer_free,
         buffer_copy: reference::TABLE.buffer_copy,
         prepare_weight: reference::TABLE.prepare_weight,
+        buffer_host_ptr: reference::TABLE.buffer_host_ptr,
     }
 }
 

@@ -187,7 +187,23 @@ impl Backend {
         (Status::from_raw(f(self.ctx, w, &mut out)) == Status::Ok && out.buffer != 0).then_some(out)
     }
 
-    /// Frees a buffer of this backend (a prepared weight).
+    /// `size` bytes of host memory lent by the backend (`buffer_alloc`, `buffer_host_ptr`):
+    /// its handle and 64-byte aligned address, or `None` if it lends none.
+    pub fn host_buffer(&self, size: usize) -> Option<(u64, *mut u8)> {
+        let (alloc, ptr) = (self.table.buffer_alloc?, self.table.buffer_host_ptr?);
+        let mut handle = 0u64;
+        if Status::from_raw(alloc(self.ctx, size, &mut handle)) != Status::Ok || handle == 0 {
+            return None;
+        }
+        let p = ptr(self.ctx, handle);
+        if p.is_null() || p as usize % 64 != 0 {
+            self.free_buffer(handle);
+            return None;
+        }
+        Some((handle, p))
+    }
+
+    /// Frees a buffer of this backend (a prepared weight, a host buffer).
     pub fn free_buffer(&self, buffer: u64) {
         if let Some(f) = self.table.buffer_free {
             f(self.ctx, buffer)

@@ -92,6 +92,35 @@ pub struct Exec {
     /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`];
     /// MOLLM_PROFILE=2 also splits them by the first input's shape.
     profile: u8,
+    /// The graph executor's activation memory (see [`Exec::arena`]).
+    arena: std::cell::RefCell<ArenaMem>,
+}
+
+/// Activation memory: a host buffer a backend lent (`buffer_alloc` + `buffer_host_ptr`), or
+/// the engine's own when none does.
+enum ArenaMem {
+    None,
+    Backend {
+        backend: usize,
+        handle: u64,
+        ptr: *mut u8,
+        size: usize,
+    },
+    Own(Vec<AlignedLine>),
+}
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct AlignedLine([u8; 64]);
+
+impl ArenaMem {
+    fn size(&self) -> usize {
+        match self {
+            ArenaMem::None => 0,
+            ArenaMem::Backend { size, .. } => *size,
+            ArenaMem::Own(v) => v.len() * 64,
+        }
+    }
 }
 
 fn trace(op: Op, t: &TensorDesc) {
@@ -152,6 +181,8 @@ impl Drop for Exec {
         for (bi, d) in self.prepared.get_mut().values().flatten() {
             self.backends[*bi].free_buffer(d.buffer);
         }
+        let a = std::mem::replace(self.arena.get_mut(), ArenaMem::None);
+        self.free_arena(a);
     }
 }
 
@@ -183,7 +214,67 @@ impl Exec {
                 Ok("2") => 2,
                 _ => 0,
             },
+            arena: std::cell::RefCell::new(ArenaMem::None),
         })
+    }
+
+    /// At least `bytes` of 64-byte aligned activation memory, valid until a later call asks
+    /// for more (or the executor drops). Allocated through the first backend that lends host
+    /// buffers, so that the memory is the backend's (a device backend will keep activations
+    /// on its device the same way); the engine's own memory otherwise. Grows, never shrinks:
+    /// a steady-state step allocates nothing.
+    pub(crate) fn arena(&self, bytes: usize) -> *mut u8 {
+        let bytes = bytes.max(64);
+        let mut a = self.arena.borrow_mut();
+        if a.size() < bytes {
+            let old = std::mem::replace(&mut *a, ArenaMem::None);
+            self.free_arena(old);
+            *a = self
+                .backends
+                .iter()
+                .enumerate()
+                .find_map(|(i, b)| {
+                    b.host_buffer(bytes).map(|(handle, ptr)| ArenaMem::Backend {
+                        backend: i,
+                        handle,
+                        ptr,
+                        size: bytes,
+                    })
+                })
+                .unwrap_or_else(|| ArenaMem::Own(vec![AlignedLine([0; 64]); bytes.div_ceil(64)]));
+        }
+        match &mut *a {
+            ArenaMem::None => unreachable!("sized above"),
+            ArenaMem::Backend { ptr, .. } => *ptr,
+            ArenaMem::Own(v) => v.as_mut_ptr() as *mut u8,
+        }
+    }
+
+    /// The backend whose buffer holds the activation arena (`None`: the engine's memory, or
+    /// no arena yet).
+    pub fn arena_backend(&self) -> Option<&str> {
+        match &*self.arena.borrow() {
+            ArenaMem::Backend { backend, .. } => Some(self.backends[*backend].name()),
+            _ => None,
+        }
+    }
+
+    /// One line on where the activation arena lives, for MOLLM_PROFILE reports.
+    pub fn arena_report(&self) -> String {
+        let mib = self.arena.borrow().size() as f64 / (1 << 20) as f64;
+        match self.arena_backend() {
+            Some(b) => format!("activation arena: {mib:.1} MiB, a host buffer of {b}"),
+            None => format!("activation arena: {mib:.1} MiB of the engine's memory"),
+        }
+    }
+
+    fn free_arena(&self, a: ArenaMem) {
+        if let ArenaMem::Backend {
+            backend, handle, ..
+        } = a
+        {
+            self.backends[backend].free_buffer(handle);
+        }
     }
 
     pub fn backend_names(&self) -> Vec<&str> {

@@ -171,6 +171,7 @@ pub static TABLE: BackendTable = BackendTable {
     buffer_free: None,
     buffer_copy: None,
     prepare_weight: None,
+    buffer_host_ptr: None,
 };
 
 /// The header `mollm_backend_entry` returns.

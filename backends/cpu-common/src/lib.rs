@@ -130,6 +130,14 @@ impl Prepared {
         }
     }
 
+    /// [`Prepared::zeroed`], or `None` when the memory is not there.
+    pub fn try_zeroed(kind: u32, bytes: usize) -> Option<Prepared> {
+        Some(Prepared {
+            kind,
+            buf: AlignedBytes::try_zeroed(bytes)?,
+        })
+    }
+
     pub fn as_ptr(&self) -> *const u8 {
         self.buf.ptr
     }
@@ -164,6 +172,15 @@ unsafe impl Sync for AlignedBytes {}
 
 impl AlignedBytes {
     fn zeroed(len: usize) -> AlignedBytes {
+        Self::try_zeroed(len).unwrap_or_else(|| {
+            std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(len.max(1), 64).expect("weight size"),
+            )
+        })
+    }
+
+    /// [`AlignedBytes::zeroed`], or `None` when the memory is not there.
+    fn try_zeroed(len: usize) -> Option<AlignedBytes> {
         #[cfg(target_os = "linux")]
         {
             const HUGE: usize = 2 << 20;
@@ -192,26 +209,26 @@ impl AlignedBytes {
                             libc::MADV_HUGEPAGE,
                         )
                     };
-                    return AlignedBytes {
+                    return Some(AlignedBytes {
                         ptr: start as *mut u8,
                         len,
                         origin: Origin::Map { base, size },
-                    };
+                    });
                 }
             }
         }
-        let layout = std::alloc::Layout::from_size_align(len.max(1).next_multiple_of(64), 64)
-            .expect("weight size");
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(1).next_multiple_of(64), 64).ok()?;
         // SAFETY: non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return None;
         }
-        AlignedBytes {
+        Some(AlignedBytes {
             ptr,
             len,
             origin: Origin::Heap(layout),
-        }
+        })
     }
 }
 
@@ -246,7 +263,13 @@ impl Context {
         let map = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
         let p = map
             .get(&w.buffer)
-            .ok_or_else(|| Error::Invalid(format!("unknown buffer handle {}", w.buffer)))?;
+            .filter(|p| p.kind != KIND_HOST)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "buffer handle {} is not a prepared weight (host buffers are passed by address, buffer 0)",
+                    w.buffer
+                ))
+            })?;
         if w.data as *const u8 != p.as_ptr() {
             return Err(Error::Invalid(
                 "prepared weight: data does not point at the prepared bytes".into(),
@@ -467,13 +490,61 @@ extern "C" fn buffer_free(ctx: *mut c_void, buffer: u64) {
     drop(removed);
 }
 
+/// [`Prepared::kind`] of host memory from `buffer_alloc` (not a weight layout).
+const KIND_HOST: u32 = u32::MAX;
+
+extern "C" fn buffer_alloc(ctx: *mut c_void, size: usize, out: *mut u64) -> i32 {
+    if ctx.is_null() || out.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: ctx came from init.
+    let cx = unsafe { &*(ctx as *const Context) };
+    if size == 0 || size > isize::MAX as usize / 2 {
+        cx.set_error(format!("buffer_alloc: {size} bytes"));
+        return Status::InvalidArgument as i32;
+    }
+    match Prepared::try_zeroed(KIND_HOST, size) {
+        Some(p) => {
+            let handle = cx
+                .next_handle
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cx.prepared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(handle, p);
+            // SAFETY: `out` is valid for a write.
+            unsafe { *out = handle };
+            Status::Ok as i32
+        }
+        None => {
+            cx.set_error(format!("buffer_alloc: {size} bytes could not be allocated"));
+            Status::OutOfMemory as i32
+        }
+    }
+}
+
+extern "C" fn buffer_host_ptr(ctx: *mut c_void, buffer: u64) -> *mut u8 {
+    if ctx.is_null() {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: ctx came from init.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let map = cx.prepared.lock().unwrap_or_else(|e| e.into_inner());
+    match map.get(&buffer) {
+        Some(p) if p.kind == KIND_HOST => p.as_ptr() as *mut u8,
+        _ => core::ptr::null_mut(),
+    }
+}
+
 extern "C" fn synchronize(_ctx: *mut c_void) -> i32 {
     // CPU work is finished when `compute` returns.
     Status::Ok as i32
 }
 
-/// The function table of backend `B`. CPU backends compute on host memory; the only
-/// buffers are weights they prepared (`prepare_weight`, freed with `buffer_free`).
+/// The function table of backend `B`. CPU backends compute on host memory; their buffers are
+/// weights they prepared (`prepare_weight`) and host memory the host asks for (`buffer_alloc`,
+/// e.g. the activation arena: 64-byte aligned, huge pages when large), both freed with
+/// `buffer_free`.
 pub const fn table<B: CpuBackend>() -> BackendTable {
     BackendTable {
         init,
@@ -483,10 +554,11 @@ pub const fn table<B: CpuBackend>() -> BackendTable {
         score: Some(score::<B>),
         supports: Some(supports::<B>),
         synchronize: Some(synchronize),
-        buffer_alloc: None,
+        buffer_alloc: Some(buffer_alloc),
         buffer_free: Some(buffer_free),
         buffer_copy: None,
         prepare_weight: Some(prepare_weight::<B>),
+        buffer_host_ptr: Some(buffer_host_ptr),
     }
 }
 

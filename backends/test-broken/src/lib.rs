@@ -155,6 +155,7 @@ static TABLE: BackendTable = BackendTable {
     buffer_free: None,
     buffer_copy: None,
     prepare_weight: None,
+    buffer_host_ptr: None,
 };
 
 static HEADER: BackendHeader = BackendHeader::layout(

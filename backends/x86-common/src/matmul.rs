@@ -393,16 +393,22 @@ unsafe fn repacked_cols(
             }
             return;
         }
-        // Runs of four columns of one chain share each unpacked weight line (decode steps of
-        // several sequences); the rest one at a time.
+        // Runs of four (or two) columns of one chain share each unpacked weight line (decode
+        // steps of several sequences); the rest one at a time.
         let mut c = c0;
         while c < c1 {
             let gemm = kernels[c] == quant::Kernel::RepackGemm;
             let out = buf.as_mut_ptr().add((c - c0) * nr);
-            if c + 4 <= c1 && kernels[c..c + 4].iter().all(|&k| k == kernels[c]) {
-                let a = act[c * rb..].as_ptr();
-                crate::q4k16::columns4_avx512(gemm, wg, ng, nb, a, rb, out, nr);
+            let a = act[c * rb..].as_ptr();
+            let run = |m: usize| c + m <= c1 && kernels[c..c + m].iter().all(|&k| k == kernels[c]);
+            if run(4) {
+                crate::q4k16::columns_avx512::<4>(gemm, wg, ng, nb, a, rb, out, nr);
                 c += 4;
+                continue;
+            }
+            if run(2) {
+                crate::q4k16::columns_avx512::<2>(gemm, wg, ng, nb, a, rb, out, nr);
+                c += 2;
                 continue;
             }
             crate::q4k16::column_avx512(gemm, wg, ng, nb, act[c * rb..].as_ptr(), out);

@@ -281,13 +281,13 @@ mod kernels {
         }
     }
 
-    /// [`columns`] for four columns, compiled for AVX-512 F/BW/VL/VNNI.
+    /// [`columns`] for `C` columns, compiled for AVX-512 F/BW/VL/VNNI.
     ///
     /// # Safety
-    /// As [`column_avx512`] for each of the four columns (`a + c * as_`, `out + c * os`).
+    /// As [`column_avx512`] for each of the `C` columns (`a + c * as_`, `out + c * os`).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn columns4_avx512(
+    pub unsafe fn columns_avx512<const C: usize>(
         gemm: bool,
         w: *const u8,
         n_groups: usize,
@@ -298,9 +298,9 @@ mod kernels {
         os: usize,
     ) {
         if gemm {
-            columns::<true, 4>(w, n_groups, nb, a, as_, out, os)
+            columns::<true, C>(w, n_groups, nb, a, as_, out, os)
         } else {
-            columns::<false, 4>(w, n_groups, nb, a, as_, out, os)
+            columns::<false, C>(w, n_groups, nb, a, as_, out, os)
         }
     }
 

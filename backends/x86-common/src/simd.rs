@@ -784,6 +784,36 @@ unsafe fn tile_legacy<const VNNI: bool, const R: usize, const C: usize>(
     }
 }
 
+/// `C` columns of Q6_K's one-column chain (column `c` at `a + c * as_`) over `nrows` rows:
+/// `out[c * nrows + r]`, each weight block decoded once for the `C` columns (AVX-512 VNNI).
+#[inline(always)]
+unsafe fn q6k_vecdot_run<const C: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    while r < nrows {
+        let v: [[f32; 2]; C] = if r + 2 <= nrows {
+            crate::kq512::vecdot_q6k_cols::<2, C>(w.add(r * ws), ws, a, as_, n / 256)
+        } else {
+            let v = crate::kq512::vecdot_q6k_cols::<1, C>(w.add(r * ws), ws, a, as_, n / 256);
+            core::array::from_fn(|j| [v[j][0], 0.0])
+        };
+        for j in 0..C {
+            out[j * nrows + r] = v[j][0];
+            if r + 1 < nrows {
+                out[j * nrows + r + 1] = v[j][1];
+            }
+        }
+        r += 2;
+    }
+}
+
 /// `out[c * nrows + r]` = element (row `r`, column `c`): `kernels[c]` on weight row `r` (at
 /// `w + r * ws`) and activation column `c` (at `act + c * as_`).
 #[inline(always)]
@@ -832,13 +862,54 @@ unsafe fn tile_any<const VNNI: bool>(
             }
             c0 += C;
         }
+        // Two or three columns left (two decoding sequences): a pair still shares the decode.
+        if c0 + 2 <= ncols {
+            let a = act.add(c0 * as_);
+            let mut r = 0;
+            while r + 2 <= nrows {
+                let v = tile_legacy::<VNNI, 2, 2>(dtype, n, w.add(r * ws), ws, a, as_);
+                for c in 0..2 {
+                    out[(c0 + c) * nrows + r..][..2].copy_from_slice(&v[c]);
+                }
+                r += 2;
+            }
+            if r < nrows {
+                let v = tile_legacy::<VNNI, 1, 2>(dtype, n, w.add(r * ws), ws, a, as_);
+                for c in 0..2 {
+                    out[(c0 + c) * nrows + r] = v[c][0];
+                }
+            }
+            c0 += 2;
+        }
     }
     if dtype == abi::DType::Q4_K || dtype == abi::DType::Q6_K {
         // Runs of columns of the repack GEMM or the tiled kernel, four at a time.
         const C: usize = TILE_COLS;
         let mut c = 0;
-        while c + C <= ncols {
+        while c < ncols {
             let kern = kernels[c];
+            if c + C > ncols {
+                // Fewer than four left: a pair of one-column Q6_K chains still shares the
+                // decode; anything else goes one column at a time below.
+                if VNNI
+                    && dtype == abi::DType::Q6_K
+                    && kern == Kernel::VecDot
+                    && c + 2 <= ncols
+                    && kernels[c + 1] == kern
+                {
+                    q6k_vecdot_run::<2>(
+                        n,
+                        w,
+                        ws,
+                        act.add(c * as_),
+                        as_,
+                        nrows,
+                        &mut out[c * nrows..],
+                    );
+                    c += 2;
+                }
+                break;
+            }
             let tiled = match dtype {
                 abi::DType::Q4_K => matches!(kern, Kernel::RepackGemm | Kernel::Tiled),
                 _ => kern == Kernel::Tiled,
@@ -847,29 +918,15 @@ unsafe fn tile_any<const VNNI: bool>(
             if VNNI && same && dtype == abi::DType::Q6_K && kern == Kernel::VecDot {
                 // One-column chains of several columns (decode steps of several sequences):
                 // each weight block decoded once for the four.
-                let a = act.add(c * as_);
-                let mut r = 0;
-                while r < nrows {
-                    let v: [[f32; 2]; C] = if r + 2 <= nrows {
-                        crate::kq512::vecdot_q6k_cols::<2, C>(w.add(r * ws), ws, a, as_, n / 256)
-                    } else {
-                        let v = crate::kq512::vecdot_q6k_cols::<1, C>(
-                            w.add(r * ws),
-                            ws,
-                            a,
-                            as_,
-                            n / 256,
-                        );
-                        core::array::from_fn(|j| [v[j][0], 0.0])
-                    };
-                    for j in 0..C {
-                        out[(c + j) * nrows + r] = v[j][0];
-                        if r + 1 < nrows {
-                            out[(c + j) * nrows + r + 1] = v[j][1];
-                        }
-                    }
-                    r += 2;
-                }
+                q6k_vecdot_run::<C>(
+                    n,
+                    w,
+                    ws,
+                    act.add(c * as_),
+                    as_,
+                    nrows,
+                    &mut out[c * nrows..],
+                );
                 c += C;
                 continue;
             }

@@ -614,3 +614,45 @@ fn simd_activation_groups_match_the_scalar_ones() {
         assert_eq!((simd.ga, simd.gpad), (scalar.ga, scalar.gpad));
     }
 }
+
+/// Host buffers (ABI 1.2, what the engine's activation arena comes from): 64-byte aligned,
+/// zeroed, writable memory behind a handle; a handle that is not a host buffer has no
+/// address; a host buffer is refused where a prepared weight is expected; freeing works.
+#[test]
+fn host_buffers_are_aligned_host_memory_and_not_weights() {
+    let host = reference::scoped_threads_host(2);
+    for (_, table) in tables() {
+        let me = Instance::new(table, &host);
+        let (alloc, ptr, free) = (
+            table.buffer_alloc.expect("CPU backends lend host buffers"),
+            table
+                .buffer_host_ptr
+                .expect("CPU backends lend host buffers"),
+            table.buffer_free.unwrap(),
+        );
+        let mut h = 0u64;
+        assert_eq!(Status::from_raw(alloc(me.ctx, 5000, &mut h)), Status::Ok);
+        assert_ne!(h, 0);
+        let p = ptr(me.ctx, h);
+        assert!(!p.is_null() && p as usize % 64 == 0);
+        // SAFETY: 5000 bytes lent by the backend.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(p, 5000) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        bytes.fill(7);
+        assert!(ptr(me.ctx, h + 1000).is_null());
+        assert_eq!(
+            Status::from_raw(alloc(me.ctx, 0, &mut h)),
+            Status::InvalidArgument
+        );
+        // Passed as a "prepared weight", the host buffer is refused.
+        let mut w = TensorDesc::contiguous(p, DType::Q8_0, &[32, 4]);
+        w.buffer = h;
+        let mut x = vec![1f32; 32];
+        let mut o = vec![0f32; 4];
+        let (ins, outs) = ([w, f32_desc(&mut x, &[32, 1])], [f32_desc(&mut o, &[4, 1])]);
+        let call = OpCall::new(Op::MatMul, &ins, &outs, OpParams::default());
+        assert_ne!(me.run(&call), Status::Ok);
+        free(me.ctx, h);
+        assert!(ptr(me.ctx, h).is_null());
+    }
+}

@@ -54,31 +54,11 @@ pub(crate) fn col_groups(lens: impl Iterator<Item = usize>, out: &mut Vec<ColGro
     }
 }
 
-/// 64-byte aligned activation memory.
-struct Arena {
-    buf: Vec<AlignedLine>,
-}
-
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct AlignedLine([u8; 64]);
-
-impl Arena {
-    fn new(bytes: usize) -> Arena {
-        Arena {
-            buf: vec![AlignedLine([0; 64]); bytes.div_ceil(64)],
-        }
-    }
-    fn ptr(&mut self) -> *mut u8 {
-        self.buf.as_mut_ptr() as *mut u8
-    }
-}
-
-/// Runs a program's steps: the plan, its arena and the per-step scratch, all sized at
-/// creation for steps of up to `max_t` tokens and `max_o` logit rows.
+/// Runs a program's steps: the plan and the per-step scratch, sized at creation for steps of
+/// up to `max_t` tokens and `max_o` logit rows. The plan's arena is the executor's
+/// ([`Exec::arena`]: a backend's buffer where one lends host memory).
 pub struct Runner {
     plan: Plan,
-    arena: Arena,
     /// Per node: its shape in the current step.
     shapes: Vec<[i64; 4]>,
     tokens: Vec<i32>,
@@ -95,9 +75,7 @@ impl Runner {
         // Programs are checked for steps of up to MAX_STEP tokens.
         let cap = super::program::MAX_STEP as usize;
         let plan = Plan::new(p, max_t.clamp(1, cap), max_o.clamp(1, cap));
-        let arena = Arena::new(plan.arena_bytes);
         Runner {
-            arena,
             shapes: vec![[0; 4]; p.nodes.len()],
             tokens: Vec::with_capacity(plan.max_t),
             positions: Vec::with_capacity(plan.max_t),
@@ -190,7 +168,7 @@ impl Runner {
         col_groups(seqs.iter().map(|s| s.n_out), &mut self.out_groups);
 
         let (ti, oi) = (t as i64, o as i64);
-        let base = self.arena.ptr();
+        let base = ex.arena(self.plan.arena_bytes);
         for (i, node) in p.nodes.iter().enumerate() {
             let shape = super::dim::eval_shape(&node.shape, ti, oi);
             self.shapes[i] = shape;
