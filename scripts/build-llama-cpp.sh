@@ -85,7 +85,8 @@ start=$(date +%s)
 # llama-completion is the classic text-completion CLI (llama-cli now needs the server build);
 # llama-eval-callback prints every tensor of a forward pass (compare with MOLLM_TRACE=1).
 cmake --build "$BUILD" --config Release -j"$JOBS" --target \
-  llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion llama-eval-callback
+  llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion llama-eval-callback \
+  llama-batched-bench
 end=$(date +%s)
 echo "==> build done in $((end - start)) s; binaries in $BUILD/bin"
 ls -la "$BUILD/bin"

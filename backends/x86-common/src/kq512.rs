@@ -258,35 +258,12 @@ pub unsafe fn vecdot_q6k<const R: usize>(
     a: *const u8,
     nb: usize,
 ) -> [f32; R] {
-    let mut acc8 = [_mm256_setzero_ps(); R];
-    let pd = prefetch_rows(ws, R);
-    for i in 0..nb {
-        let y = a.add(i * Q8_K_B);
-        let yd = f32::from_le_bytes(*(y as *const [u8; 4]));
-        for r in 0..R {
-            let x = w.add(r * ws + i * Q6_K_B);
-            let p = x.wrapping_add(pd * ws);
-            for l in 0..4 {
-                prefetch(p.wrapping_add(64 * l));
-            }
-            let b = q6k_decode(x);
-            let lanes = q6k_lanes(&b, y);
-            let xd = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                (x.add(208) as *const u16).read_unaligned() as i32,
-            )));
-            acc8[r] = _mm256_fmadd_ps(_mm256_set1_ps(yd * xd), _mm256_cvtepi32_ps(lanes), acc8[r]);
-        }
-    }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = crate::simd::hsum_float_8(acc8[r]);
-    }
-    out
+    vecdot_q6k_cols::<R, 1>(w, ws, a, 0, nb)[0]
 }
 
 /// [`vecdot_q6k`] for `C` activation columns (column `c` at `a + c * as_`): each weight
 /// block is decoded once for all of them; every (row, column) keeps its own accumulator and
-/// the same chain, so the results equal [`vecdot_q6k`]'s bit for bit.
+/// the one-column chain.
 #[inline(always)]
 pub unsafe fn vecdot_q6k_cols<const R: usize, const C: usize>(
     w: *const u8,
