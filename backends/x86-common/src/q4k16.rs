@@ -74,27 +74,6 @@ mod kernels {
     use super::*;
     use core::arch::x86_64::*;
 
-    /// Per-block integer sums of 16 rows against one Q8_K activation block: `s[sub]` = the
-    /// unscaled dot product of each row's sub-block `sub` (one row per lane).
-    #[inline(always)]
-    unsafe fn sub_sums(g: *const u8, yq: *const u8) -> [__m512i; 8] {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let mut s = [_mm512_setzero_si512(); 8];
-        for j in 0..4 {
-            for t in 0..8 {
-                let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
-                let lo = _mm512_and_si512(wv, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
-                let a0 = _mm512_set1_epi32((yq.add(64 * j + 4 * t) as *const i32).read_unaligned());
-                let a1 =
-                    _mm512_set1_epi32((yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned());
-                s[2 * j] = _mm512_dpbusd_epi32(s[2 * j], lo, a0);
-                s[2 * j + 1] = _mm512_dpbusd_epi32(s[2 * j + 1], hi, a1);
-            }
-        }
-        s
-    }
-
     #[inline(always)]
     unsafe fn bytes16(p: *const u8) -> __m512i {
         _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i))
@@ -105,86 +84,12 @@ mod kernels {
         _mm512_cvtph_ps(_mm256_load_si256(p as *const __m256i))
     }
 
-    /// One activation column against the 16-row groups `g0 .. g0 + n_groups` (group `g` at
-    /// `w + g * nb * GROUP_BLOCK`): `out[16 g + r]`. `GEMM == false`: the GEMV chain (per
-    /// block one fma of the whole sum, one of the mins); `true`: the GEMM chain (per
-    /// sub-block pair).
-    #[inline(always)]
-    unsafe fn column<const GEMM: bool>(
-        w: *const u8,
-        n_groups: usize,
-        nb: usize,
-        a: *const u8,
-        out: *mut f32,
-    ) {
-        for g in 0..n_groups {
-            let gw = w.add(g * nb * GROUP_BLOCK);
-            let mut acc = _mm512_setzero_ps();
-            let mut accm = _mm512_setzero_ps();
-            for i in 0..nb {
-                let p = gw.add(i * GROUP_BLOCK);
-                // the stream is linear (groups and blocks back to back): 16 KiB ahead
-                for l in 0..GROUP_BLOCK / 64 {
-                    crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
-                }
-                let y = a.add(i * Q8_K_B);
-                let yd = _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])));
-                let bs = y.add(260) as *const i16;
-                let bsum2: [i32; 8] = core::array::from_fn(|s| {
-                    bs.add(2 * s).read_unaligned() as i32
-                        + bs.add(2 * s + 1).read_unaligned() as i32
-                });
-                let s = sub_sums(p, y.add(4));
-                let dw = _mm512_mul_ps(h16x16(p.add(D)), yd);
-                let dm = _mm512_mul_ps(h16x16(p.add(DMIN)), yd);
-                if GEMM {
-                    for sb in 0..4 {
-                        let hs = _mm512_add_epi32(
-                            _mm512_mullo_epi32(s[2 * sb], bytes16(p.add(SC + 32 * sb))),
-                            _mm512_mullo_epi32(s[2 * sb + 1], bytes16(p.add(SC + 32 * sb + 16))),
-                        );
-                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs), dw, acc);
-                        let im = _mm512_add_epi32(
-                            _mm512_mullo_epi32(
-                                _mm512_set1_epi32(bsum2[2 * sb]),
-                                bytes16(p.add(MN + 32 * sb)),
-                            ),
-                            _mm512_mullo_epi32(
-                                _mm512_set1_epi32(bsum2[2 * sb + 1]),
-                                bytes16(p.add(MN + 32 * sb + 16)),
-                            ),
-                        );
-                        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm);
-                    }
-                } else {
-                    let mut hs = _mm512_setzero_si512();
-                    let mut im = _mm512_setzero_si512();
-                    for sub in 0..8 {
-                        hs = _mm512_add_epi32(
-                            hs,
-                            _mm512_mullo_epi32(s[sub], bytes16(p.add(SC + 16 * sub))),
-                        );
-                        im = _mm512_add_epi32(
-                            im,
-                            _mm512_mullo_epi32(
-                                _mm512_set1_epi32(bsum2[sub]),
-                                bytes16(p.add(MN + 16 * sub)),
-                            ),
-                        );
-                    }
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs), dw, acc);
-                    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm);
-                }
-            }
-            _mm512_storeu_ps(out.add(g * ROWS), _mm512_sub_ps(acc, accm));
-        }
-    }
-
-    /// [`column`] for `C` activation columns at once (column `c` at `a + c * as_`, its
-    /// outputs at `out[c * os + 16 g + r]`): the nibbles of each weight line are unpacked once
-    /// for all the columns. Per (row, column) the chain is [`column`]'s: the integer sums are
-    /// exact in any order, and the float steps run per sub-block pair (GEMM) or per block
-    /// (GEMV) in the same order, so every output equals the one-column kernel's bit for bit.
+    /// `C` activation columns (column `c` at `a + c * as_`) against the 16-row groups
+    /// `0 .. n_groups` (group `g` at `w + g * nb * GROUP_BLOCK`): `out[c * os + 16 g + r]`.
+    /// `GEMM == false`: the GEMV chain (per block one fma of the whole sum, one of the mins);
+    /// `true`: the GEMM chain (per sub-block pair). The nibbles of each weight line are
+    /// unpacked once for all the columns; each (row, column) keeps its own chain, and the
+    /// integer sums are exact in any order, so every output is the one-column result.
     #[inline(always)]
     unsafe fn columns<const GEMM: bool, const C: usize>(
         w: *const u8,
@@ -304,7 +209,7 @@ mod kernels {
         }
     }
 
-    /// [`column`] compiled for AVX-512 F/BW/VL/VNNI: `out[r]` for the `16 * n_groups` rows
+    /// One column of [`columns`], compiled for AVX-512 F/BW/VL/VNNI: `out[r]` for the `16 * n_groups` rows
     /// of the groups at `w`.
     ///
     /// # Safety
@@ -319,11 +224,7 @@ mod kernels {
         a: *const u8,
         out: *mut f32,
     ) {
-        if gemm {
-            column::<true>(w, n_groups, nb, a, out)
-        } else {
-            column::<false>(w, n_groups, nb, a, out)
-        }
+        columns_avx512::<1>(gemm, w, n_groups, nb, a, 0, out, 0)
     }
 
     /// The GEMM chain of 16 rows (one group at `w`) against a packed 16-column tile
