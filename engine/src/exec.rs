@@ -3,7 +3,6 @@
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::kv::CacheTensor;
 use crate::tensor::{Act, Weight};
 use abi::{DType, Op, OpParams, TensorDesc};
 
@@ -184,10 +183,6 @@ impl Drop for Exec {
         let a = std::mem::replace(self.arena.get_mut(), ArenaMem::None);
         self.free_arena(a);
     }
-}
-
-fn i32_desc(v: &[i32]) -> TensorDesc {
-    TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
 }
 
 impl Exec {
@@ -399,61 +394,6 @@ impl Exec {
         self.call_with(Op::MatMul, &[w.desc, x], &[out], params, first)
     }
 
-    pub fn get_rows(&self, table: &Weight, ids: &[i32]) -> Result<Act> {
-        let mut out = Act::zeros(&[table.ne()[0], ids.len() as i64]);
-        self.call(
-            Op::GetRows,
-            &[table.desc, i32_desc(ids)],
-            &[out.desc_mut()],
-            OpParams::default(),
-        )?;
-        Ok(out)
-    }
-
-    pub fn rms_norm(&self, x: &Act, w: &Weight, eps: f32) -> Result<Act> {
-        let mut out = Act::zeros(&x.ne);
-        let mut p = OpParams::default();
-        p.f[0] = eps;
-        self.call(Op::RmsNorm, &[x.desc(), w.desc], &[out.desc_mut()], p)?;
-        Ok(out)
-    }
-
-    pub fn rope(&self, x: &Act, pos: &[i32], r: &RopeParams) -> Result<Act> {
-        let mut out = Act::zeros(&x.ne);
-        let mut p = OpParams::default();
-        p.i[0] = r.mode;
-        p.i[1] = r.n_dims;
-        p.i[2] = r.n_ctx_orig;
-        p.f[..6].copy_from_slice(&[
-            r.freq_base,
-            r.freq_scale,
-            r.ext_factor,
-            r.attn_factor,
-            r.beta_fast,
-            r.beta_slow,
-        ]);
-        self.call(Op::Rope, &[x.desc(), i32_desc(pos)], &[out.desc_mut()], p)?;
-        Ok(out)
-    }
-
-    pub fn matmul(&self, w: &Weight, x: &Act) -> Result<Act> {
-        let mut out = Act::zeros(&[w.ne()[1], x.ne[1], x.ne[2], x.ne[3]]);
-        let prepared = self.prepared(w);
-        let ins = prepared.map(|(_, d)| [d, x.desc()]);
-        let first = prepared.zip(ins.as_ref()).map(|((bi, _), i)| (bi, &i[..]));
-        self.call_with(
-            Op::MatMul,
-            &[w.desc, x.desc()],
-            &[out.desc_mut()],
-            OpParams::default(),
-            first,
-        )?;
-        Ok(out)
-    }
-
-    /// The weight repacked by the first backend that wants to (`prepare_weight`, done on
-    /// first use and kept for the life of this executor), with that backend's index.
-    /// `MOLLM_REPACK=0` turns repacking off (llama.cpp's `--no-repack`).
     fn prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
         if !self.repack {
             return None;
@@ -476,98 +416,11 @@ impl Exec {
     }
 
     /// `w x (+ b)`: a linear layer with an optional bias.
-    pub fn linear(&self, w: &Weight, b: Option<&Weight>, x: &Act) -> Result<Act> {
-        let y = self.matmul(w, x)?;
-        match b {
-            Some(b) => self.add_weight(&y, b),
-            None => Ok(y),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention(
-        &self,
-        q: &Act,
-        k: &CacheTensor,
-        v: &CacheTensor,
-        pos: &[i32],
-        n_kv: usize,
-        window: usize,
-        scale: f32,
-        softcap: f32,
-    ) -> Result<Act> {
-        let mut out = Act::zeros(&q.ne);
-        let mut p = OpParams::default();
-        p.i[0] = n_kv as i64;
-        p.i[1] = window as i64;
-        p.f[0] = scale;
-        p.f[1] = softcap;
-        self.call(
-            Op::Attention,
-            &[q.desc(), k.desc(), v.desc(), i32_desc(pos)],
-            &[out.desc_mut()],
-            p,
-        )?;
-        Ok(out)
-    }
-
-    /// Writes the rows of `src` ([K, M]) into cache rows `idx`.
-    pub fn set_rows(&self, cache: &mut CacheTensor, src: &Act, idx: &[i32]) -> Result<()> {
-        let dst = cache.desc_2d();
-        self.call(
-            Op::SetRows,
-            &[src.desc(), i32_desc(idx), dst],
-            &[dst],
-            OpParams::default(),
-        )
-    }
-
     pub fn glu(&self, gate: &Act, up: &Act, act: i64) -> Result<Act> {
         let mut out = Act::zeros(&gate.ne);
         let mut p = OpParams::default();
         p.i[0] = act;
         self.call(Op::Glu, &[gate.desc(), up.desc()], &[out.desc_mut()], p)?;
-        Ok(out)
-    }
-
-    pub fn add(&self, a: &Act, b: &Act) -> Result<Act> {
-        let mut out = Act::zeros(&a.ne);
-        self.call(
-            Op::Add,
-            &[a.desc(), b.desc()],
-            &[out.desc_mut()],
-            OpParams::default(),
-        )?;
-        Ok(out)
-    }
-
-    fn add_weight(&self, a: &Act, b: &Weight) -> Result<Act> {
-        let mut out = Act::zeros(&a.ne);
-        self.call(
-            Op::Add,
-            &[a.desc(), b.desc],
-            &[out.desc_mut()],
-            OpParams::default(),
-        )?;
-        Ok(out)
-    }
-
-    pub fn mul(&self, a: &Act, b: &Act) -> Result<Act> {
-        let mut out = Act::zeros(&a.ne);
-        self.call(
-            Op::Mul,
-            &[a.desc(), b.desc()],
-            &[out.desc_mut()],
-            OpParams::default(),
-        )?;
-        Ok(out)
-    }
-
-    pub fn scale(&self, x: &Act, s: f32) -> Result<Act> {
-        let mut out = Act::zeros(&x.ne);
-        let mut p = OpParams::default();
-        p.f[0] = s;
-        self.call(Op::Scale, &[x.desc()], &[out.desc_mut()], p)?;
         Ok(out)
     }
 
