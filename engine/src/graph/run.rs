@@ -23,6 +23,11 @@ pub struct SeqStep<'a> {
     pub n_out: usize,
 }
 
+/// A 1-D I32 tensor over `v` (step inputs, cache rows).
+fn i32d(v: &[i32]) -> TensorDesc {
+    TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
+}
+
 /// A run of columns computed by one matmul call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ColGroup {
@@ -128,15 +133,15 @@ impl Runner {
                 "token id {bad} outside the vocabulary of {n_vocab}"
             )));
         }
+        if pool.layers.len() != p.kv_layers.len() {
+            return Err(EngineError::Invalid("cache built for another graph".into()));
+        }
         for s in seqs.iter() {
             if s.n_out > s.n_tokens {
                 return Err(EngineError::Invalid(format!(
                     "{} outputs asked of {} tokens",
                     s.n_out, s.n_tokens
                 )));
-            }
-            if pool.layers.len() != p.kv_layers.len() {
-                return Err(EngineError::Invalid("cache built for another graph".into()));
             }
             if s.kv.n_past + s.n_tokens > s.kv.n_ctx {
                 return Err(EngineError::ContextFull {
@@ -272,9 +277,6 @@ impl Runner {
     }
 
     fn desc(&self, p: &Program, s: Src, base: *mut u8) -> TensorDesc {
-        let i32d = |v: &Vec<i32>| {
-            TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
-        };
         match s {
             Src::Node(j) => TensorDesc::contiguous(
                 // SAFETY: inside the arena (see step).
@@ -327,9 +329,6 @@ impl Runner {
                 &[q.ne[0], q.ne[1], n as i64],
             );
             let cache = &mut pool.layers[layer];
-            let i32d = |v: &[i32]| {
-                TensorDesc::contiguous(v.as_ptr() as *mut u8, DType::I32, &[v.len() as i64])
-            };
             let (pd, rd) = (i32d(pos), i32d(&self.kv_rows[t0..t0 + n]));
             let kc = cache.k.desc_2d();
             ex.call_desc(Op::SetRows, &[kd, rd, kc], &[kc], OpParams::default())?;
