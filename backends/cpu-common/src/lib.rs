@@ -257,6 +257,18 @@ struct Context {
 }
 
 impl Context {
+    /// Keeps `p` under a new handle (never 0) until `buffer_free` or shutdown.
+    fn keep(&self, p: Prepared) -> u64 {
+        let handle = self
+            .next_handle
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, p);
+        handle
+    }
+
     /// The layout of a prepared weight descriptor, and the descriptor as host memory; an
     /// error for a handle this instance did not hand out or a moved data pointer.
     fn resolve(&self, w: &TensorDesc) -> Result<(u32, TensorDesc), Error> {
@@ -451,16 +463,9 @@ extern "C" fn prepare_weight<B: CpuBackend>(
     }
     match catch_unwind(AssertUnwindSafe(|| unsafe { B::prepare(&w) })) {
         Ok(Ok(p)) => {
-            let handle = cx
-                .next_handle
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut desc = w;
             desc.data = p.as_ptr() as *mut u8;
-            desc.buffer = handle;
-            cx.prepared
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(handle, p);
+            desc.buffer = cx.keep(p);
             // SAFETY: `out` is valid for a write.
             unsafe { *out = desc };
             Status::Ok as i32
@@ -505,15 +510,8 @@ extern "C" fn buffer_alloc(ctx: *mut c_void, size: usize, out: *mut u64) -> i32 
     }
     match Prepared::try_zeroed(KIND_HOST, size) {
         Some(p) => {
-            let handle = cx
-                .next_handle
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            cx.prepared
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(handle, p);
             // SAFETY: `out` is valid for a write.
-            unsafe { *out = handle };
+            unsafe { *out = cx.keep(p) };
             Status::Ok as i32
         }
         None => {
