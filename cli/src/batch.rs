@@ -219,6 +219,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
                     max_tokens: p.max_tokens,
                     sampler: p.sampler,
                     stop_at_eog: !p.ignore_eos,
+                    logprobs: None,
                 });
             }
             Err(e) => {

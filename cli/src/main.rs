@@ -9,6 +9,7 @@ mod devices;
 mod ppl;
 mod progress;
 mod run;
+mod serve;
 mod signals;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -33,6 +34,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Generate for every request of a JSONL file, batched on one loaded model.
     Batch(batch::BatchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve::ServeArgs),
     /// Measure prompt processing and generation speed (llama-bench style rows).
     Bench(bench::BenchArgs),
     /// Perplexity of a model over a text file, computed as llama-perplexity does.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Batch(args) => batch::batch(args),
+        Command::Serve(args) => serve::serve(args),
         Command::Bench(args) => bench::bench(args),
         Command::Ppl(args) => ppl::ppl(args),
         Command::Convert(args) => convert::convert(args),

@@ -22,6 +22,46 @@ pub struct Request {
     pub max_tokens: usize,
     pub sampler: Sampler,
     pub stop_at_eog: bool,
+    /// Report each generated token's log-probability and this many most likely alternatives
+    /// (None: no log-probabilities).
+    pub logprobs: Option<usize>,
+}
+
+/// Log-probabilities of one generated token, from the model's distribution (log-softmax of the
+/// raw logits, before penalties and sampling filters: what OpenAI and vLLM report).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The most likely tokens, most likely first (ties by token id).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// Of `token` in `logits`, with the `k` most likely alternatives.
+    pub fn new(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let lse = max as f64 + sum.ln();
+        let lp = |l: f32| (l as f64 - lse) as f32;
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        if k > 0 {
+            // One pass keeping the k best: k is at most 20, the vocabulary 10^5.
+            for (i, &l) in logits.iter().enumerate() {
+                if top.len() == k && l <= top[k - 1].1 {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, b)| b >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(k);
+            }
+        }
+        TokenLogprobs {
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&l| lp(l)),
+            top: top.into_iter().map(|(t, l)| (t, lp(l))).collect(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +96,7 @@ pub enum Event {
     Token {
         id: usize,
         token: u32,
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     Done {
         id: usize,
@@ -67,10 +108,7 @@ pub enum Event {
         timings: SeqTimings,
     },
     /// The request cannot run (it exceeds the KV budget, the context, ...); others go on.
-    Failed {
-        id: usize,
-        msg: String,
-    },
+    Failed { id: usize, msg: String },
 }
 
 pub struct SchedOptions {
@@ -123,6 +161,31 @@ impl Scheduler {
 
     pub fn submit(&mut self, r: Request) {
         self.queue.push_back((r, Instant::now()));
+    }
+
+    /// Ends request `id` wherever it is (queued or running) and gives its KV pages back. None
+    /// when there is no such request; else the prompt tokens it had from the prefix cache. No
+    /// event follows for it.
+    pub fn cancel(&mut self, id: usize) -> Option<usize> {
+        if let Some(i) = self.queue.iter().position(|(r, _)| r.id == id) {
+            self.queue.remove(i);
+            return Some(0);
+        }
+        let i = self.active.iter().position(|a| a.req.id == id)?;
+        // Dropping its sequence releases its pages.
+        Some(self.active.swap_remove(i).cached)
+    }
+
+    /// Ends the requests still queued; their ids.
+    pub fn cancel_queued(&mut self) -> Vec<usize> {
+        self.queue.drain(..).map(|(r, _)| r.id).collect()
+    }
+
+    /// Ends every request, queued and running (after a failed step, or at shutdown); their ids.
+    pub fn cancel_all(&mut self) -> Vec<usize> {
+        let mut ids: Vec<usize> = self.queue.drain(..).map(|(r, _)| r.id).collect();
+        ids.extend(self.active.drain(..).map(|a| a.req.id));
+        ids
     }
 
     pub fn is_idle(&self) -> bool {
@@ -266,7 +329,11 @@ impl Scheduler {
             self.row
                 .extend_from_slice(&self.logits[row * n_vocab..(row + 1) * n_vocab]);
             row += 1;
+            // Log-probabilities need the raw row, which picking may change (penalties).
+            let raw = a.req.logprobs.map(|_| self.row.clone());
             let tok = s.pick(&mut a.req.sampler, &mut self.row)?;
+            let logprobs =
+                raw.map(|r| Box::new(TokenLogprobs::new(&r, tok, a.req.logprobs.unwrap_or(0))));
             a.req.sampler.accept(tok);
             a.first.get_or_insert(now);
             a.out.push(tok);
@@ -274,6 +341,7 @@ impl Scheduler {
             events.push(Event::Token {
                 id: a.req.id,
                 token: tok,
+                logprobs,
             });
             let eog = a.req.stop_at_eog && s.model().tokenizer.is_eog(tok);
             if eog || a.out.len() >= a.req.max_tokens {

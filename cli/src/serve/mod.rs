@@ -1,0 +1,347 @@
+//! `mollm serve`: an OpenAI-compatible HTTP server on the batched engine. One engine thread
+//! (`worker`) owns the session and runs continuous batching over every request in flight; the
+//! HTTP side (axum on tokio, `routes`) validates each request once into a typed value
+//! (`request`), submits it, and streams the answer back. The server listens at once and
+//! answers `/health` with 503 while the model loads.
+
+mod error;
+mod metrics;
+mod request;
+mod routes;
+mod text;
+mod worker;
+
+use crate::common::{warm_up, CliResult, ModelArgs, SamplingArgs};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use engine::sched::{SchedOptions, Scheduler};
+use engine::Model;
+use error::ApiError;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use worker::Cmd;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0 opens it to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Most sequences computed at once (continuous batching); more requests wait in the queue.
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// KV cache budget in tokens, one pool shared by all sequences [default: 4096 x
+    /// --parallel, at most 65536]. A request's prompt + max_tokens must fit in it and in the
+    /// model's training context.
+    #[arg(long, short = 'c')]
+    pub ctx: Option<usize>,
+    /// Most requests waiting beyond --parallel; more get 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub queue: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, env = "MOLLM_API_KEY")]
+    pub api_key: Option<String>,
+    /// max_tokens of a request that does not set it (capped by what the context has left).
+    #[arg(long, short = 'n', default_value_t = 1024)]
+    pub max_tokens: usize,
+    /// Largest request body in bytes (413 above).
+    #[arg(long, default_value_t = 2 * 1024 * 1024)]
+    pub max_body: usize,
+    /// Compute every prompt in full instead of reusing cached prompt prefixes (the answers
+    /// are the same either way).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Seconds the requests running at SIGTERM/Ctrl-C may take to finish before they are
+    /// cancelled (a second signal cancels them at once).
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace: u64,
+    /// Sampling defaults for requests that do not set a field (default: greedy).
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// The body limit, for the 413 message.
+static MAX_BODY: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Ready {
+    pub model: Arc<Model>,
+    pub model_id: String,
+    /// Longest sequence: the training context or the KV pool, whichever is smaller.
+    pub max_seq: usize,
+    cmd: Mutex<std::sync::mpsc::Sender<Cmd>>,
+}
+
+impl Ready {
+    fn send(&self, c: Cmd) -> Result<(), ()> {
+        self.cmd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(c)
+            .map_err(|_| ())
+    }
+}
+
+pub struct App {
+    ready: OnceLock<Ready>,
+    metrics: Arc<metrics::Metrics>,
+    api_key: Option<String>,
+    defaults: SamplingArgs,
+    parallel: usize,
+    queue: usize,
+    max_tokens: usize,
+    next_id: AtomicUsize,
+    /// Generation requests submitted and not yet answered (running + queued).
+    inflight: AtomicUsize,
+    stopping: AtomicBool,
+    created: u64,
+}
+
+pub fn serve(a: ServeArgs) -> CliResult {
+    if a.parallel == 0 {
+        return Err("--parallel must be at least 1".into());
+    }
+    if a.ctx == Some(0) {
+        return Err("--ctx must be at least 1".into());
+    }
+    if a.max_tokens == 0 {
+        return Err("--max-tokens must be at least 1".into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(serve_async(a))
+}
+
+async fn serve_async(a: ServeArgs) -> CliResult {
+    let addr = format!("{}:{}", a.host, a.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr()?;
+    eprintln!("mollm serve: listening on http://{local} (loading the model)");
+    MAX_BODY.store(a.max_body, SeqCst);
+    let app = Arc::new(App {
+        ready: OnceLock::new(),
+        metrics: Arc::new(metrics::Metrics::new()),
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        defaults: a.sampling.clone(),
+        parallel: a.parallel,
+        queue: a.queue,
+        max_tokens: a.max_tokens,
+        next_id: AtomicUsize::new(0),
+        inflight: AtomicUsize::new(0),
+        stopping: AtomicBool::new(false),
+        created: routes::unix_now(),
+    });
+
+    let (load_tx, load_rx) = tokio::sync::oneshot::channel::<Result<String, String>>();
+    let engine = std::thread::Builder::new()
+        .name("mollm-engine".into())
+        .spawn({
+            let app = app.clone();
+            move || {
+                if let Err(e) = load_and_run(&a, &app, load_tx) {
+                    eprintln!("error: {e}");
+                }
+            }
+        })?;
+
+    let router = router(app.clone(), MAX_BODY.load(SeqCst));
+    let (fail_tx, mut fail_rx) = tokio::sync::watch::channel(None::<String>);
+    let shutdown = {
+        let app = app.clone();
+        async move {
+            tokio::select! {
+                r = load_rx => match r {
+                    Ok(Ok(msg)) => eprintln!("mollm serve: ready on http://{local}: {msg}"),
+                    Ok(Err(e)) => { let _ = fail_tx.send(Some(e)); return; }
+                    Err(_) => { let _ = fail_tx.send(Some("the engine thread ended while loading".into())); return; }
+                },
+                _ = signal() => { begin_stop(&app); return; }
+            }
+            signal().await;
+            begin_stop(&app);
+        }
+    };
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    if let Some(r) = app.ready.get() {
+        let _ = r.send(Cmd::CancelAll);
+        let _ = r.send(Cmd::Exit);
+    }
+    let _ = engine.join();
+    if let Some(e) = fail_rx.borrow_and_update().clone() {
+        return Err(e.into());
+    }
+    eprintln!("mollm serve: stopped");
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// New requests get 503 and queued ones are refused; running ones may finish within the
+/// grace period (or until a second signal), then they are cancelled.
+fn begin_stop(app: &Arc<App>) {
+    app.stopping.store(true, SeqCst);
+    let grace = GRACE.load(SeqCst) as u64;
+    eprintln!("mollm serve: stopping (running requests get {grace} s to finish; a second signal ends them now)");
+    if let Some(r) = app.ready.get() {
+        let _ = r.send(Cmd::Drain);
+    }
+    let app = app.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(grace)) => {}
+            _ = signal() => {}
+        }
+        if let Some(r) = app.ready.get() {
+            let _ = r.send(Cmd::CancelAll);
+        }
+    });
+}
+
+static GRACE: AtomicUsize = AtomicUsize::new(10);
+
+fn load_and_run(
+    a: &ServeArgs,
+    app: &Arc<App>,
+    load_tx: tokio::sync::oneshot::Sender<Result<String, String>>,
+) -> CliResult {
+    GRACE.store(a.shutdown_grace as usize, SeqCst);
+    let mut quiet = a.model.clone();
+    quiet.quiet = true;
+    let loaded = (|| -> CliResult<_> {
+        let (_path, model) = quiet.load()?;
+        let model = Arc::new(model);
+        let budget = a.ctx.unwrap_or((4096 * a.parallel).min(65536));
+        Ok((model, budget))
+    })();
+    let (model, budget) = match loaded {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = load_tx.send(Err(e.to_string()));
+            return Ok(());
+        }
+    };
+    let m = model.clone();
+    let session = (|| -> CliResult<_> {
+        let mut s = quiet.session_with_pool(&m, 1, budget)?;
+        let nb = a.model.batch.max(1);
+        s.reserve_step(nb + a.parallel, a.parallel);
+        warm_up(&mut s, &m, true)?;
+        Ok(s)
+    })();
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = load_tx.send(Err(e.to_string()));
+            return Ok(());
+        }
+    };
+    let max_seq = m.hp.n_ctx_train.min(session.kv_pool().rows());
+    let sched = Scheduler::new(SchedOptions {
+        parallel: a.parallel,
+        n_batch: a.model.batch.max(1),
+        max_seq,
+        prefix_cache: !a.no_prefix_cache,
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let model_id = m.file_name();
+    let msg = format!(
+        "{model_id} ({}), --parallel {}, KV pool {} tokens, longest sequence {max_seq}",
+        session.backend_names().join(","),
+        a.parallel,
+        session.kv_pool().rows()
+    );
+    let _ = app.ready.set(Ready {
+        model: model.clone(),
+        model_id,
+        max_seq,
+        cmd: Mutex::new(tx),
+    });
+    let _ = load_tx.send(Ok(msg));
+    worker::run(&m, session, sched, rx, app.metrics.clone());
+    Ok(())
+}
+
+const ROUTES: &[&str] = &[
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+];
+
+fn router(app: Arc<App>, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/models", get(routes::models))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/completions", post(routes::completions))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(app.clone(), auth))
+        .layer(from_fn_with_state(app.clone(), count))
+        .with_state(app)
+}
+
+/// `Authorization: Bearer KEY` on every route but /health, when --api-key is set.
+async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.api_key {
+        if req.uri().path() != "/health" {
+            let ok = req
+                .headers()
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|k| k.trim() == key);
+            if !ok {
+                return ApiError::unauthorized().into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Requests answered, by route and status, for /metrics.
+async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let route = ROUTES
+        .iter()
+        .find(|r| **r == path)
+        .copied()
+        .unwrap_or("other");
+    let r = next.run(req).await;
+    app.metrics.request(route, r.status().as_u16());
+    r
+}

@@ -1,0 +1,533 @@
+//! A request body, checked once into a typed [`GenRequest`]: every field the server reads is
+//! validated here with an error naming it; a field the server does not implement is refused
+//! (400 naming it) unless it holds its no-op default (`"tools": []`, `"n": 1`, ...), and an
+//! unknown field is refused too, never silently ignored.
+
+use super::error::ApiError;
+use crate::common::{chat_tokens, SamplingArgs};
+use engine::{Model, SamplerParams};
+use loader::ChatMessage;
+use serde_json::{Map, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+#[derive(Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// What the client asked for, and under which name (for errors).
+    pub max_tokens: Option<(usize, &'static str)>,
+    pub params: SamplerParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
+}
+
+/// Fields both endpoints read.
+const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "n",
+    "user",
+];
+const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
+const COMPLETION: &[&str] = &["prompt"];
+
+/// OpenAI fields this server does not implement, with the value that means "not used".
+fn unsupported_default(k: &str, v: &Value) -> Option<bool> {
+    let empty = match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    Some(match k {
+        "tools" | "functions" | "logit_bias" | "metadata" | "modalities" => empty,
+        "tool_choice" | "function_call" => empty || v == "none",
+        "response_format" => empty || v.get("type").is_some_and(|t| t == "text"),
+        "parallel_tool_calls" | "store" | "echo" => empty || v == false,
+        "best_of" => empty || v == 1,
+        "suffix"
+        | "audio"
+        | "prediction"
+        | "service_tier"
+        | "reasoning_effort"
+        | "web_search_options"
+        | "stream_options.continuous_usage_stats" => empty,
+        _ => return None,
+    })
+}
+
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    fn num(&self, k: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        let f = v
+            .as_f64()
+            .ok_or_else(|| ApiError::field(k, "must be a number"))?;
+        if !(lo..=hi).contains(&f) {
+            return Err(ApiError::field(k, format!("{f} is outside {lo}..={hi}")));
+        }
+        Ok(Some(f))
+    }
+
+    fn int(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        let i = v
+            .as_i64()
+            .or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                    .map(|f| f as i64)
+            })
+            .ok_or_else(|| ApiError::field(k, "must be an integer"))?;
+        if !(lo..=hi).contains(&i) {
+            return Err(ApiError::field(k, format!("{i} is outside {lo}..={hi}")));
+        }
+        Ok(Some(i))
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::field(k, "must be true or false")),
+        }
+    }
+}
+
+/// The most stop strings a request may give (OpenAI's limit).
+pub const MAX_STOP: usize = 4;
+/// The most alternatives per token in `top_logprobs` / completions' `logprobs`.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    model: &Model,
+    defaults: &SamplingArgs,
+) -> Result<GenRequest, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let own = match endpoint {
+        Endpoint::Chat => CHAT,
+        Endpoint::Completion => COMPLETION,
+    };
+    for (k, v) in o {
+        if COMMON.contains(&k.as_str()) || own.contains(&k.as_str()) {
+            continue;
+        }
+        match unsupported_default(k, v) {
+            Some(true) => {}
+            Some(false) => return Err(ApiError::unsupported(k)),
+            None => return Err(ApiError::field(k, "unknown field")),
+        }
+    }
+    let f = Fields(o);
+    if let Some(m) = f.get("model") {
+        if !m.is_string() {
+            return Err(ApiError::field("model", "must be a string"));
+        }
+    }
+    if let Some(u) = f.get("user") {
+        if !u.is_string() {
+            return Err(ApiError::field("user", "must be a string"));
+        }
+    }
+    if let Some(n) = f.int("n", 1, 128)? {
+        if n != 1 {
+            return Err(ApiError {
+                code: Some("unsupported_parameter"),
+                ..ApiError::field("n", "only 1 choice per request is supported")
+            });
+        }
+    }
+
+    let prompt = match endpoint {
+        Endpoint::Chat => {
+            let msgs = messages(f.get("messages"))?;
+            if model.chat_template.is_none() {
+                return Err(ApiError::field(
+                    "messages",
+                    "this model has no chat template: use /v1/completions",
+                ));
+            }
+            chat_tokens(model, &msgs, true).map_err(|e| ApiError::field("messages", e))?
+        }
+        Endpoint::Completion => completion_prompt(f.get("prompt"), model)?,
+    };
+    if prompt.is_empty() {
+        let k = if endpoint == Endpoint::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(ApiError::field(k, "empty after tokenization"));
+    }
+
+    let max_tokens = match (
+        f.int("max_completion_tokens", 1, 1 << 30)?,
+        f.int("max_tokens", 1, 1 << 30)?,
+    ) {
+        (Some(n), _) => Some((n as usize, "max_completion_tokens")),
+        (None, Some(n)) => Some((n as usize, "max_tokens")),
+        (None, None) => None,
+    };
+
+    let stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => {
+            if a.len() > MAX_STOP {
+                return Err(ApiError::field(
+                    "stop",
+                    format!("at most {MAX_STOP} strings, {} given", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|s| s.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ApiError::field("stop", "must be a string or a list of strings"))?
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                "stop",
+                "must be a string or a list of strings",
+            ))
+        }
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::field("stop", "a stop string must not be empty"));
+    }
+
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(so)) => {
+            if !stream {
+                return Err(ApiError::field(
+                    "stream_options",
+                    "only allowed when 'stream' is true",
+                ));
+            }
+            for (k, v) in so {
+                if k == "include_usage" {
+                    continue;
+                }
+                let key = format!("stream_options.{k}");
+                match unsupported_default(&key, v) {
+                    Some(true) => {}
+                    Some(false) => return Err(ApiError::unsupported(&key)),
+                    None => return Err(ApiError::field(&key, "unknown field")),
+                }
+            }
+            Fields(so)
+                .bool("include_usage")
+                .map_err(|_| {
+                    ApiError::field("stream_options.include_usage", "must be true or false")
+                })?
+                .unwrap_or(false)
+        }
+        Some(_) => return Err(ApiError::field("stream_options", "must be an object")),
+    };
+
+    let logprobs = match endpoint {
+        Endpoint::Chat => {
+            let on = f.bool("logprobs")?.unwrap_or(false);
+            let top = f.int("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+            if top.is_some() && !on {
+                return Err(ApiError::field("top_logprobs", "needs 'logprobs': true"));
+            }
+            on.then_some(top.unwrap_or(0) as usize)
+        }
+        Endpoint::Completion => f.int("logprobs", 0, MAX_TOP_LOGPROBS)?.map(|n| n as usize),
+    };
+
+    let seed = match f.get("seed") {
+        None => defaults.seed.unwrap_or_else(clock_seed),
+        Some(v) => v
+            .as_i64()
+            .map(|i| i as u64)
+            .or_else(|| v.as_u64())
+            .ok_or_else(|| ApiError::field("seed", "must be an integer"))?,
+    };
+    let top_k = match f.int("top_k", -1, 1 << 30)? {
+        None => defaults.top_k,
+        Some(-1) | Some(0) => 0,
+        Some(k) => k as usize,
+    };
+    let params = SamplerParams {
+        temperature: f
+            .num("temperature", 0.0, 2.0)?
+            .map_or(defaults.temperature, |x| x as f32),
+        top_k,
+        top_p: match f.num("top_p", 0.0, 1.0)? {
+            Some(p) if p <= 0.0 => {
+                return Err(ApiError::field("top_p", "must be above 0 (at most 1)"))
+            }
+            p => p.map_or(defaults.top_p, |x| x as f32),
+        },
+        min_p: f
+            .num("min_p", 0.0, 1.0)?
+            .map_or(defaults.min_p, |x| x as f32),
+        repeat_penalty: match f.num("repeat_penalty", 0.0, 100.0)? {
+            Some(p) if p <= 0.0 => {
+                return Err(ApiError::field("repeat_penalty", "must be above 0"))
+            }
+            p => p.map_or(defaults.repeat_penalty, |x| x as f32),
+        },
+        presence_penalty: f
+            .num("presence_penalty", -2.0, 2.0)?
+            .map_or(defaults.presence_penalty, |x| x as f32),
+        frequency_penalty: f
+            .num("frequency_penalty", -2.0, 2.0)?
+            .map_or(defaults.frequency_penalty, |x| x as f32),
+        repeat_last_n: defaults.repeat_last_n,
+        seed,
+    };
+    Ok(GenRequest {
+        prompt,
+        max_tokens,
+        params,
+        stop,
+        stream,
+        include_usage,
+        logprobs,
+    })
+}
+
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// `messages`: roles system (or developer), user, assistant; content a string, a list of text
+/// parts, or null (an assistant turn with nothing said).
+fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match v {
+        None => return Err(ApiError::field("messages", "required")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::field("messages", "must not be empty"))
+        }
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::field("messages", "must be a list")),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let at = |k: &str| format!("messages[{i}].{k}");
+        let o = m
+            .as_object()
+            .ok_or_else(|| ApiError::field(&format!("messages[{i}]"), "must be an object"))?;
+        for k in o.keys() {
+            if !["role", "content", "name"].contains(&k.as_str()) {
+                let v = &o[k];
+                let harmless = v.is_null() || v.as_array().is_some_and(|a| a.is_empty());
+                if !harmless {
+                    return Err(
+                        if [
+                            "tool_calls",
+                            "tool_call_id",
+                            "function_call",
+                            "audio",
+                            "refusal",
+                        ]
+                        .contains(&k.as_str())
+                        {
+                            ApiError::unsupported(&at(k))
+                        } else {
+                            ApiError::field(&at(k), "unknown field")
+                        },
+                    );
+                }
+            }
+        }
+        if o.get("name").is_some_and(|n| !n.is_null()) {
+            return Err(ApiError::unsupported(&at("name")));
+        }
+        let role = match o.get("role").and_then(Value::as_str) {
+            Some("system") | Some("developer") => "system",
+            Some("user") => "user",
+            Some("assistant") => "assistant",
+            Some(r @ ("tool" | "function")) => {
+                return Err(ApiError {
+                    code: Some("unsupported_parameter"),
+                    ..ApiError::field(&at("role"), format!("'{r}' messages are not supported"))
+                })
+            }
+            Some(r) => {
+                return Err(ApiError::field(
+                    &at("role"),
+                    format!("'{r}' is not one of system, developer, user, assistant"),
+                ))
+            }
+            None => return Err(ApiError::field(&at("role"), "required (a string)")),
+        };
+        let content = match o.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None if role == "assistant" => String::new(),
+            Some(Value::Array(parts)) => {
+                let mut s = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    let pk = format!("messages[{i}].content[{j}]");
+                    match p.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            s.push_str(p.get("text").and_then(Value::as_str).ok_or_else(|| {
+                                ApiError::field(&format!("{pk}.text"), "must be a string")
+                            })?)
+                        }
+                        Some(t) => {
+                            return Err(ApiError {
+                                code: Some("unsupported_parameter"),
+                                ..ApiError::field(
+                                    &format!("{pk}.type"),
+                                    format!("'{t}' parts are not supported (text only)"),
+                                )
+                            })
+                        }
+                        None => return Err(ApiError::field(&format!("{pk}.type"), "required")),
+                    }
+                }
+                s
+            }
+            _ => {
+                return Err(ApiError::field(
+                    &at("content"),
+                    "must be a string or a list of text parts",
+                ))
+            }
+        };
+        out.push(ChatMessage {
+            role: role.into(),
+            content,
+        });
+    }
+    Ok(out)
+}
+
+/// `prompt`: a string, a list of one string, or a list of token ids (taken as they are).
+fn completion_prompt(v: Option<&Value>, model: &Model) -> Result<Vec<u32>, ApiError> {
+    let text = |s: &str| {
+        model
+            .tokenizer
+            .encode(s, true, true)
+            .map_err(|e| ApiError::field("prompt", e))
+    };
+    let n_vocab = model.hp.n_vocab as u64;
+    match v {
+        None => Err(ApiError::field("prompt", "required")),
+        Some(Value::String(s)) => text(s),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            text(a[0].as_str().unwrap_or(""))
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => a
+            .iter()
+            .map(|x| match x.as_u64() {
+                Some(t) if t < n_vocab => Ok(t as u32),
+                _ => Err(ApiError::field(
+                    "prompt",
+                    format!("{x} is not a token id below {n_vocab}"),
+                )),
+            })
+            .collect(),
+        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => {
+            Err(ApiError {
+                code: Some("unsupported_parameter"),
+                ..ApiError::field(
+                    "prompt",
+                    "several prompts in one request are not supported: send one request each",
+                )
+            })
+        }
+        Some(_) => Err(ApiError::field(
+            "prompt",
+            "must be a string or a list of token ids",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_of_unsupported_fields_pass_and_others_are_named() {
+        assert_eq!(
+            unsupported_default("tools", &serde_json::json!([])),
+            Some(true)
+        );
+        assert_eq!(
+            unsupported_default("tools", &serde_json::json!([{"type": "function"}])),
+            Some(false)
+        );
+        assert_eq!(
+            unsupported_default(
+                "response_format",
+                &serde_json::json!({"type": "json_object"})
+            ),
+            Some(false)
+        );
+        assert_eq!(
+            unsupported_default("response_format", &serde_json::json!({"type": "text"})),
+            Some(true)
+        );
+        assert_eq!(
+            unsupported_default("logit_bias", &serde_json::json!({"5": 1})),
+            Some(false)
+        );
+        assert_eq!(
+            unsupported_default("frobnicate", &serde_json::json!(1)),
+            None
+        );
+    }
+
+    #[test]
+    fn messages_are_checked_by_index() {
+        let e = messages(Some(&serde_json::json!([{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].role"));
+        let e = messages(Some(
+            &serde_json::json!([{"role": "user", "content": [{"type": "image_url"}]}]),
+        ))
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
+        let m = messages(Some(&serde_json::json!([
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null}
+        ])))
+        .unwrap();
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[1].content, "ab");
+        assert_eq!(m[2].content, "");
+    }
+}

