@@ -75,7 +75,7 @@ cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${EXTRA_FLAGS[@]}" \
   -DLLAMA_OPENSSL=OFF \
   -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_OPENMP=ON \
   -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON \
   -DLLAMA_BUILD_EXAMPLES=ON
@@ -83,10 +83,11 @@ cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${EXTRA_FLAGS[@]}" \
 echo "==> building (-j$JOBS)"
 start=$(date +%s)
 # llama-completion is the classic text-completion CLI (llama-cli now needs the server build);
-# llama-eval-callback prints every tensor of a forward pass (compare with MOLLM_TRACE=1).
+# llama-eval-callback prints every tensor of a forward pass (compare with MOLLM_TRACE=1);
+# llama-server is the peer of `mollm serve` (scripts/bench-serve.py).
 cmake --build "$BUILD" --config Release -j"$JOBS" --target \
   llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion llama-eval-callback \
-  llama-batched-bench
+  llama-batched-bench llama-server
 end=$(date +%s)
 echo "==> build done in $((end - start)) s; binaries in $BUILD/bin"
 ls -la "$BUILD/bin"

@@ -234,9 +234,30 @@ fn queue_bound_body_limit_and_a_clean_stop() {
 
     // SIGTERM while a stream runs: the stream still ends properly (grace period), then the
     // process exits 0.
+    let rest = stream_through_sigterm(&s, 40);
+    assert!(rest.contains("data: [DONE]"), "the running stream was cut: {rest}");
+    wait_clean_exit(s);
+
+    // With no grace, the running stream is ended by an SSE error event in OpenAI's shape.
+    let s = Server::start(&["-m", m, "--shutdown-grace", "0"], true);
+    let rest = stream_through_sigterm(&s, 2000);
+    let last = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .last()
+        .unwrap_or_else(|| panic!("no events: {rest}"));
+    let v: Value = serde_json::from_str(last).unwrap_or_else(|_| panic!("not an error event: {rest}"));
+    assert_eq!(v["error"]["type"], "unavailable_error", "{v}");
+    wait_clean_exit(s);
+}
+
+/// Starts a completion stream of `max_tokens`, sends SIGTERM once it began, and returns the
+/// rest of the stream.
+fn stream_through_sigterm(s: &Server, max_tokens: usize) -> String {
     let mut c = TcpStream::connect(s.addr()).unwrap();
-    let body =
-        r#"{"prompt": "Once upon a time", "max_tokens": 40, "stream": true, "temperature": 0}"#;
+    let body = format!(
+        r#"{{"prompt": "Once upon a time", "max_tokens": {max_tokens}, "stream": true, "temperature": 0, "ignore_eos": true}}"#
+    );
     write!(
         c,
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -250,27 +271,19 @@ fn queue_bound_body_limit_and_a_clean_stop() {
     s.signal(libc::SIGTERM);
     let mut rest = String::new();
     let _ = c.read_to_string(&mut rest);
-    assert!(
-        rest.contains("data: [DONE]"),
-        "the running stream was cut: {rest}"
-    );
-    let mut s = s;
+    rest
+}
+
+fn wait_clean_exit(mut s: Server) {
     let t = Instant::now();
     let status = loop {
         if let Some(st) = s.child.try_wait().unwrap() {
             break st;
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "still running after SIGTERM"
-        );
+        assert!(t.elapsed() < Duration::from_secs(20), "still running after SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(
-        status.success(),
-        "exit {status:?}: {}",
-        s.log.lock().unwrap()
-    );
+    assert!(status.success(), "exit {status:?}: {}", s.log.lock().unwrap());
     assert!(s.log.lock().unwrap().contains("stopped"));
 }
 

@@ -26,6 +26,9 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Generate past end-of-generation tokens (vLLM's and llama-server's extension, for
+    /// benchmarks with fixed output lengths).
+    pub ignore_eos: bool,
 }
 
 /// Fields both endpoints read.
@@ -46,6 +49,7 @@ const COMMON: &[&str] = &[
     "logprobs",
     "n",
     "user",
+    "ignore_eos",
 ];
 const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETION: &[&str] = &["prompt"];
@@ -315,6 +319,7 @@ pub fn parse(
         seed,
     };
     Ok(GenRequest {
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         prompt,
         max_tokens,
         params,

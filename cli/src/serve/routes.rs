@@ -161,6 +161,7 @@ fn admit(
         params: req.params.clone(),
         logprobs: req.logprobs,
         stop: req.stop.clone(),
+        ignore_eos: req.ignore_eos,
         arrived: Instant::now(),
         tx,
     };
@@ -269,9 +270,9 @@ async fn whole(meta: Meta, mut ticket: Ticket, mut rx: mpsc::UnboundedReceiver<O
                     lp.push(meta.ep, i);
                 }
             }
-            Out::Failed(msg) => {
+            Out::Failed(e) => {
                 ticket.finished = true;
-                return ApiError::internal(msg).into_response();
+                return e.into_response();
             }
             Out::Done {
                 text: t,
@@ -400,9 +401,9 @@ fn stream(
                     send(Event::default().data("[DONE]")).await;
                     return;
                 }
-                Some(Out::Failed(msg)) => {
+                Some(Out::Failed(e)) => {
                     ticket.finished = true;
-                    send(Event::default().data(ApiError::internal(msg).body().to_string())).await;
+                    send(Event::default().data(e.body().to_string())).await;
                     return;
                 }
                 None => {

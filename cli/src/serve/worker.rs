@@ -5,6 +5,7 @@
 //! waits on a client: a client that is gone is noticed when its channel is closed, and its
 //! sequence is cancelled, its KV pages freed, at the next step.
 
+use super::error::ApiError;
 use super::metrics::Metrics;
 use super::text::StopText;
 use engine::kv::KV_PAGE;
@@ -24,6 +25,7 @@ pub struct Job {
     pub params: SamplerParams,
     pub logprobs: Option<usize>,
     pub stop: Vec<String>,
+    pub ignore_eos: bool,
     pub arrived: Instant,
     pub tx: UnboundedSender<Out>,
 }
@@ -71,7 +73,7 @@ pub enum Out {
         usage: Usage,
     },
     /// The request failed or was ended (shutdown); nothing follows.
-    Failed(String),
+    Failed(ApiError),
 }
 
 struct Live<'m> {
@@ -143,7 +145,7 @@ pub fn run(
                     if draining {
                         let _ = job
                             .tx
-                            .send(Out::Failed("the server is shutting down".into()));
+                            .send(Out::Failed(ApiError::shutting_down()));
                         continue;
                     }
                     m.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
@@ -165,7 +167,7 @@ pub fn run(
                         prompt: job.prompt,
                         max_tokens: job.max_tokens,
                         sampler: Sampler::new(job.params),
-                        stop_at_eog: true,
+                        stop_at_eog: !job.ignore_eos,
                         logprobs: job.logprobs,
                     });
                 }
@@ -178,7 +180,7 @@ pub fn run(
                 Cmd::CancelAll => {
                     for id in sched.cancel_all() {
                         if let Some(l) = live.remove(&id) {
-                            let _ = l.tx.send(Out::Failed("the server is shutting down".into()));
+                            let _ = l.tx.send(Out::Failed(ApiError::shutting_down()));
                         }
                     }
                 }
@@ -200,7 +202,7 @@ pub fn run(
             if queued > 0 {
                 for id in sched.cancel_queued() {
                     if let Some(l) = live.remove(&id) {
-                        let _ = l.tx.send(Out::Failed("the server is shutting down".into()));
+                        let _ = l.tx.send(Out::Failed(ApiError::shutting_down()));
                     }
                 }
             }
@@ -215,7 +217,7 @@ pub fn run(
             eprintln!("serve: {msg}");
             for id in sched.cancel_all() {
                 if let Some(l) = live.remove(&id) {
-                    let _ = l.tx.send(Out::Failed(msg.clone()));
+                    let _ = l.tx.send(Out::Failed(ApiError::internal(msg.clone())));
                 }
             }
             continue;
@@ -295,7 +297,7 @@ pub fn run(
                 }
                 Event::Failed { id, msg } => {
                     if let Some(l) = live.remove(&id) {
-                        let _ = l.tx.send(Out::Failed(msg));
+                        let _ = l.tx.send(Out::Failed(ApiError::bad_request(msg)));
                     }
                 }
             }
