@@ -235,7 +235,10 @@ fn queue_bound_body_limit_and_a_clean_stop() {
     // SIGTERM while a stream runs: the stream still ends properly (grace period), then the
     // process exits 0.
     let rest = stream_through_sigterm(&s, 40);
-    assert!(rest.contains("data: [DONE]"), "the running stream was cut: {rest}");
+    assert!(
+        rest.contains("data: [DONE]"),
+        "the running stream was cut: {rest}"
+    );
     wait_clean_exit(s);
 
     // With no grace, the running stream is ended by an SSE error event in OpenAI's shape.
@@ -246,7 +249,8 @@ fn queue_bound_body_limit_and_a_clean_stop() {
         .filter_map(|l| l.strip_prefix("data: "))
         .last()
         .unwrap_or_else(|| panic!("no events: {rest}"));
-    let v: Value = serde_json::from_str(last).unwrap_or_else(|_| panic!("not an error event: {rest}"));
+    let v: Value =
+        serde_json::from_str(last).unwrap_or_else(|_| panic!("not an error event: {rest}"));
     assert_eq!(v["error"]["type"], "unavailable_error", "{v}");
     wait_clean_exit(s);
 }
@@ -280,10 +284,17 @@ fn wait_clean_exit(mut s: Server) {
         if let Some(st) = s.child.try_wait().unwrap() {
             break st;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "still running after SIGTERM");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "still running after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(status.success(), "exit {status:?}: {}", s.log.lock().unwrap());
+    assert!(
+        status.success(),
+        "exit {status:?}: {}",
+        s.log.lock().unwrap()
+    );
     assert!(s.log.lock().unwrap().contains("stopped"));
 }
 

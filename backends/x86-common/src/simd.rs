@@ -275,6 +275,206 @@ unsafe fn dot_q4_1<const VNNI: bool, const R: usize, const C: usize>(
     out
 }
 
+// ---------------------------------------------------------------- column pairs (AVX-512)
+//
+// The legacy kernels' float chain lives in eight lanes per (row, column). Two columns fit one
+// 512-bit register: the weight block broadcast to both halves, column c's activations in the
+// low half and column c+1's in the high half, so one vpdpbusd, one conversion, one product and
+// one FMA serve both columns, and every lane still runs exactly its own chain (a vector FMA
+// lane is the scalar fused multiply-add). Only the AVX-512 backend (VNNI = true) runs these.
+
+/// `[lo | hi]`.
+#[inline(always)]
+unsafe fn pair_i(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Eight lanes of `lo`, eight of `hi`.
+#[inline(always)]
+unsafe fn pair_ps(lo: f32, hi: f32) -> __m512 {
+    _mm512_mask_mov_ps(_mm512_set1_ps(lo), 0xFF00, _mm512_set1_ps(hi))
+}
+
+/// The high eight lanes.
+#[inline(always)]
+unsafe fn high_ps(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
+/// The activation side of the pair kernels, once per call instead of once per row: for each
+/// block and column pair three vectors, the pair's codes `[y_c | y_c+1]`, its scales `dy` in
+/// eight lanes each, and a third that holds
+/// the codes' offset times Σ y per quad, negated (Q8_0/Q5_0/Q4_0, `shift` = log2 offset), or
+/// for Q4_1 (`shift` = 0) in pair 0 the columns' `s` values, column c in lane c.
+#[inline(always)]
+unsafe fn pack_pairs<const Q81: bool>(
+    a: *const u8,
+    as_: usize,
+    cols: usize,
+    nb: usize,
+    shift: u32,
+    buf: &mut Vec<__m512i>,
+) {
+    let np = cols / 2;
+    buf.clear();
+    buf.resize(nb * np * 3, _mm512_setzero_si512());
+    let bb = if Q81 { Q8_1_B } else { Q8_0_B };
+    let qo = if Q81 { 4 } else { 2 };
+    for i in 0..nb {
+        let mut sy = [0f32; 16];
+        for p in 0..np {
+            let y0 = a.add(2 * p * as_ + i * bb);
+            let y1 = a.add((2 * p + 1) * as_ + i * bb);
+            let yq = pair_i(ld(y0.add(qo)), ld(y1.add(qo)));
+            let o = (i * np + p) * 3;
+            buf[o] = yq;
+            buf[o + 1] = _mm512_castps_si512(pair_ps(h16(y0), h16(y1)));
+            if Q81 {
+                sy[2 * p] = h16(y0.add(2));
+                sy[2 * p + 1] = h16(y1.add(2));
+            } else {
+                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), yq);
+                buf[o + 2] = _mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_sllv_epi32(sum, _mm512_set1_epi32(shift as i32)),
+                );
+            }
+        }
+        if Q81 {
+            buf[i * np * 3 + 2] = _mm512_castps_si512(_mm512_loadu_ps(sy.as_ptr()));
+        }
+    }
+}
+
+/// [`dot_q0`] / [`dot_q4_1`] with VNNI over packed column pairs (`C` even, at most 8): one
+/// 512-bit vpdpbusd, conversion, product and FMA for two columns, every lane its own chain
+/// (same bits). `FMT`: 8, 5, 4 (Q8_0, Q5_0, Q4_0) or 1 (Q4_1).
+#[inline(always)]
+unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
+    w: *const u8,
+    ws: usize,
+    packed: *const __m512i,
+    nb: usize,
+) -> [[f32; R]; C] {
+    // Pairs are indexed 0..C/2; the arrays are sized C (stable Rust has no C/2 lengths).
+    let mut acc = [[_mm512_setzero_ps(); R]; C];
+    let mut summs = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let pk = packed.add(i * (C / 2) * 3);
+        for r in 0..R {
+            let dx;
+            let q;
+            if FMT == 8 {
+                let x = w.add(r * ws + i * Q8_0_B);
+                dx = h16(x);
+                // (q + 128) as u8; the packed offset term takes 128 * Σ y back: exact.
+                q = _mm256_xor_si256(ld(x.add(2)), _mm256_set1_epi8(-128));
+            } else if FMT == 4 {
+                let x = w.add(r * ws + i * Q4_0_B);
+                dx = h16(x);
+                q = nibbles_32(x.add(2));
+            } else if FMT == 5 {
+                let x = w.add(r * ws + i * Q5_0_B);
+                dx = h16(x);
+                let nib = nibbles_32(x.add(6));
+                let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
+                q = _mm256_or_si256(nib, hb);
+            } else {
+                let x = w.add(r * ws + i * Q4_1_B);
+                dx = h16(x);
+                let mx = h16(x.add(2));
+                let vsy = _mm512_castps512_ps256(_mm512_castsi512_ps(*pk.add(2)));
+                summs[r] = _mm256_fmadd_ps(_mm256_set1_ps(mx), vsy, summs[r]);
+                q = nibbles_32(x.add(4));
+            }
+            let q2 = pair_i(q, q);
+            let vdx = _mm512_set1_ps(dx);
+            for p in 0..C / 2 {
+                let init = if FMT == 1 {
+                    _mm512_setzero_si512()
+                } else {
+                    *pk.add(3 * p + 2)
+                };
+                let quads = _mm512_dpbusd_epi32(init, q2, *pk.add(3 * p));
+                let d = _mm512_mul_ps(vdx, _mm512_castsi512_ps(*pk.add(3 * p + 1)));
+                acc[p][r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(quads), acc[p][r]);
+            }
+        }
+    }
+    let mut out = [[0f32; R]; C];
+    for r in 0..R {
+        let mut sm = [0f32; 8];
+        _mm256_storeu_ps(sm.as_mut_ptr(), summs[r]);
+        for p in 0..C / 2 {
+            // Q4_1 adds its `summs` after the sum (ggml's order); the others add 0.
+            let (lo, hi) = if FMT == 1 {
+                (sm[2 * p], sm[2 * p + 1])
+            } else {
+                (0.0, 0.0)
+            };
+            let l = hsum_float_8(_mm512_castps512_ps256(acc[p][r]));
+            let h = hsum_float_8(high_ps(acc[p][r]));
+            out[2 * p][r] = if FMT == 1 { l + lo } else { l };
+            out[2 * p + 1][r] = if FMT == 1 { h + hi } else { h };
+        }
+    }
+    out
+}
+
+/// `C` columns (even, at most 8) of a legacy format over `nrows` rows, in packed column pairs
+/// (AVX-512 VNNI): `out[c * nrows + r]`.
+#[inline(always)]
+unsafe fn tile_pairs<const C: usize>(
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    use abi::DType::*;
+    thread_local! {
+        static PACKED: core::cell::RefCell<Vec<__m512i>> = const { core::cell::RefCell::new(Vec::new()) };
+    }
+    let nb = n / 32;
+    // Only the pointer comes out of the closure: code inside a closure would not inherit
+    // this function's target features (the intrinsics would become calls). The buffer is
+    // this thread's, and nothing below re-enters this function.
+    let cell = PACKED.with(|c| c as *const core::cell::RefCell<Vec<__m512i>>);
+    {
+        let mut buf = (*cell).borrow_mut();
+        match dtype {
+            Q4_1 => pack_pairs::<true>(a, as_, C, nb, 0, &mut buf),
+            Q8_0 => pack_pairs::<false>(a, as_, C, nb, 7, &mut buf),
+            Q5_0 => pack_pairs::<false>(a, as_, C, nb, 4, &mut buf),
+            _ => pack_pairs::<false>(a, as_, C, nb, 3, &mut buf),
+        }
+        let pk = buf.as_ptr();
+        let mut r = 0;
+        macro_rules! rows {
+            ($rr:literal) => {
+                while r + $rr <= nrows {
+                    let wr = w.add(r * ws);
+                    let v: [[f32; $rr]; C] = match dtype {
+                        Q4_1 => dot_pairs::<1, $rr, C>(wr, ws, pk, nb),
+                        Q8_0 => dot_pairs::<8, $rr, C>(wr, ws, pk, nb),
+                        Q5_0 => dot_pairs::<5, $rr, C>(wr, ws, pk, nb),
+                        _ => dot_pairs::<4, $rr, C>(wr, ws, pk, nb),
+                    };
+                    for c in 0..C {
+                        out[c * nrows + r..][..$rr].copy_from_slice(&v[c]);
+                    }
+                    r += $rr;
+                }
+            };
+        }
+        rows!(4);
+        rows!(1);
+    }
+}
+
 /// ggml's Q4_0 repack GEMV/GEMM chain (quant's `dot_repack_q4_0`): per block the exact
 /// sum of all 32 products, then `acc = fma(f32(sum), dx*dy, acc)`, one chain per row.
 #[inline(always)]
@@ -841,6 +1041,50 @@ unsafe fn tile_any<const VNNI: bool>(
         // live too, four rows spill even AVX-512's 32 registers (measured: 2x4 is 1.3x
         // faster for eight decode columns on Q5_0, 1.1x for prompts).
         const C: usize = TILE_COLS;
+        if VNNI {
+            // AVX-512: columns in 512-bit pairs, the activation side packed once per call;
+            // eight columns at a time share each decoded weight block (16 decoding
+            // sequences: 1.2x over four at a time).
+            while c0 + 8 <= ncols {
+                tile_pairs::<8>(
+                    dtype,
+                    n,
+                    w,
+                    ws,
+                    act.add(c0 * as_),
+                    as_,
+                    nrows,
+                    &mut out[c0 * nrows..],
+                );
+                c0 += 8;
+            }
+            while c0 + C <= ncols {
+                tile_pairs::<C>(
+                    dtype,
+                    n,
+                    w,
+                    ws,
+                    act.add(c0 * as_),
+                    as_,
+                    nrows,
+                    &mut out[c0 * nrows..],
+                );
+                c0 += C;
+            }
+            if c0 + 2 <= ncols {
+                tile_pairs::<2>(
+                    dtype,
+                    n,
+                    w,
+                    ws,
+                    act.add(c0 * as_),
+                    as_,
+                    nrows,
+                    &mut out[c0 * nrows..],
+                );
+                c0 += 2;
+            }
+        }
         let r_tile = 2;
         while c0 + C <= ncols {
             let a = act.add(c0 * as_);

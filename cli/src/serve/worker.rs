@@ -143,9 +143,7 @@ pub fn run(
             match c {
                 Cmd::Submit(id, job) => {
                     if draining {
-                        let _ = job
-                            .tx
-                            .send(Out::Failed(ApiError::shutting_down()));
+                        let _ = job.tx.send(Out::Failed(ApiError::shutting_down()));
                         continue;
                     }
                     m.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
