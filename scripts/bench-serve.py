@@ -55,7 +55,9 @@ def pct(xs, q):
 
 
 async def level(url, conc, n_req, max_tokens, prompt):
-    ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    # Retries: llama-server drops some of 64 concurrent connections ("Server disconnected
+    # without sending a response"); a retried request counts once, from its first try.
+    ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=3, timeout=600)
     ttft, itl, toks, prompt_toks = [], [], [], []
     left = [n_req]
 

@@ -167,12 +167,18 @@ fn run_alone(m: &str, prompt: &str, chat: bool) -> String {
     v["text"].as_str().unwrap().to_string()
 }
 
+/// The default model (None: skipped), with the servers' lock held and the client installed.
+fn setup() -> Option<(String, std::sync::MutexGuard<'static, ()>)> {
+    let m = model(SMOLLM2)?;
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    python_with_openai();
+    Some((m.to_str().unwrap().to_string(), one))
+}
+
 #[test]
 fn openai_client_api_invariance_and_load() {
-    let Some(m) = model(SMOLLM2) else { return };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    python_with_openai();
-    let m = m.to_str().unwrap();
+    let Some((m, _one)) = setup() else { return };
+    let m = m.as_str();
     let s = Server::start(
         &[
             "-m",
@@ -213,10 +219,8 @@ fn openai_client_api_invariance_and_load() {
 
 #[test]
 fn queue_bound_body_limit_and_a_clean_stop() {
-    let Some(m) = model(SMOLLM2) else { return };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    python_with_openai();
-    let m = m.to_str().unwrap();
+    let Some((m, _one)) = setup() else { return };
+    let m = m.as_str();
     let s = Server::start(
         &[
             "-m",

@@ -1045,45 +1045,18 @@ unsafe fn tile_any<const VNNI: bool>(
             // AVX-512: columns in 512-bit pairs, the activation side packed once per call;
             // eight columns at a time share each decoded weight block (16 decoding
             // sequences: 1.2x over four at a time).
-            while c0 + 8 <= ncols {
-                tile_pairs::<8>(
-                    dtype,
-                    n,
-                    w,
-                    ws,
-                    act.add(c0 * as_),
-                    as_,
-                    nrows,
-                    &mut out[c0 * nrows..],
-                );
-                c0 += 8;
+            macro_rules! pairs {
+                ($cols:literal) => {
+                    while c0 + $cols <= ncols {
+                        let o = &mut out[c0 * nrows..];
+                        tile_pairs::<$cols>(dtype, n, w, ws, act.add(c0 * as_), as_, nrows, o);
+                        c0 += $cols;
+                    }
+                };
             }
-            while c0 + C <= ncols {
-                tile_pairs::<C>(
-                    dtype,
-                    n,
-                    w,
-                    ws,
-                    act.add(c0 * as_),
-                    as_,
-                    nrows,
-                    &mut out[c0 * nrows..],
-                );
-                c0 += C;
-            }
-            if c0 + 2 <= ncols {
-                tile_pairs::<2>(
-                    dtype,
-                    n,
-                    w,
-                    ws,
-                    act.add(c0 * as_),
-                    as_,
-                    nrows,
-                    &mut out[c0 * nrows..],
-                );
-                c0 += 2;
-            }
+            pairs!(8);
+            pairs!(4);
+            pairs!(2);
         }
         let r_tile = 2;
         while c0 + C <= ncols {
