@@ -1,6 +1,6 @@
 //! A request body, checked once into a typed [`GenRequest`]: every field the server reads is
 //! validated here with an error naming it; a field the server does not implement is refused
-//! (400 naming it) unless it holds its no-op default (`"tools": []`, `"n": 1`, ...), and an
+//! (400 naming it) unless it holds its no-op default (`"tools": []`, `"echo": false`, ...), and an
 //! unknown field is refused too, never silently ignored.
 
 use super::error::ApiError;
@@ -26,6 +26,8 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Choices: `n` sequences of the same prompt, sampled with seeds `seed`, `seed + 1`, ...
+    pub n: usize,
     /// Generate past end-of-generation tokens (vLLM's and llama-server's extension, for
     /// benchmarks with fixed output lengths).
     pub ignore_eos: bool,
@@ -128,6 +130,10 @@ impl Fields<'_> {
 
 /// The most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
+/// The most choices per request.
+pub const MAX_N: usize = 16;
+/// The longest stop string: every generated token searches the text's last this many bytes.
+pub const MAX_STOP_BYTES: usize = 1024;
 /// The most alternatives per token in `top_logprobs` / completions' `logprobs`.
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
@@ -167,14 +173,7 @@ pub fn parse(
             return Err(ApiError::field("user", "must be a string"));
         }
     }
-    if let Some(n) = f.int("n", 1, 128)? {
-        if n != 1 {
-            return Err(ApiError {
-                code: Some("unsupported_parameter"),
-                ..ApiError::field("n", "only 1 choice per request is supported")
-            });
-        }
-    }
+    let n = f.int("n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
 
     let prompt = match endpoint {
         Endpoint::Chat => {
@@ -231,6 +230,15 @@ pub fn parse(
     };
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::field("stop", "a stop string must not be empty"));
+    }
+    if let Some(s) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::field(
+            "stop",
+            format!(
+                "a stop string may have at most {MAX_STOP_BYTES} bytes, one has {}",
+                s.len()
+            ),
+        ));
     }
 
     let stream = f.bool("stream")?.unwrap_or(false);
@@ -319,6 +327,7 @@ pub fn parse(
         seed,
     };
     Ok(GenRequest {
+        n,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         prompt,
         max_tokens,

@@ -74,10 +74,18 @@ pub async fn completions(
 }
 
 async fn generate(app: Arc<App>, ep: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
-    let (req, ticket, rx) = match admit(&app, ep, body) {
-        Ok(x) => x,
-        Err(e) => return e.into_response(),
+    // Tokenizing a long prompt (and rendering a chat template) takes milliseconds: off the
+    // runtime's threads, which serve every connection.
+    let a = app.clone();
+    let admitted = tokio::task::spawn_blocking(move || admit(&a, ep, body)).await;
+    let (req, choices) = match admitted {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => return e.into_response(),
+        Err(e) => {
+            return ApiError::internal(format!("request validation failed: {e}")).into_response()
+        }
     };
+    let first = choices[0].0.id;
     let meta = Meta {
         id: format!(
             "{}-{:x}{:08x}",
@@ -86,8 +94,8 @@ async fn generate(app: Arc<App>, ep: Endpoint, body: Result<Bytes, BytesRejectio
             } else {
                 "cmpl"
             },
-            ticket.id,
-            app.created as u32 ^ (ticket.id as u32).wrapping_mul(2_654_435_761)
+            first,
+            app.created as u32 ^ (first as u32).wrapping_mul(2_654_435_761)
         ),
         created: unix_now(),
         model: app
@@ -99,18 +107,21 @@ async fn generate(app: Arc<App>, ep: Endpoint, body: Result<Bytes, BytesRejectio
         logprobs: req.logprobs.is_some(),
     };
     if req.stream {
-        stream(meta, req.include_usage, ticket, rx)
+        stream(meta, req.include_usage, choices)
     } else {
-        whole(meta, ticket, rx).await
+        whole(meta, choices).await
     }
 }
 
-/// Validates, checks the context and the queue bound, and submits.
+/// One choice of a request: its place in the engine and its answer's channel.
+type Choice = (Ticket, mpsc::UnboundedReceiver<Out>);
+
+/// Validates, checks the context and the queue bound, and submits the request's `n` choices.
 fn admit(
     app: &Arc<App>,
     ep: Endpoint,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(GenRequest, Ticket, mpsc::UnboundedReceiver<Out>), ApiError> {
+) -> Result<(GenRequest, Vec<Choice>), ApiError> {
     let ready = app.ready.get().ok_or_else(ApiError::loading)?;
     if app.stopping.load(SeqCst) {
         return Err(ApiError::shutting_down());
@@ -139,36 +150,46 @@ fn admit(
         Some((m, _)) => m,
         None => app.max_tokens.min(ctx - n),
     };
-    // Bounded admission: at most --parallel running and --queue waiting.
+    // Bounded admission: at most --parallel running and --queue waiting (each choice is a
+    // sequence).
     let limit = app.parallel + app.queue;
-    if app.inflight.fetch_add(1, SeqCst) >= limit {
-        app.inflight.fetch_sub(1, SeqCst);
+    if app.inflight.fetch_add(req.n, SeqCst) + req.n > limit {
+        app.inflight.fetch_sub(req.n, SeqCst);
         return Err(ApiError::overloaded(
             app.metrics.running.load(Relaxed) as usize,
             app.metrics.queued.load(Relaxed) as usize,
         ));
     }
-    let id = app.next_id.fetch_add(1, SeqCst);
-    let ticket = Ticket {
-        app: app.clone(),
-        id,
-        finished: false,
-    };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let job = Job {
-        prompt: req.prompt.clone(),
-        max_tokens,
-        params: req.params.clone(),
-        logprobs: req.logprobs,
-        stop: req.stop.clone(),
-        ignore_eos: req.ignore_eos,
-        arrived: Instant::now(),
-        tx,
-    };
-    ready
-        .send(Cmd::Submit(id, job))
-        .map_err(|_| ApiError::shutting_down())?;
-    Ok((req, ticket, rx))
+    // Every choice's ticket first: each gives its place back when dropped, also when a
+    // submission below fails.
+    let tickets: Vec<Ticket> = (0..req.n)
+        .map(|_| Ticket {
+            app: app.clone(),
+            id: app.next_id.fetch_add(1, SeqCst),
+            finished: false,
+        })
+        .collect();
+    let mut choices = Vec::with_capacity(req.n);
+    for (i, ticket) in tickets.into_iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut params = req.params.clone();
+        params.seed = params.seed.wrapping_add(i as u64);
+        let job = Job {
+            prompt: req.prompt.clone(),
+            max_tokens,
+            params,
+            logprobs: req.logprobs,
+            stop: req.stop.clone(),
+            ignore_eos: req.ignore_eos,
+            arrived: Instant::now(),
+            tx,
+        };
+        ready
+            .send(Cmd::Submit(ticket.id, job))
+            .map_err(|_| ApiError::shutting_down())?;
+        choices.push((ticket, rx));
+    }
+    Ok((req, choices))
 }
 
 struct Meta {
@@ -203,12 +224,16 @@ impl Meta {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
+/// The request's usage: the prompt once (its choices share it), the completions summed.
+fn usage_json(u: &[Usage]) -> Value {
+    let prompt = u.first().map_or(0, |u| u.prompt_tokens);
+    let cached = u.iter().map(|u| u.cached_tokens).max().unwrap_or(0);
+    let completion: usize = u.iter().map(|u| u.completion_tokens).sum();
     json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -248,7 +273,9 @@ impl Lp {
 
     fn take(&mut self, ep: Endpoint) -> Value {
         match ep {
-            Endpoint::Chat => json!({"content": std::mem::take(&mut self.chat), "refusal": null}),
+            Endpoint::Chat => {
+                json!({"content": std::mem::take(&mut self.chat), "refusal": null})
+            }
             Endpoint::Completion => json!({
                 "tokens": std::mem::take(&mut self.tokens),
                 "token_logprobs": std::mem::take(&mut self.token_logprobs),
@@ -259,64 +286,72 @@ impl Lp {
     }
 }
 
-async fn whole(meta: Meta, mut ticket: Ticket, mut rx: mpsc::UnboundedReceiver<Out>) -> Response {
-    let mut text = String::new();
-    let mut lp = Lp::default();
-    while let Some(o) = rx.recv().await {
-        match o {
-            Out::Token { text: t, logprobs } => {
-                text.push_str(&t);
-                if let Some(i) = logprobs {
-                    lp.push(meta.ep, i);
+/// The JSON answer: every choice's text, in index order (they are computed together).
+async fn whole(meta: Meta, mut choices: Vec<Choice>) -> Response {
+    let mut out = Vec::with_capacity(choices.len());
+    let mut usage = Vec::with_capacity(choices.len());
+    for (index, (ticket, rx)) in choices.iter_mut().enumerate() {
+        let mut text = String::new();
+        let mut lp = Lp::default();
+        let done = loop {
+            match rx.recv().await {
+                Some(Out::Token { text: t, logprobs }) => {
+                    text.push_str(&t);
+                    if let Some(i) = logprobs {
+                        lp.push(meta.ep, i);
+                    }
+                }
+                Some(Out::Failed(e)) => {
+                    ticket.finished = true;
+                    return e.into_response();
+                }
+                Some(Out::Done {
+                    text: t,
+                    finish,
+                    usage: u,
+                }) => {
+                    ticket.finished = true;
+                    text.push_str(&t);
+                    usage.push(u);
+                    break finish;
+                }
+                None => {
+                    return ApiError::internal("the engine stopped before the answer was complete")
+                        .into_response()
                 }
             }
-            Out::Failed(e) => {
-                ticket.finished = true;
-                return e.into_response();
-            }
-            Out::Done {
-                text: t,
-                finish,
-                usage,
-            } => {
-                ticket.finished = true;
-                text.push_str(&t);
-                let logprobs = if meta.logprobs {
-                    lp.take(meta.ep)
-                } else {
-                    Value::Null
-                };
-                let choice = match meta.ep {
-                    Endpoint::Chat => json!({
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text, "refusal": null},
-                        "logprobs": logprobs,
-                        "finish_reason": finish.as_str(),
-                    }),
-                    Endpoint::Completion => json!({
-                        "index": 0,
-                        "text": text,
-                        "logprobs": logprobs,
-                        "finish_reason": finish.as_str(),
-                    }),
-                };
-                let mut m = meta.envelope(false, json!([choice]));
-                m.insert("usage".into(), usage_json(&usage));
-                return Json(Value::Object(m)).into_response();
-            }
-        }
+        };
+        let logprobs = if meta.logprobs {
+            lp.take(meta.ep)
+        } else {
+            Value::Null
+        };
+        out.push(match meta.ep {
+            Endpoint::Chat => json!({
+                "index": index,
+                "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": logprobs,
+                "finish_reason": done.as_str(),
+            }),
+            Endpoint::Completion => json!({
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": done.as_str(),
+            }),
+        });
     }
-    ApiError::internal("the engine stopped before the answer was complete").into_response()
+    let mut m = meta.envelope(false, Value::Array(out));
+    m.insert("usage".into(), usage_json(&usage));
+    Json(Value::Object(m)).into_response()
 }
 
-fn stream(
-    meta: Meta,
-    include_usage: bool,
-    ticket: Ticket,
-    mut rx: mpsc::UnboundedReceiver<Out>,
-) -> Response {
+/// The SSE answer: chunks of all choices as they come (each with its `index`), a last chunk
+/// per choice with its `finish_reason`, the usage chunk if asked, then `[DONE]`.
+fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
     let (otx, orx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let chunk = move |meta: &Meta,
+                      index: usize,
                       text: Option<&str>,
                       role: bool,
                       lp: Option<Value>,
@@ -330,10 +365,10 @@ fn stream(
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
             Endpoint::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish})
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish})
             }
         };
         let mut m = meta.envelope(true, json!([choice]));
@@ -343,82 +378,96 @@ fn stream(
         Event::default().data(Value::Object(m).to_string())
     };
     tokio::spawn(async move {
-        // The whole ticket moves in (not just the field written below): it lives as long as
-        // the stream, and cancels the sequence when the client goes away.
-        let mut ticket = ticket;
+        // The tickets move in whole: they live as long as the stream, and cancel the
+        // sequences when the client goes away.
+        let (mut tickets, rxs): (Vec<Ticket>, Vec<_>) = choices.into_iter().unzip();
+        let mut streams = tokio_stream::StreamMap::new();
+        for (i, rx) in rxs.into_iter().enumerate() {
+            streams.insert(i, tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+        }
         let send = |e: Event| {
             let otx = otx.clone();
             async move { otx.send(Ok(e)).await.is_ok() }
         };
-        if meta.ep == Endpoint::Chat && !send(chunk(&meta, Some(""), true, None, None)).await {
-            return;
+        if meta.ep == Endpoint::Chat {
+            for i in 0..tickets.len() {
+                if !send(chunk(&meta, i, Some(""), true, None, None)).await {
+                    return;
+                }
+            }
         }
-        let mut lp = Lp::default();
-        loop {
-            let o = tokio::select! {
-                _ = otx.closed() => return, // the client went away: the ticket cancels
-                o = rx.recv() => o,
+        let mut lp: Vec<Lp> = (0..tickets.len()).map(|_| Lp::default()).collect();
+        let mut usage = Vec::with_capacity(tickets.len());
+        let mut open = tickets.len();
+        while open > 0 {
+            let next = tokio::select! {
+                _ = otx.closed() => return, // the client went away: the tickets cancel
+                o = tokio_stream::StreamExt::next(&mut streams) => o,
+            };
+            let Some((i, o)) = next else {
+                break;
             };
             match o {
-                Some(Out::Token { text, logprobs }) => {
-                    let l = logprobs.map(|i| {
-                        lp.push(meta.ep, i);
-                        lp.take(meta.ep)
+                Out::Token { text, logprobs } => {
+                    let l = logprobs.map(|t| {
+                        lp[i].push(meta.ep, t);
+                        lp[i].take(meta.ep)
                     });
                     if text.is_empty() && l.is_none() {
                         continue;
                     }
-                    if !send(chunk(&meta, Some(&text), false, l, None)).await {
+                    if !send(chunk(&meta, i, Some(&text), false, l, None)).await {
                         return;
                     }
                 }
-                Some(Out::Done {
+                Out::Done {
                     text,
                     finish,
-                    usage,
-                }) => {
-                    ticket.finished = true;
-                    if !text.is_empty() && !send(chunk(&meta, Some(&text), false, None, None)).await
+                    usage: u,
+                } => {
+                    tickets[i].finished = true;
+                    open -= 1;
+                    usage.push(u);
+                    if !text.is_empty()
+                        && !send(chunk(&meta, i, Some(&text), false, None, None)).await
                     {
                         return;
                     }
                     let last = match meta.ep {
-                        Endpoint::Chat => chunk(&meta, None, false, None, Some(finish.as_str())),
+                        Endpoint::Chat => chunk(&meta, i, None, false, None, Some(finish.as_str())),
                         Endpoint::Completion => {
-                            chunk(&meta, Some(""), false, None, Some(finish.as_str()))
+                            chunk(&meta, i, Some(""), false, None, Some(finish.as_str()))
                         }
                     };
                     if !send(last).await {
                         return;
                     }
-                    if include_usage {
-                        let mut m = meta.envelope(true, json!([]));
-                        m.insert("usage".into(), usage_json(&usage));
-                        if !send(Event::default().data(Value::Object(m).to_string())).await {
-                            return;
-                        }
-                    }
-                    send(Event::default().data("[DONE]")).await;
-                    return;
                 }
-                Some(Out::Failed(e)) => {
-                    ticket.finished = true;
+                Out::Failed(e) => {
                     send(Event::default().data(e.body().to_string())).await;
-                    return;
-                }
-                None => {
-                    send(
-                        Event::default().data(
-                            ApiError::internal("the engine stopped before the answer was complete")
-                                .body()
-                                .to_string(),
-                        ),
-                    )
-                    .await;
-                    return;
+                    return; // the others are cancelled as their tickets drop
                 }
             }
         }
+        if open > 0 {
+            send(
+                Event::default().data(
+                    ApiError::internal("the engine stopped before the answer was complete")
+                        .body()
+                        .to_string(),
+                ),
+            )
+            .await;
+            return;
+        }
+        if include_usage {
+            let mut m = meta.envelope(true, json!([]));
+            m.insert("usage".into(), usage_json(&usage));
+            if !send(Event::default().data(Value::Object(m).to_string())).await {
+                return;
+            }
+        }
+        send(Event::default().data("[DONE]")).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(orx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))

@@ -150,15 +150,39 @@ def api(url, key):
     assert sample(42) == a, "same seed, other text"
     assert any(sample(s) != a for s in (43, 44, 45)), "seeds do not change the draw"
 
+    # Several choices: each its own sequence (seeds seed, seed + 1, ...), streamed with their
+    # index; the usage counts the prompt once.
+    r = c.chat.completions.create(model=model, messages=CHAT, max_tokens=12, temperature=1.0,
+                                  seed=7, n=3)
+    assert [x.index for x in r.choices] == [0, 1, 2], r
+    total = 0
+    for x in r.choices:
+        one = c.chat.completions.create(model=model, messages=CHAT, max_tokens=12,
+                                        temperature=1.0, seed=7 + x.index)
+        assert x.message.content == one.choices[0].message.content, (x, one)
+        total += one.usage.completion_tokens
+    assert r.usage.completion_tokens == total and r.usage.prompt_tokens == one.usage.prompt_tokens, r.usage
+    texts, fins = {}, {}
+    for k in c.chat.completions.create(model=model, messages=CHAT, max_tokens=12, temperature=1.0,
+                                       seed=7, n=3, stream=True):
+        ch = k.choices[0]
+        texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+        if ch.finish_reason:
+            assert ch.index not in fins
+            fins[ch.index] = ch.finish_reason
+    assert sorted(fins) == [0, 1, 2], fins
+    assert [texts[i] for i in range(3)] == [x.message.content for x in r.choices], texts
+
     # Refused: fields not implemented (400 naming them), bad values, overflow, no key.
     for kw, param in [({"response_format": {"type": "json_object"}}, "response_format"),
                       ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                       ({"logit_bias": {"5": 10}}, "logit_bias"),
-                      ({"n": 2}, "n"),
+                      ({"n": 17}, "n"),
                       ({"temperature": 3}, "temperature"),
                       ({"top_logprobs": 3}, "top_logprobs"),
                       ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
                       ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+                      ({"stop": "x" * 2000}, "stop"),
                       ({"max_tokens": 10 ** 6}, "max_tokens")]:
         try:
             c.chat.completions.create(model=model, messages=CHAT, **kw)
