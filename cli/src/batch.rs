@@ -3,7 +3,7 @@
 //! request in input order. A bad line gets an error result naming the line and the field; the
 //! others still run.
 
-use crate::common::{chat_tokens, CliResult, ModelArgs, SamplingArgs};
+use crate::common::{chat_tokens, token_ids, CliResult, ModelArgs, SamplingArgs};
 use clap::Args;
 use engine::sched::{Event, Request, SchedOptions, Scheduler};
 use engine::{Model, Sampler, SamplerParams};
@@ -113,15 +113,7 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
             let ids = o["prompt_ids"]
                 .as_array()
                 .ok_or("field 'prompt_ids': must be a list of token ids")?;
-            let n_vocab = model.hp.n_vocab as u64;
-            ids.iter()
-                .map(|x| match x.as_u64() {
-                    Some(t) if t < n_vocab => Ok(t as u32),
-                    _ => Err(format!(
-                        "field 'prompt_ids': {x} is not a token id below {n_vocab}"
-                    )),
-                })
-                .collect::<Result<Vec<u32>, String>>()?
+            token_ids(ids, model).map_err(|e| format!("field 'prompt_ids': {e}"))?
         }
         (Some(_), Some(_)) => unreachable!("checked above"),
         (Some(Value::String(p)), None) => model

@@ -78,14 +78,29 @@ pub struct SamplingArgs {
     pub seed: Option<u64>,
 }
 
+/// A seed from the clock, for requests that give none.
+pub fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// A JSON list of token ids (`prompt_ids`, a completion prompt, `/detokenize`), each checked
+/// against the vocabulary.
+pub fn token_ids(list: &[serde_json::Value], model: &Model) -> Result<Vec<u32>, String> {
+    let n_vocab = model.hp.n_vocab as u64;
+    list.iter()
+        .map(|x| match x.as_u64() {
+            Some(t) if t < n_vocab => Ok(t as u32),
+            _ => Err(format!("{x} is not a token id below {n_vocab}")),
+        })
+        .collect()
+}
+
 impl SamplingArgs {
     pub fn sampler(&self) -> Sampler {
-        let seed = self.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        });
+        let seed = self.seed.unwrap_or_else(clock_seed);
         Sampler::new(SamplerParams {
             temperature: self.temperature,
             top_k: self.top_k,

@@ -183,7 +183,7 @@ impl Scheduler {
 
     /// Ends every request, queued and running (after a failed step, or at shutdown); their ids.
     pub fn cancel_all(&mut self) -> Vec<usize> {
-        let mut ids: Vec<usize> = self.queue.drain(..).map(|(r, _)| r.id).collect();
+        let mut ids = self.cancel_queued();
         ids.extend(self.active.drain(..).map(|a| a.req.id));
         ids
     }

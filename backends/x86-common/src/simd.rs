@@ -406,16 +406,12 @@ unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
         let mut sm = [0f32; 8];
         _mm256_storeu_ps(sm.as_mut_ptr(), summs[r]);
         for p in 0..C / 2 {
-            // Q4_1 adds its `summs` after the sum (ggml's order); the others add 0.
-            let (lo, hi) = if FMT == 1 {
-                (sm[2 * p], sm[2 * p + 1])
-            } else {
-                (0.0, 0.0)
-            };
             let l = hsum_float_8(_mm512_castps512_ps256(acc[p][r]));
             let h = hsum_float_8(high_ps(acc[p][r]));
-            out[2 * p][r] = if FMT == 1 { l + lo } else { l };
-            out[2 * p + 1][r] = if FMT == 1 { h + hi } else { h };
+            // Q4_1 adds its `summs` after the sum (ggml's order); the others add nothing
+            // (not even 0.0, which would turn a -0.0 into +0.0).
+            out[2 * p][r] = if FMT == 1 { l + sm[2 * p] } else { l };
+            out[2 * p + 1][r] = if FMT == 1 { h + sm[2 * p + 1] } else { h };
         }
     }
     out
@@ -1037,9 +1033,6 @@ unsafe fn tile_any<const VNNI: bool>(
         .iter()
         .any(|k| matches!(k, Kernel::RepackGemv | Kernel::RepackGemm));
     if dtype.info().block_len == 32 && !repacked {
-        // Two rows by four columns: with the per-column activations, scales and offsets
-        // live too, four rows spill even AVX-512's 32 registers (measured: 2x4 is 1.3x
-        // faster for eight decode columns on Q5_0, 1.1x for prompts).
         const C: usize = TILE_COLS;
         if VNNI {
             // AVX-512: columns in 512-bit pairs, the activation side packed once per call;
@@ -1058,6 +1051,9 @@ unsafe fn tile_any<const VNNI: bool>(
             pairs!(4);
             pairs!(2);
         }
+        // AVX2: two rows by four columns (with the per-column activations, scales and
+        // offsets live too, four rows spill the registers; measured: 2x4 is 1.3x faster for
+        // eight decode columns on Q5_0, 1.1x for prompts).
         let r_tile = 2;
         while c0 + C <= ncols {
             let a = act.add(c0 * as_);

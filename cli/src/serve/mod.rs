@@ -69,9 +69,6 @@ pub struct ServeArgs {
     pub sampling: SamplingArgs,
 }
 
-/// The body limit, for the 413 message.
-static MAX_BODY: AtomicUsize = AtomicUsize::new(0);
-
 pub struct Ready {
     pub model: Arc<Model>,
     pub model_id: String,
@@ -98,6 +95,10 @@ pub struct App {
     parallel: usize,
     queue: usize,
     max_tokens: usize,
+    /// Body limit in bytes (for the 413 message; the router enforces it).
+    max_body: usize,
+    /// Seconds running requests get after SIGTERM.
+    grace: u64,
     next_id: AtomicUsize,
     /// Generation requests submitted and not yet answered (running + queued).
     inflight: AtomicUsize,
@@ -129,7 +130,6 @@ async fn serve_async(a: ServeArgs) -> CliResult {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr()?;
     eprintln!("mollm serve: listening on http://{local} (loading the model)");
-    MAX_BODY.store(a.max_body, SeqCst);
     let app = Arc::new(App {
         ready: OnceLock::new(),
         metrics: Arc::new(metrics::Metrics::new()),
@@ -138,6 +138,8 @@ async fn serve_async(a: ServeArgs) -> CliResult {
         parallel: a.parallel,
         queue: a.queue,
         max_tokens: a.max_tokens,
+        max_body: a.max_body,
+        grace: a.shutdown_grace,
         next_id: AtomicUsize::new(0),
         inflight: AtomicUsize::new(0),
         stopping: AtomicBool::new(false),
@@ -156,7 +158,7 @@ async fn serve_async(a: ServeArgs) -> CliResult {
             }
         })?;
 
-    let router = router(app.clone(), MAX_BODY.load(SeqCst));
+    let router = router(app.clone());
     let (fail_tx, mut fail_rx) = tokio::sync::watch::channel(None::<String>);
     let shutdown = {
         let app = app.clone();
@@ -207,7 +209,7 @@ async fn signal() {
 /// grace period (or until a second signal), then they are cancelled.
 fn begin_stop(app: &Arc<App>) {
     app.stopping.store(true, SeqCst);
-    let grace = GRACE.load(SeqCst) as u64;
+    let grace = app.grace;
     eprintln!("mollm serve: stopping (running requests get {grace} s to finish; a second signal ends them now)");
     if let Some(r) = app.ready.get() {
         let _ = r.send(Cmd::Drain);
@@ -224,14 +226,11 @@ fn begin_stop(app: &Arc<App>) {
     });
 }
 
-static GRACE: AtomicUsize = AtomicUsize::new(10);
-
 fn load_and_run(
     a: &ServeArgs,
     app: &Arc<App>,
     load_tx: tokio::sync::oneshot::Sender<Result<String, String>>,
 ) -> CliResult {
-    GRACE.store(a.shutdown_grace as usize, SeqCst);
     let mut quiet = a.model.clone();
     quiet.quiet = true;
     let loaded = (|| -> CliResult<_> {
@@ -298,7 +297,7 @@ const ROUTES: &[&str] = &[
     "/detokenize",
 ];
 
-fn router(app: Arc<App>, max_body: usize) -> Router {
+fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/chat/completions", post(routes::chat))
@@ -309,7 +308,7 @@ fn router(app: Arc<App>, max_body: usize) -> Router {
         .route("/detokenize", post(routes::detokenize))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
-        .layer(DefaultBodyLimit::max(max_body))
+        .layer(DefaultBodyLimit::max(app.max_body))
         .layer(from_fn_with_state(app.clone(), auth))
         .layer(from_fn_with_state(app.clone(), count))
         .with_state(app)

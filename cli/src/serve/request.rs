@@ -4,7 +4,7 @@
 //! unknown field is refused too, never silently ignored.
 
 use super::error::ApiError;
-use crate::common::{chat_tokens, SamplingArgs};
+use crate::common::{chat_tokens, clock_seed, token_ids, SamplingArgs};
 use engine::{Model, SamplerParams};
 use loader::ChatMessage;
 use serde_json::{Map, Value};
@@ -143,11 +143,7 @@ pub fn parse(
     model: &Model,
     defaults: &SamplingArgs,
 ) -> Result<GenRequest, ApiError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    let o = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let o = &json_object(body)?;
     let own = match endpoint {
         Endpoint::Chat => CHAT,
         Endpoint::Completion => COMPLETION,
@@ -339,13 +335,6 @@ pub fn parse(
     })
 }
 
-fn clock_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
 /// `messages`: roles system (or developer), user, assistant; content a string, a list of text
 /// parts, or null (an assistant turn with nothing said).
 fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
@@ -450,6 +439,17 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 /// `prompt`: a string, a list of one string, or a list of token ids (taken as they are).
+/// A request body that must be one JSON object.
+pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the body is not valid JSON: {e}"
+        ))),
+    }
+}
+
 fn completion_prompt(v: Option<&Value>, model: &Model) -> Result<Vec<u32>, ApiError> {
     let text = |s: &str| {
         model
@@ -457,23 +457,15 @@ fn completion_prompt(v: Option<&Value>, model: &Model) -> Result<Vec<u32>, ApiEr
             .encode(s, true, true)
             .map_err(|e| ApiError::field("prompt", e))
     };
-    let n_vocab = model.hp.n_vocab as u64;
     match v {
         None => Err(ApiError::field("prompt", "required")),
         Some(Value::String(s)) => text(s),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
             text(a[0].as_str().unwrap_or(""))
         }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => a
-            .iter()
-            .map(|x| match x.as_u64() {
-                Some(t) if t < n_vocab => Ok(t as u32),
-                _ => Err(ApiError::field(
-                    "prompt",
-                    format!("{x} is not a token id below {n_vocab}"),
-                )),
-            })
-            .collect(),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => {
+            token_ids(a, model).map_err(|e| ApiError::field("prompt", e))
+        }
         Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => {
             Err(ApiError {
                 code: Some("unsupported_parameter"),

@@ -8,6 +8,7 @@ use super::error::ApiError;
 use super::request::{self, Endpoint, GenRequest};
 use super::worker::{Cmd, Job, Out, TokenInfo, Usage};
 use super::App;
+use crate::common::token_ids;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -41,7 +42,7 @@ impl Drop for Ticket {
     }
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+fn body_bytes(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let status = e.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -50,7 +51,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
                 code: Some("payload_too_large"),
                 ..ApiError::bad_request(format!(
                     "the body is larger than the limit of {} bytes (--max-body)",
-                    super::MAX_BODY.load(Relaxed)
+                    app.max_body
                 ))
             }
         } else {
@@ -126,7 +127,7 @@ fn admit(
     if app.stopping.load(SeqCst) {
         return Err(ApiError::shutting_down());
     }
-    let body = body_bytes(body)?;
+    let body = body_bytes(app, body)?;
     let req = request::parse(ep, &body, &ready.model, &app.defaults)?;
     let n = req.prompt.len();
     let ctx = ready.max_seq;
@@ -506,16 +507,13 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
+/// A JSON object body with only `fields`.
 fn object_body(
+    app: &App,
     body: Result<Bytes, BytesRejection>,
     fields: &[&str],
 ) -> Result<Map<String, Value>, ApiError> {
-    let b = body_bytes(body)?;
-    let v: Value = serde_json::from_slice(&b)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(o) = v else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
+    let o = request::json_object(&body_bytes(app, body)?)?;
     if let Some(k) = o.keys().find(|k| !fields.contains(&k.as_str())) {
         return Err(ApiError::field(
             k,
@@ -530,48 +528,47 @@ pub async fn tokenize(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let ready = app.ready.get().ok_or_else(ApiError::loading)?;
-        let o = object_body(
-            body,
-            &["content", "add_special", "with_pieces", "parse_special"],
-        )?;
-        let flag = |k: &str, d: bool| match o.get(k) {
-            None | Some(Value::Null) => Ok(d),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(ApiError::field(k, "must be true or false")),
-        };
-        let content = o
-            .get("content")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::field("content", "required (a string)"))?;
-        let tok = &ready.model.tokenizer;
-        let ids = tok
-            .encode(
-                content,
-                flag("add_special", false)?,
-                flag("parse_special", true)?,
-            )
-            .map_err(|e| ApiError::field("content", e))?;
-        let tokens: Vec<Value> = if flag("with_pieces", false)? {
-            ids.iter()
-                .map(|&t| {
-                    let b = tok.token_to_piece(t, true);
-                    match String::from_utf8(b.clone()) {
-                        Ok(s) => json!({"id": t, "piece": s}),
-                        Err(_) => json!({"id": t, "piece": b}),
-                    }
-                })
-                .collect()
-        } else {
-            ids.iter().map(|&t| json!(t)).collect()
-        };
-        Ok::<_, ApiError>(json!({"tokens": tokens}))
-    })();
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    answer(tokenize_json(&app, body))
+}
+
+fn tokenize_json(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let ready = app.ready.get().ok_or_else(ApiError::loading)?;
+    let o = object_body(
+        app,
+        body,
+        &["content", "add_special", "with_pieces", "parse_special"],
+    )?;
+    let flag = |k: &str, d: bool| match o.get(k) {
+        None | Some(Value::Null) => Ok(d),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::field(k, "must be true or false")),
+    };
+    let content = o
+        .get("content")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::field("content", "required (a string)"))?;
+    let tok = &ready.model.tokenizer;
+    let ids = tok
+        .encode(
+            content,
+            flag("add_special", false)?,
+            flag("parse_special", true)?,
+        )
+        .map_err(|e| ApiError::field("content", e))?;
+    let tokens: Vec<Value> = if flag("with_pieces", false)? {
+        ids.iter()
+            .map(|&t| {
+                let b = tok.token_to_piece(t, true);
+                match String::from_utf8(b.clone()) {
+                    Ok(s) => json!({"id": t, "piece": s}),
+                    Err(_) => json!({"id": t, "piece": b}),
+                }
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&t| json!(t)).collect()
+    };
+    Ok(json!({"tokens": tokens}))
 }
 
 /// llama-server's `/detokenize`: `{"tokens": [ids]}` -> `{"content"}`.
@@ -579,25 +576,21 @@ pub async fn detokenize(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let ready = app.ready.get().ok_or_else(ApiError::loading)?;
-        let o = object_body(body, &["tokens"])?;
-        let n_vocab = ready.model.hp.n_vocab as u64;
-        let ids = o
-            .get("tokens")
-            .and_then(Value::as_array)
-            .ok_or_else(|| ApiError::field("tokens", "required (a list of token ids)"))?
-            .iter()
-            .map(|x| match x.as_u64() {
-                Some(t) if t < n_vocab => Ok(t as u32),
-                _ => Err(ApiError::field(
-                    "tokens",
-                    format!("{x} is not a token id below {n_vocab}"),
-                )),
-            })
-            .collect::<Result<Vec<u32>, _>>()?;
-        Ok::<_, ApiError>(json!({"content": ready.model.tokenizer.decode(&ids)}))
-    })();
+    answer(detokenize_json(&app, body))
+}
+
+fn detokenize_json(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let ready = app.ready.get().ok_or_else(ApiError::loading)?;
+    let o = object_body(app, body, &["tokens"])?;
+    let list = o
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::field("tokens", "required (a list of token ids)"))?;
+    let ids = token_ids(list, &ready.model).map_err(|e| ApiError::field("tokens", e))?;
+    Ok(json!({"content": ready.model.tokenizer.decode(&ids)}))
+}
+
+fn answer(r: Result<Value, ApiError>) -> Response {
     match r {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
