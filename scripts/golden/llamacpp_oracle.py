@@ -41,6 +41,16 @@ MODEL_SHA256 = {
     "qwen15": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     "gemma3": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
 }
+# Mixture-of-experts models derived from the real ones by scripts/make_moe_models.py
+# (deterministic, so their sha256 is fixed too); not in the default key lists of the scripts.
+DERIVED = {
+    "smollm2-moe": "derived/smollm2-moe8.gguf",
+    "qwen05-moe": "derived/qwen05-moe4.gguf",
+}
+DERIVED_SHA256 = {
+    "smollm2-moe": "b8ad8b7c37166c15c38539c4e7ddf094400b061964ce2e523cab54313c2bbcd5",
+    "qwen05-moe": "fae124f7536cbf865b1312ccd3d81b66f745c196480a50bd88f5600cc96db3dd",
+}
 PACKAGE = "llama-cpp-python 0.3.36"
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
@@ -107,10 +117,19 @@ def sha256_file(path):
     return h.hexdigest()
 
 
+def model_file(key):
+    return MODELS.get(key) or DERIVED[key]
+
+
+def model_sha256(key):
+    return MODEL_SHA256.get(key) or DERIVED_SHA256[key]
+
+
 def model_path(key):
-    p = os.path.join(MODELS_DIR, MODELS[key])
+    p = os.path.join(MODELS_DIR, model_file(key))
     if not os.path.isfile(p):
-        sys.exit(f"model {p} missing: run scripts/fetch-models.sh {key}")
+        how = "scripts/make_moe_models.py" if key in DERIVED else "scripts/fetch-models.sh"
+        sys.exit(f"model {p} missing: run {how} {key}")
     return p
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Produce golden greedy-decoding data for mollm from llama.cpp (the oracle).
 
-Writes fixtures/golden/<key>.json for key in smollm2, qwen05, qwen15, gemma3.
+Writes fixtures/golden/<key>.json for key in smollm2, qwen05, qwen15, gemma3 (the default),
+and the derived mixture-of-experts models smollm2-moe, qwen05-moe (scripts/make_moe_models.py).
 
 Oracle: llama.cpp as vendored in llama-cpp-python 0.3.36 (see scripts/build-llama-cpp.sh), driven
 through its own ctypes bindings (llama_cpp/llama_cpp.py), CPU only.
@@ -193,8 +194,8 @@ def golden_for(key, out_dir, commit):
     t0 = time.time()
     model = O.Model(key)
     sha = O.sha256_file(model.path)
-    if sha != O.MODEL_SHA256[key]:
-        sys.exit(f"{model.path}: sha256 {sha} != expected {O.MODEL_SHA256[key]}")
+    if sha != O.model_sha256(key):
+        sys.exit(f"{model.path}: sha256 {sha} != expected {O.model_sha256(key)}")
     ctx = make_context(model, False, O.GGML_TYPE_F32)
     cases = []
     for i, (name, prompt) in enumerate(cases_for(key)):
@@ -213,7 +214,7 @@ def golden_for(key, out_dir, commit):
                 "n_threads_batch": CONFIG["n_threads"], "n_seq_max": 1, "n_gpu_layers": 0,
                 "prompt_chunking": "prompt decoded in consecutive batches of n_batch tokens"})
     doc = {
-        "model_file": O.MODELS[key],
+        "model_file": O.model_file(key),
         "model_sha256": sha,
         "llama_cpp": {"package": O.PACKAGE, "commit": commit, "config": cfg},
         "cases": cases,
@@ -263,8 +264,8 @@ def main():
     O.quiet_logs()
     commit = O.llama_cpp_commit()
     for k in a.keys:
-        if k not in O.MODELS:
-            sys.exit(f"unknown key {k}; valid: {' '.join(O.MODELS)}")
+        if k not in O.MODELS and k not in O.DERIVED:
+            sys.exit(f"unknown key {k}; valid: {' '.join(list(O.MODELS) + list(O.DERIVED))}")
         golden_for(k, a.out, commit)
 
 

@@ -245,6 +245,23 @@ pub fn moe_ffn(b: &mut Builder, x: &str, il: usize, n_used: usize, norm: bool, a
     )
 }
 
+/// Qwen2-MoE's shared expert of layer `il` (`ffn_gate_inp_shexp`, `ffn_{gate,up,down}_shexp`).
+pub fn shared_expert(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
+    let n = |t: &str| w(&format!("blk.{il}.{t}.weight"));
+    b.node(
+        "ffn_shexp_out",
+        "shared_expert",
+        &[
+            x,
+            &n("ffn_gate_inp_shexp"),
+            &n("ffn_gate_shexp"),
+            &n("ffn_up_shexp"),
+            &n("ffn_down_shexp"),
+        ],
+        &[("act", act as f64)],
+    )
+}
+
 /// The rows that produce logits (llama.cpp keeps only those after the last attention).
 pub fn select_outputs(b: &mut Builder, name: &str, x: &str) -> V {
     b.get_rows(name, x, OUT_IDS)

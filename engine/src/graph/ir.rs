@@ -4,7 +4,7 @@
 //! Operand references are strings: `$tokens`, `$positions`, `$out_ids` (the step's inputs),
 //! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
 //! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
-//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`) declare theirs in
+//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`) declare theirs in
 //! [`GRAPH_OPS`]. Dimensions are expressions (see [`super::dim`]).
 
 use serde::{Deserialize, Serialize};
@@ -73,6 +73,14 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         doc: "Routed experts (softmax router, top n_used, weights renormalized when \
               norm_weights = 1): per token the weighted sum, in slot order, of each chosen \
               expert's down(act(gate x) * up x); x [E, N], out [E, N].",
+    },
+    GraphOp {
+        name: "shared_expert",
+        inputs: &["x", "gate_inp", "gate", "up", "down"],
+        attrs: &["act"],
+        doc: "Qwen2-MoE's shared expert: per token sigmoid(gate_inp . x) * \
+              down(act(gate x) * up x), the sigmoid as silu(g) / g; gate_inp f32 [E]; x [E, N], \
+              out [E, N].",
     },
 ];
 

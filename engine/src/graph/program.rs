@@ -33,6 +33,9 @@ pub enum Kind {
         norm: bool,
         act: i64,
     },
+    SharedExpert {
+        act: i64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -483,6 +486,37 @@ fn compile_graph_op(
                 *s = xs;
             }
             Ok((Kind::Moe { n_used, norm, act }, DType::F32, shapes))
+        }
+        "shared_expert" => {
+            if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
+                return Err("gate_inp, gate, up and down must be weights".into());
+            }
+            let (x, gi, ga, up, dn) = (
+                info[0].1[0],
+                info[1].1[0],
+                info[2].1[0],
+                info[3].1[0],
+                info[4].1[0],
+            );
+            let (e, f) = (x[0], ga[1]);
+            if gi != [e, 1, 1, 1] || ga != [e, f, 1, 1] || up != ga || dn != [f, e, 1, 1] {
+                return Err(format!(
+                    "shared-expert shapes do not fit: x {x:?}, gate_inp {gi:?}, gate {ga:?}, up {up:?}, down {dn:?}"
+                ));
+            }
+            if info[1].0 != DType::F32 {
+                return Err(format!("gate_inp must be f32, is {}", info[1].0));
+            }
+            let act = graph_int(n, "act", 1)? as i64;
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, s) in shapes.iter_mut().enumerate() {
+                let xs = info[0].1[pi];
+                if xs[0] != e || xs[2] != 1 || xs[3] != 1 {
+                    return Err(format!("x must be [{e}, N], is {xs:?}"));
+                }
+                *s = xs;
+            }
+            Ok((Kind::SharedExpert { act }, DType::F32, shapes))
         }
         other => unreachable!("graph op {other} is declared but not compiled"),
     }

@@ -238,6 +238,15 @@ impl Runner {
                     act,
                     &self.tok_groups_for(ins[0], node, p),
                 ),
+                Kind::SharedExpert { act } => crate::model::moe::shared(
+                    ex,
+                    &p.weights,
+                    &node.inputs[1..],
+                    ins[0],
+                    out,
+                    act,
+                    &self.tok_groups_for(ins[0], node, p),
+                ),
             };
             res.map_err(|e| match e {
                 EngineError::Backend { backend, op, msg } => EngineError::Backend {

@@ -162,7 +162,14 @@ impl HParams {
 
         let n_expert = opt_u("expert_count")?.unwrap_or(0);
         let n_expert_used = opt_u("expert_used_count")?.unwrap_or(0);
-        let n_ff_exp = opt_u("expert_feed_forward_length")?.unwrap_or(0);
+        // The experts' width: llama.cpp's llama (Mixtral) uses feed_forward_length, qwen2moe
+        // feed_forward_length / expert_used_count when the file names none.
+        let n_ff_exp = match opt_u("expert_feed_forward_length")? {
+            Some(w) => w,
+            None if arch == "llama" => n_ff,
+            None if arch == "qwen2moe" && n_expert_used > 0 => n_ff / n_expert_used,
+            None => 0,
+        };
         if n_expert > 0
             && (n_expert > 4096 || n_expert_used == 0 || n_expert_used > n_expert || n_ff_exp == 0)
         {

@@ -7,6 +7,7 @@ pub mod gemma3;
 pub mod llama;
 pub mod moe;
 pub mod qwen2;
+pub mod qwen2moe;
 pub mod qwen3;
 pub mod qwen3moe;
 
@@ -28,13 +29,18 @@ pub type Builder = fn(&HParams, &dyn Fn(&str) -> bool) -> Result<GraphFile>;
 pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
     (
         "llama",
-        "Llama 2/3 family, SmolLM (RMSNorm, rope, SwiGLU, GQA)",
+        "Llama 2/3 family, SmolLM, Mixtral-style MoE (RMSNorm, rope, SwiGLU or routed experts, GQA)",
         llama::build,
     ),
     (
         "qwen2",
         "Qwen2 / Qwen2.5 (llama plus QKV bias, neox rope)",
         qwen2::build,
+    ),
+    (
+        "qwen2moe",
+        "Qwen2-MoE (qwen2 attention, routed top-k experts plus a gated shared expert)",
+        qwen2moe::build,
     ),
     (
         "qwen3",

@@ -4,13 +4,24 @@
 //! chose it, and per token the weighted expert outputs summed in slot order.
 //!
 //! Routing is host code between backend calls (the graph's `moe_ffn` node): only the experts
-//! some token selected run, each on all of its tokens of one sequence at once (a prompt's
-//! matmuls stay matmuls; a sequence's chain never depends on the other sequences of a step).
+//! some token selected run, each on all of its tokens of the step in one call.
+//!
+//! Expert matmuls take the kernels of llama.cpp's `ggml_mul_mat_id`, not those of a plain
+//! matmul: `vec_dot` (or the repack GEMV for weights in the repack layout) one token at a
+//! time, never tinyBLAS or the repack GEMM, whatever the number of tokens; except that a
+//! K-quant weight outside the repack layout goes to the tiled K-quant kernel when at least 8
+//! rows of the batch chose that expert (`ggml_compute_forward_mul_mat_id_tiled`). Here the
+//! count is per sequence (a sequence's tokens of this step that chose the expert), so that each
+//! sequence computes what llama.cpp computes for it alone, whatever else shares the step.
+//!
+//! The shared expert of Qwen2-MoE (`shared_expert` node) is an ordinary gated FFN (ordinary
+//! matmuls, grouped by sequence like the dense FFNs) scaled per token by a sigmoid gate, which
+//! llama.cpp computes as `silu(g) / g` of the gate's logit `g`.
 
 use crate::error::Result;
 use crate::exec::Exec;
 use crate::graph::program::Src;
-use crate::graph::run::{col_groups, matmul_grouped, ColGroup};
+use crate::graph::run::{matmul_grouped, ColGroup};
 use crate::tensor::{Act, Weight};
 use abi::{OpParams, TensorDesc};
 
@@ -51,8 +62,6 @@ pub(crate) fn run(
     let routes = route(&probs, k, norm);
     // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
     let mut slot_out = vec![0f32; t * k * e];
-    let mut lens = Vec::new();
-    let mut cg = Vec::new();
     for xi in 0..n_expert {
         let users: Vec<(usize, usize)> = (0..t)
             .flat_map(|tok| (0..k).map(move |s| (tok, s)))
@@ -61,20 +70,18 @@ pub(crate) fn run(
         if users.is_empty() {
             continue;
         }
-        // Per sequence group: its users' rows form one call (a decoding token: one column).
-        lens.clear();
-        for g in groups {
-            let n = users
-                .iter()
-                .filter(|&&(tok, _)| tok >= g.start && tok < g.start + g.len)
-                .count();
-            if g.chain == 1 {
-                lens.extend(std::iter::repeat_n(1, n));
-            } else {
-                lens.push(n);
-            }
-        }
-        col_groups(lens.iter().copied(), &mut cg);
+        // Its users per sequence (users are in token order, so each sequence's are adjacent).
+        let per_seq: Vec<usize> = groups
+            .iter()
+            .flat_map(|g| {
+                let n = users
+                    .iter()
+                    .filter(|&&(tok, _)| tok >= g.start && tok < g.start + g.len)
+                    .count();
+                let each = if g.chain == 1 { vec![1; n] } else { vec![n] };
+                each.into_iter()
+            })
+            .collect();
         let rows: Vec<usize> = users.iter().map(|&(tok, _)| tok).collect();
         let xe = xa.select_rows(&rows);
         let m = rows.len() as i64;
@@ -85,10 +92,11 @@ pub(crate) fn run(
             Act::zeros(&[e as i64, m]),
         );
         let p0 = OpParams::default();
-        matmul_grouped(ex, &gate.slice(xi), xe.desc(), g.desc_mut(), p0, Some(&cg))?;
-        matmul_grouped(ex, &up.slice(xi), xe.desc(), u.desc_mut(), p0, Some(&cg))?;
+        let (gw, uw, dw) = (gate.slice(xi), up.slice(xi), down.slice(xi));
+        matmul_grouped(ex, &gw, xe.desc(), g.desc_mut(), p0, Some(&id_groups(&gw, &per_seq)))?;
+        matmul_grouped(ex, &uw, xe.desc(), u.desc_mut(), p0, Some(&id_groups(&uw, &per_seq)))?;
         let h = ex.glu(&g, &u, act)?;
-        matmul_grouped(ex, &down.slice(xi), h.desc(), d.desc_mut(), p0, Some(&cg))?;
+        matmul_grouped(ex, &dw, h.desc(), d.desc_mut(), p0, Some(&id_groups(&dw, &per_seq)))?;
         for (i, &(tok, s)) in users.iter().enumerate() {
             let wgt = routes[tok * k + s].1;
             let dst = &mut slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
@@ -108,6 +116,80 @@ pub(crate) fn run(
             for (a, &b) in dst.iter_mut().zip(src) {
                 *a += b;
             }
+        }
+    }
+    Ok(())
+}
+
+/// The calls of one expert's matmul over its users, `per_seq[i]` of them from the i-th
+/// sequence (in order): `ggml_mul_mat_id`'s kernels (see the module comment). A sequence's
+/// users go to the tiled kernel together (one call of their count: mat_mul picks Tiled for
+/// K-quants at 8 columns or more) when the weight is a tiled K-quant; otherwise every column
+/// is its own one-column chain, all in one call.
+fn id_groups(w: &Weight, per_seq: &[usize]) -> Vec<ColGroup> {
+    let [k, n, ..] = w.ne();
+    let tiled = |m: usize| {
+        m >= 8
+            && quant::matmul_kernel(w.dtype(), k as usize, n as usize, 8, 0) == quant::Kernel::Tiled
+    };
+    let mut out: Vec<ColGroup> = Vec::new();
+    let mut start = 0;
+    for &m in per_seq.iter().filter(|&&m| m > 0) {
+        if tiled(m) {
+            out.push(ColGroup {
+                start,
+                len: m,
+                chain: 0,
+            });
+        } else {
+            match out.last_mut() {
+                Some(g) if g.chain == 1 => g.len += m,
+                _ => out.push(ColGroup {
+                    start,
+                    len: m,
+                    chain: 1,
+                }),
+            }
+        }
+        start += m;
+    }
+    out
+}
+
+/// The `shared_expert` node: per token `sigmoid(gate_inp . x) * down(act(gate x) * up x)`,
+/// `x` `[n_embd, N]`, `w` the gate's input vector `[n_embd]` and the gate, up and down weights.
+pub(crate) fn shared(
+    ex: &Exec,
+    weights: &[Weight],
+    w: &[Src],
+    x: TensorDesc,
+    out: TensorDesc,
+    act: i64,
+    groups: &[ColGroup],
+) -> Result<()> {
+    let wt = |i: usize| match w[i] {
+        Src::Weight(j) => weights[j],
+        _ => unreachable!("compile checks shared-expert weights"),
+    };
+    let (gate_inp, gate, up, down) = (wt(0), wt(1), wt(2), wt(3));
+    let (e, t) = (x.ne[0], x.ne[1]);
+    let ff = gate.ne()[1];
+    let p0 = OpParams::default();
+    let mut logit = Act::zeros(&[1, t]);
+    matmul_grouped(ex, &gate_inp, x, logit.desc_mut(), p0, Some(groups))?;
+    let (mut g, mut u) = (Act::zeros(&[ff, t]), Act::zeros(&[ff, t]));
+    matmul_grouped(ex, &gate, x, g.desc_mut(), p0, Some(groups))?;
+    matmul_grouped(ex, &up, x, u.desc_mut(), p0, Some(groups))?;
+    let h = ex.glu(&g, &u, act)?;
+    matmul_grouped(ex, &down, h.desc(), out, p0, Some(groups))?;
+    // SAFETY: out is a contiguous f32 [e, t] slot of this step, written just above.
+    let o = unsafe { std::slice::from_raw_parts_mut(out.data as *mut f32, (e * t) as usize) };
+    for (tok, row) in o.chunks_exact_mut(e as usize).enumerate() {
+        let l = logit.row(tok)[0];
+        // ggml_silu on one element is its scalar form, then ggml_div.
+        let s = reference::ggml::silu_scalar(l) / l;
+        for v in row.iter_mut() {
+            *v *= s;
         }
     }
     Ok(())

