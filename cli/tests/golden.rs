@@ -5,11 +5,18 @@
 //! Models come from the model cache (scripts/fetch-models.sh). A missing model skips its test
 //! with a note, unless MOLLM_REQUIRE_MODELS=1 (CI sets it), where it fails.
 //!
+//! The mixture-of-experts models derived from SmolLM2 (Mixtral-style llama, 8 experts, top 2)
+//! and Qwen2.5-0.5B (qwen2moe, 4 experts, top 2, shared expert) by scripts/make_moe_models.py
+//! are made on first use (scripts/make-moe-models.sh); their golden files record the derived
+//! file's sha256.
+//!
 //! Every backend runs every case, except that the reference backend (scalar, about 2 tokens/s
 //! on the 1.5B with 2 cores) skips the prompts longer than [`REFERENCE_MAX_PROMPT`] tokens on
 //! the two Qwen models: those two cases cost it about five minutes of CI. It still runs them on
 //! SmolLM2 and Gemma 3 (Gemma's past its sliding window), and the native backends, which the
-//! conformance gate holds bit-identical to it op by op, run them on all four.
+//! conformance gate holds bit-identical to it op by op, run them on all four. On the derived
+//! MoE models the reference runs the cases of [`REFERENCE_MOE_CASES`] only (the routing is
+//! engine code that every backend shares; its expert matmuls are ordinary mat_mul calls).
 
 mod common;
 
@@ -20,6 +27,7 @@ use std::process::Command;
 /// The longest prompt the reference backend runs on the Qwen models (see the module comment).
 const REFERENCE_MAX_PROMPT: usize = 64;
 const REFERENCE_SHORT_ONLY: &[&str] = &["qwen05", "qwen15"];
+const REFERENCE_MOE_CASES: &[&str] = &["short-en", "chat"];
 
 fn ids(v: &Value) -> Vec<u64> {
     v.as_array()
@@ -36,23 +44,47 @@ fn check_model(key: &str) {
     let Some(model) = common::model(golden["model_file"].as_str().unwrap()) else {
         return;
     };
+    if key.ends_with("-moe") {
+        let want = golden["model_sha256"].as_str().unwrap_or("");
+        let o = Command::new("sha256sum").arg(&model).output().expect("sha256sum");
+        let got = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            got.starts_with(want),
+            "{}: sha256 {got} is not the golden file's {want} (scripts/make_moe_models.py changed? \
+             remake the model with --force and the golden with scripts/golden/make_golden.py {key})",
+            model.display()
+        );
+    }
     let cases = golden["cases"].as_array().unwrap();
     let mut failures = Vec::new();
     let mut runs = 0;
     for backend in backends() {
         for case in cases {
+            let name = case["name"].as_str().unwrap();
             if backend == "reference"
                 && REFERENCE_SHORT_ONLY.contains(&key)
                 && ids(&case["prompt_tokens"]).len() > REFERENCE_MAX_PROMPT
             {
                 eprintln!(
-                    "{key}/{} on reference: skipped (prompt over {REFERENCE_MAX_PROMPT} tokens)",
-                    case["name"].as_str().unwrap()
+                    "{key}/{name} on reference: skipped (prompt over {REFERENCE_MAX_PROMPT} tokens)"
                 );
+                continue;
+            }
+            if backend == "reference" && key.ends_with("-moe") && !REFERENCE_MOE_CASES.contains(&name)
+            {
+                eprintln!("{key}/{name} on reference: skipped (MoE: {REFERENCE_MOE_CASES:?} only)");
                 continue;
             }
             runs += 1;
             if let Err(e) = check_case(key, &model, &backend, case) {
+                failures.push(e);
+            }
+        }
+    }
+    if key.ends_with("-moe") {
+        for backend in backends().iter().filter(|b| *b != "reference") {
+            runs += 1;
+            if let Err(e) = check_batched(key, &model, backend, cases) {
                 failures.push(e);
             }
         }
@@ -63,6 +95,68 @@ fn check_model(key: &str) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// All cases in one `mollm batch --parallel 4` (prompt chunks mixed with other sequences'
+/// decode steps, experts shared by the tokens of several sequences): each equals llama.cpp.
+fn check_batched(
+    key: &str,
+    model: &std::path::Path,
+    backend: &str,
+    cases: &[Value],
+) -> Result<(), String> {
+    let mut jsonl = String::new();
+    for (i, c) in cases.iter().enumerate() {
+        let line = serde_json::json!({
+            "id": i,
+            "prompt_ids": c["prompt_tokens"],
+            "max_tokens": ids(&c["tokens"]).len(),
+        });
+        jsonl.push_str(&format!("{line}\n"));
+    }
+    let input = common::tmp(&format!("golden-{key}-{backend}.jsonl"), jsonl.as_bytes());
+    let out = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(["batch", "--parallel", "4", "--ctx", "4096", "-t", "2"])
+        .args(["--temperature", "0", "--backend", backend, "-m"])
+        .arg(model)
+        .arg("-i")
+        .arg(&input)
+        .output()
+        .expect("run mollm batch");
+    if !out.status.success() {
+        return Err(format!(
+            "{key} batched on {backend}: mollm batch failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut bad = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("{key}: {e}: {line}"))?;
+        let i = v["id"].as_u64().unwrap_or(u64::MAX) as usize;
+        let Some(c) = cases.get(i) else {
+            return Err(format!("{key} batched on {backend}: bad result line {line}"));
+        };
+        let got = v.get("tokens").map(ids);
+        if got.as_ref() != Some(&ids(&c["tokens"])) {
+            bad.push(format!(
+                "{}: mollm {:?}, llama.cpp {:?}",
+                c["name"],
+                got.unwrap_or_default(),
+                ids(&c["tokens"])
+            ));
+        }
+    }
+    if text.lines().count() != cases.len() || !bad.is_empty() {
+        return Err(format!(
+            "{key} batched on {backend}: {} result lines for {} cases; differing: {}",
+            text.lines().count(),
+            cases.len(),
+            bad.join("; ")
+        ));
+    }
+    eprintln!("{key} batched on {backend}: {} cases equal", cases.len());
+    Ok(())
 }
 
 fn check_case(
@@ -145,4 +239,14 @@ fn golden_gemma3() {
 #[test]
 fn golden_qwen15() {
     check_model("qwen15");
+}
+
+#[test]
+fn golden_smollm2_moe() {
+    check_model("smollm2-moe");
+}
+
+#[test]
+fn golden_qwen05_moe() {
+    check_model("qwen05-moe");
 }

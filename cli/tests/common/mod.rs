@@ -70,8 +70,13 @@ pub fn required() -> bool {
 }
 
 /// The cached model `name`, or `None` (with a note) when it is missing and not required.
+/// A model under `derived/` is made by scripts/make-moe-models.sh when missing (once per
+/// test binary).
 pub fn model(name: &str) -> Option<PathBuf> {
     let p = models_dir().join(name);
+    if name.starts_with("derived/") && !p.exists() {
+        make_derived();
+    }
     if p.exists() {
         Some(p)
     } else {
@@ -82,6 +87,26 @@ pub fn model(name: &str) -> Option<PathBuf> {
         );
         eprintln!("SKIP: {} not found", p.display());
         None
+    }
+}
+
+/// Runs scripts/make-moe-models.sh (once per test binary); its errors go to stderr.
+fn make_derived() {
+    static MADE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if *made {
+        return;
+    }
+    *made = true;
+    let script = repo().join("scripts/make-moe-models.sh");
+    match Command::new(&script).output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => eprintln!(
+            "{} failed (it needs python3 with numpy and gguf==0.19.0 from PyPI):\n{}",
+            script.display(),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => eprintln!("{}: {e}", script.display()),
     }
 }
 
