@@ -63,6 +63,12 @@ pub struct BenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
+    /// MoE models: expert cache size in MiB (see `mollm run --help`).
+    #[arg(long, value_name = "MB")]
+    pub expert_cache: Option<usize>,
+    /// Expert cache eviction: least-stale or lru.
+    #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
+    pub cache_policy: String,
     /// No progress display.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -246,6 +252,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
         threads: 0,
         batch: 512,
         kv_type: crate::common::KvType::F32,
+        expert_cache: a.expert_cache,
+        cache_policy: a.cache_policy.clone(),
         quiet: a.quiet,
     };
     let (_, model) = base.load()?;
@@ -280,7 +288,11 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 let total = (a.warmup + a.reps) as u64;
                 let bar = crate::progress::bar(a.quiet, total, &test.name());
                 let mut samples = Vec::new();
+                let mut before = None;
                 for i in 0..a.warmup + a.reps {
+                    if i == a.warmup {
+                        before = s.exec().expert_stats();
+                    }
                     let smp = run_once(&mut s, &model, test, &mut rng)?;
                     if i >= a.warmup {
                         samples.push(smp);
@@ -288,7 +300,12 @@ pub fn bench(a: BenchArgs) -> CliResult {
                     bar.inc(1);
                 }
                 bar.finish_and_clear();
-                rows.push(row(&a, &model, &s, batch, test, &samples));
+                let mut r = row(&a, &model, &s, batch, test, &samples);
+                if let (Some(b), Some(now)) = (before, s.exec().expert_stats()) {
+                    let tokens = (test.n_tokens() * a.reps) as f64;
+                    r["experts"] = crate::common::expert_json(&b, &now, tokens);
+                }
+                rows.push(r);
             }
         }
     }
@@ -374,19 +391,51 @@ fn now_rfc3339() -> String {
     )
 }
 
+/// The expert-cache line of each row that has one (MoE models with a cache).
+fn print_expert_table(rows: &[serde_json::Value]) {
+    if rows.iter().all(|r| r.get("experts").is_none()) {
+        return;
+    }
+    println!();
+    println!(
+        "| test | expert cache | policy | acquires | hit rate | evictions | MB read / token | reads | read ms |"
+    );
+    println!("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        let Some(e) = r.get("experts") else { continue };
+        println!(
+            "| {} | {} slots x {} | {} | {} | {:.1}% | {} | {:.2} | {} | {:.1} |",
+            test_name(r),
+            e["slots"],
+            human_bytes(e["slot_bytes"].as_u64().unwrap_or(0)),
+            e["policy"].as_str().unwrap_or(""),
+            e["acquires"],
+            100.0 * e["hit_rate"].as_f64().unwrap_or(0.0),
+            e["evictions"],
+            e["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e6,
+            e["reads"],
+            e["read_ms"].as_f64().unwrap_or(0.0),
+        );
+    }
+}
+
+fn test_name(r: &serde_json::Value) -> String {
+    if r["n_prompt"].as_u64() > Some(0) {
+        format!("pp{}", r["n_prompt"])
+    } else if r["n_seq"].as_u64() > Some(1) || r["n_depth"].as_u64() > Some(0) {
+        format!("tg{} x{} @ d{}", r["n_gen"], r["n_seq"], r["n_depth"])
+    } else {
+        format!("tg{}", r["n_gen"])
+    }
+}
+
 fn print_table(rows: &[serde_json::Value]) {
     println!(
         "| model | size | params | backend | threads | n_batch | test | t/s | median t/s | ttft ms | ms/token | peak RSS |"
     );
     println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
-        let test = if r["n_prompt"].as_u64() > Some(0) {
-            format!("pp{}", r["n_prompt"])
-        } else if r["n_seq"].as_u64() > Some(1) || r["n_depth"].as_u64() > Some(0) {
-            format!("tg{} x{} @ d{}", r["n_gen"], r["n_seq"], r["n_depth"])
-        } else {
-            format!("tg{}", r["n_gen"])
-        };
+        let test = test_name(r);
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.1} | {:.2} | {} |",
             r["model_type"].as_str().unwrap_or(""),
@@ -404,4 +453,5 @@ fn print_table(rows: &[serde_json::Value]) {
             human_bytes(r["peak_rss_bytes"].as_u64().unwrap_or(0)),
         );
     }
+    print_expert_table(rows);
 }

@@ -35,6 +35,16 @@ pub struct ModelArgs {
     /// f16 what it does with `-fa off` and its default F16 cache (half the memory).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_type: KvType,
+    /// MoE models: routed experts read from the model file into a cache of this many MiB
+    /// shared by all layers (dense weights stay in memory) [default: all experts in memory
+    /// when the file fits in the memory available, otherwise what is left after the dense
+    /// weights and the KV cache].
+    #[arg(long, value_name = "MB")]
+    pub expert_cache: Option<usize>,
+    /// Expert cache eviction: least-stale (keeps each layer's last route, evicts by next use)
+    /// or lru (for comparisons).
+    #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
+    pub cache_policy: String,
     /// No progress bars or banners (progress bars are also off when stdout or stderr is not a
     /// terminal).
     #[arg(long, short = 'q')]
@@ -163,6 +173,18 @@ impl ModelArgs {
         }
     }
 
+    fn expert_memory(&self) -> engine::experts::ExpertMemory {
+        use engine::experts::{ExpertMemory, Policy};
+        let policy = Policy::parse(&self.cache_policy).unwrap_or(Policy::LeastStale);
+        match self.expert_cache {
+            Some(mb) => ExpertMemory::Cache {
+                bytes: mb << 20,
+                policy,
+            },
+            None => ExpertMemory::Auto { policy },
+        }
+    }
+
     /// A session on `model`: backends chosen and gated, KV cache for `n_ctx` tokens.
     pub fn session<'m>(&self, model: &'m Model, n_ctx: usize) -> CliResult<Session<'m>> {
         self.session_with_pool(model, n_ctx, 0)
@@ -194,6 +216,7 @@ impl ModelArgs {
                 require_native: self.require_native,
             }),
             kv_pool_rows: pool_rows,
+            experts: self.expert_memory(),
             ..Default::default()
         };
         let spin = progress::spinner(self.quiet, "preparing backends".to_string());
@@ -313,4 +336,33 @@ pub fn warm_up(session: &mut Session, model: &Model, quiet: bool) -> CliResult {
     spin.finish_and_clear();
     r?;
     Ok(())
+}
+
+/// The expert cache's counters between two snapshots, both phases together, for `tokens`
+/// tokens (JSON of `bench` rows and `run --json`).
+pub fn expert_json(
+    before: &engine::experts::ExpertStats,
+    now: &engine::experts::ExpertStats,
+    tokens: f64,
+) -> serde_json::Value {
+    let d = |f: fn(&engine::experts::PhaseStats) -> f64| {
+        f(&now.prefill) + f(&now.decode) - f(&before.prefill) - f(&before.decode)
+    };
+    let acquires = d(|p| p.acquires as f64);
+    let hits = d(|p| p.hits as f64);
+    let bytes = d(|p| p.bytes_read as f64);
+    serde_json::json!({
+        "slots": now.slots,
+        "slot_bytes": now.slot_bytes,
+        "policy": now.policy,
+        "acquires": acquires as u64,
+        "hits": hits as u64,
+        "misses": d(|p| p.misses as f64) as u64,
+        "hit_rate": if acquires > 0.0 { hits / acquires } else { 0.0 },
+        "evictions": d(|p| p.evictions as f64) as u64,
+        "bytes_read": bytes as u64,
+        "bytes_read_per_token": if tokens > 0.0 { bytes / tokens } else { 0.0 },
+        "reads": d(|p| p.reads as f64) as u64,
+        "read_ms": d(|p| p.read_ms),
+    })
 }

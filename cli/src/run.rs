@@ -95,7 +95,7 @@ pub fn run(a: RunArgs) -> CliResult {
     text_out.push_str(&rest);
 
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "model": model.file_name(),
             "architecture": model.hp.arch,
             "backend": session.backend_names().join(","),
@@ -111,6 +111,19 @@ pub fn run(a: RunArgs) -> CliResult {
                 "decode_tokens_per_s": timings.decode_tps(),
             }
         });
+        if let Some(st) = session.exec().expert_stats() {
+            // Per phase: the prompt's steps, then the generated tokens'.
+            let zero = engine::experts::ExpertStats::default();
+            let mut pre = st.clone();
+            pre.decode = Default::default();
+            let n = (prompt.len() + tokens.len()) as f64;
+            v["experts"] = crate::common::expert_json(&zero, &st, n);
+            v["experts"]["prefill"] = crate::common::expert_json(&zero, &pre, prompt.len() as f64);
+            let mut dec = st.clone();
+            dec.prefill = Default::default();
+            v["experts"]["decode"] = crate::common::expert_json(&zero, &dec, tokens.len() as f64);
+            v["experts"]["per_layer"] = serde_json::json!(st.per_layer);
+        }
         writeln!(stdout, "{v}")?;
     } else {
         writeln!(stdout, "{rest}")?;

@@ -93,6 +93,10 @@ pub struct Exec {
     profile: u8,
     /// The graph executor's activation memory (see [`Exec::arena`]).
     arena: std::cell::RefCell<ArenaMem>,
+    /// Routed experts read from the file into a bounded cache (`None`: from the memory map),
+    /// and the cache layer of each MoE node, by its gate weight's index in the program.
+    experts: std::cell::RefCell<Option<crate::experts::ExpertCache>>,
+    expert_layers: std::collections::HashMap<usize, usize>,
 }
 
 /// Activation memory: a host buffer a backend lent (`buffer_alloc` + `buffer_host_ptr`), or
@@ -204,6 +208,8 @@ impl Exec {
             trace,
             prepared: Default::default(),
             repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
+            experts: Default::default(),
+            expert_layers: Default::default(),
             profile: match std::env::var("MOLLM_PROFILE").as_deref() {
                 Ok("1") => 1,
                 Ok("2") => 2,
@@ -379,6 +385,37 @@ impl Exec {
         self.call(op, inputs, outputs, params)
     }
 
+    /// Routes the MoE layers' experts through `cache`; `layers` maps each MoE node's gate
+    /// weight (index in the program) to its cache layer.
+    pub fn set_expert_cache(
+        &mut self,
+        cache: crate::experts::ExpertCache,
+        layers: std::collections::HashMap<usize, usize>,
+    ) {
+        self.experts = std::cell::RefCell::new(Some(cache));
+        self.expert_layers = layers;
+    }
+
+    /// The cache layer of the MoE node whose gate weight is `gate`, when a cache is on.
+    pub(crate) fn expert_layer(&self, gate: usize) -> Option<usize> {
+        self.expert_layers.get(&gate).copied()
+    }
+
+    pub(crate) fn with_experts<R>(
+        &self,
+        f: impl FnOnce(&mut crate::experts::ExpertCache) -> Result<R>,
+    ) -> Result<R> {
+        match self.experts.borrow_mut().as_mut() {
+            Some(c) => f(c),
+            None => Err(EngineError::Invalid("no expert cache".into())),
+        }
+    }
+
+    /// The expert cache's counters, when there is one.
+    pub fn expert_stats(&self) -> Option<crate::experts::ExpertStats> {
+        self.experts.borrow().as_ref().map(|c| c.stats().clone())
+    }
+
     /// `out = w x` into the caller's memory, on the weight's prepared copy where a backend
     /// made one; `params` carries mat_mul's `chain_cols`.
     pub(crate) fn matmul_desc(
@@ -395,7 +432,7 @@ impl Exec {
     }
 
     fn prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
-        if !self.repack {
+        if !self.repack || w.cache_slot {
             return None;
         }
         let key = w.desc.data as usize;

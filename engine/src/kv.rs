@@ -299,6 +299,14 @@ impl KvPool {
         self.n_pages * KV_PAGE
     }
 
+    /// Bytes of keys and values the pool can hold.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| (l.k.data.len() + l.v.data.len()) as u64)
+            .sum()
+    }
+
     /// Pages that can be handed out now: free ones and cached ones nobody holds.
     pub fn available_pages(&self) -> usize {
         let p = lock(&self.pages);

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod error;
 pub mod exec;
+pub mod experts;
 pub mod graph;
 pub mod kv;
 pub mod model;

@@ -130,6 +130,8 @@ pub struct SessionOptions {
     /// Logit rows one step may produce (the activation arena is sized for it): 1 for
     /// generation, a whole batch for perplexity. A step that needs more grows it.
     pub max_outputs: usize,
+    /// Where routed experts live (MoE models; see [`crate::experts`]).
+    pub experts: crate::experts::ExpertMemory,
 }
 
 impl Default for SessionOptions {
@@ -143,6 +145,9 @@ impl Default for SessionOptions {
             plugins: None,
             kv_pool_rows: 0,
             max_outputs: 1,
+            experts: crate::experts::ExpertMemory::Auto {
+                policy: crate::experts::Policy::LeastStale,
+            },
         }
     }
 }
@@ -222,11 +227,55 @@ pub struct Session<'m> {
     pool: Pool,
 }
 
+/// The expert cache `opts` ask for on `model` (none for a dense model, or when the experts
+/// stay resident), with each MoE node's cache layer.
+fn expert_cache(
+    model: &Model,
+    opts: &SessionOptions,
+    kv_bytes: u64,
+) -> Result<Option<(crate::experts::ExpertCache, std::collections::HashMap<usize, usize>)>> {
+    use crate::experts::{ExpertCache, ExpertMemory, MARGIN};
+    let (layers, by_gate) = crate::experts::layers_of(&model.program, &model.gguf)?;
+    if layers.is_empty() || !model.gguf.is_file_mapped() {
+        return Ok(None);
+    }
+    let file = model.gguf.path.display().to_string();
+    let (bytes, policy) = match opts.experts {
+        ExpertMemory::Resident => return Ok(None),
+        ExpertMemory::Cache { bytes, policy } => (bytes as u64, policy),
+        ExpertMemory::Auto { policy } => {
+            let total = std::fs::metadata(&model.gguf.path).map_or(0, |m| m.len());
+            let Some(avail) = crate::experts::mem_available() else {
+                return Ok(None);
+            };
+            if total + kv_bytes + MARGIN <= avail {
+                return Ok(None);
+            }
+            let dense = total - crate::experts::expert_bytes(&layers);
+            let left = avail.saturating_sub(dense + kv_bytes + MARGIN);
+            if left == 0 {
+                return Err(EngineError::Model {
+                    file,
+                    msg: format!(
+                        "the dense weights ({} MiB) and the KV cache ({} MiB) leave no room for experts in the {} MiB available (--expert-cache MB sets a budget)",
+                        dense >> 20,
+                        kv_bytes >> 20,
+                        avail >> 20
+                    ),
+                });
+            }
+            (left, policy)
+        }
+    };
+    let cache = ExpertCache::new(&model.gguf.path, layers, bytes as usize, policy)?;
+    Ok(Some((cache, by_gate)))
+}
+
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model, opts: &SessionOptions) -> Result<Session<'m>> {
         let pool = Pool::new(opts.n_threads);
         let (backends, fallback) = open_backends(opts, &pool)?;
-        let exec = Exec::with_fallback(backends, fallback)?;
+        let mut exec = Exec::with_fallback(backends, fallback)?;
         let n_ctx = opts.n_ctx.max(1);
         let n_batch = opts.n_batch.max(1);
         let rows = if opts.kv_pool_rows > 0 {
@@ -237,6 +286,9 @@ impl<'m> Session<'m> {
         let kv_pool = KvPool::new(&model.program, opts.kv_dtype, rows, n_batch);
         let kv = kv_pool.sequence(n_ctx);
         let runner = Runner::new(&model.program, n_batch, opts.max_outputs.clamp(1, n_batch));
+        if let Some((cache, layers)) = expert_cache(model, opts, kv_pool.bytes())? {
+            exec.set_expert_cache(cache, layers);
+        }
         Ok(Session {
             model,
             step_tokens: Vec::new(),

@@ -83,6 +83,9 @@ pub struct Weight {
     /// The data is in a read-only file mapping: its resident pages may be dropped (they come
     /// back from the file), e.g. once a backend has repacked the weight.
     pub file_mapped: bool,
+    /// The data is a slot of the expert cache, which the next expert to use the slot
+    /// overwrites: never prepared (repacked) by a backend.
+    pub cache_slot: bool,
 }
 
 // SAFETY: weights are read-only views into memory the model owns for its whole life.
@@ -108,6 +111,7 @@ impl Weight {
         Weight {
             desc: TensorDesc::contiguous(data, self.dtype(), &[d.ne[0], d.ne[1]]),
             file_mapped: self.file_mapped,
+            cache_slot: self.cache_slot,
         }
     }
 }

@@ -52,6 +52,7 @@ fn weight(name: &str) -> Option<Weight> {
     Some(Weight {
         desc: TensorDesc::contiguous(core::ptr::null_mut(), dt, shape),
         file_mapped: false,
+        cache_slot: false,
     })
 }
 

@@ -99,6 +99,7 @@ pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
     Some(Weight {
         desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, &shape),
         file_mapped: gguf.is_file_mapped(),
+        cache_slot: false,
     })
 }
 

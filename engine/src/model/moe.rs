@@ -62,48 +62,44 @@ pub(crate) fn run(
     let routes = route(&probs, k, norm);
     // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
     let mut slot_out = vec![0f32; t * k * e];
-    for xi in 0..n_expert {
-        let users: Vec<(usize, usize)> = (0..t)
+    let users_of = |xi: usize| -> Vec<(usize, usize)> {
+        (0..t)
             .flat_map(|tok| (0..k).map(move |s| (tok, s)))
             .filter(|&(tok, s)| routes[tok * k + s].0 == xi)
-            .collect();
-        if users.is_empty() {
-            continue;
-        }
-        // Its users per sequence (users are in token order, so each sequence's are adjacent).
-        let per_seq: Vec<usize> = groups
+            .collect()
+    };
+    let need: Vec<usize> = (0..n_expert).filter(|&xi| !users_of(xi).is_empty()).collect();
+    // With an expert cache: the layer's experts in waves of what the cache holds at once.
+    let layer = match w[1] {
+        Src::Weight(j) => ex.expert_layer(j),
+        _ => None,
+    };
+    let decode = groups.iter().all(|g| g.chain == 1 || g.len == 1);
+    let mut done = 0;
+    while done < need.len() {
+        let wave: Vec<(usize, [Weight; 3])> = match layer {
+            Some(l) => ex.with_experts(|c| {
+                if done == 0 {
+                    c.begin_layer(l, decode);
+                }
+                c.acquire(l, &need[done..])
+            })?,
+            None => need
+                .iter()
+                .map(|&xi| (xi, [gate.slice(xi), up.slice(xi), down.slice(xi)]))
+                .collect(),
+        };
+        let res = wave
             .iter()
-            .flat_map(|g| {
-                let n = users
-                    .iter()
-                    .filter(|&&(tok, _)| tok >= g.start && tok < g.start + g.len)
-                    .count();
-                let each = if g.chain == 1 { vec![1; n] } else { vec![n] };
-                each.into_iter()
-            })
-            .collect();
-        let rows: Vec<usize> = users.iter().map(|&(tok, _)| tok).collect();
-        let xe = xa.select_rows(&rows);
-        let m = rows.len() as i64;
-        let ff = gate.ne()[1];
-        let (mut g, mut u, mut d) = (
-            Act::zeros(&[ff, m]),
-            Act::zeros(&[ff, m]),
-            Act::zeros(&[e as i64, m]),
-        );
-        let p0 = OpParams::default();
-        let (gw, uw, dw) = (gate.slice(xi), up.slice(xi), down.slice(xi));
-        matmul_grouped(ex, &gw, xe.desc(), g.desc_mut(), p0, Some(&id_groups(&gw, &per_seq)))?;
-        matmul_grouped(ex, &uw, xe.desc(), u.desc_mut(), p0, Some(&id_groups(&uw, &per_seq)))?;
-        let h = ex.glu(&g, &u, act)?;
-        matmul_grouped(ex, &dw, h.desc(), d.desc_mut(), p0, Some(&id_groups(&dw, &per_seq)))?;
-        for (i, &(tok, s)) in users.iter().enumerate() {
-            let wgt = routes[tok * k + s].1;
-            let dst = &mut slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
-            for (o, &v) in dst.iter_mut().zip(d.row(i)) {
-                *o = v * wgt;
-            }
+            .try_for_each(|(xi, ws)| expert(ex, &xa, ws, &users_of(*xi), &routes, k, act, groups, &mut slot_out));
+        if layer.is_some() {
+            ex.with_experts(|c| {
+                c.release();
+                Ok(())
+            })?;
         }
+        res?;
+        done += wave.len();
     }
     // llama.cpp adds the weighted slots in order: ((s0 + s1) + s2) + ...
     // SAFETY: out is a contiguous f32 [e, t] slot of this step.
@@ -116,6 +112,58 @@ pub(crate) fn run(
             for (a, &b) in dst.iter_mut().zip(src) {
                 *a += b;
             }
+        }
+    }
+    Ok(())
+}
+
+/// One expert (`ws`: its gate, up and down) on its `users` (token, slot) of the step: their
+/// weighted outputs into `slot_out`.
+#[allow(clippy::too_many_arguments)]
+fn expert(
+    ex: &Exec,
+    xa: &Act,
+    ws: &[Weight; 3],
+    users: &[(usize, usize)],
+    routes: &[(usize, f32)],
+    k: usize,
+    act: i64,
+    groups: &[ColGroup],
+    slot_out: &mut [f32],
+) -> Result<()> {
+    let e = xa.ne[0] as usize;
+    // Its users per sequence (users are in token order, so each sequence's are adjacent).
+    let per_seq: Vec<usize> = groups
+        .iter()
+        .flat_map(|g| {
+            let n = users
+                .iter()
+                .filter(|&&(tok, _)| tok >= g.start && tok < g.start + g.len)
+                .count();
+            let each = if g.chain == 1 { vec![1; n] } else { vec![n] };
+            each.into_iter()
+        })
+        .collect();
+    let rows: Vec<usize> = users.iter().map(|&(tok, _)| tok).collect();
+    let xe = xa.select_rows(&rows);
+    let m = rows.len() as i64;
+    let [gw, uw, dw] = ws;
+    let ff = gw.ne()[1];
+    let (mut g, mut u, mut d) = (
+        Act::zeros(&[ff, m]),
+        Act::zeros(&[ff, m]),
+        Act::zeros(&[e as i64, m]),
+    );
+    let p0 = OpParams::default();
+    matmul_grouped(ex, gw, xe.desc(), g.desc_mut(), p0, Some(&id_groups(gw, &per_seq)))?;
+    matmul_grouped(ex, uw, xe.desc(), u.desc_mut(), p0, Some(&id_groups(uw, &per_seq)))?;
+    let h = ex.glu(&g, &u, act)?;
+    matmul_grouped(ex, dw, h.desc(), d.desc_mut(), p0, Some(&id_groups(dw, &per_seq)))?;
+    for (i, &(tok, s)) in users.iter().enumerate() {
+        let wgt = routes[tok * k + s].1;
+        let dst = &mut slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
+        for (o, &v) in dst.iter_mut().zip(d.row(i)) {
+            *o = v * wgt;
         }
     }
     Ok(())

@@ -1,0 +1,215 @@
+//! The cache on a synthetic file: every byte is a function of its offset, so a slot's bytes
+//! say exactly which part of the file they came from.
+
+use super::*;
+
+/// Byte `i` of the synthetic file.
+fn byte(i: u64) -> u8 {
+    (i.wrapping_mul(2654435761) >> 13) as u8
+}
+
+struct Fixture {
+    path: std::path::PathBuf,
+    layers: Vec<LayerExperts>,
+}
+
+/// `n_layers` layers of `n_expert` experts; each part an F32 matrix of `[k, n]` (stride
+/// k * n * 4), laid out part by part (all gates of a layer, then all ups, then all downs).
+fn fixture(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixture {
+    let stride = (k * n * 4) as u64;
+    let mut layers = Vec::new();
+    let mut at = 64u64;
+    for l in 0..n_layers {
+        let parts = std::array::from_fn(|_| {
+            let s = Span {
+                offset: at,
+                stride,
+                dtype: DType::F32,
+                ne: [k, n],
+            };
+            at += stride * n_expert as u64;
+            s
+        });
+        layers.push(LayerExperts {
+            name: format!("blk.{l}.ffn_gate_exps.weight"),
+            parts,
+            n_expert,
+        });
+    }
+    let dir = std::env::temp_dir().join(format!("mollm-experts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let bytes: Vec<u8> = (0..at).map(byte).collect();
+    std::fs::write(&path, bytes).unwrap();
+    Fixture { path, layers }
+}
+
+fn slot_bytes(w: &Weight) -> &[u8] {
+    let n = (w.desc.numel().unwrap() * 4) as usize; // F32 parts
+    // SAFETY: a pinned slot of the cache under test.
+    unsafe { std::slice::from_raw_parts(w.desc.data, n) }
+}
+
+fn check_expert(f: &Fixture, layer: usize, e: usize, w: &[Weight; 3]) {
+    for p in 0..3 {
+        let s = f.layers[layer].parts[p];
+        let want: Vec<u8> = (0..s.stride).map(|i| byte(s.offset + e as u64 * s.stride + i)).collect();
+        assert_eq!(slot_bytes(&w[p]), &want[..], "layer {layer} expert {e} part {p}");
+        assert!(w[p].cache_slot);
+        assert_eq!(w[p].desc.ne[..2], s.ne);
+    }
+}
+
+fn cache(f: &Fixture, slots: usize, policy: Policy) -> ExpertCache {
+    let probe = ExpertCache::new(&f.path, f.layers.clone(), 1, policy).unwrap();
+    let c = ExpertCache::new(&f.path, f.layers.clone(), slots * probe.slot_bytes, policy).unwrap();
+    assert_eq!(c.n_slots(), slots);
+    c
+}
+
+#[test]
+fn reads_the_exact_bytes_and_coalesces_adjacent_experts() {
+    let f = fixture("exact", 2, 8, 16, 8);
+    let mut c = cache(&f, 8, Policy::LeastStale);
+    c.begin_layer(0, false);
+    let got = c.acquire(0, &[1, 2, 3, 6]).unwrap();
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [1, 2, 3, 6]);
+    for (e, w) in &got {
+        check_expert(&f, 0, *e, w);
+    }
+    let st = c.stats().prefill.clone();
+    assert_eq!((st.acquires, st.misses, st.hits), (4, 4, 0));
+    // Per part: experts 1-3 in one call, 6 in another.
+    assert_eq!(st.reads, 6);
+    assert_eq!(st.bytes_read, 4 * 3 * 16 * 8 * 4);
+    c.release();
+    c.begin_layer(1, true);
+    let got = c.acquire(1, &[0]).unwrap();
+    check_expert(&f, 1, 0, &got[0].1);
+    c.release();
+    // Back to layer 0 (a new pass): hits, and the bytes are still right.
+    c.begin_layer(0, true);
+    let got = c.acquire(0, &[2, 6]).unwrap();
+    for (e, w) in &got {
+        check_expert(&f, 0, *e, w);
+    }
+    assert_eq!(c.stats().decode.hits, 2);
+    assert_eq!(c.stats().per_layer, vec![(2, 4), (0, 1)]);
+}
+
+/// Runs `passes` passes over every layer, each layer routing to `route(layer)`; returns the
+/// decode hits.
+fn cycle(c: &mut ExpertCache, f: &Fixture, passes: usize, route: &dyn Fn(usize) -> Vec<usize>) -> u64 {
+    for _ in 0..passes {
+        for l in 0..f.layers.len() {
+            c.begin_layer(l, true);
+            let r = route(l);
+            let mut done = 0;
+            while done < r.len() {
+                let got = c.acquire(l, &r[done..]).unwrap();
+                for (e, w) in &got {
+                    check_expert(f, l, *e, w);
+                }
+                done += got.len();
+                c.release();
+            }
+        }
+    }
+    c.stats().decode.hits
+}
+
+#[test]
+fn least_stale_beats_lru_on_a_cycle_larger_than_the_cache() {
+    // 4 layers x 2 experts per token = 8 experts a pass, 6 slots: LRU evicts each entry just
+    // before its next use; the least-stale policy keeps most of them.
+    let f = fixture("cycle", 4, 4, 8, 8);
+    let route = |l: usize| vec![l % 4, (l + 1) % 4];
+    let lru = cycle(&mut cache(&f, 6, Policy::Lru), &f, 10, &route);
+    let ls = cycle(&mut cache(&f, 6, Policy::LeastStale), &f, 10, &route);
+    assert_eq!(lru, 0, "LRU on a cycle of 8 over 6 slots never hits");
+    assert!(ls >= 30, "least-stale kept too little: {ls} hits of 80");
+}
+
+#[test]
+fn stale_routes_go_first() {
+    // Layer 0 routes to 0,1 on the first pass and 2,3 after: the stale 0,1 are evicted before
+    // layer 1's current experts.
+    let f = fixture("stale", 2, 4, 8, 8);
+    let mut c = cache(&f, 4, Policy::LeastStale);
+    let mut pass = 0;
+    let route = |l: usize, pass: usize| -> Vec<usize> {
+        if l == 0 && pass > 0 {
+            vec![2, 3]
+        } else {
+            vec![0, 1]
+        }
+    };
+    for _ in 0..3 {
+        for l in 0..2 {
+            c.begin_layer(l, true);
+            c.acquire(l, &route(l, pass)).unwrap();
+            c.release();
+        }
+        pass += 1;
+    }
+    // Pass 0: 4 misses. Pass 1: layer 0 misses 2,3 (evicting its own stale 0,1), layer 1 hits.
+    // Pass 2: all hit.
+    assert_eq!(c.stats().decode.hits, 2 + 4);
+    assert_eq!(c.stats().decode.misses, 6);
+}
+
+#[test]
+fn a_route_larger_than_the_cache_runs_in_waves() {
+    let f = fixture("waves", 1, 8, 8, 8);
+    let mut c = cache(&f, 3, Policy::LeastStale);
+    let all: Vec<usize> = (0..8).collect();
+    let n = cycle(&mut c, &f, 2, &|_| all.clone());
+    // Every acquire returns at most 3; everything is read correctly (checked in `cycle`).
+    assert!(n <= 6, "{n}");
+    assert_eq!(c.stats().decode.acquires, 16);
+}
+
+#[test]
+fn a_truncated_file_is_an_error_naming_the_offset_and_nothing_stale_stays() {
+    let f = fixture("short", 1, 4, 8, 8);
+    let mut c = cache(&f, 4, Policy::LeastStale);
+    // Cut the file inside expert 3's down matrix.
+    let down = f.layers[0].parts[2];
+    let cut = down.offset + 3 * down.stride + 10;
+    let file = std::fs::OpenOptions::new().write(true).open(&f.path).unwrap();
+    file.set_len(cut).unwrap();
+    c.begin_layer(0, true);
+    let e = c.acquire(0, &[2, 3]).unwrap_err().to_string();
+    assert!(e.contains("ends before offset"), "{e}");
+    // Nothing half-read is kept: asking again reads again (and fails again), expert 1 is fine.
+    assert!(c.acquire(0, &[3]).is_err());
+    c.release();
+    let got = c.acquire(0, &[1]).unwrap();
+    check_expert(&f, 0, 1, &got[0].1);
+}
+
+#[test]
+fn spans_outside_the_file_or_overlapping_are_refused() {
+    let f = fixture("bad", 2, 4, 8, 8);
+    let mut past = f.layers.clone();
+    past[1].n_expert = 9;
+    let e = ExpertCache::new(&f.path, past, 1 << 20, Policy::Lru)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("past the end of the file"), "{e}");
+    let mut overlap = f.layers.clone();
+    overlap[1].parts[0].offset = overlap[0].parts[2].offset + 8;
+    let e = ExpertCache::new(&f.path, overlap, 1 << 20, Policy::Lru)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("overlap"), "{e}");
+    let mut wrong = f.layers.clone();
+    wrong[0].parts[1].stride += 4;
+    let e = ExpertCache::new(&f.path, wrong, 1 << 20, Policy::Lru)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("part 1"), "{e}");
+}
