@@ -417,7 +417,10 @@ impl ExpertCache {
             self.slots[s].owner = Some((layer, e));
             self.map.insert((layer, e), s);
         }
-        Ok(got.into_iter().map(|(e, s)| (e, self.weights(layer, s))).collect())
+        Ok(got
+            .into_iter()
+            .map(|(e, s)| (e, self.weights(layer, s)))
+            .collect())
     }
 
     /// Unpins every slot.
@@ -439,7 +442,11 @@ impl ExpertCache {
         let l = &self.layers[layer];
         std::array::from_fn(|p| {
             // SAFETY: inside the slot (slot_bytes covers every part of every layer).
-            let ptr = unsafe { self.mem.ptr.add(slot * self.slot_bytes + self.part_off[layer][p]) };
+            let ptr = unsafe {
+                self.mem
+                    .ptr
+                    .add(slot * self.slot_bytes + self.part_off[layer][p])
+            };
             Weight {
                 desc: TensorDesc::contiguous(ptr, l.parts[p].dtype, &l.parts[p].ne),
                 file_mapped: false,
@@ -507,7 +514,9 @@ impl ExpertCache {
                     .map(|&(_, s)| {
                         // SAFETY: inside slot s.
                         let ptr = unsafe {
-                            self.mem.ptr.add(s * self.slot_bytes + self.part_off[layer][p])
+                            self.mem
+                                .ptr
+                                .add(s * self.slot_bytes + self.part_off[layer][p])
                         };
                         (ptr, span.stride as usize)
                     })

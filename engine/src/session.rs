@@ -233,25 +233,50 @@ fn expert_cache(
     model: &Model,
     opts: &SessionOptions,
     kv_bytes: u64,
-) -> Result<Option<(crate::experts::ExpertCache, std::collections::HashMap<usize, usize>)>> {
+) -> Result<
+    Option<(
+        crate::experts::ExpertCache,
+        std::collections::HashMap<usize, usize>,
+    )>,
+> {
     use crate::experts::{ExpertCache, ExpertMemory, MARGIN};
     let (layers, by_gate) = crate::experts::layers_of(&model.program, &model.gguf)?;
     if layers.is_empty() || !model.gguf.is_file_mapped() {
         return Ok(None);
     }
     let file = model.gguf.path.display().to_string();
+    let total = std::fs::metadata(&model.gguf.path).map_or(0, |m| m.len());
+    let dense = total.saturating_sub(crate::experts::expert_bytes(&layers));
     let (bytes, policy) = match opts.experts {
         ExpertMemory::Resident => return Ok(None),
-        ExpertMemory::Cache { bytes, policy } => (bytes as u64, policy),
+        ExpertMemory::Cache { bytes, policy } => {
+            // Refused before anything runs: a cache the machine cannot hold beside the dense
+            // weights and the KV cache would only swap (or be killed).
+            if let Some(avail) = crate::experts::mem_available() {
+                let need = dense + kv_bytes + bytes as u64;
+                if need > avail {
+                    return Err(EngineError::Model {
+                        file,
+                        msg: format!(
+                            "an expert cache of {} MiB does not fit: with the dense weights ({} MiB) and the KV cache ({} MiB) it needs {} MiB, {} MiB are available",
+                            bytes >> 20,
+                            dense >> 20,
+                            kv_bytes >> 20,
+                            need >> 20,
+                            avail >> 20
+                        ),
+                    });
+                }
+            }
+            (bytes as u64, policy)
+        }
         ExpertMemory::Auto { policy } => {
-            let total = std::fs::metadata(&model.gguf.path).map_or(0, |m| m.len());
             let Some(avail) = crate::experts::mem_available() else {
                 return Ok(None);
             };
             if total + kv_bytes + MARGIN <= avail {
                 return Ok(None);
             }
-            let dense = total - crate::experts::expert_bytes(&layers);
             let left = avail.saturating_sub(dense + kv_bytes + MARGIN);
             if left == 0 {
                 return Err(EngineError::Model {

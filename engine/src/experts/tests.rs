@@ -46,15 +46,22 @@ fn fixture(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixt
 
 fn slot_bytes(w: &Weight) -> &[u8] {
     let n = (w.desc.numel().unwrap() * 4) as usize; // F32 parts
-    // SAFETY: a pinned slot of the cache under test.
+                                                    // SAFETY: a pinned slot of the cache under test.
     unsafe { std::slice::from_raw_parts(w.desc.data, n) }
 }
 
 fn check_expert(f: &Fixture, layer: usize, e: usize, w: &[Weight; 3]) {
+    #[allow(clippy::needless_range_loop)]
     for p in 0..3 {
         let s = f.layers[layer].parts[p];
-        let want: Vec<u8> = (0..s.stride).map(|i| byte(s.offset + e as u64 * s.stride + i)).collect();
-        assert_eq!(slot_bytes(&w[p]), &want[..], "layer {layer} expert {e} part {p}");
+        let want: Vec<u8> = (0..s.stride)
+            .map(|i| byte(s.offset + e as u64 * s.stride + i))
+            .collect();
+        assert_eq!(
+            slot_bytes(&w[p]),
+            &want[..],
+            "layer {layer} expert {e} part {p}"
+        );
         assert!(w[p].cache_slot);
         assert_eq!(w[p].desc.ne[..2], s.ne);
     }
@@ -99,7 +106,12 @@ fn reads_the_exact_bytes_and_coalesces_adjacent_experts() {
 
 /// Runs `passes` passes over every layer, each layer routing to `route(layer)`; returns the
 /// decode hits.
-fn cycle(c: &mut ExpertCache, f: &Fixture, passes: usize, route: &dyn Fn(usize) -> Vec<usize>) -> u64 {
+fn cycle(
+    c: &mut ExpertCache,
+    f: &Fixture,
+    passes: usize,
+    route: &dyn Fn(usize) -> Vec<usize>,
+) -> u64 {
     for _ in 0..passes {
         for l in 0..f.layers.len() {
             c.begin_layer(l, true);
@@ -136,7 +148,6 @@ fn stale_routes_go_first() {
     // layer 1's current experts.
     let f = fixture("stale", 2, 4, 8, 8);
     let mut c = cache(&f, 4, Policy::LeastStale);
-    let mut pass = 0;
     let route = |l: usize, pass: usize| -> Vec<usize> {
         if l == 0 && pass > 0 {
             vec![2, 3]
@@ -144,13 +155,12 @@ fn stale_routes_go_first() {
             vec![0, 1]
         }
     };
-    for _ in 0..3 {
+    for pass in 0..3 {
         for l in 0..2 {
             c.begin_layer(l, true);
             c.acquire(l, &route(l, pass)).unwrap();
             c.release();
         }
-        pass += 1;
     }
     // Pass 0: 4 misses. Pass 1: layer 0 misses 2,3 (evicting its own stale 0,1), layer 1 hits.
     // Pass 2: all hit.
@@ -176,7 +186,10 @@ fn a_truncated_file_is_an_error_naming_the_offset_and_nothing_stale_stays() {
     // Cut the file inside expert 3's down matrix.
     let down = f.layers[0].parts[2];
     let cut = down.offset + 3 * down.stride + 10;
-    let file = std::fs::OpenOptions::new().write(true).open(&f.path).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f.path)
+        .unwrap();
     file.set_len(cut).unwrap();
     c.begin_layer(0, true);
     let e = c.acquire(0, &[2, 3]).unwrap_err().to_string();

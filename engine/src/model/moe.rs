@@ -68,7 +68,9 @@ pub(crate) fn run(
             .filter(|&(tok, s)| routes[tok * k + s].0 == xi)
             .collect()
     };
-    let need: Vec<usize> = (0..n_expert).filter(|&xi| !users_of(xi).is_empty()).collect();
+    let need: Vec<usize> = (0..n_expert)
+        .filter(|&xi| !users_of(xi).is_empty())
+        .collect();
     // With an expert cache: the layer's experts in waves of what the cache holds at once.
     let layer = match w[1] {
         Src::Weight(j) => ex.expert_layer(j),
@@ -89,9 +91,19 @@ pub(crate) fn run(
                 .map(|&xi| (xi, [gate.slice(xi), up.slice(xi), down.slice(xi)]))
                 .collect(),
         };
-        let res = wave
-            .iter()
-            .try_for_each(|(xi, ws)| expert(ex, &xa, ws, &users_of(*xi), &routes, k, act, groups, &mut slot_out));
+        let res = wave.iter().try_for_each(|(xi, ws)| {
+            expert(
+                ex,
+                &xa,
+                ws,
+                &users_of(*xi),
+                &routes,
+                k,
+                act,
+                groups,
+                &mut slot_out,
+            )
+        });
         if layer.is_some() {
             ex.with_experts(|c| {
                 c.release();
@@ -155,10 +167,31 @@ fn expert(
         Act::zeros(&[e as i64, m]),
     );
     let p0 = OpParams::default();
-    matmul_grouped(ex, gw, xe.desc(), g.desc_mut(), p0, Some(&id_groups(gw, &per_seq)))?;
-    matmul_grouped(ex, uw, xe.desc(), u.desc_mut(), p0, Some(&id_groups(uw, &per_seq)))?;
+    matmul_grouped(
+        ex,
+        gw,
+        xe.desc(),
+        g.desc_mut(),
+        p0,
+        Some(&id_groups(gw, &per_seq)),
+    )?;
+    matmul_grouped(
+        ex,
+        uw,
+        xe.desc(),
+        u.desc_mut(),
+        p0,
+        Some(&id_groups(uw, &per_seq)),
+    )?;
     let h = ex.glu(&g, &u, act)?;
-    matmul_grouped(ex, dw, h.desc(), d.desc_mut(), p0, Some(&id_groups(dw, &per_seq)))?;
+    matmul_grouped(
+        ex,
+        dw,
+        h.desc(),
+        d.desc_mut(),
+        p0,
+        Some(&id_groups(dw, &per_seq)),
+    )?;
     for (i, &(tok, s)) in users.iter().enumerate() {
         let wgt = routes[tok * k + s].1;
         let dst = &mut slot_out[(tok * k + s) * e..(tok * k + s + 1) * e];
