@@ -303,7 +303,14 @@ fn golden_smollm2_moe() {
     // A cache the machine cannot hold is refused before anything runs, naming the sizes.
     if let Some(m) = common::model("derived/smollm2-moe8.gguf") {
         let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
-            .args(["run", "--prompt", "Hi", "--max-tokens", "1", "--expert-cache"])
+            .args([
+                "run",
+                "--prompt",
+                "Hi",
+                "--max-tokens",
+                "1",
+                "--expert-cache",
+            ])
             .arg((1u64 << 40).to_string())
             .arg("-m")
             .arg(&m)

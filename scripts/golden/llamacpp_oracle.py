@@ -49,7 +49,7 @@ DERIVED = {
 }
 DERIVED_SHA256 = {
     "smollm2-moe": "b8ad8b7c37166c15c38539c4e7ddf094400b061964ce2e523cab54313c2bbcd5",
-    "qwen05-moe": "fae124f7536cbf865b1312ccd3d81b66f745c196480a50bd88f5600cc96db3dd",
+    "qwen05-moe": "63b6828e7b6b9077dcbd66e635b15e86c5ddf93e036d7ed2487312b9f18e4cd7",
 }
 PACKAGE = "llama-cpp-python 0.3.36"
 GGML_TYPE_F32 = 0

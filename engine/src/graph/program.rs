@@ -455,16 +455,7 @@ fn compile_graph_op(
             ))
         }
         "moe_ffn" => {
-            if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
-                return Err("router, gate, up and down must be weights".into());
-            }
-            let (x, r, ga, up, dn) = (
-                info[0].1[0],
-                info[1].1[0],
-                info[2].1[0],
-                info[3].1[0],
-                info[4].1[0],
-            );
+            let [x, r, ga, up, dn] = ffn_operands(inputs, info, "router, gate, up and down")?;
             let (e, nx, f) = (x[0], r[1], ga[1]);
             if r != [e, nx, 1, 1] || ga != [e, f, nx, 1] || up != ga || dn != [f, e, nx, 1] {
                 return Err(format!(
@@ -477,27 +468,14 @@ fn compile_graph_op(
             }
             let norm = graph_int(n, "norm_weights", 1)? == 1;
             let act = graph_int(n, "act", 1)? as i64;
-            let mut shapes = [[0i64; 4]; 5];
-            for (pi, s) in shapes.iter_mut().enumerate() {
-                let xs = info[0].1[pi];
-                if xs[0] != e || xs[2] != 1 || xs[3] != 1 {
-                    return Err(format!("x must be [{e}, N], is {xs:?}"));
-                }
-                *s = xs;
-            }
-            Ok((Kind::Moe { n_used, norm, act }, DType::F32, shapes))
+            Ok((
+                Kind::Moe { n_used, norm, act },
+                DType::F32,
+                like_x(info, e)?,
+            ))
         }
         "shared_expert" => {
-            if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
-                return Err("gate_inp, gate, up and down must be weights".into());
-            }
-            let (x, gi, ga, up, dn) = (
-                info[0].1[0],
-                info[1].1[0],
-                info[2].1[0],
-                info[3].1[0],
-                info[4].1[0],
-            );
+            let [x, gi, ga, up, dn] = ffn_operands(inputs, info, "gate_inp, gate, up and down")?;
             let (e, f) = (x[0], ga[1]);
             if gi != [e, 1, 1, 1] || ga != [e, f, 1, 1] || up != ga || dn != [f, e, 1, 1] {
                 return Err(format!(
@@ -508,16 +486,34 @@ fn compile_graph_op(
                 return Err(format!("gate_inp must be f32, is {}", info[1].0));
             }
             let act = graph_int(n, "act", 1)? as i64;
-            let mut shapes = [[0i64; 4]; 5];
-            for (pi, s) in shapes.iter_mut().enumerate() {
-                let xs = info[0].1[pi];
-                if xs[0] != e || xs[2] != 1 || xs[3] != 1 {
-                    return Err(format!("x must be [{e}, N], is {xs:?}"));
-                }
-                *s = xs;
-            }
-            Ok((Kind::SharedExpert { act }, DType::F32, shapes))
+            Ok((Kind::SharedExpert { act }, DType::F32, like_x(info, e)?))
         }
         other => unreachable!("graph op {other} is declared but not compiled"),
     }
+}
+
+/// The FFN ops' operands: `x` then four weights (`what` names them in the error); their
+/// shapes at the first evaluation point.
+fn ffn_operands(
+    inputs: &[Src],
+    info: &[(DType, [[i64; 4]; 5])],
+    what: &str,
+) -> Result<[[i64; 4]; 5], String> {
+    if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
+        return Err(format!("{what} must be weights"));
+    }
+    Ok(std::array::from_fn(|i| info[i].1[0]))
+}
+
+/// The output shapes of an FFN op: x's, which must be `[e, N]` at every point.
+fn like_x(info: &[(DType, [[i64; 4]; 5])], e: i64) -> Result<[[i64; 4]; 5], String> {
+    let mut shapes = [[0i64; 4]; 5];
+    for (pi, s) in shapes.iter_mut().enumerate() {
+        let xs = info[0].1[pi];
+        if xs[0] != e || xs[2] != 1 || xs[3] != 1 {
+            return Err(format!("x must be [{e}, N], is {xs:?}"));
+        }
+        *s = xs;
+    }
+    Ok(shapes)
 }

@@ -39,11 +39,7 @@ pub(crate) fn run(
     act: i64,
     groups: &[ColGroup],
 ) -> Result<()> {
-    let wt = |i: usize| match w[i] {
-        Src::Weight(j) => weights[j],
-        _ => unreachable!("compile checks moe weights"),
-    };
-    let (router, gate, up, down) = (wt(0), wt(1), wt(2), wt(3));
+    let [router, gate, up, down] = four_weights(weights, w);
     let (e, t) = (x.ne[0] as usize, x.ne[1] as usize);
     let n_expert = router.ne()[1] as usize;
     // SAFETY: x is a contiguous f32 [e, t] activation of this step.
@@ -237,6 +233,14 @@ fn id_groups(w: &Weight, per_seq: &[usize]) -> Vec<ColGroup> {
     out
 }
 
+/// The four weight operands of an FFN node (the program's compile checked them).
+fn four_weights(weights: &[Weight], w: &[Src]) -> [Weight; 4] {
+    std::array::from_fn(|i| match w[i] {
+        Src::Weight(j) => weights[j],
+        _ => unreachable!("compile checks FFN node weights"),
+    })
+}
+
 /// The `shared_expert` node: per token `sigmoid(gate_inp . x) * down(act(gate x) * up x)`,
 /// `x` `[n_embd, N]`, `w` the gate's input vector `[n_embd]` and the gate, up and down weights.
 pub(crate) fn shared(
@@ -248,11 +252,7 @@ pub(crate) fn shared(
     act: i64,
     groups: &[ColGroup],
 ) -> Result<()> {
-    let wt = |i: usize| match w[i] {
-        Src::Weight(j) => weights[j],
-        _ => unreachable!("compile checks shared-expert weights"),
-    };
-    let (gate_inp, gate, up, down) = (wt(0), wt(1), wt(2), wt(3));
+    let [gate_inp, gate, up, down] = four_weights(weights, w);
     let (e, t) = (x.ne[0], x.ne[1]);
     let ff = gate.ne()[1];
     let p0 = OpParams::default();
