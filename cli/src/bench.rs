@@ -69,6 +69,9 @@ pub struct BenchArgs {
     /// Expert cache eviction: least-stale or lru.
     #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
     pub cache_policy: String,
+    /// Expert cache: threads one layer's reads run on at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub io_workers: u16,
     /// No progress display.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -254,6 +257,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         kv_type: crate::common::KvType::F32,
         expert_cache: a.expert_cache,
         cache_policy: a.cache_policy.clone(),
+        io_workers: a.io_workers,
         quiet: a.quiet,
     };
     let (_, model) = base.load()?;

@@ -45,6 +45,9 @@ pub struct ModelArgs {
     /// or lru (for comparisons).
     #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
     pub cache_policy: String,
+    /// Expert cache: threads one layer's reads run on at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub io_workers: u16,
     /// No progress bars or banners (progress bars are also off when stdout or stderr is not a
     /// terminal).
     #[arg(long, short = 'q')]
@@ -217,6 +220,7 @@ impl ModelArgs {
             }),
             kv_pool_rows: pool_rows,
             experts: self.expert_memory(),
+            io_workers: self.io_workers as usize,
             ..Default::default()
         };
         let spin = progress::spinner(self.quiet, "preparing backends".to_string());

@@ -231,6 +231,7 @@ pub struct ExpertCache {
     cur_layer: usize,
     decode: bool,
     warned_small: bool,
+    io_workers: usize,
     stats: ExpertStats,
 }
 
@@ -330,6 +331,7 @@ impl ExpertCache {
             cur_layer: usize::MAX,
             decode: false,
             warned_small: false,
+            io_workers: 4,
         })
     }
 
@@ -499,7 +501,8 @@ impl ExpertCache {
         }
         misses.sort_unstable();
         let t0 = Instant::now();
-        let (mut bytes, mut calls) = (0u64, 0u64);
+        // One job per run of adjacent experts of one part: (file offset, [(address, len)]).
+        let mut jobs: Vec<(u64, Vec<(usize, usize)>)> = Vec::new();
         for p in 0..3 {
             let span = self.layers[layer].parts[p];
             let mut i = 0;
@@ -509,32 +512,65 @@ impl ExpertCache {
                     j += 1;
                 }
                 let offset = span.offset + misses[i].0 as u64 * span.stride;
-                let bufs: Vec<(*mut u8, usize)> = misses[i..j]
+                let bufs = misses[i..j]
                     .iter()
                     .map(|&(_, s)| {
-                        // SAFETY: inside slot s.
-                        let ptr = unsafe {
-                            self.mem
-                                .ptr
-                                .add(s * self.slot_bytes + self.part_off[layer][p])
-                        };
-                        (ptr, span.stride as usize)
+                        let at = s * self.slot_bytes + self.part_off[layer][p];
+                        (self.mem.ptr as usize + at, span.stride as usize)
                     })
                     .collect();
-                read_into(&self.file, &self.path, offset, &bufs)?;
-                let len = (j - i) as u64 * span.stride;
-                drop_cached(&self.file, offset, len);
-                bytes += len;
-                calls += 1;
+                jobs.push((offset, bufs));
                 i = j;
             }
         }
+        // The jobs on up to `io_workers` threads: the device sees several requests at once.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::Mutex::new(None);
+        let (file, path) = (&self.file, self.path.as_str());
+        let work = || loop {
+            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((offset, bufs)) = jobs.get(k) else {
+                return;
+            };
+            let ptrs: Vec<(*mut u8, usize)> =
+                bufs.iter().map(|&(a, n)| (a as *mut u8, n)).collect();
+            match read_into(file, path, *offset, &ptrs) {
+                Ok(()) => drop_cached(file, *offset, bufs.iter().map(|b| b.1 as u64).sum()),
+                Err(e) => {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                    return;
+                }
+            }
+        };
+        let n = self.io_workers.clamp(1, jobs.len());
+        if n == 1 {
+            work();
+        } else {
+            std::thread::scope(|sc| {
+                for _ in 0..n {
+                    sc.spawn(work);
+                }
+            });
+        }
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        let bytes: u64 = jobs.iter().flat_map(|j| &j.1).map(|b| b.1 as u64).sum();
         let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let calls = jobs.len() as u64;
         let ph = self.phase();
         ph.bytes_read += bytes;
         ph.reads += calls;
         ph.read_ms += ms;
         Ok(())
+    }
+
+    /// Reads of one layer run on up to `n` threads at once (default 4).
+    pub fn set_io_workers(&mut self, n: usize) {
+        self.io_workers = n.max(1);
     }
 }
 

@@ -132,6 +132,8 @@ pub struct SessionOptions {
     pub max_outputs: usize,
     /// Where routed experts live (MoE models; see [`crate::experts`]).
     pub experts: crate::experts::ExpertMemory,
+    /// Threads one layer's expert reads run on at once.
+    pub io_workers: usize,
 }
 
 impl Default for SessionOptions {
@@ -148,6 +150,7 @@ impl Default for SessionOptions {
             experts: crate::experts::ExpertMemory::Auto {
                 policy: crate::experts::Policy::LeastStale,
             },
+            io_workers: 4,
         }
     }
 }
@@ -292,7 +295,8 @@ fn expert_cache(
             (left, policy)
         }
     };
-    let cache = ExpertCache::new(&model.gguf.path, layers, bytes as usize, policy)?;
+    let mut cache = ExpertCache::new(&model.gguf.path, layers, bytes as usize, policy)?;
+    cache.set_io_workers(opts.io_workers);
     Ok(Some((cache, by_gate)))
 }
 
