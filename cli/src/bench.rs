@@ -402,13 +402,13 @@ fn print_expert_table(rows: &[serde_json::Value]) {
     }
     println!();
     println!(
-        "| test | expert cache | policy | acquires | hit rate | evictions | MB read / token | reads | read ms |"
+        "| test | expert cache | policy | acquires | hit rate | evictions | MB read / token | reads | read ms | waited ms |"
     );
-    println!("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let Some(e) = r.get("experts") else { continue };
         println!(
-            "| {} | {} slots x {} | {} | {} | {:.1}% | {} | {:.2} | {} | {:.1} |",
+            "| {} | {} slots x {} | {} | {} | {:.1}% | {} | {:.2} | {} | {:.1} | {:.1} |",
             test_name(r),
             e["slots"],
             human_bytes(e["slot_bytes"].as_u64().unwrap_or(0)),
@@ -419,6 +419,7 @@ fn print_expert_table(rows: &[serde_json::Value]) {
             e["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e6,
             e["reads"],
             e["read_ms"].as_f64().unwrap_or(0.0),
+            e["wait_ms"].as_f64().unwrap_or(0.0),
         );
     }
 }

@@ -368,5 +368,6 @@ pub fn expert_json(
         "bytes_read_per_token": if tokens > 0.0 { bytes / tokens } else { 0.0 },
         "reads": d(|p| p.reads as f64) as u64,
         "read_ms": d(|p| p.read_ms),
+        "wait_ms": d(|p| p.wait_ms),
     })
 }

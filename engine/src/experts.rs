@@ -154,6 +154,8 @@ pub struct PhaseStats {
     /// `preadv` calls (adjacent misses share one).
     pub reads: u64,
     pub read_ms: f64,
+    /// Of `read_ms`, the time a layer waited with nothing left to compute.
+    pub wait_ms: f64,
 }
 
 impl PhaseStats {
@@ -216,7 +218,7 @@ struct SlotState {
 }
 
 pub struct ExpertCache {
-    file: File,
+    file: std::sync::Arc<File>,
     path: String,
     layers: Vec<LayerExperts>,
     /// Offsets of gate, up and down inside a slot, per layer.
@@ -310,7 +312,7 @@ impl ExpertCache {
         let n_slots = (bytes / slot_bytes).max(1);
         let mem = SlotMem::new(n_slots * slot_bytes)?;
         Ok(ExpertCache {
-            file,
+            file: std::sync::Arc::new(file),
             path: label,
             stats: ExpertStats {
                 slots: n_slots,
@@ -356,6 +358,23 @@ impl ExpertCache {
     /// least one), reading the missing ones; returns them with their weights (gate, up, down).
     /// [`ExpertCache::release`] unpins them.
     pub fn acquire(&mut self, layer: usize, need: &[usize]) -> Result<Vec<(usize, [Weight; 3])>> {
+        let wave = self.plan(layer, need)?;
+        let t0 = Instant::now();
+        let r = self.reader().run(&wave.jobs);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.finish(&wave, r, ms, ms)?;
+        Ok(wave
+            .items
+            .iter()
+            .map(|it| (it.expert, it.weights))
+            .collect())
+    }
+
+    /// [`ExpertCache::acquire`] without the reads: the slots are pinned and assigned, and the
+    /// wave's `jobs` say what to read (by [`Reader::run`], on any thread, while the hits
+    /// compute); [`ExpertCache::finish`] then records the outcome. Until then the misses'
+    /// slots hold no valid data.
+    pub fn plan(&mut self, layer: usize, need: &[usize]) -> Result<Wave> {
         let mut got = Vec::new();
         let mut misses = Vec::new();
         for &e in need {
@@ -365,8 +384,8 @@ impl ExpertCache {
                     self.layers[layer].name, self.layers[layer].n_expert
                 )));
             }
-            let slot = match self.map.get(&(layer, e)) {
-                Some(&s) => s,
+            let (slot, miss) = match self.map.get(&(layer, e)) {
+                Some(&s) => (s, false),
                 None => match self.victim(layer) {
                     Some(s) => {
                         if let Some(old) = self.slots[s].owner.take() {
@@ -374,7 +393,7 @@ impl ExpertCache {
                             self.phase().evictions += 1;
                         }
                         misses.push((e, s));
-                        s
+                        (s, true)
                     }
                     None => break,
                 },
@@ -384,7 +403,7 @@ impl ExpertCache {
             st.pinned = true;
             st.tick = self.tick;
             st.pass = self.pass;
-            got.push((e, slot));
+            got.push((e, slot, miss));
         }
         if got.len() < need.len() && !self.warned_small {
             self.warned_small = true;
@@ -405,24 +424,68 @@ impl ExpertCache {
         }
         self.stats.per_layer[layer].0 += got.len() as u64 - n_miss;
         self.stats.per_layer[layer].1 += n_miss;
-        if let Err(e) = self.read(layer, &mut misses) {
-            // Nothing half-read stays: the slots of this call go back empty.
-            for &(_, s) in &got {
-                self.slots[s].pinned = false;
-            }
-            for &(_, s) in &misses {
-                self.slots[s].owner = None;
+        let jobs = self.jobs(layer, &mut misses);
+        Ok(Wave {
+            layer,
+            items: got
+                .into_iter()
+                .map(|(expert, slot, miss)| WaveItem {
+                    expert,
+                    slot,
+                    miss,
+                    weights: self.weights(layer, slot),
+                })
+                .collect(),
+            jobs,
+        })
+    }
+
+    /// Records how the reads of `wave` went (`read_ms` spent reading, `wait_ms` of it the
+    /// layer waited for): the misses become entries, or on an error go back empty with every
+    /// slot of the wave unpinned (nothing half-read stays).
+    pub fn finish(
+        &mut self,
+        wave: &Wave,
+        read: Result<()>,
+        read_ms: f64,
+        wait_ms: f64,
+    ) -> Result<()> {
+        let misses = wave.items.iter().filter(|it| it.miss);
+        if let Err(e) = read {
+            for it in &wave.items {
+                self.slots[it.slot].pinned = false;
+                if it.miss {
+                    self.slots[it.slot].owner = None;
+                }
             }
             return Err(e);
         }
-        for &(e, s) in &misses {
-            self.slots[s].owner = Some((layer, e));
-            self.map.insert((layer, e), s);
+        for it in misses {
+            self.slots[it.slot].owner = Some((wave.layer, it.expert));
+            self.map.insert((wave.layer, it.expert), it.slot);
         }
-        Ok(got
-            .into_iter()
-            .map(|(e, s)| (e, self.weights(layer, s)))
-            .collect())
+        let bytes: u64 = wave
+            .jobs
+            .iter()
+            .flat_map(|j| &j.1)
+            .map(|b| b.1 as u64)
+            .sum();
+        let calls = wave.jobs.len() as u64;
+        let ph = self.phase();
+        ph.bytes_read += bytes;
+        ph.reads += calls;
+        ph.read_ms += read_ms;
+        ph.wait_ms += wait_ms;
+        Ok(())
+    }
+
+    /// What reads the file (a handle that may go to another thread).
+    pub fn reader(&self) -> Reader {
+        Reader {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            io_workers: self.io_workers,
+        }
     }
 
     /// Unpins every slot.
@@ -493,16 +556,11 @@ impl ExpertCache {
         best.map(|(i, _)| i)
     }
 
-    /// Reads the experts `misses` (expert, slot) of `layer`: per part, runs of adjacent
-    /// experts with one `preadv` each.
-    fn read(&mut self, layer: usize, misses: &mut [(usize, usize)]) -> Result<()> {
-        if misses.is_empty() {
-            return Ok(());
-        }
+    /// The reads of `misses` (expert, slot) of `layer`: per part, runs of adjacent experts as
+    /// one job each, (file offset, [(slot address, bytes)]).
+    fn jobs(&self, layer: usize, misses: &mut [(usize, usize)]) -> Vec<Job> {
         misses.sort_unstable();
-        let t0 = Instant::now();
-        // One job per run of adjacent experts of one part: (file offset, [(address, len)]).
-        let mut jobs: Vec<(u64, Vec<(usize, usize)>)> = Vec::new();
+        let mut jobs: Vec<Job> = Vec::new();
         for p in 0..3 {
             let span = self.layers[layer].parts[p];
             let mut i = 0;
@@ -523,10 +581,58 @@ impl ExpertCache {
                 i = j;
             }
         }
-        // The jobs on up to `io_workers` threads: the device sees several requests at once.
+        jobs
+    }
+
+    /// Reads of one layer run on up to `n` threads at once (default 4).
+    pub fn set_io_workers(&mut self, n: usize) {
+        self.io_workers = n.max(1);
+    }
+}
+
+/// One read: a file offset and the slot memory it fills, in order (addresses as integers so
+/// that a wave can cross to a reading thread).
+pub type Job = (u64, Vec<(usize, usize)>);
+
+/// Experts a layer holds pinned for one wave of its route.
+pub struct Wave {
+    layer: usize,
+    pub items: Vec<WaveItem>,
+    jobs: Vec<Job>,
+}
+
+impl Wave {
+    /// The reads that fill the wave's misses.
+    pub fn jobs(&self) -> &[Job] {
+        &self.jobs
+    }
+}
+
+pub struct WaveItem {
+    pub expert: usize,
+    slot: usize,
+    /// Not in the cache before this wave: valid once the wave's reads are done.
+    pub miss: bool,
+    pub weights: [Weight; 3],
+}
+
+// SAFETY: a wave's weights point into pinned slots of a cache that outlives it.
+unsafe impl Send for Wave {}
+unsafe impl Sync for Wave {}
+
+/// Reads a wave's jobs on up to `io_workers` threads at once.
+pub struct Reader {
+    file: std::sync::Arc<File>,
+    path: String,
+    io_workers: usize,
+}
+
+impl Reader {
+    /// Runs `jobs` (the device sees several requests at once), dropping what was read from
+    /// the page cache; the first error wins.
+    pub fn run(&self, jobs: &[Job]) -> Result<()> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::Mutex::new(None);
-        let (file, path) = (&self.file, self.path.as_str());
         let work = || loop {
             let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Some((offset, bufs)) = jobs.get(k) else {
@@ -534,8 +640,8 @@ impl ExpertCache {
             };
             let ptrs: Vec<(*mut u8, usize)> =
                 bufs.iter().map(|&(a, n)| (a as *mut u8, n)).collect();
-            match read_into(file, path, *offset, &ptrs) {
-                Ok(()) => drop_cached(file, *offset, bufs.iter().map(|b| b.1 as u64).sum()),
+            match read_into(&self.file, &self.path, *offset, &ptrs) {
+                Ok(()) => drop_cached(&self.file, *offset, bufs.iter().map(|b| b.1 as u64).sum()),
                 Err(e) => {
                     failed
                         .lock()
@@ -545,7 +651,7 @@ impl ExpertCache {
                 }
             }
         };
-        let n = self.io_workers.clamp(1, jobs.len());
+        let n = self.io_workers.clamp(1, jobs.len().max(1));
         if n == 1 {
             work();
         } else {
@@ -555,22 +661,10 @@ impl ExpertCache {
                 }
             });
         }
-        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        let bytes: u64 = jobs.iter().flat_map(|j| &j.1).map(|b| b.1 as u64).sum();
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let calls = jobs.len() as u64;
-        let ph = self.phase();
-        ph.bytes_read += bytes;
-        ph.reads += calls;
-        ph.read_ms += ms;
-        Ok(())
-    }
-
-    /// Reads of one layer run on up to `n` threads at once (default 4).
-    pub fn set_io_workers(&mut self, n: usize) {
-        self.io_workers = n.max(1);
     }
 }
 

@@ -73,43 +73,76 @@ pub(crate) fn run(
         _ => None,
     };
     let decode = groups.iter().all(|g| g.chain == 1 || g.len == 1);
+    let mut run_expert = |xi: usize, ws: &[Weight; 3]| {
+        expert(
+            ex,
+            &xa,
+            ws,
+            &users_of(xi),
+            &routes,
+            k,
+            act,
+            groups,
+            &mut slot_out,
+        )
+    };
+    let Some(l) = layer else {
+        for &xi in &need {
+            run_expert(xi, &[gate.slice(xi), up.slice(xi), down.slice(xi)])?;
+        }
+        return finish(out, &slot_out, e, t, k);
+    };
     let mut done = 0;
     while done < need.len() {
-        let wave: Vec<(usize, [Weight; 3])> = match layer {
-            Some(l) => ex.with_experts(|c| {
-                if done == 0 {
-                    c.begin_layer(l, decode);
-                }
-                c.acquire(l, &need[done..])
-            })?,
-            None => need
+        let wave = ex.with_experts(|c| {
+            if done == 0 {
+                c.begin_layer(l, decode);
+            }
+            c.plan(l, &need[done..])
+        })?;
+        let reader = ex.with_experts(|c| Ok(c.reader()))?;
+        // The misses are read on other threads while the hits compute; then the misses.
+        let t0 = std::time::Instant::now();
+        let (hits, read, read_ms, wait_ms) = std::thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                let r = reader.run(wave.jobs());
+                (r, t0.elapsed().as_secs_f64() * 1e3)
+            });
+            let hits = wave
+                .items
                 .iter()
-                .map(|&xi| (xi, [gate.slice(xi), up.slice(xi), down.slice(xi)]))
-                .collect(),
-        };
-        let res = wave.iter().try_for_each(|(xi, ws)| {
-            expert(
-                ex,
-                &xa,
-                ws,
-                &users_of(*xi),
-                &routes,
-                k,
-                act,
-                groups,
-                &mut slot_out,
-            )
+                .filter(|it| !it.miss)
+                .try_for_each(|it| run_expert(it.expert, &it.weights));
+            let t1 = std::time::Instant::now();
+            let (read, read_ms) = h.join().unwrap_or_else(|_| {
+                (
+                    Err(crate::error::EngineError::Invalid(
+                        "an expert read panicked".into(),
+                    )),
+                    0.0,
+                )
+            });
+            (hits, read, read_ms, t1.elapsed().as_secs_f64() * 1e3)
         });
-        if layer.is_some() {
-            ex.with_experts(|c| {
-                c.release();
-                Ok(())
-            })?;
-        }
-        res?;
-        done += wave.len();
+        ex.with_experts(|c| c.finish(&wave, read, read_ms, wait_ms))?;
+        let rest = hits.and_then(|()| {
+            wave.items
+                .iter()
+                .filter(|it| it.miss)
+                .try_for_each(|it| run_expert(it.expert, &it.weights))
+        });
+        ex.with_experts(|c| {
+            c.release();
+            Ok(())
+        })?;
+        rest?;
+        done += wave.items.len();
     }
-    // llama.cpp adds the weighted slots in order: ((s0 + s1) + s2) + ...
+    finish(out, &slot_out, e, t, k)
+}
+
+/// `out` per token: the weighted slots added in order, as llama.cpp does: ((s0 + s1) + s2) + ...
+fn finish(out: TensorDesc, slot_out: &[f32], e: usize, t: usize, k: usize) -> Result<()> {
     // SAFETY: out is a contiguous f32 [e, t] slot of this step.
     let o = unsafe { std::slice::from_raw_parts_mut(out.data as *mut f32, e * t) };
     for tok in 0..t {
