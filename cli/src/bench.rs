@@ -63,15 +63,8 @@ pub struct BenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
-    /// MoE models: expert cache size in MiB (see `mollm run --help`).
-    #[arg(long, value_name = "MB")]
-    pub expert_cache: Option<usize>,
-    /// Expert cache eviction: least-stale or lru.
-    #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
-    pub cache_policy: String,
-    /// Expert cache: threads one layer's reads run on at once.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub io_workers: u16,
+    #[command(flatten)]
+    pub experts: crate::common::ExpertArgs,
     /// No progress display.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -255,9 +248,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         threads: 0,
         batch: 512,
         kv_type: crate::common::KvType::F32,
-        expert_cache: a.expert_cache,
-        cache_policy: a.cache_policy.clone(),
-        io_workers: a.io_workers,
+        experts: a.experts.clone(),
         quiet: a.quiet,
     };
     let (_, model) = base.load()?;

@@ -35,6 +35,17 @@ pub struct ModelArgs {
     /// f16 what it does with `-fa off` and its default F16 cache (half the memory).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_type: KvType,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
+    /// No progress bars or banners (progress bars are also off when stdout or stderr is not a
+    /// terminal).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// The expert cache's flags (MoE models), shared by every command that runs a model.
+#[derive(Args, Debug, Clone)]
+pub struct ExpertArgs {
     /// MoE models: routed experts read from the model file into a cache of this many MiB
     /// shared by all layers (dense weights stay in memory) [default: all experts in memory
     /// when the file fits in the memory available, otherwise what is left after the dense
@@ -48,10 +59,6 @@ pub struct ModelArgs {
     /// Expert cache: threads one layer's reads run on at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub io_workers: u16,
-    /// No progress bars or banners (progress bars are also off when stdout or stderr is not a
-    /// terminal).
-    #[arg(long, short = 'q')]
-    pub quiet: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,8 +185,8 @@ impl ModelArgs {
 
     fn expert_memory(&self) -> engine::experts::ExpertMemory {
         use engine::experts::{ExpertMemory, Policy};
-        let policy = Policy::parse(&self.cache_policy).unwrap_or(Policy::LeastStale);
-        match self.expert_cache {
+        let policy = Policy::parse(&self.experts.cache_policy).unwrap_or(Policy::LeastStale);
+        match self.experts.expert_cache {
             Some(mb) => ExpertMemory::Cache {
                 bytes: mb << 20,
                 policy,
@@ -220,7 +227,7 @@ impl ModelArgs {
             }),
             kv_pool_rows: pool_rows,
             experts: self.expert_memory(),
-            io_workers: self.io_workers as usize,
+            io_workers: self.experts.io_workers as usize,
             ..Default::default()
         };
         let spin = progress::spinner(self.quiet, "preparing backends".to_string());
