@@ -62,5 +62,5 @@ echo "== qemu-aarch64 -cpu $CPU: kernel exactness and the conformance gate"
 cargo test --release --target $T -p mollm-arm-common -p mollm-cpu-common -p conformance
 if [[ $GOLDEN == 1 ]]; then
   echo "== qemu-aarch64 -cpu $CPU: SmolLM2 golden parity, --backend auto"
-  MOLLM_TEST_BACKENDS=auto cargo test --release --target $T -p cli --test golden golden_smollm2
+  MOLLM_TEST_BACKENDS=auto cargo test --release --target $T -p cli --test golden golden_smollm2 -- --exact
 fi
