@@ -58,15 +58,14 @@ pub(crate) fn run(
     let routes = route(&probs, k, norm);
     // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
     let mut slot_out = vec![0f32; t * k * e];
-    let users_of = |xi: usize| -> Vec<(usize, usize)> {
-        (0..t)
-            .flat_map(|tok| (0..k).map(move |s| (tok, s)))
-            .filter(|&(tok, s)| routes[tok * k + s].0 == xi)
-            .collect()
-    };
-    let need: Vec<usize> = (0..n_expert)
-        .filter(|&xi| !users_of(xi).is_empty())
-        .collect();
+    // Each expert's users (token, slot), in token order: one pass over the routes.
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_expert];
+    for tok in 0..t {
+        for s in 0..k {
+            users[routes[tok * k + s].0].push((tok, s));
+        }
+    }
+    let need: Vec<usize> = (0..n_expert).filter(|&xi| !users[xi].is_empty()).collect();
     // With an expert cache: the layer's experts in waves of what the cache holds at once.
     let layer = match w[1] {
         Src::Weight(j) => ex.expert_layer(j),
@@ -78,7 +77,7 @@ pub(crate) fn run(
             ex,
             &xa,
             ws,
-            &users_of(xi),
+            &users[xi],
             &routes,
             k,
             act,
