@@ -393,24 +393,31 @@ fn print_expert_table(rows: &[serde_json::Value]) {
     }
     println!();
     println!(
-        "| test | expert cache | policy | acquires | hit rate | evictions | MB read / token | reads | read ms | waited ms |"
+        "| test | expert cache | policy | prefetch | acquires | hit rate | evictions | MB read / token | reads | read ms | waited ms | prefetched | useful | accuracy |"
     );
-    println!("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for r in rows {
         let Some(e) = r.get("experts") else { continue };
+        let pct = |k: &str| 100.0 * e[k].as_f64().unwrap_or(0.0);
         println!(
-            "| {} | {} slots x {} | {} | {} | {:.1}% | {} | {:.2} | {} | {:.1} | {:.1} |",
+            "| {} | {} slots x {} | {} | {} | {} | {:.1}% | {} | {:.2} | {} | {:.1} | {:.1} | {} | {} | {:.1}% |",
             test_name(r),
             e["slots"],
             human_bytes(e["slot_bytes"].as_u64().unwrap_or(0)),
             e["policy"].as_str().unwrap_or(""),
+            if e["prefetch"].as_bool() == Some(true) { "on" } else { "off" },
             e["acquires"],
-            100.0 * e["hit_rate"].as_f64().unwrap_or(0.0),
+            pct("hit_rate"),
             e["evictions"],
             e["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e6,
             e["reads"],
             e["read_ms"].as_f64().unwrap_or(0.0),
             e["wait_ms"].as_f64().unwrap_or(0.0),
+            e["prefetches"],
+            e["prefetch_useful"],
+            pct("prediction_accuracy"),
         );
     }
 }

@@ -56,9 +56,30 @@ pub struct ExpertArgs {
     /// or lru (for comparisons).
     #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
     pub cache_policy: String,
-    /// Expert cache: threads one layer's reads run on at once.
+    /// Expert cache: threads that read experts from the file (demand reads ahead of
+    /// prefetches).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub io_workers: u16,
+    /// Expert cache: no next-layer prefetch (each layer reads only what its router chose).
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Writes a Chrome/Perfetto trace (JSON) of the run to FILE: MoE layers, expert reads on
+    /// their I/O worker threads, waits, and a flow from each prediction to its prefetches.
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<std::path::PathBuf>,
+}
+
+/// Where `--trace` writes when the command ends (set once a session starts tracing).
+pub static TRACE_PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Writes the trace `--trace` asked for, if any (said on stderr).
+pub fn write_trace() {
+    if let Some(path) = TRACE_PATH.get() {
+        match engine::trace::write(path) {
+            Ok(()) => eprintln!("trace written to {}", path.display()),
+            Err(e) => eprintln!("error: cannot write the trace {}: {e}", path.display()),
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,8 +249,15 @@ impl ModelArgs {
             kv_pool_rows: pool_rows,
             experts: self.expert_memory(),
             io_workers: self.experts.io_workers as usize,
+            prefetch: !self.experts.no_prefetch,
             ..Default::default()
         };
+        if let Some(path) = &self.experts.trace {
+            // Created now, so that a path that cannot be written fails before the run.
+            std::fs::File::create(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
+            let _ = TRACE_PATH.set(path.clone());
+            engine::trace::start();
+        }
         let spin = progress::spinner(self.quiet, "preparing backends".to_string());
         let s = Session::new(model, &opts);
         spin.finish_and_clear();
@@ -362,6 +390,9 @@ pub fn expert_json(
     let acquires = d(|p| p.acquires as f64);
     let hits = d(|p| p.hits as f64);
     let bytes = d(|p| p.bytes_read as f64);
+    let useful = d(|p| p.prefetch_useful as f64);
+    let predicted = d(|p| p.predicted as f64);
+    let used = d(|p| p.predicted_used as f64);
     serde_json::json!({
         "slots": now.slots,
         "slot_bytes": now.slot_bytes,
@@ -376,5 +407,16 @@ pub fn expert_json(
         "reads": d(|p| p.reads as f64) as u64,
         "read_ms": d(|p| p.read_ms),
         "wait_ms": d(|p| p.wait_ms),
+        "prefetch": now.prefetch,
+        "prefetches": d(|p| p.prefetches as f64) as u64,
+        "prefetch_bytes": d(|p| p.prefetch_bytes as f64) as u64,
+        "prefetch_useful": useful as u64,
+        "prefetch_unused": d(|p| p.prefetch_unused as f64) as u64,
+        "predicted": predicted as u64,
+        "predicted_used": used as u64,
+        "prediction_accuracy": if predicted > 0.0 { used / predicted } else { 0.0 },
+        "ranks": now.ranks.iter().map(|&(n, u, on)| serde_json::json!({
+            "predicted": n, "used": u, "prefetched": on
+        })).collect::<Vec<_>>(),
     })
 }

@@ -105,6 +105,7 @@ fn main() -> ExitCode {
             Ok(())
         }
     };
+    common::write_trace();
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<common::Interrupted>() => {

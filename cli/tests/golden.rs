@@ -125,8 +125,10 @@ fn check_model(key: &str) {
         for backend in backends() {
             check(&backend, &cache, false);
         }
+        let no_prefetch = ["--expert-cache", mb.as_str(), "--no-prefetch"];
         if let Some(b) = natives.first() {
             check(b, &lru, false);
+            check(b, &no_prefetch, false);
         }
         for b in &natives {
             if key == "smollm2-moe" {
@@ -317,7 +319,82 @@ fn golden_smollm2_moe() {
             .output()
             .unwrap();
         common::assert_clean_error(&o, "does not fit");
+        prefetch_and_trace(&m);
     }
+}
+
+/// Next-layer prefetch raises the hit rate of a cache of a tenth of the experts, its
+/// predictions are mostly right, and `--trace` writes a Chrome trace with the layers, each
+/// read on an I/O worker's thread, and flows from predictions to the reads they queued.
+fn prefetch_and_trace(model: &std::path::Path) {
+    let trace = std::env::temp_dir().join(format!("mollm-trace-{}.json", std::process::id()));
+    let run = |extra: &[&str]| -> Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
+            .args([
+                "run",
+                "--json",
+                "-q",
+                "--max-tokens",
+                "12",
+                "--expert-cache",
+                "40",
+            ])
+            .args(["--prompt", "The history of the printing press"])
+            .args(extra)
+            .arg("-m")
+            .arg(model)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    };
+    let on = run(&["--trace", trace.to_str().unwrap()]);
+    let off = run(&["--no-prefetch"]);
+    assert_eq!(on["tokens"], off["tokens"], "prefetch changed the tokens");
+    let (e_on, e_off) = (&on["experts"]["decode"], &off["experts"]["decode"]);
+    let hit = |e: &Value| e["hit_rate"].as_f64().unwrap();
+    assert!(
+        hit(e_on) > hit(e_off) + 0.2,
+        "decode hit rate with prefetch {} vs without {}",
+        hit(e_on),
+        hit(e_off)
+    );
+    assert!(
+        e_on["prediction_accuracy"].as_f64().unwrap() > 0.4,
+        "{e_on}"
+    );
+    assert!(e_on["prefetch_useful"].as_u64().unwrap() > 0, "{e_on}");
+    assert_eq!(e_off["prefetches"], 0);
+
+    let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&trace);
+    let ev = t["traceEvents"].as_array().unwrap();
+    let has = |f: &dyn Fn(&Value) -> bool| ev.iter().any(f);
+    let name = |e: &Value| e["name"].as_str().unwrap_or("").to_string();
+    assert!(has(&|e| e["ph"] == "X"
+        && name(e).starts_with("moe L")
+        && e["tid"] == 0));
+    for kind in ["demand", "prefetch"] {
+        assert!(
+            has(&|e| e["ph"] == "X" && e["cat"] == kind && e["tid"].as_u64() >= Some(1)),
+            "no {kind} read on an I/O worker thread"
+        );
+    }
+    let starts: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["ph"] == "s")
+        .map(|e| &e["id"])
+        .collect();
+    assert!(!starts.is_empty(), "no prediction flow");
+    assert!(
+        ev.iter()
+            .any(|e| e["ph"] == "f" && starts.contains(&&e["id"])),
+        "no flow ends at a read"
+    );
+    assert!(has(
+        &|e| e["ph"] == "M" && e["args"]["name"] == "io worker 0"
+    ));
 }
 
 #[test]

@@ -413,7 +413,7 @@ impl Exec {
 
     /// The expert cache's counters, when there is one.
     pub fn expert_stats(&self) -> Option<crate::experts::ExpertStats> {
-        self.experts.borrow().as_ref().map(|c| c.stats().clone())
+        self.experts.borrow().as_ref().map(|c| c.stats())
     }
 
     /// `out = w x` into the caller's memory, on the weight's prepared copy where a backend

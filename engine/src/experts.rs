@@ -8,9 +8,18 @@
 //! into their slots, and the page cache is told to drop what was read (`POSIX_FADV_DONTNEED`),
 //! so it does not hold a second copy and the budget is the memory the experts really take.
 //!
+//! Reads run on a pool of I/O workers (`--io-workers`, see [`io`]); a layer's misses are
+//! queued ahead of every prefetch and it waits for each expert alone, in the order it computes
+//! them: the experts already cached first, then each missing one as soon as its read is done.
 //! A layer takes its route in waves: as many of its experts as the free and evictable slots
 //! hold (at least one) are pinned, read where missing, computed, and released; a route larger
 //! than the cache works, slower (said once on stderr).
+//!
+//! Next-layer prefetch: while layer L computes, its FFN input times layer L+1's router
+//! predicts L+1's route (each token's top experts, ranked); the predicted experts not cached
+//! are read behind the demand reads into slots the policy would give up for them, and stay
+//! until L+1 runs. Then the prediction is scored per rank: a rank whose predictions L+1 mostly
+//! does not use stops being prefetched; queued reads of experts L+1 did not need are dropped.
 //!
 //! Eviction ([`Policy::LeastStale`], the default): free slots first; then entries the last pass
 //! of their layer did not use (stale routes); then the entry whose next use is farthest, taking
@@ -77,6 +86,8 @@ pub struct LayerExperts {
     pub name: String,
     pub parts: [Span; 3],
     pub n_expert: usize,
+    /// The router's weight (its index in the program), for next-layer predictions.
+    pub router: usize,
 }
 
 impl LayerExperts {
@@ -117,12 +128,13 @@ pub fn layers_of(
                 ne: [ne[0], ne[1]],
             });
         }
-        if let Src::Weight(j) = node.inputs[2] {
+        if let (Src::Weight(router), Src::Weight(j)) = (node.inputs[1], node.inputs[2]) {
             by_gate.insert(j, layers.len());
             layers.push(LayerExperts {
                 name: program.weight_names[j].clone(),
                 parts: [parts[0], parts[1], parts[2]],
                 n_expert,
+                router,
             });
         }
     }
@@ -147,24 +159,45 @@ pub fn mem_available() -> Option<u64> {
 pub struct PhaseStats {
     /// Experts a layer asked for.
     pub acquires: u64,
+    /// Of `acquires`, already in the cache (or being prefetched into it).
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Bytes read from the file (demand and prefetch).
     pub bytes_read: u64,
-    /// `preadv` calls (adjacent misses share one).
+    /// `preadv` calls (adjacent experts share one).
     pub reads: u64,
+    /// Time the I/O workers spent reading, summed over workers.
     pub read_ms: f64,
-    /// Of `read_ms`, the time a layer waited with nothing left to compute.
+    /// Time a layer waited for a read with nothing left to compute.
     pub wait_ms: f64,
+    /// Experts read ahead for the next layer, and their bytes.
+    pub prefetches: u64,
+    pub prefetch_bytes: u64,
+    /// Prefetched experts their layer then used, and those it did not.
+    pub prefetch_useful: u64,
+    pub prefetch_unused: u64,
+    /// Next-layer predictions (every rank, prefetched or not), and how many the layer used.
+    pub predicted: u64,
+    pub predicted_used: u64,
 }
 
 impl PhaseStats {
     pub fn hit_rate(&self) -> f64 {
-        if self.acquires == 0 {
-            0.0
-        } else {
-            self.hits as f64 / self.acquires as f64
-        }
+        ratio(self.hits, self.acquires)
+    }
+
+    /// Of the experts predicted for a layer, the share it used.
+    pub fn accuracy(&self) -> f64 {
+        ratio(self.predicted_used, self.predicted)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
     }
 }
 
@@ -173,10 +206,14 @@ pub struct ExpertStats {
     pub slots: usize,
     pub slot_bytes: usize,
     pub policy: String,
+    pub prefetch: bool,
     pub prefill: PhaseStats,
     pub decode: PhaseStats,
     /// Per MoE layer: (hits, misses), both phases.
     pub per_layer: Vec<(u64, u64)>,
+    /// Per prediction rank (0: the router's first choice): (predicted, used), and whether the
+    /// rank is prefetched now (a rank whose predictions prove useless is not).
+    pub ranks: Vec<(u64, u64, bool)>,
 }
 
 /// Slot memory: page-aligned, zeroed lazily by the kernel (untouched slots cost nothing).
@@ -210,14 +247,23 @@ impl Drop for SlotMem {
 
 #[derive(Clone, Copy, Default)]
 struct SlotState {
-    /// (layer, expert) held, if any.
+    /// (layer, expert) held, if any (its data valid once no read into the slot is pending).
     owner: Option<(usize, usize)>,
     pinned: bool,
+    /// Filled by a prefetch its layer has not run since: kept from eviction until it does.
+    prefetched: bool,
     tick: u64,
     pass: u64,
 }
 
+/// A prediction rank is prefetched while at least this share of its predictions is used
+/// (judged once it has [`RANK_MIN_SAMPLES`]; counts are halved past 1024, so it can recover).
+const RANK_MIN_USED: f64 = 0.4;
+const RANK_MIN_SAMPLES: u64 = 32;
+
 pub struct ExpertCache {
+    // Declared first so it drops first: its workers write into `mem`.
+    io: io::IoPool,
     file: std::sync::Arc<File>,
     path: String,
     layers: Vec<LayerExperts>,
@@ -228,12 +274,18 @@ pub struct ExpertCache {
     slots: Vec<SlotState>,
     map: HashMap<(usize, usize), usize>,
     policy: Policy,
+    prefetch: bool,
     tick: u64,
     pass: u64,
     cur_layer: usize,
+    /// (pass, layer) whose predictions were last settled.
+    settled: (u64, usize),
+    /// Per layer: the (expert, rank) predicted for its next run.
+    predicted: Vec<Vec<(usize, usize)>>,
+    /// Per rank: (predicted, used).
+    ranks: Vec<(u64, u64)>,
     decode: bool,
     warned_small: bool,
-    io_workers: usize,
     stats: ExpertStats,
 }
 
@@ -255,44 +307,10 @@ impl ExpertCache {
             msg: format!("expert cache: cannot open: {e}"),
         })?;
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let bad = |msg: String| EngineError::Model {
+        check_spans(&layers, file_len).map_err(|msg| EngineError::Model {
             file: label.clone(),
             msg,
-        };
-        let mut ranges = Vec::new();
-        for l in &layers {
-            for (pi, p) in l.parts.iter().enumerate() {
-                let end = (l.n_expert as u64)
-                    .checked_mul(p.stride)
-                    .and_then(|b| b.checked_add(p.offset));
-                let want = p.dtype.row_bytes(p.ne[0] as u64);
-                let mat = want.and_then(|r| r.checked_mul(p.ne[1] as u64));
-                if mat != Some(p.stride) {
-                    return Err(bad(format!(
-                        "{} part {pi}: experts of {} bytes for a {:?} {} matrix",
-                        l.name, p.stride, p.ne, p.dtype
-                    )));
-                }
-                match end {
-                    Some(e) if e <= file_len => ranges.push((p.offset, e, l.name.clone())),
-                    _ => {
-                        return Err(bad(format!(
-                            "{} part {pi}: experts at {}..+{}x{} lie past the end of the file ({file_len} bytes)",
-                            l.name, p.offset, l.n_expert, p.stride
-                        )))
-                    }
-                }
-            }
-        }
-        ranges.sort();
-        for w in ranges.windows(2) {
-            if w[1].0 < w[0].1 {
-                return Err(bad(format!(
-                    "expert ranges overlap: {} ({}..{}) and {} ({}..{})",
-                    w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
-                )));
-            }
-        }
+        })?;
         let part_off: Vec<[usize; 3]> = layers
             .iter()
             .map(|l| {
@@ -311,16 +329,20 @@ impl ExpertCache {
             .max(4096);
         let n_slots = (bytes / slot_bytes).max(1);
         let mem = SlotMem::new(n_slots * slot_bytes)?;
+        let file = std::sync::Arc::new(file);
         Ok(ExpertCache {
-            file: std::sync::Arc::new(file),
+            io: io::IoPool::new(file.clone(), label.clone(), n_slots, 4),
+            file,
             path: label,
             stats: ExpertStats {
                 slots: n_slots,
                 slot_bytes,
                 policy: format!("{policy:?}"),
+                prefetch: true,
                 per_layer: vec![(0, 0); layers.len()],
                 ..Default::default()
             },
+            predicted: vec![Vec::new(); layers.len()],
             layers,
             part_off,
             slot_bytes,
@@ -328,21 +350,67 @@ impl ExpertCache {
             slots: vec![SlotState::default(); n_slots],
             map: HashMap::new(),
             policy,
+            prefetch: true,
             tick: 0,
             pass: 0,
             cur_layer: usize::MAX,
+            settled: (u64::MAX, 0),
+            ranks: Vec::new(),
             decode: false,
             warned_small: false,
-            io_workers: 4,
         })
     }
 
-    pub fn stats(&self) -> &ExpertStats {
-        &self.stats
+    /// The counters so far (the I/O workers' included).
+    pub fn stats(&self) -> ExpertStats {
+        let mut s = self.stats.clone();
+        let io = self.io.counters();
+        for (ph, c) in [&mut s.prefill, &mut s.decode].into_iter().zip(io) {
+            ph.reads = c.reads;
+            ph.bytes_read = c.bytes;
+            ph.prefetch_bytes = c.prefetch_bytes;
+            ph.read_ms = c.read_ns as f64 / 1e6;
+        }
+        s.ranks = (0..self.ranks.len())
+            .map(|r| (self.ranks[r].0, self.ranks[r].1, self.rank_on(r)))
+            .collect();
+        s
     }
 
     pub fn n_slots(&self) -> usize {
         self.slots.len()
+    }
+
+    /// The number of MoE layers (cache layers are numbered in the order they run).
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The router weight (program index) of MoE layer `layer`.
+    pub fn router(&self, layer: usize) -> usize {
+        self.layers[layer].router
+    }
+
+    /// Next-layer prefetch on or off (`--no-prefetch`).
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+        self.stats.prefetch = on;
+    }
+
+    pub fn prefetching(&self) -> bool {
+        self.prefetch
+    }
+
+    /// Reads run on `n` worker threads (default 4).
+    pub fn set_io_workers(&mut self, n: usize) {
+        if n.max(1) != self.io.workers() {
+            self.io = io::IoPool::new(
+                self.file.clone(),
+                self.path.clone(),
+                self.slots.len(),
+                n.max(1),
+            );
+        }
     }
 
     /// Layer `layer` starts; a layer at or before the previous one starts a new pass.
@@ -354,46 +422,60 @@ impl ExpertCache {
         self.decode = decode;
     }
 
-    /// Pins as many of `need` (experts of `layer`, in order) as the cache can hold at once (at
-    /// least one), reading the missing ones; returns them with their weights (gate, up, down).
-    /// [`ExpertCache::release`] unpins them.
+    /// Pins `need` (experts of `layer`, in order) as far as the cache holds them at once (at
+    /// least one), waits for their reads and returns them with their weights (gate, up,
+    /// down). [`ExpertCache::release`] unpins them.
     pub fn acquire(&mut self, layer: usize, need: &[usize]) -> Result<Vec<(usize, [Weight; 3])>> {
         let wave = self.plan(layer, need)?;
-        let t0 = Instant::now();
-        let r = self.reader().run(&wave.jobs);
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        self.finish(&wave, r, ms, ms)?;
-        Ok(wave
-            .items
-            .iter()
-            .map(|it| (it.expert, it.weights))
-            .collect())
+        let mut first_err = None;
+        for i in 0..wave.items.len() {
+            if let Err(e) = self.wait(&wave, i) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(wave
+                .items
+                .iter()
+                .map(|it| (it.expert, it.weights))
+                .collect()),
+        }
     }
 
-    /// [`ExpertCache::acquire`] without the reads: the slots are pinned and assigned, and the
-    /// wave's `jobs` say what to read (by [`Reader::run`], on any thread, while the hits
-    /// compute); [`ExpertCache::finish`] then records the outcome. Until then the misses'
-    /// slots hold no valid data.
+    /// Pins as many of `need` (experts of `layer`, in the order the layer computes them) as
+    /// the cache holds at once (at least one), and queues the reads of those missing (ahead of
+    /// any prefetch). An item's weights are valid once [`ExpertCache::wait`] returned for it;
+    /// [`ExpertCache::release`] unpins them.
     pub fn plan(&mut self, layer: usize, need: &[usize]) -> Result<Wave> {
+        if let Some(&e) = need.iter().find(|&&e| e >= self.layers[layer].n_expert) {
+            return Err(EngineError::Invalid(format!(
+                "{}: expert {e} of {}",
+                self.layers[layer].name, self.layers[layer].n_expert
+            )));
+        }
+        if self.settled != (self.pass, layer) {
+            self.settled = (self.pass, layer);
+            self.settle(layer, need);
+        }
         let mut got = Vec::new();
         let mut misses = Vec::new();
         for &e in need {
-            if e >= self.layers[layer].n_expert {
-                return Err(EngineError::Invalid(format!(
-                    "{}: expert {e} of {}",
-                    self.layers[layer].name, self.layers[layer].n_expert
-                )));
-            }
-            let (slot, miss) = match self.map.get(&(layer, e)) {
-                Some(&s) => (s, false),
-                None => match self.victim(layer) {
+            let slot = match self.map.get(&(layer, e)) {
+                Some(&s) => {
+                    if self.slots[s].prefetched {
+                        self.slots[s].prefetched = false;
+                        self.phase().prefetch_useful += 1;
+                    }
+                    // A prefetch still queued becomes a demand read.
+                    self.io.promote(s);
+                    s
+                }
+                None => match self.victim(layer, false) {
                     Some(s) => {
-                        if let Some(old) = self.slots[s].owner.take() {
-                            self.map.remove(&old);
-                            self.phase().evictions += 1;
-                        }
+                        self.assign(s, layer, e);
                         misses.push((e, s));
-                        (s, true)
+                        s
                     }
                     None => break,
                 },
@@ -403,7 +485,7 @@ impl ExpertCache {
             st.pinned = true;
             st.tick = self.tick;
             st.pass = self.pass;
-            got.push((e, slot, miss));
+            got.push((e, slot));
         }
         if got.len() < need.len() && !self.warned_small {
             self.warned_small = true;
@@ -424,67 +506,92 @@ impl ExpertCache {
         }
         self.stats.per_layer[layer].0 += got.len() as u64 - n_miss;
         self.stats.per_layer[layer].1 += n_miss;
-        let jobs = self.jobs(layer, &mut misses);
+        let reqs = self.reqs(layer, &mut misses, false, None);
+        self.io.submit(reqs);
         Ok(Wave {
-            layer,
             items: got
                 .into_iter()
-                .map(|(expert, slot, miss)| WaveItem {
+                .map(|(expert, slot)| WaveItem {
                     expert,
                     slot,
-                    miss,
                     weights: self.weights(layer, slot),
                 })
                 .collect(),
-            jobs,
         })
     }
 
-    /// Records how the reads of `wave` went (`read_ms` spent reading, `wait_ms` of it the
-    /// layer waited for): the misses become entries, or on an error go back empty with every
-    /// slot of the wave unpinned (nothing half-read stays).
-    pub fn finish(
-        &mut self,
-        wave: &Wave,
-        read: Result<()>,
-        read_ms: f64,
-        wait_ms: f64,
-    ) -> Result<()> {
-        let misses = wave.items.iter().filter(|it| it.miss);
-        if let Err(e) = read {
-            for it in &wave.items {
-                self.slots[it.slot].pinned = false;
-                if it.miss {
-                    self.slots[it.slot].owner = None;
-                }
-            }
-            return Err(e);
-        }
-        for it in misses {
-            self.slots[it.slot].owner = Some((wave.layer, it.expert));
-            self.map.insert((wave.layer, it.expert), it.slot);
-        }
-        let bytes: u64 = wave
-            .jobs
-            .iter()
-            .flat_map(|j| &j.1)
-            .map(|b| b.1 as u64)
-            .sum();
-        let calls = wave.jobs.len() as u64;
-        let ph = self.phase();
-        ph.bytes_read += bytes;
-        ph.reads += calls;
-        ph.read_ms += read_ms;
-        ph.wait_ms += wait_ms;
-        Ok(())
+    /// Whether item `i` of `wave` can compute without waiting.
+    pub fn ready(&self, wave: &Wave, i: usize) -> bool {
+        !self.io.busy(wave.items[i].slot)
     }
 
-    /// What reads the file (a handle that may go to another thread).
-    pub fn reader(&self) -> Reader {
-        Reader {
-            file: self.file.clone(),
-            path: self.path.clone(),
-            io_workers: self.io_workers,
+    /// Waits for item `i` of `wave` (counted as the layer's wait). A failed read is an error
+    /// naming the file and offset, and its slot goes back empty: nothing half-read stays.
+    pub fn wait(&mut self, wave: &Wave, i: usize) -> Result<()> {
+        let slot = wave.items[i].slot;
+        let t0 = Instant::now();
+        let busy = self.io.busy(slot);
+        let r = self.io.wait(slot);
+        if busy {
+            self.phase().wait_ms += t0.elapsed().as_secs_f64() * 1e3;
+            crate::trace::span(
+                "wait",
+                || format!("wait L{} e{}", self.cur_layer, wave.items[i].expert),
+                t0,
+                String::new(),
+            );
+        }
+        if r.is_err() {
+            self.free(slot);
+        }
+        r
+    }
+
+    /// Queues reads of `preds` ((expert, rank) predicted for `layer`'s next run, best first)
+    /// behind every demand read, into slots the policy would give up for them (never pinned,
+    /// prefetched or being read, nor an entry `layer` used on its last run); ranks whose
+    /// predictions prove useless are skipped. The prediction is checked when `layer` runs.
+    pub fn prefetch(&mut self, layer: usize, preds: &[(usize, usize)]) {
+        let max_rank = preds.iter().map(|p| p.1 + 1).max().unwrap_or(0);
+        if self.ranks.len() < max_rank {
+            self.ranks.resize(max_rank, (0, 0));
+        }
+        self.predicted[layer] = preds.to_vec();
+        if !self.prefetch {
+            return;
+        }
+        let mut misses = Vec::new();
+        for &(e, rank) in preds {
+            if e >= self.layers[layer].n_expert || !self.rank_on(rank) {
+                continue;
+            }
+            if self.map.contains_key(&(layer, e)) {
+                continue;
+            }
+            let Some(s) = self.victim(layer, true) else {
+                break;
+            };
+            self.assign(s, layer, e);
+            self.tick += 1;
+            let st = &mut self.slots[s];
+            st.prefetched = true;
+            st.tick = self.tick;
+            misses.push((e, s));
+        }
+        if misses.is_empty() {
+            return;
+        }
+        self.phase().prefetches += misses.len() as u64;
+        let flow = crate::trace::flow_start(&format!("predict L{layer}"));
+        let reqs = self.reqs(layer, &mut misses, true, flow);
+        self.io.submit(reqs);
+    }
+
+    /// Waits until no read is queued or running (tests: a deterministic point).
+    #[cfg(test)]
+    pub(crate) fn wait_idle(&self) {
+        for s in 0..self.slots.len() {
+            let _ = self.io.wait(s);
         }
     }
 
@@ -492,6 +599,83 @@ impl ExpertCache {
     pub fn release(&mut self) {
         for s in &mut self.slots {
             s.pinned = false;
+        }
+    }
+
+    /// The predictions for `layer` meet its route `need`: per rank, how many were used; queued
+    /// prefetches of experts it does not need are dropped, and prefetched entries it does not
+    /// need lose their protection (they go first).
+    fn settle(&mut self, layer: usize, need: &[usize]) {
+        let preds = std::mem::take(&mut self.predicted[layer]);
+        for &(e, rank) in &preds {
+            let used = need.contains(&e);
+            let r = &mut self.ranks[rank];
+            r.0 += 1;
+            r.1 += used as u64;
+            if r.0 > 1024 {
+                *r = (r.0 / 2, r.1 / 2);
+            }
+            let ph = self.phase();
+            ph.predicted += 1;
+            ph.predicted_used += used as u64;
+        }
+        let slots = &self.slots;
+        let cancelled = self.io.cancel(|r| {
+            r.what.0 == layer
+                && r.slots.iter().all(|&s| {
+                    slots[s]
+                        .owner
+                        .is_none_or(|(l, e)| l != layer || !need.contains(&e))
+                })
+        });
+        for s in cancelled {
+            // Incomplete: out of the map now, reusable once no read into it runs.
+            if self.slots[s].owner.is_some() {
+                self.free(s);
+            }
+        }
+        let mut unused = 0;
+        for st in &mut self.slots {
+            if let Some((l, e)) = st.owner {
+                if st.prefetched && l == layer && !need.contains(&e) {
+                    st.prefetched = false;
+                    st.pass = 0;
+                    unused += 1;
+                }
+            }
+        }
+        self.phase().prefetch_unused += unused;
+    }
+
+    fn rank_on(&self, rank: usize) -> bool {
+        match self.ranks.get(rank) {
+            Some(&(n, used)) if n >= RANK_MIN_SAMPLES => used as f64 >= RANK_MIN_USED * n as f64,
+            _ => true,
+        }
+    }
+
+    /// Gives slot `s` to expert `e` of `layer` (its data arrives with the read queued next).
+    fn assign(&mut self, s: usize, layer: usize, e: usize) {
+        if let Some(old) = self.slots[s].owner.take() {
+            self.map.remove(&old);
+            if self.slots[s].prefetched {
+                self.phase().prefetch_unused += 1;
+            }
+            self.phase().evictions += 1;
+        }
+        self.io.clear_error(s);
+        self.slots[s].owner = Some((layer, e));
+        self.slots[s].prefetched = false;
+        self.map.insert((layer, e), s);
+    }
+
+    /// Slot `s` goes back empty.
+    fn free(&mut self, s: usize) {
+        if let Some(old) = self.slots[s].owner.take() {
+            self.map.remove(&old);
+        }
+        if std::mem::take(&mut self.slots[s].prefetched) {
+            self.phase().prefetch_unused += 1;
         }
     }
 
@@ -521,30 +705,41 @@ impl ExpertCache {
     }
 
     /// The slot to fill for an expert of `layer`: a free one, else the policy's victim among
-    /// the unpinned; `None` when every slot is pinned.
-    fn victim(&self, layer: usize) -> Option<usize> {
+    /// those not pinned, not being read and not prefetched for a layer still to run; `None`
+    /// when there is none. For a prefetch, an entry of `layer` that its last run used is no
+    /// victim either.
+    fn victim(&self, layer: usize, for_prefetch: bool) -> Option<usize> {
         let n_layers = self.layers.len() as u64;
-        let cur = layer as u64;
+        let (target, cur) = (layer as u64, self.cur_layer as u64);
+        let busy = self.io.busy_slots();
         let mut best: Option<(usize, (u8, u64, u64))> = None;
         for (i, s) in self.slots.iter().enumerate() {
-            if s.pinned {
+            if s.pinned || s.prefetched || busy[i] {
                 continue;
             }
             let Some((l, _)) = s.owner else {
                 return Some(i);
             };
             let l = l as u64;
+            // The pass that last ran layer l: this one if l is at or before the layer running
+            // now, the previous one otherwise.
+            let last_run = if l <= cur {
+                self.pass
+            } else {
+                self.pass.saturating_sub(1)
+            };
+            let stale = (s.pass < last_run) as u8;
+            if for_prefetch && l == target && stale == 0 {
+                continue;
+            }
             let key = match self.policy {
                 Policy::Lru => (0, 0, u64::MAX - s.tick),
                 Policy::LeastStale => {
-                    // The pass that last ran layer l: this one if l is at or before the current
-                    // layer, the previous one otherwise.
-                    let last_run = if l <= cur { self.pass } else { self.pass - 1 };
-                    let stale = (s.pass < last_run) as u8;
-                    let dist = if l < cur || (l == cur && s.pass == self.pass) {
-                        n_layers - cur + l
+                    // Layers before the target run next pass.
+                    let dist = if l < target || (l == target && s.pass == self.pass) {
+                        n_layers - target + l
                     } else {
-                        l - cur
+                        l - target
                     };
                     (stale, dist, u64::MAX - s.tick)
                 }
@@ -557,62 +752,96 @@ impl ExpertCache {
     }
 
     /// The reads of `misses` (expert, slot) of `layer`: per part, runs of adjacent experts as
-    /// one job each, (file offset, [(slot address, bytes)]).
-    fn jobs(&self, layer: usize, misses: &mut [(usize, usize)]) -> Vec<Job> {
+    /// one request each; in expert order, a run's three parts next to each other, so that the
+    /// first experts are ready first.
+    fn reqs(
+        &self,
+        layer: usize,
+        misses: &mut [(usize, usize)],
+        prefetch: bool,
+        flow: Option<u64>,
+    ) -> Vec<io::Req> {
         misses.sort_unstable();
-        let mut jobs: Vec<Job> = Vec::new();
-        for p in 0..3 {
-            let span = self.layers[layer].parts[p];
-            let mut i = 0;
-            while i < misses.len() {
-                let mut j = i + 1;
-                while j < misses.len() && misses[j].0 == misses[j - 1].0 + 1 && j - i < 512 {
-                    j += 1;
-                }
-                let offset = span.offset + misses[i].0 as u64 * span.stride;
-                let bufs = misses[i..j]
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < misses.len() {
+            let mut j = i + 1;
+            while j < misses.len() && misses[j].0 == misses[j - 1].0 + 1 && j - i < 512 {
+                j += 1;
+            }
+            let run = &misses[i..j];
+            for p in 0..3 {
+                let span = self.layers[layer].parts[p];
+                let bufs = run
                     .iter()
                     .map(|&(_, s)| {
                         let at = s * self.slot_bytes + self.part_off[layer][p];
                         (self.mem.ptr as usize + at, span.stride as usize)
                     })
                     .collect();
-                jobs.push((offset, bufs));
-                i = j;
+                out.push(io::Req {
+                    job: (span.offset + run[0].0 as u64 * span.stride, bufs),
+                    slots: run.iter().map(|m| m.1).collect(),
+                    what: (layer, run[0].0, p),
+                    decode: self.decode,
+                    prefetch,
+                    flow,
+                });
             }
+            i = j;
         }
-        jobs
-    }
-
-    /// Reads of one layer run on up to `n` threads at once (default 4).
-    pub fn set_io_workers(&mut self, n: usize) {
-        self.io_workers = n.max(1);
+        out
     }
 }
 
-/// One read: a file offset and the slot memory it fills, in order (addresses as integers so
-/// that a wave can cross to a reading thread).
-pub type Job = (u64, Vec<(usize, usize)>);
+/// Refuses expert ranges outside a file of `file_len` bytes, overlapping each other, or whose
+/// stride is not their matrix's size.
+fn check_spans(layers: &[LayerExperts], file_len: u64) -> std::result::Result<(), String> {
+    let mut ranges = Vec::new();
+    for l in layers {
+        for (pi, p) in l.parts.iter().enumerate() {
+            let end = (l.n_expert as u64)
+                .checked_mul(p.stride)
+                .and_then(|b| b.checked_add(p.offset));
+            let want = p.dtype.row_bytes(p.ne[0] as u64);
+            let mat = want.and_then(|r| r.checked_mul(p.ne[1] as u64));
+            if mat != Some(p.stride) {
+                return Err(format!(
+                    "{} part {pi}: experts of {} bytes for a {:?} {} matrix",
+                    l.name, p.stride, p.ne, p.dtype
+                ));
+            }
+            match end {
+                Some(e) if e <= file_len => ranges.push((p.offset, e, l.name.clone())),
+                _ => {
+                    return Err(format!(
+                        "{} part {pi}: experts at {}..+{}x{} lie past the end of the file ({file_len} bytes)",
+                        l.name, p.offset, l.n_expert, p.stride
+                    ))
+                }
+            }
+        }
+    }
+    ranges.sort();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(format!(
+                "expert ranges overlap: {} ({}..{}) and {} ({}..{})",
+                w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Experts a layer holds pinned for one wave of its route.
 pub struct Wave {
-    layer: usize,
     pub items: Vec<WaveItem>,
-    jobs: Vec<Job>,
-}
-
-impl Wave {
-    /// The reads that fill the wave's misses.
-    pub fn jobs(&self) -> &[Job] {
-        &self.jobs
-    }
 }
 
 pub struct WaveItem {
     pub expert: usize,
     slot: usize,
-    /// Not in the cache before this wave: valid once the wave's reads are done.
-    pub miss: bool,
     pub weights: [Weight; 3],
 }
 
@@ -620,127 +849,6 @@ pub struct WaveItem {
 unsafe impl Send for Wave {}
 unsafe impl Sync for Wave {}
 
-/// Reads a wave's jobs on up to `io_workers` threads at once.
-pub struct Reader {
-    file: std::sync::Arc<File>,
-    path: String,
-    io_workers: usize,
-}
-
-impl Reader {
-    /// Runs `jobs` (the device sees several requests at once), dropping what was read from
-    /// the page cache; the first error wins.
-    pub fn run(&self, jobs: &[Job]) -> Result<()> {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let failed = std::sync::Mutex::new(None);
-        let work = || loop {
-            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some((offset, bufs)) = jobs.get(k) else {
-                return;
-            };
-            let ptrs: Vec<(*mut u8, usize)> =
-                bufs.iter().map(|&(a, n)| (a as *mut u8, n)).collect();
-            match read_into(&self.file, &self.path, *offset, &ptrs) {
-                Ok(()) => drop_cached(&self.file, *offset, bufs.iter().map(|b| b.1 as u64).sum()),
-                Err(e) => {
-                    failed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get_or_insert(e);
-                    return;
-                }
-            }
-        };
-        let n = self.io_workers.clamp(1, jobs.len().max(1));
-        if n == 1 {
-            work();
-        } else {
-            std::thread::scope(|sc| {
-                for _ in 0..n {
-                    sc.spawn(work);
-                }
-            });
-        }
-        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Fills `bufs` in order from `file` at `offset` (`preadv`, resumed after short reads and
-/// interruptions); the end of the file before the last byte is an error naming the offset.
-fn read_into(file: &File, path: &str, offset: u64, bufs: &[(*mut u8, usize)]) -> Result<()> {
-    let total: usize = bufs.iter().map(|b| b.1).sum();
-    let mut done = 0usize;
-    let mut retried = false;
-    while done < total {
-        // The iovecs of what is still missing.
-        let mut iov = Vec::with_capacity(bufs.len());
-        let mut skip = done;
-        for &(p, n) in bufs {
-            if skip >= n {
-                skip -= n;
-                continue;
-            }
-            iov.push(libc::iovec {
-                // SAFETY: inside the buffer.
-                iov_base: unsafe { p.add(skip) } as *mut libc::c_void,
-                iov_len: n - skip,
-            });
-            skip = 0;
-        }
-        let at = offset + done as u64;
-        // SAFETY: every iovec covers memory of a pinned slot; the fd is open.
-        let r = unsafe {
-            libc::preadv(
-                std::os::fd::AsRawFd::as_raw_fd(file),
-                iov.as_ptr(),
-                iov.len().min(1024) as libc::c_int,
-                at as libc::off_t,
-            )
-        };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            // One retry of a failed read (a transient device error), then the error.
-            if !retried {
-                retried = true;
-                continue;
-            }
-            return Err(EngineError::Model {
-                file: path.to_string(),
-                msg: format!("reading {} expert bytes at offset {at}: {e}", total - done),
-            });
-        }
-        if r == 0 {
-            return Err(EngineError::Model {
-                file: path.to_string(),
-                msg: format!(
-                    "the file ends before offset {} (reading experts at {at}: truncated?)",
-                    offset + total as u64
-                ),
-            });
-        }
-        done += r as usize;
-    }
-    Ok(())
-}
-
-/// Tells the kernel the page cache need not keep what was just read.
-fn drop_cached(file: &File, offset: u64, len: u64) {
-    // SAFETY: advice only; errors are harmless.
-    unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(file),
-            offset as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_DONTNEED,
-        );
-    }
-}
-
+pub(crate) mod io;
 #[cfg(test)]
 mod tests;

@@ -19,6 +19,7 @@ pub mod sampler;
 pub mod sched;
 pub mod session;
 pub mod tensor;
+pub mod trace;
 
 pub use error::{EngineError, Result};
 pub use sampler::{Sampler, SamplerParams};

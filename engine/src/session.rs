@@ -132,8 +132,10 @@ pub struct SessionOptions {
     pub max_outputs: usize,
     /// Where routed experts live (MoE models; see [`crate::experts`]).
     pub experts: crate::experts::ExpertMemory,
-    /// Threads one layer's expert reads run on at once.
+    /// Threads the expert reads run on.
     pub io_workers: usize,
+    /// Next-layer expert prefetch (with a cache).
+    pub prefetch: bool,
 }
 
 impl Default for SessionOptions {
@@ -151,6 +153,7 @@ impl Default for SessionOptions {
                 policy: crate::experts::Policy::LeastStale,
             },
             io_workers: 4,
+            prefetch: true,
         }
     }
 }
@@ -297,6 +300,7 @@ fn expert_cache(
     };
     let mut cache = ExpertCache::new(&model.gguf.path, layers, bytes as usize, policy)?;
     cache.set_io_workers(opts.io_workers);
+    cache.set_prefetch(opts.prefetch);
     Ok(Some((cache, by_gate)))
 }
 

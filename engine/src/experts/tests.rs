@@ -34,6 +34,7 @@ fn fixture(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixt
             name: format!("blk.{l}.ffn_gate_exps.weight"),
             parts,
             n_expert,
+            router: 0,
         });
     }
     let dir = std::env::temp_dir().join(format!("mollm-experts-{}", std::process::id()));
@@ -225,4 +226,84 @@ fn spans_outside_the_file_or_overlapping_are_refused() {
         .unwrap()
         .to_string();
     assert!(e.contains("part 1"), "{e}");
+}
+
+#[test]
+fn prefetched_experts_are_hits_with_the_exact_bytes() {
+    let f = fixture("prefetch", 2, 8, 16, 8);
+    let mut c = cache(&f, 8, Policy::LeastStale);
+    c.begin_layer(0, true);
+    c.acquire(0, &[0]).unwrap();
+    // While layer 0 computes: layer 1 is predicted to use 3 and 5.
+    c.prefetch(1, &[(3, 0), (5, 1)]);
+    c.wait_idle();
+    c.release();
+    c.begin_layer(1, true);
+    let got = c.acquire(1, &[3, 4]).unwrap();
+    for (e, w) in &got {
+        check_expert(&f, 1, *e, w);
+    }
+    let st = c.stats().decode;
+    assert_eq!(st.prefetches, 2);
+    // Layer 0's expert missed; layer 1's 3 was prefetched (a hit), 4 was not predicted.
+    assert_eq!((st.hits, st.misses), (1, 2));
+    assert_eq!((st.prefetch_useful, st.prefetch_unused), (1, 1));
+    assert_eq!((st.predicted, st.predicted_used), (2, 1));
+    assert_eq!(st.bytes_read, 4 * 3 * 16 * 8 * 4);
+    assert!(st.prefetch_bytes == 2 * 3 * 16 * 8 * 4, "{st:?}");
+    c.release();
+    // The unused prefetch (5) is the first to go; the others stay.
+    c.begin_layer(0, true);
+    for e in 4..8 {
+        c.acquire(0, &[e]).unwrap();
+        c.release();
+    }
+    c.begin_layer(1, true);
+    let got = c.acquire(1, &[3, 4]).unwrap();
+    for (e, w) in &got {
+        check_expert(&f, 1, *e, w);
+    }
+    assert_eq!(c.stats().per_layer[1], (3, 1));
+}
+
+#[test]
+fn prefetch_spares_pinned_experts_and_the_last_route_of_its_layer() {
+    let f = fixture("spare", 2, 4, 8, 8);
+    let mut c = cache(&f, 4, Policy::LeastStale);
+    for l in 0..2 {
+        c.begin_layer(l, true);
+        c.acquire(l, &[0, 1]).unwrap();
+        c.release();
+    }
+    // Layer 0 holds its two; layer 1's last route fills the rest: no room for a prediction.
+    c.begin_layer(0, true);
+    c.acquire(0, &[0, 1]).unwrap();
+    c.prefetch(1, &[(2, 0), (3, 1)]);
+    assert_eq!(c.stats().decode.prefetches, 0);
+    c.release();
+    c.begin_layer(1, true);
+    c.acquire(1, &[0, 1]).unwrap();
+    assert_eq!(c.stats().decode.misses, 4);
+}
+
+#[test]
+fn a_prediction_rank_that_proves_useless_stops_being_prefetched() {
+    let f = fixture("ranks", 2, 8, 8, 8);
+    let mut c = cache(&f, 3, Policy::LeastStale);
+    for pass in 0..40 {
+        c.begin_layer(0, true);
+        c.acquire(0, &[0]).unwrap();
+        // Rank 0 is always right; rank 1 always wrong.
+        c.prefetch(1, &[(1, 0), (2 + pass % 6, 1)]);
+        c.release();
+        c.begin_layer(1, true);
+        let got = c.acquire(1, &[1]).unwrap();
+        check_expert(&f, 1, 1, &got[0].1);
+        c.release();
+    }
+    let st = c.stats();
+    assert_eq!(st.ranks, vec![(40, 40, true), (40, 0, false)]);
+    // Expert 1 once; rank 1 until it had been judged on 32 predictions.
+    assert_eq!(st.decode.prefetches, 1 + 32);
+    assert_eq!(st.decode.misses, 1);
 }

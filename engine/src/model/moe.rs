@@ -91,6 +91,7 @@ pub(crate) fn run(
         }
         return finish(out, &slot_out, e, t, k);
     };
+    let t_layer = std::time::Instant::now();
     let mut done = 0;
     while done < need.len() {
         let wave = ex.with_experts(|c| {
@@ -99,45 +100,94 @@ pub(crate) fn run(
             }
             c.plan(l, &need[done..])
         })?;
-        let reader = ex.with_experts(|c| Ok(c.reader()))?;
-        // The misses are read on other threads while the hits compute; then the misses.
-        let t0 = std::time::Instant::now();
-        let (hits, read, read_ms, wait_ms) = std::thread::scope(|sc| {
-            let h = sc.spawn(|| {
-                let r = reader.run(wave.jobs());
-                (r, t0.elapsed().as_secs_f64() * 1e3)
-            });
-            let hits = wave
-                .items
-                .iter()
-                .filter(|it| !it.miss)
-                .try_for_each(|it| run_expert(it.expert, &it.weights));
-            let t1 = std::time::Instant::now();
-            let (read, read_ms) = h.join().unwrap_or_else(|_| {
-                (
-                    Err(crate::error::EngineError::Invalid(
-                        "an expert read panicked".into(),
-                    )),
-                    0.0,
-                )
-            });
-            (hits, read, read_ms, t1.elapsed().as_secs_f64() * 1e3)
-        });
-        ex.with_experts(|c| c.finish(&wave, read, read_ms, wait_ms))?;
-        let rest = hits.and_then(|()| {
-            wave.items
-                .iter()
-                .filter(|it| it.miss)
-                .try_for_each(|it| run_expert(it.expert, &it.weights))
-        });
+        if done == 0 {
+            // With this layer's reads queued, guess the next layer's route.
+            predict_next(ex, weights, l, &xa, k, groups)?;
+        }
+        // The experts already here first, then each missing one once its read is done.
+        let n = wave.items.len();
+        let ready =
+            ex.with_experts(|c| Ok((0..n).map(|i| c.ready(&wave, i)).collect::<Vec<_>>()))?;
+        let order = (0..n)
+            .filter(|&i| ready[i])
+            .chain((0..n).filter(|&i| !ready[i]));
+        let mut r = Ok(());
+        for i in order {
+            r = ex
+                .with_experts(|c| c.wait(&wave, i))
+                .and_then(|()| run_expert(wave.items[i].expert, &wave.items[i].weights));
+            if r.is_err() {
+                break;
+            }
+        }
         ex.with_experts(|c| {
             c.release();
             Ok(())
         })?;
-        rest?;
-        done += wave.items.len();
+        r?;
+        done += n;
     }
+    crate::trace::span(
+        "layer",
+        || format!("moe L{l}"),
+        t_layer,
+        format!("\"tokens\":{t},\"experts\":{}", need.len()),
+    );
     finish(out, &slot_out, e, t, k)
+}
+
+/// Next-layer prediction: cache layer `l + 1`'s router on this layer's FFN input `xa`; per
+/// token its `k + 1` best experts, ranked, go to the cache's prefetch (when on).
+fn predict_next(
+    ex: &Exec,
+    weights: &[Weight],
+    l: usize,
+    xa: &Act,
+    k: usize,
+    groups: &[ColGroup],
+) -> Result<()> {
+    let next = ex
+        .with_experts(|c| Ok((l + 1 < c.n_layers() && c.prefetching()).then(|| c.router(l + 1))))?;
+    let Some(j) = next else { return Ok(()) };
+    let t0 = std::time::Instant::now();
+    let router = weights[j];
+    let n_expert = router.ne()[1];
+    let mut logits = Act::zeros(&[n_expert, xa.ne[1]]);
+    matmul_grouped(
+        ex,
+        &router,
+        xa.desc(),
+        logits.desc_mut(),
+        OpParams::default(),
+        Some(groups),
+    )?;
+    // (expert, best rank over the tokens), best ranks first.
+    let ranks = (k + 1).min(n_expert as usize);
+    let mut best = vec![usize::MAX; n_expert as usize];
+    for tok in 0..logits.nrows() {
+        let p = logits.row(tok);
+        let mut idx: Vec<usize> = (0..p.len()).collect();
+        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        for (r, &x) in idx[..ranks].iter().enumerate() {
+            best[x] = best[x].min(r);
+        }
+    }
+    let mut preds: Vec<(usize, usize)> = (0..best.len())
+        .filter(|&x| best[x] != usize::MAX)
+        .map(|x| (x, best[x]))
+        .collect();
+    preds.sort_by_key(|&(x, r)| (r, x));
+    ex.with_experts(|c| {
+        c.prefetch(l + 1, &preds);
+        Ok(())
+    })?;
+    crate::trace::span(
+        "predict",
+        || format!("predict L{}", l + 1),
+        t0,
+        format!("\"experts\":{}", preds.len()),
+    );
+    Ok(())
 }
 
 /// `out` per token: the weighted slots added in order, as llama.cpp does: ((s0 + s1) + s2) + ...
