@@ -361,6 +361,45 @@ impl ExpertCache {
         })
     }
 
+    /// Asks the kernel to start reading everything in the file but the routed experts (the
+    /// dense weights the first step faults in through the memory map), on a thread of its
+    /// own: the first token does not wait for them a page fault at a time.
+    pub fn read_ahead_dense(&self) {
+        let mut ranges: Vec<(u64, u64)> = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                l.parts
+                    .iter()
+                    .map(|p| (p.offset, p.offset + p.stride * l.n_expert as u64))
+            })
+            .collect();
+        ranges.sort_unstable();
+        let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut gaps = Vec::new();
+        let mut at = 0;
+        for (a, b) in ranges.into_iter().chain([(len, len)]) {
+            if a > at {
+                gaps.push((at, a - at));
+            }
+            at = at.max(b);
+        }
+        let file = self.file.clone();
+        std::thread::spawn(move || {
+            for (off, n) in gaps {
+                // SAFETY: advice only; errors are harmless.
+                unsafe {
+                    libc::posix_fadvise(
+                        std::os::fd::AsRawFd::as_raw_fd(&*file),
+                        off as libc::off_t,
+                        n as libc::off_t,
+                        libc::POSIX_FADV_WILLNEED,
+                    );
+                }
+            }
+        });
+    }
+
     /// The counters so far (the I/O workers' included).
     pub fn stats(&self) -> ExpertStats {
         let mut s = self.stats.clone();

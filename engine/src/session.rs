@@ -301,6 +301,7 @@ fn expert_cache(
     let mut cache = ExpertCache::new(&model.gguf.path, layers, bytes as usize, policy)?;
     cache.set_io_workers(opts.io_workers);
     cache.set_prefetch(opts.prefetch);
+    cache.read_ahead_dense();
     Ok(Some((cache, by_gate)))
 }
 
