@@ -207,6 +207,8 @@ pub struct ExpertStats {
     pub slot_bytes: usize,
     pub policy: String,
     pub prefetch: bool,
+    /// Reads go through O_DIRECT.
+    pub direct: bool,
     pub prefill: PhaseStats,
     pub decode: PhaseStats,
     /// Per MoE layer: (hits, misses), both phases.
@@ -275,6 +277,8 @@ pub struct ExpertCache {
     map: HashMap<(usize, usize), usize>,
     policy: Policy,
     prefetch: bool,
+    /// Reads through O_DIRECT where the file system allows it.
+    direct: bool,
     tick: u64,
     pass: u64,
     cur_layer: usize,
@@ -311,27 +315,27 @@ impl ExpertCache {
             file: label.clone(),
             msg,
         })?;
+        // Each part in a region of its own, aligned, with room for a direct read's rounding.
+        let region = |p: &Span| (p.stride.next_multiple_of(io::ALIGN) + io::ALIGN) as usize;
         let part_off: Vec<[usize; 3]> = layers
             .iter()
             .map(|l| {
-                let o1 = (l.parts[0].stride as usize).next_multiple_of(64);
-                let o2 = (o1 + l.parts[1].stride as usize).next_multiple_of(64);
-                [0, o1, o2]
+                let o1 = region(&l.parts[0]);
+                [0, o1, o1 + region(&l.parts[1])]
             })
             .collect();
         let slot_bytes = layers
             .iter()
             .zip(&part_off)
-            .map(|(l, o)| o[2] + l.parts[2].stride as usize)
+            .map(|(l, o)| o[2] + region(&l.parts[2]))
             .max()
             .unwrap_or(0)
-            .next_multiple_of(4096)
-            .max(4096);
+            .max(io::ALIGN as usize);
         let n_slots = (bytes / slot_bytes).max(1);
         let mem = SlotMem::new(n_slots * slot_bytes)?;
         let file = std::sync::Arc::new(file);
         Ok(ExpertCache {
-            io: io::IoPool::new(file.clone(), label.clone(), n_slots, 4),
+            io: io::IoPool::new(file.clone(), label.clone(), n_slots, 4, true),
             file,
             path: label,
             stats: ExpertStats {
@@ -351,6 +355,7 @@ impl ExpertCache {
             map: HashMap::new(),
             policy,
             prefetch: true,
+            direct: true,
             tick: 0,
             pass: 0,
             cur_layer: usize::MAX,
@@ -403,6 +408,7 @@ impl ExpertCache {
     /// The counters so far (the I/O workers' included).
     pub fn stats(&self) -> ExpertStats {
         let mut s = self.stats.clone();
+        s.direct = self.direct && self.io.direct();
         let io = self.io.counters();
         for (ph, c) in [&mut s.prefill, &mut s.decode].into_iter().zip(io) {
             ph.reads = c.reads;
@@ -448,8 +454,27 @@ impl ExpertCache {
                 self.path.clone(),
                 self.slots.len(),
                 n.max(1),
+                self.direct,
             );
         }
+    }
+
+    /// Reads through O_DIRECT (the default, where the file system allows it) or buffered.
+    /// Only between steps (no read may be in flight).
+    pub fn set_direct(&mut self, on: bool) {
+        self.direct = on;
+        self.io = io::IoPool::new(
+            self.file.clone(),
+            self.path.clone(),
+            self.slots.len(),
+            self.io.workers(),
+            on,
+        );
+    }
+
+    /// Whether reads go through O_DIRECT now.
+    pub fn direct(&self) -> bool {
+        self.io.direct()
     }
 
     /// Layer `layer` starts; a layer at or before the previous one starts a new pass.
@@ -553,7 +578,7 @@ impl ExpertCache {
                 .map(|(expert, slot)| WaveItem {
                     expert,
                     slot,
-                    weights: self.weights(layer, slot),
+                    weights: self.weights(layer, expert, slot),
                 })
                 .collect(),
         })
@@ -726,15 +751,24 @@ impl ExpertCache {
         }
     }
 
-    fn weights(&self, layer: usize, slot: usize) -> [Weight; 3] {
+    /// Where part `p` of `expert` of `layer` starts in its region of a slot: its offset in
+    /// the file modulo [`io::ALIGN`] (so that a direct read of the aligned range around it
+    /// lands it there).
+    fn head(&self, layer: usize, expert: usize, p: usize) -> usize {
+        let s = self.layers[layer].parts[p];
+        ((s.offset + expert as u64 * s.stride) % io::ALIGN) as usize
+    }
+
+    /// Address of part `p`'s region in `slot`.
+    fn region(&self, layer: usize, slot: usize, p: usize) -> usize {
+        self.mem.ptr as usize + slot * self.slot_bytes + self.part_off[layer][p]
+    }
+
+    fn weights(&self, layer: usize, expert: usize, slot: usize) -> [Weight; 3] {
         let l = &self.layers[layer];
         std::array::from_fn(|p| {
-            // SAFETY: inside the slot (slot_bytes covers every part of every layer).
-            let ptr = unsafe {
-                self.mem
-                    .ptr
-                    .add(slot * self.slot_bytes + self.part_off[layer][p])
-            };
+            // Inside the slot: slot_bytes covers every part's region of every layer.
+            let ptr = (self.region(layer, slot, p) + self.head(layer, expert, p)) as *mut u8;
             Weight {
                 desc: TensorDesc::contiguous(ptr, l.parts[p].dtype, &l.parts[p].ne),
                 file_mapped: false,
@@ -790,9 +824,9 @@ impl ExpertCache {
         best.map(|(i, _)| i)
     }
 
-    /// The reads of `misses` (expert, slot) of `layer`: per part, runs of adjacent experts as
-    /// one request each; in expert order, a run's three parts next to each other, so that the
-    /// first experts are ready first.
+    /// The reads of `misses` (expert, slot) of `layer`, in expert order, an expert's three
+    /// parts next to each other (so that the first experts are ready first). Direct: one
+    /// aligned read per part. Buffered: per part, a run of adjacent experts in one call.
     fn reqs(
         &self,
         layer: usize,
@@ -801,25 +835,36 @@ impl ExpertCache {
         flow: Option<u64>,
     ) -> Vec<io::Req> {
         misses.sort_unstable();
+        let direct = self.direct && self.io.direct();
         let mut out = Vec::new();
         let mut i = 0;
         while i < misses.len() {
             let mut j = i + 1;
-            while j < misses.len() && misses[j].0 == misses[j - 1].0 + 1 && j - i < 512 {
+            while !direct && j < misses.len() && misses[j].0 == misses[j - 1].0 + 1 && j - i < 512 {
                 j += 1;
             }
             let run = &misses[i..j];
             for p in 0..3 {
                 let span = self.layers[layer].parts[p];
-                let bufs = run
-                    .iter()
-                    .map(|&(_, s)| {
-                        let at = s * self.slot_bytes + self.part_off[layer][p];
-                        (self.mem.ptr as usize + at, span.stride as usize)
-                    })
-                    .collect();
+                let at = span.offset + run[0].0 as u64 * span.stride;
+                let stride = span.stride as usize;
+                let (job, need) = if direct {
+                    let head = self.head(layer, run[0].0, p);
+                    let len = (head + stride).next_multiple_of(io::ALIGN as usize);
+                    let buf = (self.region(layer, run[0].1, p), len);
+                    ((at - head as u64, vec![buf]), head + stride)
+                } else {
+                    let bufs: Vec<(usize, usize)> = run
+                        .iter()
+                        .map(|&(e, s)| (self.region(layer, s, p) + self.head(layer, e, p), stride))
+                        .collect();
+                    ((at, bufs), stride * run.len())
+                };
                 out.push(io::Req {
-                    job: (span.offset + run[0].0 as u64 * span.stride, bufs),
+                    job,
+                    need,
+                    bytes: stride * run.len(),
+                    direct,
                     slots: run.iter().map(|m| m.1).collect(),
                     what: (layer, run[0].0, p),
                     decode: self.decode,
