@@ -4,12 +4,19 @@
 # MODEL: default the large derived model (scripts/make-moe-models.sh qwen15-moe, about 27 GB:
 # larger than this machine's memory; made here when missing). GEN_TOKENS: default 32.
 #
-# Before every run the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`, as root), so
-# nobody starts warm. mollm: `mollm bench -p 0 -n GEN -r 1 --warmup 0 -t 2 --json` with
-# --expert-cache at 5, 10, 25 and 50% of the expert bytes, policy least-stale and lru; its row
-# gives decode tokens/s, the cache's hit rate and MB read per token, and peak RSS.
-# llama.cpp: `llama-bench -p 0 -n GEN -r 1 -t 2` (its defaults: mmap, the page cache as the
-# only cache), peak RSS from /usr/bin/time. Both 2 threads.
+# Protocol. Before every command the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`,
+# as root), so each starts cold from the disk; 2 threads each.
+# - mollm: `mollm bench -p 0 -n GEN -r 1 --warmup 1 -t 2` with --expert-cache at 5, 10, 25 and
+#   50% of the expert bytes (least-stale with prefetch, least-stale without, LRU with), and the
+#   default budget (what the memory available leaves after the dense weights and KV cache).
+#   The warm-up run (GEN tokens) fills the expert cache; the row is the measured run after it:
+#   decode tokens/s, hit rate (prefetched experts count as hits), MB read per token.
+# - llama.cpp: `llama-bench -p 0 -n GEN -r 1 -t 2` with its defaults: the file memory-mapped,
+#   the page cache its only cache (its load asks the kernel to read the whole file ahead), a
+#   1-token warm-up, then the measured run.
+# - Both: "cold s" is the whole command's wall time (load, warm-up and measured run, from a
+#   dropped page cache), peak RSS from /usr/bin/time (for llama.cpp it counts the mapped file
+#   pages it touched).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 models="${MOLLM_MODELS_DIR:-$HOME/.cache/mollm/models}"
@@ -19,11 +26,14 @@ mollm="$here/target/release/mollm"
 llama="${LLAMA_BIN:-$HOME/.cache/mollm/llama.cpp-build/bin}/llama-bench"
 [[ -x $mollm ]] || { echo "build mollm first: cargo build --release --workspace" >&2; exit 2; }
 [[ -x $llama ]] || { echo "$llama missing: scripts/build-llama-cpp.sh builds it" >&2; exit 2; }
+[[ -x /usr/bin/time ]] || { echo "/usr/bin/time missing (apt-get install time)" >&2; exit 2; }
 if [[ ! -e $model && $model == "$models/derived/qwen15-moe40.gguf" ]]; then
   "$here/scripts/make-moe-models.sh" qwen15-moe
 fi
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 drop || { echo "cannot drop the page cache (run as root)" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 # Expert bytes: the routed expert tensors of the file.
 experts=$(python3 - "$model" <<'EOF'
@@ -32,29 +42,47 @@ r = gguf.GGUFReader(sys.argv[1])
 print(sum(int(t.n_bytes) for t in r.tensors if "_exps." in t.name))
 EOF
 )
-echo "model: $model ($(( $(stat -c %s "$model") >> 20 )) MiB, experts $(( experts >> 20 )) MiB), tg$gen, 2 threads, page cache dropped before each run"
+echo "model: $model ($(( $(stat -c %s "$model") >> 20 )) MiB, experts $(( experts >> 20 )) MiB), tg$gen, 2 threads, $(nproc) cores, page cache dropped before each command"
 echo
-echo "| engine | cache | policy | decode t/s | hit rate | MB read / token | peak RSS MiB |"
-echo "| --- | ---: | --- | ---: | ---: | ---: | ---: |"
+echo "| engine | cache | policy | prefetch | decode t/s | cold s | hit rate | MB read / token | prediction accuracy | peak RSS MiB |"
+echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+
+# One mollm row: LABEL then extra flags.
+mollm_row() {
+  local label=$1; shift
+  drop
+  /usr/bin/time -f "%e %M" -o "$tmp/time" "$mollm" bench -m "$model" -p 0 -n "$gen" -r 1 \
+    --warmup 1 -t 2 -q --json "$@" > "$tmp/out.json"
+  python3 - "$label" "$tmp/time" "$tmp/out.json" <<'EOF'
+import json, sys
+label, tfile, out = sys.argv[1:]
+wall, rss_kb = open(tfile).read().split()[-2:]
+r = json.load(open(out))[0]
+e = r.get("experts")
+if e is None:
+    print("| mollm | %s (all resident) | - | - | %.2f | %.0f | - | - | - | %d |" % (label, r["avg_ts"], float(wall), int(rss_kb) >> 10))
+else:
+    print("| mollm | %s | %s | %s | %.2f | %.0f | %.1f%% | %.0f | %s | %d |" % (
+        label, e["policy"], "on" if e["prefetch"] else "off", r["avg_ts"], float(wall),
+        100 * e["hit_rate"], e["bytes_read_per_token"] / 1e6,
+        "%.0f%%" % (100 * e["prediction_accuracy"]) if e["prefetch"] else "-", int(rss_kb) >> 10))
+EOF
+}
+
 for pct in 5 10 25 50; do
   mb=$(( experts * pct / 100 >> 20 ))
-  for policy in least-stale lru; do
-    drop
-    "$mollm" bench -m "$model" -p 0 -n "$gen" -r 1 --warmup 0 -t 2 -q --json \
-      --expert-cache "$mb" --cache-policy "$policy" \
-      | python3 -c '
-import json, sys
-r = json.load(sys.stdin)[0]
-e = r.get("experts", {})
-print("| mollm | %s%% (%s MiB) | %s | %.2f | %.1f%% | %.1f | %d |" % (sys.argv[1], sys.argv[2], sys.argv[3],
-      r["avg_ts"], 100 * e.get("hit_rate", 0), e.get("bytes_read_per_token", 0) / 1e6,
-      r["peak_rss_bytes"] >> 20))' "$pct" "$mb" "$policy"
-  done
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb"
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --no-prefetch
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy lru
 done
+mollm_row "default" 
+
 drop
-out=$( { /usr/bin/time -v "$llama" -m "$model" -p 0 -n "$gen" -r 1 -t 2 -o json 2>/tmp/bench-moe-time.txt; } || true)
-rss=$(awk -F: '/Maximum resident/ { print int($2 / 1024) }' /tmp/bench-moe-time.txt)
-echo "$out" | python3 -c '
+/usr/bin/time -f "%e %M" -o "$tmp/time" "$llama" -m "$model" -p 0 -n "$gen" -r 1 -t 2 -o json \
+  > "$tmp/llama.json" 2>/dev/null
+python3 - "$tmp/time" "$tmp/llama.json" <<'EOF'
 import json, sys
-r = json.load(sys.stdin)[0]
-print("| llama.cpp | page cache (mmap) | - | %.2f | - | - | %s |" % (r["avg_ts"], sys.argv[1]))' "$rss"
+wall, rss_kb = open(sys.argv[1]).read().split()[-2:]
+r = json.load(open(sys.argv[2]))[0]
+print("| llama.cpp | page cache (mmap) | - | - | %.2f | %.0f | - | - | - | %d |" % (r["avg_ts"], float(wall), int(rss_kb) >> 10))
+EOF

@@ -17,8 +17,8 @@
 //!
 //! Next-layer prefetch: while layer L computes, its FFN input times layer L+1's router
 //! predicts L+1's route (each token's top experts, ranked); the predicted experts not cached
-//! are read behind the demand reads into slots the policy would give up for them, and stay
-//! until L+1 runs. Then the prediction is scored per rank: a rank whose predictions L+1 mostly
+//! are read behind the demand reads into free slots or stale entries (a guess never displaces
+//! a route the policy keeps), and stay until L+1 runs. Then the prediction is scored per rank: a rank whose predictions L+1 mostly
 //! does not use stops being prefetched; queued reads of experts L+1 did not need are dropped.
 //!
 //! Eviction ([`Policy::LeastStale`], the default): free slots first; then entries the last pass
@@ -612,8 +612,8 @@ impl ExpertCache {
     }
 
     /// Queues reads of `preds` ((expert, rank) predicted for `layer`'s next run, best first)
-    /// behind every demand read, into slots the policy would give up for them (never pinned,
-    /// prefetched or being read, nor an entry `layer` used on its last run); ranks whose
+    /// behind every demand read, into free slots or stale entries (never pinned, prefetched or
+    /// being read, nor any entry its layer used on its last run); ranks whose
     /// predictions prove useless are skipped. The prediction is checked when `layer` runs.
     pub fn prefetch(&mut self, layer: usize, preds: &[(usize, usize)]) {
         let max_rank = preds.iter().map(|p| p.1 + 1).max().unwrap_or(0);
@@ -779,8 +779,7 @@ impl ExpertCache {
 
     /// The slot to fill for an expert of `layer`: a free one, else the policy's victim among
     /// those not pinned, not being read and not prefetched for a layer still to run; `None`
-    /// when there is none. For a prefetch, an entry of `layer` that its last run used is no
-    /// victim either.
+    /// when there is none. For a prefetch, only free slots and stale entries.
     fn victim(&self, layer: usize, for_prefetch: bool) -> Option<usize> {
         let n_layers = self.layers.len() as u64;
         let (target, cur) = (layer as u64, self.cur_layer as u64);
@@ -802,7 +801,11 @@ impl ExpertCache {
                 self.pass.saturating_sub(1)
             };
             let stale = (s.pass < last_run) as u8;
-            if for_prefetch && l == target && stale == 0 {
+            // A guess never displaces a route the policy keeps: only free slots and stale
+            // entries (not used on their layer's last run) take prefetches. (With a cache
+            // smaller than a pass's routes, prefetching over kept routes cost more reads than
+            // it saved.)
+            if for_prefetch && stale == 0 {
                 continue;
             }
             let key = match self.policy {
