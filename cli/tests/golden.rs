@@ -323,7 +323,8 @@ fn golden_smollm2_moe() {
     }
 }
 
-/// Next-layer prefetch raises the hit rate of a cache of a tenth of the experts, its
+/// Next-layer prefetch raises the hit rate of a cache of a quarter of the experts (room for
+/// stale entries, the only ones a prefetch may take), its
 /// predictions are mostly right, and `--trace` writes a Chrome trace with the layers, each
 /// read on an I/O worker's thread, and flows from predictions to the reads they queued.
 fn prefetch_and_trace(model: &std::path::Path) {
@@ -337,7 +338,7 @@ fn prefetch_and_trace(model: &std::path::Path) {
                 "--max-tokens",
                 "12",
                 "--expert-cache",
-                "40",
+                "100",
             ])
             .args(["--prompt", "The history of the printing press"])
             .args(extra)
