@@ -932,10 +932,6 @@ pub struct WaveItem {
     pub weights: [Weight; 3],
 }
 
-// SAFETY: a wave's weights point into pinned slots of a cache that outlives it.
-unsafe impl Send for Wave {}
-unsafe impl Sync for Wave {}
-
 pub(crate) mod io;
 #[cfg(test)]
 mod tests;

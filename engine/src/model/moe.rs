@@ -45,16 +45,7 @@ pub(crate) fn run(
     // SAFETY: x is a contiguous f32 [e, t] activation of this step.
     let xs = unsafe { std::slice::from_raw_parts(x.data as *const f32, e * t) };
     let xa = Act::from_vec(xs.to_vec(), &[e as i64, t as i64]);
-    let mut logits = Act::zeros(&[n_expert as i64, t as i64]);
-    matmul_grouped(
-        ex,
-        &router,
-        xa.desc(),
-        logits.desc_mut(),
-        OpParams::default(),
-        Some(groups),
-    )?;
-    let probs = ex.softmax(&logits, 1.0)?;
+    let probs = ex.softmax(&router_logits(ex, &router, &xa, groups)?, 1.0)?;
     let routes = route(&probs, k, norm);
     // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
     let mut slot_out = vec![0f32; t * k * e];
@@ -150,25 +141,14 @@ fn predict_next(
         .with_experts(|c| Ok((l + 1 < c.n_layers() && c.prefetching()).then(|| c.router(l + 1))))?;
     let Some(j) = next else { return Ok(()) };
     let t0 = std::time::Instant::now();
-    let router = weights[j];
-    let n_expert = router.ne()[1];
-    let mut logits = Act::zeros(&[n_expert, xa.ne[1]]);
-    matmul_grouped(
-        ex,
-        &router,
-        xa.desc(),
-        logits.desc_mut(),
-        OpParams::default(),
-        Some(groups),
-    )?;
-    // (expert, best rank over the tokens), best ranks first.
-    let ranks = (k + 1).min(n_expert as usize);
-    let mut best = vec![usize::MAX; n_expert as usize];
+    let logits = router_logits(ex, &weights[j], xa, groups)?;
+    // (expert, best rank over the tokens), best ranks first (ranked on the logits: the
+    // softmax keeps their order).
+    let n_expert = logits.ne[0] as usize;
+    let ranks = (k + 1).min(n_expert);
+    let mut best = vec![usize::MAX; n_expert];
     for tok in 0..logits.nrows() {
-        let p = logits.row(tok);
-        let mut idx: Vec<usize> = (0..p.len()).collect();
-        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-        for (r, &x) in idx[..ranks].iter().enumerate() {
+        for (r, &x) in ranked(logits.row(tok))[..ranks].iter().enumerate() {
             best[x] = best[x].min(r);
         }
     }
@@ -358,6 +338,27 @@ pub(crate) fn shared(
     Ok(())
 }
 
+/// The router's logits `[n_expert, T]` of `xa` `[n_embd, T]`.
+fn router_logits(ex: &Exec, router: &Weight, xa: &Act, groups: &[ColGroup]) -> Result<Act> {
+    let mut logits = Act::zeros(&[router.ne()[1], xa.ne[1]]);
+    matmul_grouped(
+        ex,
+        router,
+        xa.desc(),
+        logits.desc_mut(),
+        OpParams::default(),
+        Some(groups),
+    )?;
+    Ok(logits)
+}
+
+/// The indices of `p`, largest value first (ties: lower index first).
+fn ranked(p: &[f32]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..p.len()).collect();
+    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    idx
+}
+
 /// Per token (a row of `probs`, `[n_expert, T]`), the `k` most probable experts, most
 /// probable first (ties: lower index first), with their weights: the probabilities, divided
 /// by their sum when `norm`.
@@ -365,8 +366,7 @@ pub fn route(probs: &Act, k: usize, norm: bool) -> Vec<(usize, f32)> {
     let mut out = Vec::with_capacity(probs.nrows() * k);
     for tok in 0..probs.nrows() {
         let p = probs.row(tok);
-        let mut idx: Vec<usize> = (0..p.len()).collect();
-        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let idx = ranked(p);
         let top = &idx[..k];
         // ggml_sum_rows accumulates in double.
         let sum = top.iter().map(|&i| p[i] as f64).sum::<f64>() as f32;
