@@ -153,5 +153,105 @@ fn activations(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, gemv, gemm, activations);
+/// Rows `0..n` of a Q6_K weight by `C` columns, `R` rows at a time (compiled for AVX-512
+/// as the backend's own callers are).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_rows<const R: usize, const C: usize>(
+    w: &[u8],
+    rb: usize,
+    n: usize,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> f32 {
+    let mut s = 0f32;
+    if R == 0 {
+        // the two-row kernel
+        for r in (0..n).step_by(2) {
+            let v = mollm_x86_common::kq512::vecdot_q6k_pair_cols::<C>(w[r * rb..].as_ptr(), rb, a, as_, nb);
+            s += v.iter().flatten().sum::<f32>();
+        }
+        return s;
+    }
+    for r in (0..n).step_by(R) {
+        let v = mollm_x86_common::kq512::vecdot_q6k_cols::<R, C>(w[r * rb..].as_ptr(), rb, a, as_, nb);
+        // Every output is used, so no column's chain is optimised away.
+        s += v.iter().flatten().sum::<f32>();
+    }
+    s
+}
+
+/// Decode steps of several sequences on a Q4_K weight repacked into 16-row groups (the
+/// 1.5B's layout), larger than the caches: `cols` one-column GEMV chains, in runs of `run`
+/// columns sharing each unpacked weight line. Time per call; ideal is flat in `cols`.
+fn decode_cols(c: &mut Criterion) {
+    if !Isa::Avx512.detected() {
+        return;
+    }
+    let mut seed = 0xdec0_de00_0000_0001u64;
+    let mut g = c.benchmark_group("decode_cols");
+    g.sample_size(10);
+    let (k, n) = (1536, 65536);
+    let cs = case(&mut seed, DType::Q4_K, Kernel::RepackGemv, k, n, 8);
+    let rb = quant::row_bytes(DType::Q4_K, k).unwrap();
+    let mut rp = vec![mollm_x86_common::q4k16::Line([0; 64]); mollm_x86_common::q4k16::repacked_bytes(k, n) / 64];
+    // SAFETY: `Line` is plain bytes.
+    let dst = unsafe { std::slice::from_raw_parts_mut(rp.as_mut_ptr() as *mut u8, rp.len() * 64) };
+    mollm_x86_common::q4k16::repack(&cs.w, rb, k, n, dst);
+    let mut out = vec![0f32; n * 8];
+    for (cols, run) in [(1usize, 1usize), (4, 4), (8, 4), (8, 8)] {
+        let id = BenchmarkId::new(format!("Q4_K repacked, runs of {run}"), format!("{k}x{n}x{cols}"));
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                for c0 in (0..cols).step_by(run) {
+                    let a = cs.act[c0 * cs.ab..].as_ptr();
+                    let o = out[c0 * n..].as_mut_ptr();
+                    // SAFETY: AVX-512 detected; the weight is repacked and aligned; `a`
+                    // holds `run` Q8_K columns and `o` has room for their outputs.
+                    unsafe {
+                        use mollm_x86_common::q4k16::columns_avx512 as f;
+                        let w = dst.as_ptr();
+                        match run {
+                            1 => f::<1>(false, w, n / 16, k / 256, a, cs.ab, o, n),
+                            4 => f::<4>(false, w, n / 16, k / 256, a, cs.ab, o, n),
+                            _ => f::<8>(false, w, n / 16, k / 256, a, cs.ab, o, n),
+                        }
+                    }
+                }
+            })
+        });
+    }
+    // Q6_K's one-column chain (the output matrix and some ffn_down), `r` rows by `run`
+    // columns sharing each decoded weight block.
+    let (k, n) = (1536, 32768);
+    let cs = case(&mut seed, DType::Q6_K, Kernel::VecDot, k, n, 8);
+    let rb = quant::row_bytes(DType::Q6_K, k).unwrap();
+    macro_rules! q6 {
+        ($r:literal, $run:literal, $cols:literal) => {
+            let id = BenchmarkId::new(
+                format!("Q6_K {} rows x runs of {}", $r, $run),
+                format!("{k}x{n}x{}", $cols),
+            );
+            g.bench_function(id, |b| {
+                b.iter(|| {
+                    let mut s = 0f32;
+                    for c0 in (0..$cols).step_by($run) {
+                        let a = cs.act[c0 * cs.ab..].as_ptr();
+                        // SAFETY: AVX-512 VNNI detected; the rows and columns exist.
+                        s += unsafe { q6_rows::<$r, $run>(&cs.w, rb, n, a, cs.ab, k / 256) };
+                    }
+                    s
+                })
+            });
+        };
+    }
+    q6!(2, 1, 1);
+    q6!(0, 1, 1);
+    q6!(2, 4, 8);
+    q6!(0, 4, 8);
+    q6!(0, 8, 8);
+    g.finish();
+}
+
+criterion_group!(benches, gemv, gemm, activations, decode_cols);
 criterion_main!(benches);

@@ -306,6 +306,75 @@ pub unsafe fn vecdot_q6k_cols<const R: usize, const C: usize>(
     out
 }
 
+/// [`vecdot_q6k_cols`] for two rows at once (row 1 at `w + ws`), each (row, column) on its
+/// own one-column chain, with the per-block tail of the chain done for both rows in one
+/// 512-bit vector: low half row 0's eight lanes, high half row 1's. The two rows' 512-bit
+/// sums are folded together (lane `l` = `v[l] + v[l + 8]`, as `fold`), the bsums correction
+/// enters as one `vpdpwssd` with the scales times -32 (`-32·(b0·s0 + b1·s1)` exactly, as
+/// ggml's `sub(lanes, madd(bsums, sc) << 5)`), then one conversion and one fma with
+/// `[yd·d0; 8] ++ [yd·d1; 8]`. Integer sums are exact in any order: the same bits as
+/// [`vecdot_q6k_cols`], with a third of its per-block vector work after the products.
+#[inline(always)]
+pub unsafe fn vecdot_q6k_pair_cols<const C: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+    nb: usize,
+) -> [[f32; 2]; C] {
+    let mut acc = [_mm512_setzero_ps(); C];
+    let pd = prefetch_rows(ws, 2);
+    let m32 = _mm512_set1_epi16(-32);
+    for i in 0..nb {
+        let x0 = w.add(i * Q6_K_B);
+        let x1 = x0.add(ws);
+        for x in [x0, x1] {
+            let p = x.wrapping_add(pd * ws);
+            for l in 0..4 {
+                prefetch(p.wrapping_add(64 * l));
+            }
+        }
+        let (b0, b1) = (q6k_decode(x0), q6k_decode(x1));
+        let nsc = _mm512_mullo_epi16(
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(b0.sc16), b1.sc16),
+            m32,
+        );
+        let xd = |x: *const u8| {
+            _mm256_cvtph_ps(_mm_set1_epi16((x.add(208) as *const i16).read_unaligned()))
+        };
+        let xdv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(xd(x0))),
+            _mm256_castps_pd(xd(x1)),
+        ));
+        for c in 0..C {
+            let y = a.add(c * as_ + i * Q8_K_B);
+            let yq = y.add(4);
+            let mut s0 = _mm512_setzero_si512();
+            let mut s1 = _mm512_setzero_si512();
+            for k in 0..4 {
+                let av = _mm512_loadu_si512(yq.add(64 * k) as *const _);
+                s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(b0.u[k], av), b0.sc[k]);
+                s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(b1.u[k], av), b1.sc[k]);
+            }
+            let lo = _mm512_shuffle_i64x2::<0b01_00_01_00>(s0, s1);
+            let hi = _mm512_shuffle_i64x2::<0b11_10_11_10>(s0, s1);
+            let bs = _mm512_broadcast_i64x4(_mm256_loadu_si256(y.add(260) as *const __m256i));
+            let lanes = _mm512_dpwssd_epi32(_mm512_add_epi32(lo, hi), bs, nsc);
+            let yd = f32::from_le_bytes(*(y as *const [u8; 4]));
+            let d = _mm512_mul_ps(_mm512_set1_ps(yd), xdv);
+            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[c]);
+        }
+    }
+    let mut out = [[0f32; 2]; C];
+    for c in 0..C {
+        out[c] = [
+            crate::simd::hsum_float_8(_mm512_castps512_ps256(acc[c])),
+            crate::simd::hsum_float_8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[c])))),
+        ];
+    }
+    out
+}
+
 // ---------------------------------------------------------------- Q4_K GEMM, 16 columns
 
 /// Activation columns per packed tile of [`gemm_q4k_t16`].

@@ -16,6 +16,13 @@ pub const MAX_ROWS_PER_GEMV_TASK: usize = ROWS_PER_TASK * COLS_PER_STEP;
 /// Activation columns per kernel call inside a task.
 pub const COLS_PER_STEP: usize = 32;
 
+/// Floats of a task's output buffer (on its stack): rows x columns of one kernel call.
+const TASK_OUT: usize = 4096;
+
+/// Calls of at most this many columns (and no packed tiles) are decode-sized: one column
+/// per sequence of a step.
+const DECODE_COLS: usize = 16;
+
 /// Weight formats with SIMD kernels (every kernel ggml's x86 build picks for them).
 pub const FORMATS: &[DType] = &[
     DType::F32,
@@ -255,17 +262,16 @@ pub unsafe fn run_weights(
     let packed = pack_tiles(host, n16, nb, &act, rb);
 
     // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
-    // by). One column (decode): bigger tasks, about four per thread, fewer hand-outs.
-    let rpt = if cols == 1 {
+    // by). Decode-sized calls (one column, or one per sequence of a batched step): bigger
+    // tasks, about four per thread, so that each thread streams long runs of the weight
+    // (its prefetches run ahead within its own rows) with few hand-outs.
+    let rpt = if n16 == 0 && cols <= DECODE_COLS {
         // A multiple of the thread count of equal tasks (rows in multiples of 16, the
         // kernels' row groups): 9 tasks on 2 threads left one idle for a ninth of the time.
+        let most = (TASK_OUT / cols / 16 * 16).min(MAX_ROWS_PER_GEMV_TASK);
         let t = host.n_threads.max(1) as usize;
-        let tasks = (4 * t)
-            .max(n.div_ceil(MAX_ROWS_PER_GEMV_TASK))
-            .next_multiple_of(t);
-        n.div_ceil(tasks)
-            .next_multiple_of(16)
-            .min(MAX_ROWS_PER_GEMV_TASK)
+        let tasks = (4 * t).max(n.div_ceil(most)).next_multiple_of(t);
+        n.div_ceil(tasks).next_multiple_of(16).min(most)
     } else {
         ROWS_PER_TASK
     };
@@ -277,7 +283,7 @@ pub unsafe fn run_weights(
         let r0 = t as usize * rpt;
         let r1 = (r0 + rpt).min(n);
         let nr = r1 - r0;
-        let mut buf = [0f32; ROWS_PER_TASK * COLS_PER_STEP];
+        let mut buf = [0f32; TASK_OUT];
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
         let mut c0 = 0;
         while c0 < cols {
@@ -393,7 +399,7 @@ unsafe fn repacked_cols(
             }
             return;
         }
-        // Runs of four (or two) columns of one chain share each unpacked weight line (decode
+        // Runs of eight, four or two columns of one chain share each unpacked weight line (decode
         // steps of several sequences); the rest one at a time.
         let mut c = c0;
         while c < c1 {
@@ -401,6 +407,11 @@ unsafe fn repacked_cols(
             let out = buf.as_mut_ptr().add((c - c0) * nr);
             let a = act[c * rb..].as_ptr();
             let run = |m: usize| c + m <= c1 && kernels[c..c + m].iter().all(|&k| k == kernels[c]);
+            if run(8) {
+                crate::q4k16::columns_avx512::<8>(gemm, wg, ng, nb, a, rb, out, nr);
+                c += 8;
+                continue;
+            }
             if run(4) {
                 crate::q4k16::columns_avx512::<4>(gemm, wg, ng, nb, a, rb, out, nr);
                 c += 4;

@@ -117,8 +117,21 @@ mod kernels {
                     let y = a.add(c * as_ + i * Q8_K_B);
                     _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])))
                 };
+                // The mins' term of sub-blocks 2j, 2j + 1 in one `vpdpwssd`: lane r holds
+                // (mn[2j][r], mn[2j + 1][r]) as i16, the column's two sub-block sums
+                // (|sum| <= 4096) are broadcast as an i16 pair. Integer sums are exact in any
+                // order, so this is ggml's `b0 * mn0 + b1 * mn1` with half the multiplies.
+                let mnp = |j: usize| {
+                    let (mn0, mn1) = (bytes16(p.add(MN + 32 * j)), bytes16(p.add(MN + 32 * j + 16)));
+                    _mm512_or_si512(mn0, _mm512_slli_epi32::<16>(mn1))
+                };
+                let bb = |c: usize, j: usize| {
+                    let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
+                    let b0 = bs.add(4 * j).read_unaligned() + bs.add(4 * j + 1).read_unaligned();
+                    let b1 = bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
+                    _mm512_set1_epi32((b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32)
+                };
                 let mut hs = [_mm512_setzero_si512(); C];
-                let mut im = [_mm512_setzero_si512(); C];
                 for j in 0..4 {
                     let mut s0 = [_mm512_setzero_si512(); C];
                     let mut s1 = [_mm512_setzero_si512(); C];
@@ -138,45 +151,39 @@ mod kernels {
                             s1[c] = _mm512_dpbusd_epi32(s1[c], hi, a1);
                         }
                     }
-                    // scales and mins of sub-blocks 2j and 2j + 1
+                    // scales of sub-blocks 2j and 2j + 1
                     let (sc0, sc1) = (
                         bytes16(p.add(SC + 32 * j)),
                         bytes16(p.add(SC + 32 * j + 16)),
                     );
-                    let (mn0, mn1) = (
-                        bytes16(p.add(MN + 32 * j)),
-                        bytes16(p.add(MN + 32 * j + 16)),
-                    );
                     for c in 0..C {
-                        let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
-                        let b0 = bs.add(4 * j).read_unaligned() as i32
-                            + bs.add(4 * j + 1).read_unaligned() as i32;
-                        let b1 = bs.add(4 * j + 2).read_unaligned() as i32
-                            + bs.add(4 * j + 3).read_unaligned() as i32;
                         let h = _mm512_add_epi32(
                             _mm512_mullo_epi32(s0[c], sc0),
                             _mm512_mullo_epi32(s1[c], sc1),
                         );
-                        let m = _mm512_add_epi32(
-                            _mm512_mullo_epi32(_mm512_set1_epi32(b0), mn0),
-                            _mm512_mullo_epi32(_mm512_set1_epi32(b1), mn1),
-                        );
                         if GEMM {
+                            let m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mnp(j), bb(c, j));
                             let (dw, dm) =
                                 (_mm512_mul_ps(d16, yd(c)), _mm512_mul_ps(dmin16, yd(c)));
                             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), dw, acc[c]);
                             accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, accm[c]);
                         } else {
                             hs[c] = _mm512_add_epi32(hs[c], h);
-                            im[c] = _mm512_add_epi32(im[c], m);
                         }
                     }
                 }
                 if !GEMM {
+                    // The GEMV chain takes the block's mins term whole: formed here, after
+                    // the weight lines, so it holds no registers across them.
+                    let mn: [__m512i; 4] = core::array::from_fn(mnp);
                     for c in 0..C {
+                        let mut im = _mm512_setzero_si512();
+                        for j in 0..4 {
+                            im = _mm512_dpwssd_epi32(im, mn[j], bb(c, j));
+                        }
                         let (dw, dm) = (_mm512_mul_ps(d16, yd(c)), _mm512_mul_ps(dmin16, yd(c)));
                         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hs[c]), dw, acc[c]);
-                        accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im[c]), dm, accm[c]);
+                        accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm[c]);
                     }
                 }
             }

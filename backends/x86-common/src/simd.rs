@@ -931,8 +931,8 @@ unsafe fn rows_any<const VNNI: bool>(
             }
             (abi::DType::Q6_K, Kernel::VecDot) => {
                 while r + 2 <= out.len() {
-                    let v = kq512::vecdot_q6k::<2>(w.add(r * ws), ws, act, n / 256);
-                    out[r..r + 2].copy_from_slice(&v);
+                    let v = kq512::vecdot_q6k_pair_cols::<1>(w.add(r * ws), ws, act, 0, n / 256);
+                    out[r..r + 2].copy_from_slice(&v[0]);
                     r += 2;
                 }
             }
@@ -995,7 +995,7 @@ unsafe fn q6k_vecdot_run<const C: usize>(
     let mut r = 0;
     while r < nrows {
         let v: [[f32; 2]; C] = if r + 2 <= nrows {
-            crate::kq512::vecdot_q6k_cols::<2, C>(w.add(r * ws), ws, a, as_, n / 256)
+            crate::kq512::vecdot_q6k_pair_cols::<C>(w.add(r * ws), ws, a, as_, n / 256)
         } else {
             let v = crate::kq512::vecdot_q6k_cols::<1, C>(w.add(r * ws), ws, a, as_, n / 256);
             core::array::from_fn(|j| [v[j][0], 0.0])
@@ -1128,6 +1128,22 @@ unsafe fn tile_any<const VNNI: bool>(
                 _ => kern == Kernel::Tiled,
             };
             let same = kernels[c..c + C].iter().all(|&k| k == kern);
+            let same8 = c + 2 * C <= ncols && kernels[c..c + 2 * C].iter().all(|&k| k == kern);
+            if VNNI && same8 && dtype == abi::DType::Q6_K && kern == Kernel::VecDot {
+                // Eight such columns share each decoded block (measured 1.15x over two runs
+                // of four on a 1536 x 32768 weight).
+                q6k_vecdot_run::<{ 2 * C }>(
+                    n,
+                    w,
+                    ws,
+                    act.add(c * as_),
+                    as_,
+                    nrows,
+                    &mut out[c * nrows..],
+                );
+                c += 2 * C;
+                continue;
+            }
             if VNNI && same && dtype == abi::DType::Q6_K && kern == Kernel::VecDot {
                 // One-column chains of several columns (decode steps of several sequences):
                 // each weight block decoded once for the four.

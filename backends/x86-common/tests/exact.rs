@@ -175,11 +175,20 @@ fn simd_tiles_match_scalar_twins_bit_for_bit() {
     ] {
         let n = if dt.info().block_len == 32 { 160 } else { 512 };
         for rows in [1usize, 3, 4, 9, 32] {
-            for cols in [1usize, 3, 4, 5, 8, 13, 17] {
+            for (cols, mixed) in [1usize, 3, 4, 5, 8, 13, 17, 8, 9, 16, 19]
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| (c, i < 7))
+            {
                 let w = weights(&mut rng, dt, n, rows);
                 let rb = w.len() / rows;
                 let ks = kernels_of(dt);
-                let kernels: Vec<Kernel> = (0..cols).map(|c| ks[(c / 4) % ks.len()]).collect();
+                // Runs of four columns of each kernel, then (decode steps of several
+                // sequences) every column on the first kernel.
+                let kernels: Vec<Kernel> = match mixed {
+                    true => (0..cols).map(|c| ks[(c / 4) % ks.len()]).collect(),
+                    false => vec![ks[0]; cols],
+                };
                 let vt = quant::vec_dot_type(dt);
                 let ab = quant::row_bytes(vt, n).unwrap();
                 let mut act = vec![0u8; ab * cols];
@@ -430,7 +439,7 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
                 check_mat_mul(&refi, &me, wd, pd, &mut x, (k, n, cols), "prepared");
             }
             // Decode steps of several sequences: every column on the one-column chain.
-            for cols in [2usize, 4, 5, 8, 9] {
+            for cols in [2usize, 4, 5, 8, 9, 16, 19] {
                 let mut x = rng.data(k * cols, 1.0);
                 let l = "prepared, chain_cols 1";
                 check_mat_mul_chain(&refi, &me, wd, pd, &mut x, (k, n, cols), l, 1);
