@@ -153,8 +153,8 @@ fn activations(c: &mut Criterion) {
     g.finish();
 }
 
-/// Rows `0..n` of a Q6_K weight by `C` columns, `R` rows at a time (compiled for AVX-512
-/// as the backend's own callers are).
+/// Rows `0..n` of a Q6_K weight by `C` columns, `R` rows at a time, or with `R == 0` through
+/// `vecdot_q6k_pair_cols` (compiled for AVX-512 as the backend's own callers are).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_rows<const R: usize, const C: usize>(
     w: &[u8],
@@ -228,8 +228,12 @@ fn decode_cols(c: &mut Criterion) {
     let rb = quant::row_bytes(DType::Q6_K, k).unwrap();
     macro_rules! q6 {
         ($r:literal, $run:literal, $cols:literal) => {
+            let rows = match $r {
+                0 => "the two-row kernel".to_string(),
+                r => format!("{r} rows"),
+            };
             let id = BenchmarkId::new(
-                format!("Q6_K {} rows x runs of {}", $r, $run),
+                format!("Q6_K {rows} x runs of {}", $run),
                 format!("{k}x{n}x{}", $cols),
             );
             g.bench_function(id, |b| {
