@@ -19,21 +19,6 @@ pub struct LibArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct OpsArgs {
-    /// Op name (e.g. matmul, add, attention).
-    #[arg(long)]
-    pub op: String,
-    /// Only backends on this device kind (cpu or gpu).
-    #[arg(long)]
-    pub device: Option<String>,
-    /// The format of the op's main operand (e.g. Q4_K for matmul); default: its first case.
-    #[arg(long)]
-    pub dtype: Option<String>,
-    #[command(flatten)]
-    pub libs: LibArgs,
-}
-
-#[derive(Args, Debug)]
 pub struct GateArgs {
     /// The library to check [default: $MOLLM_GATE_LIB].
     #[arg(long)]
@@ -43,10 +28,10 @@ pub struct GateArgs {
     pub json: bool,
 }
 
-type Res = Result<(), Box<dyn std::error::Error>>;
+pub(crate) type Res = Result<(), Box<dyn std::error::Error>>;
 
 /// Seeds probed when listing what a backend declares.
-const PROBE_SEEDS: u64 = 48;
+pub(crate) const PROBE_SEEDS: u64 = 48;
 
 /// Seeded cases per op the gate runs (as the engine's gate child reads them), besides the
 /// fixed cases.
@@ -58,12 +43,12 @@ fn gate_seeds() -> u64 {
 }
 
 /// The operand whose format names a case: the weight, the KV cache or the destination.
-fn case_format(c: &Case) -> DType {
+pub(crate) fn case_format(c: &Case) -> DType {
     cases::format(c)
 }
 
 /// Does `b` declare this case (its `supports` accepts the call)?
-fn declares(b: &Backend, c: &mut Case) -> bool {
+pub(crate) fn declares(b: &Backend, c: &mut Case) -> bool {
     let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
     let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
     b.supports(c.op, &ins, &outs, &c.params)
@@ -189,7 +174,7 @@ fn declared_ops(b: &Backend) -> usize {
         .count()
 }
 
-fn assess_all(libs: &LibArgs) -> Result<Vec<Assessed>, Box<dyn std::error::Error>> {
+pub(crate) fn assess_all(libs: &LibArgs) -> Result<Vec<Assessed>, Box<dyn std::error::Error>> {
     let cap = Caps::from_env()?;
     let runner = GateRunner::self_exec()?;
     Ok(registry::assess(
@@ -201,7 +186,7 @@ fn assess_all(libs: &LibArgs) -> Result<Vec<Assessed>, Box<dyn std::error::Error
 }
 
 /// A backend instance for probing `supports`, when it is safe to make one (score > 0).
-fn probe_instance(a: &Assessed, pool: &Pool) -> Option<Backend> {
+pub(crate) fn probe_instance(a: &Assessed, pool: &Pool) -> Option<Backend> {
     let p = a.plugin()?;
     if p.score == 0 {
         return None;
@@ -209,7 +194,7 @@ fn probe_instance(a: &Assessed, pool: &Pool) -> Option<Backend> {
     p.open_backend(pool.host_api()).ok()
 }
 
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let w: Vec<usize> = (0..n)
         .map(|i| {
@@ -235,7 +220,7 @@ fn table(rows: &[Vec<String>]) -> String {
         .join("\n")
 }
 
-fn status_text(a: &Assessed) -> String {
+pub(crate) fn status_text(a: &Assessed) -> String {
     match &a.status {
         Err(e) => format!("unavailable: {e}"),
         Ok(failed) if failed.is_empty() => "available".into(),
@@ -414,136 +399,6 @@ pub fn backends(libs: LibArgs) -> Res {
         Some(&reference),
         None,
     );
-    Ok(())
-}
-
-pub fn ops(a: OpsArgs) -> Res {
-    let squash = |s: &str| s.replace(['_', '-'], "").to_ascii_lowercase();
-    let op = Op::from_name(&a.op)
-        .or_else(|| {
-            Op::ALL
-                .iter()
-                .copied()
-                .find(|o| squash(o.name()) == squash(&a.op))
-        })
-        .ok_or_else(|| {
-            format!(
-                "unknown op '{}' (ops: {})",
-                a.op,
-                Op::ALL
-                    .iter()
-                    .map(|o| o.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-    if let Some(d) = &a.device {
-        if d != "cpu" && d != "gpu" {
-            return Err(format!("unknown device '{d}' (cpu or gpu)").into());
-        }
-    }
-    let want = match &a.dtype {
-        None => None,
-        Some(s) => Some(
-            DType::ALL
-                .iter()
-                .copied()
-                .find(|d| d.name().eq_ignore_ascii_case(s))
-                .ok_or_else(|| format!("unknown dtype '{s}'"))?,
-        ),
-    };
-    let mut probe = None;
-    let mut formats = Vec::new();
-    for seed in 0..PROBE_SEEDS {
-        let c = case(op, seed);
-        let f = case_format(&c);
-        if !formats.contains(&f) {
-            formats.push(f);
-        }
-        if probe.is_none() && want.map_or(true, |w| w == f) {
-            probe = Some(c);
-        }
-    }
-    let mut probe = probe.ok_or_else(|| {
-        format!(
-            "no {} call with dtype {} to probe (formats: {})",
-            op.name(),
-            a.dtype.as_deref().unwrap_or("?"),
-            formats
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
-        )
-    })?;
-    println!(
-        "{} call probed: {} ({})",
-        op.name(),
-        probe.label,
-        case_format(&probe)
-    );
-
-    let assessed = assess_all(&a.libs)?;
-    let pool = Pool::new(1);
-    let dev_ok = |d: &str| a.device.as_deref().map_or(true, |w| w == d);
-    // Dispatch order: usable natives by score, then the reference; then the unusable ones.
-    let mut order: Vec<&Assessed> = registry::ranked(&assessed);
-    order.retain(|x| dev_ok(x.plugin().map(|p| p.device()).unwrap_or("?")));
-    let mut rows = vec![vec![
-        "BACKEND".to_string(),
-        "SCORE".into(),
-        "VERDICT".into(),
-    ]];
-    let mut winner: Option<(String, u32)> = None;
-    for x in &order {
-        let p = x.plugin().expect("usable");
-        let verdict = if let Some(e) = x.refused(op) {
-            format!("rejected: failed the conformance gate: {e}")
-        } else {
-            match probe_instance(x, &pool) {
-                Some(b) if declares(&b, &mut probe) => match &winner {
-                    None => {
-                        winner = Some((p.name.clone(), p.score));
-                        "WINNER".into()
-                    }
-                    Some((w, s)) => format!("rejected: lower score than {w} ({} < {s})", p.score),
-                },
-                Some(_) => "rejected: unsupported (supports() declines this call)".into(),
-                None => "rejected: cannot open an instance".into(),
-            }
-        };
-        rows.push(vec![p.name.clone(), p.score.to_string(), verdict]);
-    }
-    if dev_ok("cpu") {
-        let r = Backend::open(&reference::HEADER, pool.host_api())?;
-        let verdict = match &winner {
-            None if declares(&r, &mut probe) => {
-                winner = Some(("reference".into(), 1));
-                "WINNER (fallback)".to_string()
-            }
-            None => "rejected: unsupported".to_string(),
-            Some((w, _)) => format!("not needed: fallback behind {w}"),
-        };
-        rows.push(vec!["reference".into(), "1".into(), verdict]);
-    }
-    for x in assessed.iter().filter(|x| !x.usable()) {
-        let dev = x.plugin().map(|p| p.device()).unwrap_or("?");
-        if x.plugin().is_some() && !dev_ok(dev) {
-            continue;
-        }
-        rows.push(vec![
-            x.candidate.name(),
-            x.plugin()
-                .map(|p| p.score.to_string())
-                .unwrap_or("-".into()),
-            format!("rejected: {}", status_text(x)),
-        ]);
-    }
-    println!("{}", table(&rows));
-    match winner {
-        Some((w, _)) => println!("winner: {w}"),
-        None => println!("winner: none"),
-    }
     Ok(())
 }
 

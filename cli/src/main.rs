@@ -6,6 +6,7 @@ mod chat;
 mod common;
 mod convert;
 mod devices;
+mod ops;
 mod ppl;
 mod progress;
 mod run;
@@ -55,7 +56,7 @@ enum Command {
     /// What each backend declares: per op, the formats its supports() accepts.
     Backends(devices::LibArgs),
     /// Which backend an op call goes to, and why each other one is rejected.
-    Ops(devices::OpsArgs),
+    Ops(ops::OpsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -96,7 +97,7 @@ fn main() -> ExitCode {
         })(),
         Command::Devices(a) => devices::devices(a),
         Command::Backends(a) => devices::backends(a),
-        Command::Ops(a) => devices::ops(a),
+        Command::Ops(a) => ops::ops(a),
         Command::Gate(a) => devices::gate(a),
         Command::Architectures => {
             for (name, desc, _) in engine::model::ARCHITECTURES {

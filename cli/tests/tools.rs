@@ -365,3 +365,41 @@ fn help_covers_every_command_and_completions_work() {
     }
     assert_clean_error(&mollm(&["completions", "cmd.exe"]), "cmd.exe");
 }
+
+#[test]
+fn ops_answers_op_families_per_format_and_says_why_a_gpu_is_missing() {
+    // gemm_w4: one answer per 4-bit weight format, each with a winner on this CPU.
+    let o = mollm(&["ops", "--op", "gemm_w4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for f in ["w4g32", "w4g128", "q4_0", "q4_1", "q4_K"] {
+        assert!(out.contains(&format!("({f})\n")), "{f}: {out}");
+    }
+    assert_eq!(out.matches("winner: ").count(), 5, "{out}");
+    assert!(!out.contains("winner: none"), "{out}");
+    // --dtype narrows a family; a format outside it is refused, naming what it covers.
+    let o = mollm(&["ops", "--op", "gemm_w8", "--dtype", "q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).matches("winner: ").count(), 1);
+    assert_clean_error(
+        &mollm(&["ops", "--op", "gemm_w4", "--dtype", "q8_0"]),
+        "it covers: w4g32 w4g128 q4_0 q4_1 q4_K",
+    );
+    // A GPU backend that is not here is said plainly, and that is an answer, not an error.
+    for d in ["cuda", "metal"] {
+        let o = mollm(&["ops", "--op", "gemm_w4", "--device", d]);
+        assert!(o.status.success(), "{d}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.starts_with(&format!("{d}: unavailable: ")), "{out}");
+    }
+    // --device gpu leaves out every CPU backend and the reference.
+    let o = mollm(&["ops", "--op", "gemm_f32", "--device", "gpu"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("winner: none") && !out.contains("reference"), "{out}");
+    assert_clean_error(
+        &mollm(&["ops", "--op", "gemm", "--device", "tpu"]),
+        "cpu, gpu, cuda, metal",
+    );
+    assert_clean_error(&mollm(&["ops", "--op", "gemm_w3"]), "families: gemm");
+}
