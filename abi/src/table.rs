@@ -17,11 +17,12 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 2;
+pub const ABI_MINOR: u16 = 3;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
 // `buffer_host_ptr` (host-memory buffers from `buffer_alloc`).
+// Minor 3: the table's `unavailable_reason` (why `score` is 0, for device backends).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 
@@ -157,6 +158,10 @@ pub struct BackendTable {
     /// the host then passes tensors inside it by address, with `buffer` 0. Null for device
     /// memory, which the host reaches only through `buffer_copy`. Absent: no host buffers.
     pub buffer_host_ptr: Option<extern "C" fn(ctx: *mut c_void, buffer: u64) -> *mut u8>,
+    /// ABI 1.3. Why `score` is 0, in words ("no CUDA driver", "no Metal device"): copies the
+    /// reason into `buf` (UTF-8, not terminated, truncated to `cap`) and returns its full
+    /// length (0: no reason given). Absent: the host names the CPU features the library lacks.
+    pub unavailable_reason: Option<extern "C" fn(buf: *mut u8, cap: usize) -> usize>,
 }
 
 /// What the entry symbol returns. The host checks `magic`, `abi_major`, and every size below

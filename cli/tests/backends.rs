@@ -366,3 +366,28 @@ fn isa_cap_is_checked() {
     assert!(!o.status.success());
     assert!(err.contains("MOLLM_X86_ISA=sse9"), "{err}");
 }
+
+/// The cuda plugin is built on every machine and loads without CUDA; where it cannot run it
+/// says why in its own words (ABI 1.3 `unavailable_reason`), not as a CPU lacking features.
+#[test]
+fn the_cuda_plugin_says_why_it_cannot_run() {
+    let dir = scratch("cuda");
+    let o = mollm(&["devices"], &[("XDG_CACHE_HOME", &dir)], &[]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let l = line_of(&out, "cuda");
+    assert!(l.contains("gpu") && l.contains("unavailable: "), "{l}");
+    assert!(!l.contains("CPU lacks"), "{l}");
+    let o = mollm(
+        &["ops", "--op", "gemm_w4", "--device", "cuda"],
+        &[("XDG_CACHE_HOME", &dir)],
+        &[],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.starts_with("cuda: unavailable: "), "{out}");
+    assert!(!out.contains("has no cuda backend"), "the plugin was found: {out}");
+    if !std::path::Path::new("/proc/driver/nvidia").exists() {
+        assert!(out.contains("no CUDA"), "{out}");
+    }
+}

@@ -41,6 +41,7 @@ const fn copy_reference() -> BackendTable {
         buffer_copy: reference::TABLE.buffer_copy,
         prepare_weight: reference::TABLE.prepare_weight,
         buffer_host_ptr: reference::TABLE.buffer_host_ptr,
+        unavailable_reason: None,
     }
 }
 

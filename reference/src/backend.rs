@@ -172,6 +172,7 @@ pub static TABLE: BackendTable = BackendTable {
     buffer_copy: None,
     prepare_weight: None,
     buffer_host_ptr: None,
+    unavailable_reason: None,
 };
 
 /// The header `mollm_backend_entry` returns.

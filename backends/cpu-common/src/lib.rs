@@ -557,6 +557,7 @@ pub const fn table<B: CpuBackend>() -> BackendTable {
         buffer_copy: None,
         prepare_weight: Some(prepare_weight::<B>),
         buffer_host_ptr: Some(buffer_host_ptr),
+        unavailable_reason: None,
     }
 }
 

@@ -156,6 +156,7 @@ static TABLE: BackendTable = BackendTable {
     buffer_copy: None,
     prepare_weight: None,
     buffer_host_ptr: None,
+    unavailable_reason: None,
 };
 
 static HEADER: BackendHeader = BackendHeader::layout(
