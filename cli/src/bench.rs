@@ -304,6 +304,20 @@ pub fn bench(a: BenchArgs) -> CliResult {
             }
         }
     }
+    let probed = crate::probe::load_gbps();
+    for r in rows.iter_mut() {
+        // Decode rows: every step reads the weights once, whatever the number of sequences.
+        let (Some(bytes), Some(seqs)) = (r["weight_bytes_per_step"].as_u64(), r["n_seq"].as_u64())
+        else {
+            continue;
+        };
+        if r["n_gen"].as_u64() > Some(0) {
+            let steps = r["median_ts"].as_f64().unwrap_or(0.0) / seqs.max(1) as f64;
+            let gbps = bytes as f64 * steps / 1e9;
+            r["weight_read_gbps"] = gbps.into();
+            r["read_share"] = probed.map(|p| gbps / p).into();
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
@@ -357,9 +371,28 @@ fn row(
         "ttft_ms": median(&ttft),
         "tpot_ms": 1e3 / median(&ts),
         "peak_rss_bytes": peak_rss_bytes(),
+        "weight_bytes_per_step": weight_bytes_per_step(model),
         "warmup": a.warmup,
         "reps": a.reps,
     })
+}
+
+/// Bytes of weights one decode step reads: every weight tensor once (matrices and norms), the
+/// token embeddings only as the output matrix when the model ties them (a step takes just
+/// its tokens' rows otherwise). `None` for mixture-of-experts models, whose experts a step
+/// reads only in part.
+fn weight_bytes_per_step(model: &Model) -> Option<u64> {
+    let ts = &model.gguf.tensors;
+    if ts.iter().any(|t| t.name.contains("_exps")) {
+        return None;
+    }
+    let tied = !ts.iter().any(|t| t.name == "output.weight");
+    Some(
+        ts.iter()
+            .filter(|t| tied || t.name != "token_embd.weight")
+            .map(|t| t.size)
+            .sum(),
+    )
 }
 
 fn now_rfc3339() -> String {
@@ -434,13 +467,13 @@ fn test_name(r: &serde_json::Value) -> String {
 
 fn print_table(rows: &[serde_json::Value]) {
     println!(
-        "| model | size | params | backend | threads | n_batch | test | t/s | median t/s | ttft ms | ms/token | peak RSS |"
+        "| model | size | params | backend | threads | n_batch | test | t/s | median t/s | ttft ms | ms/token | peak RSS | weights GB/s |"
     );
-    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let test = test_name(r);
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.1} | {:.2} | {} | {} |",
             r["model_type"].as_str().unwrap_or(""),
             human_bytes(r["model_size"].as_u64().unwrap_or(0)),
             human_count(r["model_n_params"].as_u64().unwrap_or(0)),
@@ -454,7 +487,16 @@ fn print_table(rows: &[serde_json::Value]) {
             r["ttft_ms"].as_f64().unwrap_or(0.0),
             r["tpot_ms"].as_f64().unwrap_or(0.0),
             human_bytes(r["peak_rss_bytes"].as_u64().unwrap_or(0)),
+            match (r["weight_read_gbps"].as_f64(), r["read_share"].as_f64()) {
+                (Some(g), Some(s)) => format!("{g:.1} ({:.0}%)", 100.0 * s),
+                (Some(g), None) => format!("{g:.1}"),
+                _ => "-".into(),
+            },
         );
+    }
+    let decode = rows.iter().any(|r| r["weight_read_gbps"].is_f64());
+    if decode && rows.iter().all(|r| r["read_share"].is_null()) {
+        println!("weights GB/s: weight bytes read per decode step x steps/s; `mollm devices --probe` measures this machine's read bandwidth once, and the share of it is shown from then on");
     }
     print_expert_table(rows);
 }

@@ -19,6 +19,19 @@ pub struct LibArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct DevicesArgs {
+    #[command(flatten)]
+    pub libs: LibArgs,
+    /// Also measure this machine's memory read bandwidth (kept for `mollm bench`, which then
+    /// states each decode row's weight bandwidth as a share of it).
+    #[arg(long)]
+    pub probe: bool,
+    /// MiB the bandwidth probe reads (larger than the last-level cache).
+    #[arg(long, default_value_t = 1024, requires = "probe")]
+    pub probe_mb: usize,
+}
+
+#[derive(Args, Debug)]
 pub struct GateArgs {
     /// The library to check [default: $MOLLM_GATE_LIB].
     #[arg(long)]
@@ -235,7 +248,21 @@ pub(crate) fn status_text(a: &Assessed) -> String {
     }
 }
 
-pub fn devices(libs: LibArgs) -> Res {
+pub fn devices(a: DevicesArgs) -> Res {
+    if a.probe {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let p = crate::probe::measure(a.probe_mb.max(1), threads)?;
+        let kept = crate::probe::save(&p)?;
+        println!(
+            "memory read bandwidth: {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads (best of 4 passes over {} MiB; kept in {})\n",
+            p.gbps_one,
+            p.gbps_all,
+            p.threads,
+            p.mib,
+            kept.display()
+        );
+    }
+    let libs = a.libs;
     let assessed = assess_all(&libs)?;
     let pool = Pool::new(1);
     let mut rows = vec![vec![

@@ -7,6 +7,7 @@ mod common;
 mod convert;
 mod devices;
 mod ops;
+mod probe;
 mod ppl;
 mod progress;
 mod run;
@@ -52,7 +53,7 @@ enum Command {
     /// List the model architectures this build can run.
     Architectures,
     /// List the backends found (built in and plugins): device, score, available or why not.
-    Devices(devices::LibArgs),
+    Devices(devices::DevicesArgs),
     /// What each backend declares: per op, the formats its supports() accepts.
     Backends(devices::LibArgs),
     /// Which backend an op call goes to, and why each other one is rejected.

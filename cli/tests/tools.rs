@@ -403,3 +403,57 @@ fn ops_answers_op_families_per_format_and_says_why_a_gpu_is_missing() {
     );
     assert_clean_error(&mollm(&["ops", "--op", "gemm_w3"]), "families: gemm");
 }
+
+/// `mollm devices --probe` measures the read bandwidth and keeps it; `mollm bench` then gives
+/// each decode row's weight bandwidth and its share of the probe (and says how to get the
+/// share before a probe ran).
+#[test]
+fn probe_keeps_the_read_bandwidth_and_bench_states_its_share() {
+    let Some(m) = model(SMOLLM2) else { return };
+    let cache = tmp("probe-anchor", b"").with_file_name("probe-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_mollm"))
+            .args(args)
+            .env("XDG_CACHE_HOME", &cache)
+            .output()
+            .expect("run mollm")
+    };
+    let bench = ["bench", "-m", &m, "-p", "0", "-n", "4", "--warmup", "0", "--reps", "1"];
+    let o = run(&bench);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("mollm devices --probe"), "{}", stdout(&o));
+
+    let o = run(&["devices", "--probe", "--probe-mb", "64"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let gbps: Vec<f64> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(out.starts_with("memory read bandwidth: "), "{out}");
+    assert!(gbps.len() >= 2 && gbps.iter().all(|&g| g > 0.1), "{out}");
+    let kept: Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("mollm/probe.json")).unwrap())
+            .unwrap();
+    assert!(kept["read_gbps"].as_f64() > Some(0.1), "{kept}");
+
+    let o = run(&[&bench[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &rows[0];
+    let (bytes, gbps) = (r["weight_bytes_per_step"].as_u64(), r["weight_read_gbps"].as_f64());
+    // SmolLM2 ties its output to the embeddings: every tensor is read each step.
+    assert!(bytes > Some(80 << 20) && gbps > Some(0.0), "{r}");
+    let share = r["read_share"].as_f64().unwrap_or(0.0);
+    let want = gbps.unwrap() / kept["read_gbps"].as_f64().unwrap();
+    assert!((share - want).abs() < 1e-9 * want.max(1.0), "{r}");
+    let o = run(&bench);
+    assert!(stdout(&o).contains("%) |"), "{}", stdout(&o));
+
+    assert_clean_error(&mollm(&["devices", "--probe-mb", "8"]), "--probe");
+}
