@@ -36,9 +36,19 @@ pub const FAMILIES: &[(&str, Op, &[DType])] = &[
     (
         "gemm_w4",
         Op::MatMul,
-        &[DType::W4G32, DType::W4G128, DType::Q4_0, DType::Q4_1, DType::Q4_K],
+        &[
+            DType::W4G32,
+            DType::W4G128,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q4_K,
+        ],
     ),
-    ("gemm_w5", Op::MatMul, &[DType::Q5_0, DType::Q5_1, DType::Q5_K]),
+    (
+        "gemm_w5",
+        Op::MatMul,
+        &[DType::Q5_0, DType::Q5_1, DType::Q5_K],
+    ),
     ("gemm_w6", Op::MatMul, &[DType::Q6_K]),
     ("gemm_w8", Op::MatMul, &[DType::W8PC, DType::Q8_0]),
     ("gemm_f16", Op::MatMul, &[DType::F16]),

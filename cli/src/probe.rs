@@ -119,5 +119,7 @@ pub fn load_gbps() -> Option<f64> {
     if v["cpu"].as_str()? != engine::registry::cpu_signature() {
         return None;
     }
-    v["read_gbps"].as_f64().filter(|g| g.is_finite() && *g > 0.0)
+    v["read_gbps"]
+        .as_f64()
+        .filter(|g| g.is_finite() && *g > 0.0)
 }

@@ -386,7 +386,10 @@ fn the_cuda_plugin_says_why_it_cannot_run() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.starts_with("cuda: unavailable: "), "{out}");
-    assert!(!out.contains("has no cuda backend"), "the plugin was found: {out}");
+    assert!(
+        !out.contains("has no cuda backend"),
+        "the plugin was found: {out}"
+    );
     if !std::path::Path::new("/proc/driver/nvidia").exists() {
         assert!(out.contains("no CUDA"), "{out}");
     }

@@ -396,7 +396,10 @@ fn ops_answers_op_families_per_format_and_says_why_a_gpu_is_missing() {
     let o = mollm(&["ops", "--op", "gemm_f32", "--device", "gpu"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("winner: none") && !out.contains("reference"), "{out}");
+    assert!(
+        out.contains("winner: none") && !out.contains("reference"),
+        "{out}"
+    );
     assert_clean_error(
         &mollm(&["ops", "--op", "gemm", "--device", "tpu"]),
         "cpu, gpu, cuda, metal",
@@ -420,10 +423,16 @@ fn probe_keeps_the_read_bandwidth_and_bench_states_its_share() {
             .output()
             .expect("run mollm")
     };
-    let bench = ["bench", "-m", &m, "-p", "0", "-n", "4", "--warmup", "0", "--reps", "1"];
+    let bench = [
+        "bench", "-m", &m, "-p", "0", "-n", "4", "--warmup", "0", "--reps", "1",
+    ];
     let o = run(&bench);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("mollm devices --probe"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("mollm devices --probe"),
+        "{}",
+        stdout(&o)
+    );
 
     let o = run(&["devices", "--probe", "--probe-mb", "64"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -446,7 +455,10 @@ fn probe_keeps_the_read_bandwidth_and_bench_states_its_share() {
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
     let r = &rows[0];
-    let (bytes, gbps) = (r["weight_bytes_per_step"].as_u64(), r["weight_read_gbps"].as_f64());
+    let (bytes, gbps) = (
+        r["weight_bytes_per_step"].as_u64(),
+        r["weight_read_gbps"].as_f64(),
+    );
     // SmolLM2 ties its output to the embeddings: every tensor is read each step.
     assert!(bytes > Some(80 << 20) && gbps > Some(0.0), "{r}");
     let share = r["read_share"].as_f64().unwrap_or(0.0);

@@ -37,7 +37,11 @@ fn probe() -> Result<i32, String> {
         match init(0) {
             0 => {}
             NO_DEVICE => return Err("no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)".into()),
-            rc => return Err(format!("the CUDA driver failed to initialise (cuInit: CUresult {rc})")),
+            rc => {
+                return Err(format!(
+                    "the CUDA driver failed to initialise (cuInit: CUresult {rc})"
+                ))
+            }
         }
         let mut n = 0i32;
         let rc = count(&mut n);
@@ -58,9 +62,9 @@ pub fn reason() -> &'static str {
     static WHY: OnceLock<String> = OnceLock::new();
     WHY.get_or_init(|| match std::panic::catch_unwind(probe) {
         Ok(Err(why)) => why,
-        Ok(Ok(n)) => format!(
-            "{n} CUDA device(s) found, but this build's cuda backend has no kernels yet"
-        ),
+        Ok(Ok(n)) => {
+            format!("{n} CUDA device(s) found, but this build's cuda backend has no kernels yet")
+        }
         Err(_) => "the CUDA driver probe panicked".into(),
     })
 }
@@ -125,8 +129,7 @@ static TABLE: BackendTable = BackendTable {
     unavailable_reason: Some(unavailable_reason),
 };
 
-static HEADER: BackendHeader =
-    BackendHeader::layout(c"cuda".as_ptr(), DeviceKind::Gpu, 0, &TABLE);
+static HEADER: BackendHeader = BackendHeader::layout(c"cuda".as_ptr(), DeviceKind::Gpu, 0, &TABLE);
 
 /// The backend entry symbol (`abi::ENTRY_SYMBOL`).
 #[no_mangle]
@@ -151,7 +154,11 @@ mod tests {
         let mut buf = [0u8; 8];
         let n = (t.unavailable_reason.unwrap())(buf.as_mut_ptr(), buf.len());
         assert_eq!(n, reason().len());
-        assert_eq!(&buf[..], &reason().as_bytes()[..8], "truncated, not overrun");
+        assert_eq!(
+            &buf[..],
+            &reason().as_bytes()[..8],
+            "truncated, not overrun"
+        );
         let why = reason();
         assert!(!why.is_empty());
         // A machine without the driver library says so in those words.
@@ -162,6 +169,9 @@ mod tests {
             assert!(why.starts_with("no CUDA driver"), "{why}");
         }
         let mut ctx = core::ptr::null_mut();
-        assert_eq!((t.init)(core::ptr::null(), &mut ctx), Status::Unsupported as i32);
+        assert_eq!(
+            (t.init)(core::ptr::null(), &mut ctx),
+            Status::Unsupported as i32
+        );
     }
 }

@@ -168,13 +168,20 @@ unsafe fn q6_rows<const R: usize, const C: usize>(
     if R == 0 {
         // the two-row kernel
         for r in (0..n).step_by(2) {
-            let v = mollm_x86_common::kq512::vecdot_q6k_pair_cols::<C>(w[r * rb..].as_ptr(), rb, a, as_, nb);
+            let v = mollm_x86_common::kq512::vecdot_q6k_pair_cols::<C>(
+                w[r * rb..].as_ptr(),
+                rb,
+                a,
+                as_,
+                nb,
+            );
             s += v.iter().flatten().sum::<f32>();
         }
         return s;
     }
     for r in (0..n).step_by(R) {
-        let v = mollm_x86_common::kq512::vecdot_q6k_cols::<R, C>(w[r * rb..].as_ptr(), rb, a, as_, nb);
+        let v =
+            mollm_x86_common::kq512::vecdot_q6k_cols::<R, C>(w[r * rb..].as_ptr(), rb, a, as_, nb);
         // Every output is used, so no column's chain is optimised away.
         s += v.iter().flatten().sum::<f32>();
     }
@@ -194,13 +201,19 @@ fn decode_cols(c: &mut Criterion) {
     let (k, n) = (1536, 65536);
     let cs = case(&mut seed, DType::Q4_K, Kernel::RepackGemv, k, n, 8);
     let rb = quant::row_bytes(DType::Q4_K, k).unwrap();
-    let mut rp = vec![mollm_x86_common::q4k16::Line([0; 64]); mollm_x86_common::q4k16::repacked_bytes(k, n) / 64];
+    let mut rp = vec![
+        mollm_x86_common::q4k16::Line([0; 64]);
+        mollm_x86_common::q4k16::repacked_bytes(k, n) / 64
+    ];
     // SAFETY: `Line` is plain bytes.
     let dst = unsafe { std::slice::from_raw_parts_mut(rp.as_mut_ptr() as *mut u8, rp.len() * 64) };
     mollm_x86_common::q4k16::repack(&cs.w, rb, k, n, dst);
     let mut out = vec![0f32; n * 8];
     for (cols, run) in [(1usize, 1usize), (4, 4), (8, 4), (8, 8)] {
-        let id = BenchmarkId::new(format!("Q4_K repacked, runs of {run}"), format!("{k}x{n}x{cols}"));
+        let id = BenchmarkId::new(
+            format!("Q4_K repacked, runs of {run}"),
+            format!("{k}x{n}x{cols}"),
+        );
         g.bench_function(id, |b| {
             b.iter(|| {
                 for c0 in (0..cols).step_by(run) {

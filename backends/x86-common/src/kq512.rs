@@ -369,7 +369,9 @@ pub unsafe fn vecdot_q6k_pair_cols<const C: usize>(
     for c in 0..C {
         out[c] = [
             crate::simd::hsum_float_8(_mm512_castps512_ps256(acc[c])),
-            crate::simd::hsum_float_8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[c])))),
+            crate::simd::hsum_float_8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(acc[c]),
+            ))),
         ];
     }
     out

@@ -122,13 +122,17 @@ mod kernels {
                 // (|sum| <= 4096) are broadcast as an i16 pair. Integer sums are exact in any
                 // order, so this is ggml's `b0 * mn0 + b1 * mn1` with half the multiplies.
                 let mnp = |j: usize| {
-                    let (mn0, mn1) = (bytes16(p.add(MN + 32 * j)), bytes16(p.add(MN + 32 * j + 16)));
+                    let (mn0, mn1) = (
+                        bytes16(p.add(MN + 32 * j)),
+                        bytes16(p.add(MN + 32 * j + 16)),
+                    );
                     _mm512_or_si512(mn0, _mm512_slli_epi32::<16>(mn1))
                 };
                 let bb = |c: usize, j: usize| {
                     let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
                     let b0 = bs.add(4 * j).read_unaligned() + bs.add(4 * j + 1).read_unaligned();
-                    let b1 = bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
+                    let b1 =
+                        bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
                     _mm512_set1_epi32((b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32)
                 };
                 let mut hs = [_mm512_setzero_si512(); C];
