@@ -164,6 +164,19 @@ pub struct BackendTable {
     pub unavailable_reason: Option<extern "C" fn(buf: *mut u8, cap: usize) -> usize>,
 }
 
+impl BackendTable {
+    /// What `unavailable_reason` (ABI 1.3) says, as one line, if the table has it and it gives
+    /// a reason. A table from an older library must have been padded to this layout first.
+    pub fn unavailable_why(&self) -> Option<String> {
+        let f = self.unavailable_reason?;
+        let mut buf = [0u8; 512];
+        let n = f(buf.as_mut_ptr(), buf.len()).min(buf.len());
+        let why = String::from_utf8_lossy(&buf[..n]);
+        let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
+        (!why.is_empty()).then_some(why)
+    }
+}
+
 /// What the entry symbol returns. The host checks `magic`, `abi_major`, and every size below
 /// before touching anything else, so a library built against another layout is refused rather
 /// than misread.

@@ -254,10 +254,11 @@ pub fn devices(a: DevicesArgs) -> Res {
         let p = crate::probe::measure(a.probe_mb.max(1), threads)?;
         let kept = crate::probe::save(&p)?;
         println!(
-            "memory read bandwidth: {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads (best of 4 passes over {} MiB; kept in {})\n",
+            "memory read bandwidth: {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads (best of {} passes over {} MiB; kept in {})\n",
             p.gbps_one,
             p.gbps_all,
             p.threads,
+            crate::probe::PASSES,
             p.mib,
             kept.display()
         );

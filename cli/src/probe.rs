@@ -16,7 +16,7 @@ pub struct Probe {
 }
 
 /// Passes per measurement; the best one counts (the others met page faults or noise).
-const PASSES: usize = 4;
+pub const PASSES: usize = 4;
 
 /// Sums `v` with the widest vectors this CPU has (the loads, not the adds, must bound it).
 fn read(v: &[u64]) -> u64 {

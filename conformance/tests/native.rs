@@ -236,12 +236,7 @@ fn check(b: &BackendCrate, dir: &Path) -> Outcome {
     let table = unsafe { &*header.table };
     if table.score.map(|s| s()).unwrap_or(0) == 0 {
         // A device backend says why (ABI 1.3); a CPU backend's reason is this CPU.
-        let why = table.unavailable_reason.map(|f| {
-            let mut buf = vec![0u8; 512];
-            let n = f(buf.as_mut_ptr(), buf.len()).min(buf.len());
-            String::from_utf8_lossy(&buf[..n]).into_owned()
-        });
-        return Outcome::Skipped(match why.filter(|w| !w.is_empty()) {
+        return Outcome::Skipped(match table.unavailable_why() {
             Some(w) => format!("cannot run here (score 0): {w}"),
             None => "this CPU cannot run it (score 0)".into(),
         });

@@ -94,16 +94,6 @@ impl Plugin {
         device_name(self.device_kind)
     }
 
-    /// The library's own words on why its score is 0 (ABI 1.3), if it gives any.
-    pub fn unavailable_reason(&self) -> Option<String> {
-        let f = self.table.unavailable_reason?;
-        let mut buf = vec![0u8; 512];
-        let n = f(buf.as_mut_ptr(), buf.len());
-        buf.truncate(n.min(buf.len()));
-        let why = one_line(&String::from_utf8_lossy(&buf));
-        (!why.is_empty()).then_some(why)
-    }
-
     /// A backend instance; the library stays loaded while it lives.
     pub fn open_backend(&self, host: abi::HostApi) -> Result<Backend> {
         // SAFETY: `table` lives in `lib` (or is a leaked padded copy), which the backend keeps.
@@ -750,7 +740,7 @@ impl Assessed {
 /// Why a plugin cannot be used before any gate runs (score 0 or the ISA cap), if so.
 pub fn precheck(p: &Plugin, cap: Caps) -> Option<String> {
     if p.score == 0 {
-        if let Some(why) = p.unavailable_reason() {
+        if let Some(why) = p.table().unavailable_why() {
             return Some(why);
         }
         let missing = missing_features(p.cpu_features);

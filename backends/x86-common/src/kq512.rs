@@ -249,21 +249,10 @@ pub unsafe fn q6k_lanes(b: &Q6kBlock, y: *const u8) -> __m256i {
     _mm256_sub_epi32(fold(sum), sub)
 }
 
-/// `ggml_vec_dot_q6_K_q8_K` for `R` rows (row `r` at `w + r * ws`): per block
-/// `acc8 = fma(yd·d, f32(lanes), acc8)`, then `hsum_float_8`.
-#[inline(always)]
-pub unsafe fn vecdot_q6k<const R: usize>(
-    w: *const u8,
-    ws: usize,
-    a: *const u8,
-    nb: usize,
-) -> [f32; R] {
-    vecdot_q6k_cols::<R, 1>(w, ws, a, 0, nb)[0]
-}
-
-/// [`vecdot_q6k`] for `C` activation columns (column `c` at `a + c * as_`): each weight
-/// block is decoded once for all of them; every (row, column) keeps its own accumulator and
-/// the one-column chain.
+/// `ggml_vec_dot_q6_K_q8_K` for `R` rows (row `r` at `w + r * ws`) and `C` activation
+/// columns (column `c` at `a + c * as_`): per block `acc8 = fma(yd·d, f32(lanes), acc8)`,
+/// then `hsum_float_8`. Each weight block is decoded once for all the columns; every (row,
+/// column) keeps its own accumulator and the one-column chain.
 #[inline(always)]
 pub unsafe fn vecdot_q6k_cols<const R: usize, const C: usize>(
     w: *const u8,
