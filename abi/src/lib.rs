@@ -23,6 +23,6 @@ mod tensor;
 
 pub use dtype::{DType, DTypeInfo};
 pub use ops::*;
-pub use paged::PagedRows;
+pub use paged::{attention_seqs, PagedRows, SeqCall};
 pub use table::*;
 pub use tensor::{TensorDesc, MAX_DIMS};

@@ -284,8 +284,15 @@ fn attention_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
             k[2]
         }
         Some(t) => {
-            need(t[1] * t[2] * t[3] == 1, || {
-                format!("block_table must be 1-D, got {t:?}")
+            // One sequence: a 1-D table. Several (the `seqs` operand): one column each.
+            let n_seq = s.get(5).map_or(1, |q| q[1]);
+            if let Some(q) = s.get(5) {
+                need(q[0] == 3 && q[1] > 0 && q[2] * q[3] == 1, || {
+                    format!("seqs must be [3, S] with S > 0, got {q:?}")
+                })?;
+            }
+            need(t[1] == n_seq && t[2] * t[3] == 1, || {
+                format!("block_table must be [P, {n_seq}] (one column per sequence), got {t:?}")
             })?;
             need(page > 0 && k[2] % page == 0, || {
                 format!(
@@ -423,7 +430,10 @@ pub static SCHEMAS: [OpSchema; 12] = [
               block_table the caches are a pool of pages of page_rows rows and the sequence's \
               row j is pool row block_table[j / page_rows] * page_rows + j % page_rows (its \
               C is then len(block_table) * page_rows); results equal the unpaged call on the \
-              gathered rows. Query t sees \
+              gathered rows. With seqs (ABI 1.4) the call holds S sequences: sequence s has \
+              queries seqs[0, s] .. seqs[0, s] + seqs[1, s] (in order, together 0..T), its \
+              own n_kv = seqs[2, s] (at most the n_kv attribute) and block table column s, \
+              and its results equal the one-sequence call with those. Query t sees \
               cache row j iff j <= positions[t] and (window == 0 or positions[t] - j < window). \
               s_j = dot(k_j, q) (f32; with an f16 cache q is rounded to f16 first); if \
               softcap > 0, s = softcap * tanh(s / softcap); then s = s * scale (this order is \
@@ -442,12 +452,22 @@ pub static SCHEMAS: [OpSchema; 12] = [
             operand!(
                 optional "block_table",
                 I32,
-                "[P] pool page of each page of the sequence (ABI 1.2)"
+                "[P] pool page of each page of the sequence (ABI 1.2); [P, S] with seqs"
+            ),
+            operand!(
+                optional "seqs",
+                I32,
+                "[3, S] first query, query count and n_kv of each sequence (ABI 1.4)"
             ),
         ],
         outputs: &[operand!("out", F32, "[D, Hq, T]")],
         attrs: &[
-            attr!("n_kv", I64, 0, "valid cache rows"),
+            attr!(
+                "n_kv",
+                I64,
+                0,
+                "valid cache rows (with seqs: at least each sequence's)"
+            ),
             attr!("window", I64, 1, "sliding window length; 0 = unlimited"),
             attr!(
                 "page_rows",

@@ -17,12 +17,14 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 3;
+pub const ABI_MINOR: u16 = 4;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
 // `buffer_host_ptr` (host-memory buffers from `buffer_alloc`).
 // Minor 3: the table's `unavailable_reason` (why `score` is 0, for device backends).
+// Minor 4: attention's optional `seqs` operand (several sequences in one call, each its
+// own queries, n_kv and block-table column; a backend of minor < 4 is not sent such calls).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 

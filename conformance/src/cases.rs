@@ -195,13 +195,40 @@ pub const ATTENTION_PAGED: &[PagedShape] = &[
     (64, 4, 2, 6, 16, &[5, 0, 3, 1], 3, 50, 0, DType::F32),    // small pages: n_eff capped at C = 64
 ];
 
+/// Several sequences in one attention call (the `seqs` operand, ABI 1.4), after
+/// [`ATTENTION_PAGED`]: `(head dim, q heads, kv heads, pool pages, page rows, sequences as
+/// (block table, query tokens, n_kv), window, cache format)`. Each sequence's queries sit at
+/// positions `n_kv - t .. n_kv`; the tables are padded with page 0 to the longest.
+pub type SeqsShape = (
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    &'static [(&'static [i32], i64, i64)],
+    i64,
+    DType,
+);
+
+#[rustfmt::skip]
+pub const ATTENTION_SEQS: &[SeqsShape] = &[
+    // A decode step of three sequences of different lengths (one spans two pages).
+    (64, 9, 3, 6, 256, &[(&[0], 1, 12), (&[3, 1], 1, 300), (&[2], 1, 1)], 0, DType::F32),
+    // A prompt chunk between two decoding sequences (16-lane tiles for the chunk only).
+    (64, 8, 2, 6, 256, &[(&[1], 1, 40), (&[4, 5], 5, 270), (&[0], 1, 100)], 0, DType::F32),
+    // f16 caches, a sliding window.
+    (128, 2, 1, 4, 256, &[(&[1, 2], 1, 400), (&[3], 2, 50)], 100, DType::F16),
+];
+
 /// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
-pub const CASES_VERSION: u32 = 3;
+pub const CASES_VERSION: u32 = 4;
 
 /// How many fixed cases `op` has.
 pub fn fixed_count(op: Op) -> u64 {
     match op {
-        Op::Attention => (ATTENTION_FIXED.len() + ATTENTION_PAGED.len()) as u64,
+        Op::Attention => {
+            (ATTENTION_FIXED.len() + ATTENTION_PAGED.len() + ATTENTION_SEQS.len()) as u64
+        }
         _ => 0,
     }
 }
@@ -218,8 +245,14 @@ pub fn fixed_case(op: Op, i: u64) -> Option<Case> {
                     &mut r, d, hq, hkv, cache, t, n_kv, window, softcap, kv_dt,
                 ));
             }
-            let &(d, hq, hkv, pages, page, table, t, n_kv, window, kv_dt) =
-                ATTENTION_PAGED.get(i as usize - ATTENTION_FIXED.len())?;
+            let i = i as usize - ATTENTION_FIXED.len();
+            if i >= ATTENTION_PAGED.len() {
+                return Some(attention_seqs(
+                    &mut r,
+                    ATTENTION_SEQS.get(i - ATTENTION_PAGED.len())?,
+                ));
+            }
+            let &(d, hq, hkv, pages, page, table, t, n_kv, window, kv_dt) = &ATTENTION_PAGED[i];
             let mut c = attention(
                 &mut r,
                 d,
@@ -238,6 +271,51 @@ pub fn fixed_case(op: Op, i: u64) -> Option<Case> {
             Some(c)
         }
         _ => None,
+    }
+}
+
+/// A case of [`ATTENTION_SEQS`].
+pub fn attention_seqs(r: &mut Rng, shape: &SeqsShape) -> Case {
+    let &(d, hq, hkv, pages, page, seqs, window, kv_dt) = shape;
+    let tt: i64 = seqs.iter().map(|s| s.1).sum();
+    let width = seqs.iter().map(|s| s.0.len()).max().unwrap_or(1);
+    let mut pos = Vec::new();
+    let mut table = vec![0i32; width * seqs.len()];
+    let mut info = Vec::new();
+    for (s, &(tab, t, n_kv)) in seqs.iter().enumerate() {
+        assert!(t <= n_kv && n_kv <= tab.len() as i64 * page);
+        info.extend([pos.len() as i32, t as i32, n_kv as i32]);
+        pos.extend((n_kv - t..n_kv).map(|p| p as i32));
+        table[s * width..s * width + tab.len()].copy_from_slice(tab);
+    }
+    let mut p = OpParams::default();
+    p.i[0] = seqs.iter().map(|s| s.2).max().unwrap_or(1);
+    p.i[1] = window;
+    p.i[2] = page;
+    p.f[0] = 1.0 / (d as f32).sqrt();
+    let rows = pages * page;
+    let n = (d * hkv * rows) as usize;
+    let i32s = |shape: &[i64], v: &[i32]| Owned {
+        shape: shape.to_vec(),
+        ..Owned::i32(v)
+    };
+    Case {
+        op: Op::Attention,
+        label: format!(
+            "d={d} hq={hq} hkv={hkv} {} sequences (table, t, n_kv) {seqs:?} of {pages} \
+             {page}-row pages, window={window} {kv_dt}",
+            seqs.len()
+        ),
+        inputs: vec![
+            Owned::f32(&[d, hq, tt], &r.vec((d * hq * tt) as usize, 1.0)),
+            Owned::quantized(kv_dt, &[d, hkv, rows], &r.vec(n, 1.0)),
+            Owned::quantized(kv_dt, &[d, hkv, rows], &r.vec(n, 1.0)),
+            Owned::i32(&pos),
+            i32s(&[width as i64, seqs.len() as i64], &table),
+            i32s(&[3, seqs.len() as i64], &info),
+        ],
+        outputs: vec![Owned::zeros(DType::F32, &[d, hq, tt])],
+        params: p,
     }
 }
 

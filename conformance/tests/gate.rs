@@ -334,3 +334,55 @@ fn paged_attention_equals_attention_over_the_gathered_rows() {
         );
     }
 }
+
+/// The spec of several sequences in one call (ABI 1.4): each sequence's rows equal the
+/// one-sequence call with its queries, positions, n_kv and table column, bit for bit; query
+/// ranges out of order or an n_kv past the call's are refused.
+#[test]
+fn attention_of_several_sequences_equals_one_call_each() {
+    use conformance::cases::{fixed_case, Owned, ATTENTION_FIXED, ATTENTION_PAGED, ATTENTION_SEQS};
+    let first = ATTENTION_FIXED.len() + ATTENTION_PAGED.len();
+    for (i, &(d, hq, _, _, _, seqs, ..)) in ATTENTION_SEQS.iter().enumerate() {
+        let mut multi = fixed_case(Op::Attention, (first + i) as u64).unwrap();
+        let all = run_ref(&mut multi).unwrap();
+        let col = (d * hq) as usize; // floats per query
+        let mut t0 = 0usize;
+        for &(table, t, n_kv) in seqs {
+            let t = t as usize;
+            let mut one = multi.clone();
+            one.inputs.truncate(5);
+            let q = &multi.inputs[0].as_f32()[t0 * col..(t0 + t) * col];
+            one.inputs[0] = Owned::f32(&[d, hq, t as i64], q);
+            let pos = &multi.inputs[3].data[t0 * 4..(t0 + t) * 4];
+            let pos: Vec<i32> = pos
+                .chunks(4)
+                .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            one.inputs[3] = Owned::i32(&pos);
+            one.inputs[4] = Owned::i32(table);
+            one.outputs[0] = Owned::zeros(abi::DType::F32, &[d, hq, t as i64]);
+            one.params.i[0] = n_kv;
+            let alone = run_ref(&mut one).unwrap();
+            let part = &all[t0 * col..(t0 + t) * col];
+            assert!(
+                part.iter()
+                    .zip(&alone)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{}: sequence at query {t0}",
+                multi.label
+            );
+            t0 += t;
+        }
+        // seqs[0, 1] (the second sequence's first query) moved: out of order.
+        let mut bad = multi.clone();
+        bad.inputs[5].data[12..16].copy_from_slice(&7i32.to_le_bytes());
+        let e = run_ref(&mut bad).unwrap_err();
+        assert!(e.contains("in order"), "{e}");
+        // An n_kv past the call's.
+        let mut bad = multi.clone();
+        let past = (multi.params.i[0] + 1) as i32;
+        bad.inputs[5].data[8..12].copy_from_slice(&past.to_le_bytes());
+        let e = run_ref(&mut bad).unwrap_err();
+        assert!(e.contains("n_kv must be"), "{e}");
+    }
+}

@@ -109,8 +109,10 @@ impl Backend {
     /// Whether this call uses what the backend's ABI version does not know (it is then
     /// declined, as an unsupported call, instead of sent).
     fn too_new(&self, op: Op, inputs: &[TensorDesc]) -> bool {
-        // ABI 1.2: attention's block_table.
-        op == Op::Attention && inputs.len() > 4 && self.abi_minor < 2
+        // ABI 1.2: attention's block_table; 1.4: its seqs (several sequences in one call).
+        op == Op::Attention
+            && ((inputs.len() > 4 && self.abi_minor < 2)
+                || (inputs.len() > 5 && self.abi_minor < 4))
     }
 
     pub fn name(&self) -> &str {

@@ -189,6 +189,9 @@ impl Drop for Exec {
     }
 }
 
+/// A call's inputs, outputs and attributes.
+pub(crate) type Call<'a> = (&'a [TensorDesc], &'a [TensorDesc], &'a OpParams);
+
 impl Exec {
     pub fn new(backends: Vec<Backend>) -> Result<Exec> {
         Self::with_fallback(backends, true)
@@ -372,6 +375,20 @@ impl Exec {
                 .collect::<Vec<_>>()
                 .join(", ")
         )))
+    }
+
+    /// Whether call `a` goes to the backend that call `b` goes to (the first that takes it;
+    /// the fallback, where there is one, when no other does). For a call that several
+    /// one-sequence calls can replace: it is made only where it lands on the same backend.
+    pub(crate) fn same_taker(&self, op: Op, a: Call, b: Call) -> bool {
+        let taker = |(ins, outs, p): Call| {
+            self.backends
+                .iter()
+                .position(|bk| bk.supports(op, ins, outs, p))
+                .or((!self.strict).then_some(self.backends.len() - 1))
+        };
+        let (ta, tb) = (taker(a), taker(b));
+        ta.is_some() && ta == tb
     }
 
     /// One op on descriptors the caller owns (the graph executor's arena).

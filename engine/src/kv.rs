@@ -223,6 +223,11 @@ impl KvCache {
         self.table.len()
     }
 
+    /// The pool page of each of its pages.
+    pub fn table(&self) -> &[i32] {
+        &self.table
+    }
+
     /// Its block table, as attention takes it.
     pub fn table_desc(&self) -> TensorDesc {
         TensorDesc::contiguous(

@@ -1288,6 +1288,62 @@ unsafe fn attention(
     outputs: &[TensorDesc],
     p: &OpParams,
 ) -> Result<(), Error> {
+    // One call per sequence's worth of work (several with the `seqs` operand, ABI 1.4), all
+    // in one parallel_for: a decode step's sequences each have one query, too little to
+    // split across threads alone.
+    let calls = abi::attention_seqs(inputs, &outputs[0], p).map_err(Error::Invalid)?;
+    let mut parts = Vec::with_capacity(calls.len());
+    for c in &calls {
+        parts.push(attention_call(isa, c.inputs(), &c.out, &c.params)?);
+    }
+    // Tasks: (sequence, token, KV head, piece of its query heads). Whole groups share K/V
+    // loads best; they are split only when there would be fewer than two tasks per thread.
+    let want = 2 * host.n_threads.max(1) as usize;
+    let (hq, hkv) = (inputs[0].ne[1], inputs[1].ne[1]);
+    let group = hq / hkv;
+    let (g, kt) = (
+        group.max(1) as usize,
+        (hkv * inputs[0].ne[2]).max(1) as usize,
+    );
+    let pieces = want.div_ceil(kt).clamp(1, g);
+    let per = g.div_ceil(pieces);
+    let (per, pieces) = (per as i64, g.div_ceil(per) as i64);
+    // The first task of each sequence, then the total.
+    let mut first = Vec::with_capacity(parts.len() + 1);
+    let mut n_tasks = 0i64;
+    for a in &parts {
+        first.push(n_tasks);
+        n_tasks += hkv * pieces * a.q.ne[2];
+    }
+    first.push(n_tasks);
+    let shared = SyncPtr(parts.as_ptr() as *mut u8);
+    let first = &first;
+    parallel_for(host, n_tasks as u32, |task| {
+        let _ = &shared;
+        let task = task as i64;
+        let s = first.partition_point(|&f| f <= task) - 1;
+        // SAFETY: `parts` outlives parallel_for; tasks write disjoint output rows.
+        let a = &*(shared.0 as *const Attn).add(s);
+        let task = task - first[s];
+        let (piece, t) = (task % (hkv * pieces), task / (hkv * pieces));
+        let (hk, pc) = (piece / pieces, piece % pieces);
+        let h0 = hk * group + pc * per;
+        let h1 = (h0 + per).min((hk + 1) * group);
+        attn_task(isa, a, h0, h1, t);
+    });
+    Ok(())
+}
+
+/// The shared state of one sequence's attention (a one-sequence call's inputs).
+///
+/// # Safety
+/// A validated one-sequence attention call on valid memory.
+unsafe fn attention_call(
+    isa: Isa,
+    inputs: &[TensorDesc],
+    out: &TensorDesc,
+    p: &OpParams,
+) -> Result<Attn, Error> {
     let (q, k, pos) = (inputs[0], inputs[1], inputs[3]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
     let hkv = k.ne[1];
@@ -1295,14 +1351,13 @@ unsafe fn attention(
     let c = rows.len;
     let n_kv = p.i[0];
     let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
-    let group = hq / hkv;
-    let a = Attn {
+    Ok(Attn {
         isa,
         q,
         k,
         v: inputs[2],
-        out: outputs[0],
-        group,
+        out: *out,
+        group: hq / hkv,
         n_kv,
         n_eff,
         window: p.i[1],
@@ -1315,27 +1370,7 @@ unsafe fn attention(
         kq_tile: k.dtype() == Some(DType::F16) && nt >= 2 && d % 16 == 0 && n_eff % 4 == 0,
         positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
         rows,
-    };
-    // Tasks: (token, KV head, piece of its query heads). Whole groups share K/V loads best;
-    // they are split only when there would be fewer than two tasks per thread.
-    let want = 2 * host.n_threads.max(1) as usize;
-    let (g, kt) = (group.max(1) as usize, (hkv * nt).max(1) as usize);
-    let pieces = want.div_ceil(kt).clamp(1, g);
-    let per = g.div_ceil(pieces);
-    let (per, pieces) = (per as i64, g.div_ceil(per) as i64);
-    let n_tasks = hkv * pieces * nt;
-    let shared = SyncPtr(&a as *const Attn as *mut u8);
-    parallel_for(host, n_tasks as u32, |task| {
-        let _ = &shared;
-        let task = task as i64;
-        let (piece, t) = (task % (hkv * pieces), task / (hkv * pieces));
-        let (hk, pc) = (piece / pieces, piece % pieces);
-        let h0 = hk * group + pc * per;
-        let h1 = (h0 + per).min((hk + 1) * group);
-        // SAFETY: `a` outlives parallel_for; tasks write disjoint output rows.
-        attn_task(isa, &*(shared.0 as *const Attn), h0, h1, t);
-    });
-    Ok(())
+    })
 }
 
 /// Runs one checked op.

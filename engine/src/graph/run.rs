@@ -73,6 +73,10 @@ pub struct Runner {
     out_ids: Vec<i32>,
     tok_groups: Vec<ColGroup>,
     out_groups: Vec<ColGroup>,
+    /// Attention of all sequences in one call (ABI 1.4): their block tables as columns of
+    /// one width, and (first query, query count, n_kv) of each.
+    seq_tables: Vec<i32>,
+    seq_info: Vec<i32>,
 }
 
 impl Runner {
@@ -88,6 +92,8 @@ impl Runner {
             out_ids: Vec::with_capacity(plan.max_o),
             tok_groups: Vec::with_capacity(64),
             out_groups: Vec::with_capacity(64),
+            seq_tables: Vec::new(),
+            seq_info: Vec::new(),
             plan,
         }
     }
@@ -168,6 +174,19 @@ impl Runner {
             self.out_ids
                 .extend((row + s.n_tokens - s.n_out..row + s.n_tokens).map(|x| x as i32));
             row += s.n_tokens;
+        }
+        self.seq_info.clear();
+        self.seq_tables.clear();
+        let width = seqs.iter().map(|s| s.kv.n_pages()).max().unwrap_or(0);
+        let mut t0 = 0;
+        for s in seqs.iter().filter(|s| s.n_tokens > 0) {
+            let (n, n_kv) = (s.n_tokens as i32, (s.kv.n_past + s.n_tokens) as i32);
+            self.seq_info.extend([t0, n, n_kv]);
+            t0 += n;
+            // Past a sequence's own pages: page 0, never read (its n_kv ends before).
+            let table = s.kv.table();
+            self.seq_tables.extend(table);
+            self.seq_tables.extend((table.len()..width).map(|_| 0));
         }
         col_groups(seqs.iter().map(|s| s.n_tokens), &mut self.tok_groups);
         col_groups(seqs.iter().map(|s| s.n_out), &mut self.out_groups);
@@ -314,48 +333,84 @@ impl Runner {
         softcap: f32,
     ) -> Result<()> {
         let (q, k, v) = (ins[0], ins[1], ins[2]);
+        let t = self.kv_rows.len();
+        // q and out: f32, contiguous, one token's heads after another.
+        let tok_bytes = (q.ne[0] * q.ne[1]) as usize * 4;
+        let out = TensorDesc::contiguous(out.data, DType::F32, &[q.ne[0], q.ne[1], t as i64]);
+        // Every token's keys and values into its cache row: one call each for the step.
+        let row = k.ne[0] * k.ne[1];
+        let rd = i32d(&self.kv_rows);
+        let cache = &mut pool.layers[layer];
+        let kc = cache.k.desc_2d();
+        let kd = TensorDesc::contiguous(k.data, DType::F32, &[row, t as i64]);
+        ex.call_desc(Op::SetRows, &[kd, rd, kc], &[kc], OpParams::default())?;
+        let vc = cache.v.desc_2d();
+        let vd = TensorDesc::contiguous(v.data, DType::F32, &[row, t as i64]);
+        ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
+        let (kc, vc) = (cache.k.desc(), cache.v.desc());
+        let mut prm = OpParams::default();
+        prm.i[1] = window as i64;
+        prm.i[2] = KV_PAGE as i64;
+        prm.f[0] = scale;
+        prm.f[1] = softcap;
+
+        // All sequences in one call (ABI 1.4), when the backend that would take one sequence's
+        // call takes it: a decode step's sequences have one query each, too little work to
+        // split across threads one at a time.
+        let n_seq = self.seq_info.len() / 3;
+        if n_seq > 1 {
+            let width = self.seq_tables.len() / n_seq;
+            let table = TensorDesc::contiguous(
+                self.seq_tables.as_ptr() as *mut u8,
+                DType::I32,
+                &[width as i64, n_seq as i64],
+            );
+            let info = TensorDesc::contiguous(
+                self.seq_info.as_ptr() as *mut u8,
+                DType::I32,
+                &[3, n_seq as i64],
+            );
+            let mut all = prm;
+            all.i[0] = self
+                .seq_info
+                .chunks(3)
+                .map(|c| c[2] as i64)
+                .max()
+                .unwrap_or(1);
+            let pd = i32d(&self.positions);
+            let ins = [q, kc, vc, pd, table, info];
+            let (s0, c0) = (&seqs[0], self.seq_info[1] as i64);
+            let mut p0 = prm;
+            p0.i[0] = self.seq_info[2] as i64;
+            let one = [
+                TensorDesc::contiguous(q.data, DType::F32, &[q.ne[0], q.ne[1], c0]),
+                kc,
+                vc,
+                i32d(&self.positions[..c0 as usize]),
+                s0.kv.table_desc(),
+            ];
+            let o1 = TensorDesc::contiguous(out.data, DType::F32, &[q.ne[0], q.ne[1], c0]);
+            if ex.same_taker(Op::Attention, (&ins, &[out], &all), (&one, &[o1], &p0)) {
+                return ex.call_desc(Op::Attention, &ins, &[out], all);
+            }
+        }
         let mut t0 = 0usize;
         for s in seqs.iter_mut() {
             let n = s.n_tokens;
             if n == 0 {
                 continue;
             }
-            let pos = &self.positions[t0..t0 + n];
-            let cols = |d: &TensorDesc, shape: &[i64]| {
+            let cols = |d: &TensorDesc| {
                 TensorDesc::contiguous(
-                    d.data.wrapping_add(t0 * d.nb[2] as usize),
+                    d.data.wrapping_add(t0 * tok_bytes),
                     DType::F32,
-                    shape,
+                    &[q.ne[0], q.ne[1], n as i64],
                 )
             };
-            let row = k.ne[0] * k.ne[1];
-            let kd = cols(&k, &[row, n as i64]);
-            let vd = cols(&v, &[row, n as i64]);
-            let qd = cols(&q, &[q.ne[0], q.ne[1], n as i64]);
-            let od = TensorDesc::contiguous(
-                out.data.wrapping_add(t0 * out.nb[1] as usize),
-                DType::F32,
-                &[q.ne[0], q.ne[1], n as i64],
-            );
-            let cache = &mut pool.layers[layer];
-            let (pd, rd) = (i32d(pos), i32d(&self.kv_rows[t0..t0 + n]));
-            let kc = cache.k.desc_2d();
-            ex.call_desc(Op::SetRows, &[kd, rd, kc], &[kc], OpParams::default())?;
-            let vc = cache.v.desc_2d();
-            ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
-            let n_kv = s.kv.n_past + n;
-            let mut prm = OpParams::default();
-            prm.i[0] = n_kv as i64;
-            prm.i[1] = window as i64;
-            prm.i[2] = KV_PAGE as i64;
-            prm.f[0] = scale;
-            prm.f[1] = softcap;
-            ex.call_desc(
-                Op::Attention,
-                &[qd, cache.k.desc(), cache.v.desc(), pd, s.kv.table_desc()],
-                &[od],
-                prm,
-            )?;
+            prm.i[0] = (s.kv.n_past + n) as i64;
+            let pd = i32d(&self.positions[t0..t0 + n]);
+            let ins = [cols(&q), kc, vc, pd, s.kv.table_desc()];
+            ex.call_desc(Op::Attention, &ins, &[cols(&out)], prm)?;
             t0 += n;
         }
         Ok(())

@@ -43,6 +43,13 @@ pub unsafe fn run(
     outputs: &[TensorDesc],
     p: &OpParams,
 ) -> Result<()> {
+    if inputs.len() > 5 {
+        // Several sequences (ABI 1.4): by definition, each as its own call.
+        for c in abi::attention_seqs(inputs, &outputs[0], p).map_err(Error::Invalid)? {
+            run(host, c.inputs(), &[c.out], &c.params)?;
+        }
+        return Ok(());
+    }
     let (q, k, v, pos, out) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3], &outputs[0]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
     let hkv = k.ne[1];
