@@ -346,7 +346,7 @@ unsafe fn pack_pairs<const Q81: bool>(
     }
 }
 
-/// [`dot_q0`] / [`dot_q4_1`] with VNNI over packed column pairs (`C` even, at most 8): one
+/// [`dot_q0`] / [`dot_q4_1`] with VNNI over packed column pairs (`C` even, at most 16): one
 /// 512-bit vpdpbusd, conversion, product and FMA for two columns, every lane its own chain
 /// (same bits). `FMT`: 8, 5, 4 (Q8_0, Q5_0, Q4_0) or 1 (Q4_1).
 #[inline(always)]
@@ -358,7 +358,7 @@ unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
 ) -> [[f32; R]; C] {
     // Pairs are indexed 0..C/2; the arrays are sized C (stable Rust has no C/2 lengths).
     let mut acc = [[_mm512_setzero_ps(); R]; C];
-    let mut summs = [_mm256_setzero_ps(); R];
+    let mut summs = [_mm512_setzero_ps(); R];
     for i in 0..nb {
         let pk = packed.add(i * (C / 2) * 3);
         for r in 0..R {
@@ -372,7 +372,7 @@ unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
             } else if FMT == 4 {
                 let x = w.add(r * ws + i * Q4_0_B);
                 dx = h16(x);
-                q = nibbles_32(x.add(2));
+                q = _mm256_setzero_si256();
             } else if FMT == 5 {
                 let x = w.add(r * ws + i * Q5_0_B);
                 dx = h16(x);
@@ -380,14 +380,26 @@ unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
                 let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
                 q = _mm256_or_si256(nib, hb);
             } else {
+                // d and m converted together: [d, m, d, m] from one 4-byte broadcast.
                 let x = w.add(r * ws + i * Q4_1_B);
-                dx = h16(x);
-                let mx = h16(x.add(2));
-                let vsy = _mm512_castps512_ps256(_mm512_castsi512_ps(*pk.add(2)));
-                summs[r] = _mm256_fmadd_ps(_mm256_set1_ps(mx), vsy, summs[r]);
-                q = nibbles_32(x.add(4));
+                let dm = _mm_cvtph_ps(_mm_set1_epi32((x as *const i32).read_unaligned()));
+                dx = _mm_cvtss_f32(dm);
+                let mx = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+                let vsy = _mm512_castsi512_ps(*pk.add(2));
+                summs[r] = _mm512_fmadd_ps(mx, vsy, summs[r]);
+                q = _mm256_setzero_si256();
             }
-            let q2 = pair_i(q, q);
+            // Q4_0 / Q4_1: both halves' nibbles from one 16-byte broadcast (128-bit lanes 1
+            // and 3 shifted to the high nibbles), instead of unpacking 256 bits and copying.
+            let q2 = if FMT == 1 || FMT == 4 {
+                let at = if FMT == 1 { 4 } else { 2 };
+                let x = w.add(r * ws + i * if FMT == 1 { Q4_1_B } else { Q4_0_B } + at);
+                let b = _mm512_broadcast_i32x4(_mm_loadu_si128(x as *const __m128i));
+                let b = _mm512_mask_srli_epi32(b, 0xF0F0, b, 4);
+                _mm512_and_si512(b, _mm512_set1_epi8(0x0F))
+            } else {
+                pair_i(q, q)
+            };
             let vdx = _mm512_set1_ps(dx);
             for p in 0..C / 2 {
                 let init = if FMT == 1 {
@@ -403,8 +415,8 @@ unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
     }
     let mut out = [[0f32; R]; C];
     for r in 0..R {
-        let mut sm = [0f32; 8];
-        _mm256_storeu_ps(sm.as_mut_ptr(), summs[r]);
+        let mut sm = [0f32; 16];
+        _mm512_storeu_ps(sm.as_mut_ptr(), summs[r]);
         for p in 0..C / 2 {
             let l = hsum_float_8(_mm512_castps512_ps256(acc[p][r]));
             let h = hsum_float_8(high_ps(acc[p][r]));
@@ -417,7 +429,7 @@ unsafe fn dot_pairs<const FMT: u8, const R: usize, const C: usize>(
     out
 }
 
-/// `C` columns (even, at most 8) of a legacy format over `nrows` rows, in packed column pairs
+/// `C` columns (even, at most 16) of a legacy format over `nrows` rows, in packed column pairs
 /// (AVX-512 VNNI): `out[c * nrows + r]`.
 #[inline(always)]
 unsafe fn tile_pairs<const C: usize>(
@@ -466,7 +478,12 @@ unsafe fn tile_pairs<const C: usize>(
                 }
             };
         }
-        rows!(4);
+        // Sixteen columns: two rows at a time keep the 16 accumulators in registers.
+        if C > 8 {
+            rows!(2);
+        } else {
+            rows!(4);
+        }
         rows!(1);
     }
 }
@@ -1047,6 +1064,7 @@ unsafe fn tile_any<const VNNI: bool>(
                     }
                 };
             }
+            pairs!(16);
             pairs!(8);
             pairs!(4);
             pairs!(2);
