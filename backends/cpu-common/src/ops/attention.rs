@@ -1,0 +1,440 @@
+//! attention: ggml's non-flash path over f32 or f16 caches, paged or not, one or several
+//! sequences per call (see `reference::ops::attention`).
+
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
+use super::*;
+
+/// `ggml_vec_dot_f32` (AVX-512 build): 4 x 16 FMA accumulators over 64-element steps,
+/// `GGML_F32x16_REDUCE`, then scalar FMA leftovers.
+#[inline(always)]
+pub(super) unsafe fn dot_vec_f32(isa: Isa, x: *const f32, y: *const f32, n: usize) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => dot512(x, y, n),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => dot256(x, y, n),
+        // SAFETY: `n` floats at `x` and at `y` (the caller's contract).
+        _ => crate::fmatmul::vec_dot_f32(
+            core::slice::from_raw_parts(x, n),
+            core::slice::from_raw_parts(y, n),
+        ),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
+    use core::arch::x86_64::*;
+    let np = n & !63;
+    let mut acc = [0f32; 16];
+    let mut a = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for j in 0..4 {
+            a[j] = _mm512_fmadd_ps(
+                _mm512_loadu_ps(x.add(i + 16 * j)),
+                _mm512_loadu_ps(y.add(i + 16 * j)),
+                a[j],
+            );
+        }
+        i += 64;
+    }
+    a[0] = _mm512_add_ps(a[0], a[2]);
+    a[1] = _mm512_add_ps(a[1], a[3]);
+    a[0] = _mm512_add_ps(a[0], a[1]);
+    _mm512_storeu_ps(acc.as_mut_ptr(), a[0]);
+    let mut sumf = reduce16(&acc);
+    for i in np..n {
+        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
+    }
+    sumf
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn dot256(x: *const f32, y: *const f32, n: usize) -> f32 {
+    use core::arch::x86_64::*;
+    let np = n & !63;
+    let mut acc = [0f32; 16];
+    // 16-lane accumulator j = (a[2j], a[2j+1]).
+    let mut a = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < np {
+        for j in 0..8 {
+            a[j] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.add(i + 8 * j)),
+                _mm256_loadu_ps(y.add(i + 8 * j)),
+                a[j],
+            );
+        }
+        i += 64;
+    }
+    for h in 0..2 {
+        a[h] = _mm256_add_ps(a[h], a[4 + h]);
+        a[2 + h] = _mm256_add_ps(a[2 + h], a[6 + h]);
+        a[h] = _mm256_add_ps(a[h], a[2 + h]);
+    }
+    _mm256_storeu_ps(acc.as_mut_ptr(), a[0]);
+    _mm256_storeu_ps(acc.as_mut_ptr().add(8), a[1]);
+    let mut sumf = reduce16(&acc);
+    for i in np..n {
+        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
+    }
+    sumf
+}
+
+/// Row `dst` = row `x` + row `y` (rows of `du` floats at `p`), element-wise. A plain function
+/// (not a closure) so that it is inlined into, and vectorized for, the ISA frame.
+#[inline(always)]
+pub(super) unsafe fn fold_rows(p: *mut f32, du: usize, dst: usize, x: usize, y: usize) {
+    let (d, x, y) = (
+        p.add(dst * du),
+        p.add(x * du) as *const f32,
+        p.add(y * du) as *const f32,
+    );
+    for i in 0..du {
+        *d.add(i) = *x.add(i) + *y.add(i);
+    }
+}
+
+#[inline(always)]
+pub(super) fn round_up(v: i64, m: i64) -> i64 {
+    (v + m - 1) / m * m
+}
+
+/// One attention call, shared by its tasks.
+pub(super) struct Attn {
+    isa: Isa,
+    q: TensorDesc,
+    k: TensorDesc,
+    v: TensorDesc,
+    out: TensorDesc,
+    group: i64,
+    n_kv: i64,
+    n_eff: i64,
+    window: i64,
+    scale: f32,
+    softcap: f32,
+    kqv_tile: bool,
+    /// f16 caches: q (for K) and the probabilities (for V) rounded to f16, and K's chain is
+    /// tinyBLAS when `kq_tile`, ggml_vec_dot_f16 otherwise.
+    k_f16: bool,
+    v_f16: bool,
+    kq_tile: bool,
+    positions: Vec<i64>,
+    /// The pool row of each of the sequence's rows (paged caches).
+    rows: abi::PagedRows,
+}
+
+/// V row `(hk, j)` as f32: in place for an f32 cache, widened into `buf` for f16.
+#[inline(always)]
+pub(super) unsafe fn v_row<'a>(
+    v: &TensorDesc,
+    hk: i64,
+    j: i64,
+    du: usize,
+    buf: &'a mut [f32],
+    f16: bool,
+) -> &'a [f32] {
+    let p = row_ptr(v, hk, j, 0);
+    if f16 {
+        widen_f16(p, buf);
+        buf
+    } else {
+        core::slice::from_raw_parts(p as *const f32, du)
+    }
+}
+
+/// An f16 cache row of `n` packed elements, widened exactly.
+#[inline(always)]
+pub(super) unsafe fn widen_f16(p: *const u8, dst: &mut [f32]) {
+    let p = p as *const u16;
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = quant::fp16_to_f32(p.add(i).read_unaligned());
+    }
+}
+
+#[inline(always)]
+pub(super) fn round_f16(x: f32) -> f32 {
+    quant::fp16_to_f32(quant::f32_to_fp16(x))
+}
+
+/// Output rows `(h, t)` for `h` in `h0..h1` (heads of one KV head) of attention, as
+/// `reference::ops::attention::run` computes each for f32 caches (same kernels, lanes and
+/// order), with the `p·V` accumulators stored lane-major (`acc[lane][i]`) so the per-row
+/// update is a contiguous FMA over the head. The heads share each K and V row load; every
+/// head keeps its own scores, accumulators and sums.
+#[inline(always)]
+pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
+    let (q, k, v, out) = (&a.q, &a.k, &a.v, &a.out);
+    let (n_kv, n_eff, window) = (a.n_kv, a.n_eff, a.window);
+    let du = q.ne[0] as usize;
+    let nh = (h1 - h0) as usize;
+    let hk = h0 / a.group;
+    let pt = a.positions[t as usize];
+    let visible = |j: i64| j <= pt && (window == 0 || pt - j < window);
+    let last = (n_kv - 1).min(pt);
+    let mut qv = vec![0f32; du * nh];
+    for g in 0..nh {
+        read_into(q, h0 + g as i64, t, 0, &mut qv[g * du..(g + 1) * du]);
+    }
+    if a.k_f16 {
+        for x in qv.iter_mut() {
+            *x = round_f16(*x);
+        }
+    }
+    // Widened rows of f16 caches.
+    let mut krow = vec![0f32; if a.k_f16 { du } else { 0 }];
+    let mut vrow = vec![0f32; if a.v_f16 { du } else { 0 }];
+    let len = if last < 0 {
+        n_eff.min(16)
+    } else {
+        round_up(last + 1, 16).min(n_eff)
+    } as usize;
+    let mut w = vec![f32::NEG_INFINITY; len * nh];
+    let lanes: usize = if a.kqv_tile { 16 } else { 64 };
+    let np = if a.kqv_tile {
+        n_eff as usize
+    } else {
+        n_eff as usize & !63
+    };
+    let span = if last < 0 {
+        0
+    } else {
+        (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
+    };
+    let simd_end = span.min(np);
+    let mut res = vec![0f32; du * nh];
+    for j in 0..=last {
+        if !visible(j) {
+            continue;
+        }
+        if j + ATTN_PREFETCH_ROWS <= last {
+            let kb = du * if a.k_f16 { 2 } else { 4 };
+            prefetch_bytes(row_ptr(k, hk, a.rows.get(j + ATTN_PREFETCH_ROWS), 0), kb);
+        }
+        let kr = row_ptr(k, hk, a.rows.get(j), 0) as *const f32;
+        if a.k_f16 {
+            widen_f16(kr as *const u8, &mut krow);
+        }
+        for g in 0..nh {
+            let s = if !a.k_f16 {
+                dot_vec_f32(a.isa, kr, qv.as_ptr().add(g * du), du)
+            } else if a.kq_tile {
+                crate::fmatmul::dot_tile(&krow, &qv[g * du..(g + 1) * du])
+            } else {
+                crate::fmatmul::vec_dot_f16(&krow, &qv[g * du..(g + 1) * du])
+            };
+            let s = if a.softcap > 0.0 {
+                ((s * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale
+            } else {
+                s * a.scale
+            };
+            w[g * len + j as usize] = s;
+        }
+    }
+    let mut src = vec![0f32; len];
+    for g in 0..nh {
+        let wg = &mut w[g * len..(g + 1) * len];
+        let max = wg.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
+        src.copy_from_slice(wg);
+        let sum = soft_max_f32(a.isa, &src, wg, max);
+        let inv = (1.0 / sum) as f32;
+        for x in wg.iter_mut() {
+            *x *= inv;
+            if a.v_f16 {
+                *x = round_f16(*x);
+            }
+        }
+    }
+    let hs = du * lanes; // accumulator floats per head
+    let mut acc = vec![0f32; hs * nh];
+    let v_end = simd_end.min(len);
+    for j in 0..v_end {
+        if j + (ATTN_PREFETCH_ROWS as usize) < v_end {
+            let vb = du * if a.v_f16 { 2 } else { 4 };
+            let jn = (j as i64) + ATTN_PREFETCH_ROWS;
+            prefetch_bytes(row_ptr(v, hk, a.rows.get(jn), 0), vb);
+        }
+        let vr = v_row(v, hk, a.rows.get(j as i64), du, &mut vrow, a.v_f16);
+        let lane = j % lanes;
+        for g in 0..nh {
+            let pj = w[g * len + j];
+            if pj == 0.0 {
+                continue;
+            }
+            let acc_l = &mut acc[g * hs + lane * du..g * hs + (lane + 1) * du];
+            for i in 0..du {
+                acc_l[i] = vr[i].mul_add(pj, acc_l[i]);
+            }
+        }
+    }
+    // The lane reductions (`reduce16` per output, after folding 64 lanes to 16 as
+    // GGML_F32x16_REDUCE does), one element-wise step at a time over the whole head, in place:
+    // the same additions per output, vectorized across outputs.
+    for g in 0..nh {
+        let p = acc.as_mut_ptr().add(g * hs);
+        macro_rules! fold {
+            ($d:expr, $x:expr, $y:expr) => {
+                fold_rows(p, du, $d, $x, $y)
+            };
+        }
+        if !a.kqv_tile {
+            // g0 = A[l] + A[32+l]; g1 = A[16+l] + A[48+l]; g0 += g1
+            for l in 0..16 {
+                fold!(l, l, 32 + l);
+                fold!(16 + l, 16 + l, 48 + l);
+                fold!(l, l, 16 + l);
+            }
+        }
+        // reduce16: t8 = v[8+i] + v[i]; t4 = t8[4+i] + t8[i]; (t4[0]+t4[2]) + (t4[1]+t4[3])
+        for l in 0..8 {
+            fold!(l, l + 8, l);
+        }
+        for l in 0..4 {
+            fold!(l, l + 4, l);
+        }
+        fold!(0, 0, 2);
+        fold!(1, 1, 3);
+        fold!(0, 0, 1);
+        res[g * du..(g + 1) * du].copy_from_slice(&acc[g * hs..g * hs + du]);
+    }
+    // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA (f32 V), or products
+    // summed in f64 (f16 V, ggml_vec_dot_f16's tail).
+    if !a.kqv_tile && (np as i64) < n_eff && span > np {
+        let mut tail64: Vec<f64> = if a.v_f16 {
+            res.iter().map(|&x| x as f64).collect()
+        } else {
+            Vec::new()
+        };
+        for j in np..(n_eff as usize) {
+            if j as i64 >= n_kv {
+                continue; // padding: v treated as zero
+            }
+            let vr = v_row(v, hk, a.rows.get(j as i64), du, &mut vrow, a.v_f16);
+            for g in 0..nh {
+                let pj = if j < len { w[g * len + j] } else { 0.0 };
+                if a.v_f16 {
+                    let r = &mut tail64[g * du..(g + 1) * du];
+                    for i in 0..du {
+                        r[i] += (vr[i] * pj) as f64;
+                    }
+                } else {
+                    let r = &mut res[g * du..(g + 1) * du];
+                    for i in 0..du {
+                        r[i] = vr[i].mul_add(pj, r[i]);
+                    }
+                }
+            }
+        }
+        if a.v_f16 {
+            for (r, &x) in res.iter_mut().zip(&tail64) {
+                *r = x as f32;
+            }
+        }
+    }
+    for g in 0..nh {
+        let h = h0 + g as i64;
+        for (i, &x) in res[g * du..(g + 1) * du].iter().enumerate() {
+            let off = i as i64 * out.nb[0] + h * out.nb[1] + t * out.nb[2];
+            // each (h, t) output row is written by one task only.
+            (out.data.wrapping_offset(off as isize) as *mut f32).write(x);
+        }
+    }
+}
+isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
+
+pub(super) unsafe fn attention(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<(), Error> {
+    // One call per sequence's worth of work (several with the `seqs` operand, ABI 1.4), all
+    // in one parallel_for: a decode step's sequences each have one query, too little to
+    // split across threads alone.
+    let calls = abi::attention_seqs(inputs, &outputs[0], p).map_err(Error::Invalid)?;
+    let mut parts = Vec::with_capacity(calls.len());
+    for c in &calls {
+        parts.push(attention_call(isa, c.inputs(), &c.out, &c.params)?);
+    }
+    // Tasks: (sequence, token, KV head, piece of its query heads). Whole groups share K/V
+    // loads best; they are split only when there would be fewer than two tasks per thread.
+    let want = 2 * host.n_threads.max(1) as usize;
+    let (hq, hkv) = (inputs[0].ne[1], inputs[1].ne[1]);
+    let group = hq / hkv;
+    let (g, kt) = (
+        group.max(1) as usize,
+        (hkv * inputs[0].ne[2]).max(1) as usize,
+    );
+    let pieces = want.div_ceil(kt).clamp(1, g);
+    let per = g.div_ceil(pieces);
+    let (per, pieces) = (per as i64, g.div_ceil(per) as i64);
+    // The first task of each sequence, then the total.
+    let mut first = Vec::with_capacity(parts.len() + 1);
+    let mut n_tasks = 0i64;
+    for a in &parts {
+        first.push(n_tasks);
+        n_tasks += hkv * pieces * a.q.ne[2];
+    }
+    first.push(n_tasks);
+    let shared = SyncPtr(parts.as_ptr() as *mut u8);
+    let first = &first;
+    parallel_for(host, n_tasks as u32, |task| {
+        let _ = &shared;
+        let task = task as i64;
+        let s = first.partition_point(|&f| f <= task) - 1;
+        // SAFETY: `parts` outlives parallel_for; tasks write disjoint output rows.
+        let a = &*(shared.0 as *const Attn).add(s);
+        let task = task - first[s];
+        let (piece, t) = (task % (hkv * pieces), task / (hkv * pieces));
+        let (hk, pc) = (piece / pieces, piece % pieces);
+        let h0 = hk * group + pc * per;
+        let h1 = (h0 + per).min((hk + 1) * group);
+        attn_task(isa, a, h0, h1, t);
+    });
+    Ok(())
+}
+
+/// The shared state of one sequence's attention (a one-sequence call's inputs).
+///
+/// # Safety
+/// A validated one-sequence attention call on valid memory.
+pub(super) unsafe fn attention_call(
+    isa: Isa,
+    inputs: &[TensorDesc],
+    out: &TensorDesc,
+    p: &OpParams,
+) -> Result<Attn, Error> {
+    let (q, k, pos) = (inputs[0], inputs[1], inputs[3]);
+    let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
+    let hkv = k.ne[1];
+    let rows = abi::PagedRows::new(inputs.get(4), p.i[2], k.ne[2]).map_err(Error::Invalid)?;
+    let c = rows.len;
+    let n_kv = p.i[0];
+    let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
+    Ok(Attn {
+        isa,
+        q,
+        k,
+        v: inputs[2],
+        out: *out,
+        group: hq / hkv,
+        n_kv,
+        n_eff,
+        window: p.i[1],
+        scale: p.f[0],
+        softcap: p.f[1],
+        kqv_tile: nt >= 2 && n_eff % 16 == 0 && d % 4 == 0,
+        k_f16: k.dtype() == Some(DType::F16),
+        v_f16: inputs[2].dtype() == Some(DType::F16),
+        // As reference::ops::attention: ggml's mul_mat choice for an f16 K.
+        kq_tile: k.dtype() == Some(DType::F16) && nt >= 2 && d % 16 == 0 && n_eff % 4 == 0,
+        positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
+        rows,
+    })
+}

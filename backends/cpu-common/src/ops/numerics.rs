@@ -1,0 +1,333 @@
+//! ggml's numerics as the reference computes them: `reduce16`, the exps (scalar twins and
+//! their AVX2/AVX-512 versions), SiLU, `soft_max_f32`, the GELU table. Shared by softmax, glu
+//! and attention.
+
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
+use super::*;
+
+/// `_mm512_reduce_add_ps` as GCC implements it.
+#[inline(always)]
+pub(crate) fn reduce16(v: &[f32; 16]) -> f32 {
+    let mut t8 = [0f32; 8];
+    for i in 0..8 {
+        t8[i] = v[i + 8] + v[i];
+    }
+    let mut t4 = [0f32; 4];
+    for i in 0..4 {
+        t4[i] = t8[i + 4] + t8[i];
+    }
+    let a = t4[0] + t4[2];
+    let b = t4[1] + t4[3];
+    a + b
+}
+
+/// Scalar twin of the AVX-512 `ggml_v_expf` (one lane), as the reference (the SIMD
+/// [`expf16`] is tested against it).
+#[cfg_attr(not(test), allow(dead_code))]
+#[inline(always)]
+pub(super) fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000);
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let u = b * b;
+    let c_a = f32::from_bits(0x3c07_2010);
+    let c_b = f32::from_bits(0x3d2b_9f17);
+    let c_c = f32::from_bits(0x3e2a_af33);
+    let c_d = f32::from_bits(0x3eff_fedb);
+    let c_e = f32::from_bits(0x3f7f_fff6);
+    let j = c_a
+        .mul_add(b, c_b)
+        .mul_add(u, c_c.mul_add(b, c_d))
+        .mul_add(u, c_e.mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    if j.is_nan() || n.is_nan() {
+        return f32::NAN;
+    }
+    // n is integral here; 2^n is exact in f64 (|n| <= 192), so one rounding follows, as in
+    // the reference's `j as f64 * 2f64.powi(n)`.
+    let e = n.floor() as i32;
+    (j as f64 * f64::from_bits(((e + 1023) as u64) << 52)) as f32
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+#[inline(always)]
+pub(super) fn v_silu(x: f32) -> f32 {
+    x / (1.0 + v_expf(0.0 - x))
+}
+
+#[inline(always)]
+pub(super) fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `ggml_vec_soft_max_f32` (AVX-512): exps into `y`, their sum in f64. The 16-lane steps
+/// by [`expf16`] (SIMD, bit-identical to [`v_expf`] per lane).
+#[inline(always)]
+pub(super) unsafe fn soft_max_f32(isa: Isa, x: &[f32], y: &mut [f32], max: f32) -> f64 {
+    let n = x.len();
+    let mut sum = 0f64;
+    let mut i = 0;
+    while i + 15 < n {
+        let mut v = [0f32; 16];
+        expf16(isa, x[i..i + 16].try_into().unwrap(), max, &mut v);
+        y[i..i + 16].copy_from_slice(&v);
+        sum += reduce16(&v) as f64;
+        i += 16;
+    }
+    while i < n {
+        let v = (x[i] - max).exp();
+        sum += v as f64;
+        y[i] = v;
+        i += 1;
+    }
+    sum
+}
+
+/// `out[l] = v_expf(x[l] - max)` for 16 lanes.
+#[inline(always)]
+pub(super) unsafe fn expf16(isa: Isa, x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => expf16_avx512(x, max, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            expf8_avx2(
+                x[..8].try_into().unwrap(),
+                max,
+                (&mut out[..8]).try_into().unwrap(),
+            );
+            expf8_avx2(
+                x[8..].try_into().unwrap(),
+                max,
+                (&mut out[8..]).try_into().unwrap(),
+            );
+        }
+        _ => {
+            for l in 0..16 {
+                out[l] = v_expf(x[l] - max);
+            }
+        }
+    }
+}
+
+/// `ggml_v_expf` (AVX-512 build) on `x - max`: the polynomial, `_mm512_scalef_ps`, and the
+/// |n| > 192 lanes set to 0 or infinity, as [`v_expf`] replays it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) unsafe fn expf16_avx512(x: &[f32; 16], max: f32, out: &mut [f32; 16]) {
+    use core::arch::x86_64::*;
+    let x = _mm512_sub_ps(_mm512_loadu_ps(x.as_ptr()), _mm512_set1_ps(max));
+    let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000));
+    let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(
+        n,
+        _mm512_set1_ps(f32::from_bits(0x35bf_be8e)),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3f31_7200)), x),
+    );
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm512_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
+            u,
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm512_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
+        ),
+        u,
+        _mm512_fmadd_ps(
+            _mm512_set1_ps(f32::from_bits(0x3f7f_fff6)),
+            b,
+            _mm512_set1_ps(1.0),
+        ),
+    );
+    let mut res = _mm512_scalef_ps(j, n);
+    let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    if d != 0 {
+        let le = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+        let alt = _mm512_mask_blend_ps(le, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+        res = _mm512_mask_blend_ps(d, res, alt);
+    }
+    _mm512_storeu_ps(out.as_mut_ptr(), res);
+}
+
+/// Four lanes of `f32(f64(j) * 2^e)` (`e` in the normal f64 exponent range).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn scale_half(
+    j: core::arch::x86_64::__m128,
+    e: core::arch::x86_64::__m128i,
+) -> core::arch::x86_64::__m128 {
+    use core::arch::x86_64::*;
+    let p = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(
+        _mm256_cvtepi32_epi64(e),
+        _mm256_set1_epi64x(1023),
+    )));
+    _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(j), p))
+}
+
+/// [`expf16_avx512`] for eight lanes with AVX2: `scalef` replayed as `f64(j) * 2^n` rounded
+/// once to f32 (exact product, so the same single rounding).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn expf8_avx2(x: &[f32; 8], max: f32, out: &mut [f32; 8]) {
+    use core::arch::x86_64::*;
+    let x = _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr()), _mm256_set1_ps(max));
+    let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+    let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+    );
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
+            u,
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
+        ),
+        u,
+        _mm256_fmadd_ps(
+            _mm256_set1_ps(f32::from_bits(0x3f7f_fff6)),
+            b,
+            _mm256_set1_ps(1.0),
+        ),
+    );
+    // |n| > 192 lanes are replaced below; clamp so their exponents stay harmless.
+    let nc = _mm256_min_ps(
+        _mm256_max_ps(n, _mm256_set1_ps(-192.0)),
+        _mm256_set1_ps(192.0),
+    );
+    let ni = _mm256_cvtps_epi32(nc);
+    let mut res = _mm256_set_m128(
+        scale_half(
+            _mm256_extractf128_ps::<1>(j),
+            _mm256_extracti128_si256::<1>(ni),
+        ),
+        scale_half(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni)),
+    );
+    let d = _mm256_cmp_ps::<_CMP_GT_OQ>(
+        _mm256_andnot_ps(_mm256_set1_ps(-0.0), n),
+        _mm256_set1_ps(192.0),
+    );
+    if _mm256_movemask_ps(d) != 0 {
+        let le = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+        let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), _mm256_setzero_ps(), le);
+        res = _mm256_blendv_ps(res, alt, d);
+    }
+    // NaN lanes (n is NaN) stay NaN through the product, as in `v_expf`.
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(n, n);
+    res = _mm256_blendv_ps(res, _mm256_set1_ps(f32::NAN), nan);
+    _mm256_storeu_ps(out.as_mut_ptr(), res);
+}
+
+#[inline(always)]
+pub(super) fn ggml_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+pub(super) fn gelu_f32(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = f32::from_bits(0x3f4c_422a);
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
+pub(super) static GELU_TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+
+pub(super) fn gelu_table() -> &'static [u16] {
+    GELU_TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|i| quant::f32_to_fp16(gelu_f32(quant::fp16_to_f32(i))))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD exps (both ISAs) equal the scalar twin `v_expf` bit for bit, across the range
+    /// (underflow to subnormals and zero, overflow, -inf, exact integers).
+    #[test]
+    fn expf16_matches_v_expf() {
+        let mut xs: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NEG_INFINITY,
+            -1e30,
+            1e30,
+            88.7,
+            89.0,
+        ];
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            let range = [1.0f32, 20.0, 110.0, 200.0][(s % 4) as usize];
+            xs.push((u - 0.8) * range);
+        }
+        for k in -160..100 {
+            xs.push(k as f32 * std::f32::consts::LN_2);
+            xs.push(k as f32);
+        }
+        while xs.len() % 16 != 0 {
+            xs.push(-3.0);
+        }
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+            if !isa.detected() {
+                continue;
+            }
+            for max in [0.0f32, 1.5, -2.0] {
+                for c in xs.chunks_exact(16) {
+                    let x: &[f32; 16] = c.try_into().unwrap();
+                    let mut got = [0f32; 16];
+                    unsafe { expf16(isa, x, max, &mut got) };
+                    for l in 0..16 {
+                        let want = v_expf(x[l] - max);
+                        assert_eq!(
+                            got[l].to_bits(),
+                            want.to_bits(),
+                            "{isa:?} x={} max={max}: {} vs {want}",
+                            x[l],
+                            got[l]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
