@@ -271,3 +271,16 @@ fn f16_caches_are_native_and_unimplemented_variants_unsupported() {
         );
     }
 }
+
+/// The conformance suite's fixed attention cases (edge lengths, paged caches, several
+/// sequences in one call), bit for bit: the gate itself allows a tolerance.
+#[test]
+fn fixed_attention_cases_match_reference_bit_for_bit() {
+    use conformance::cases::{fixed_case, fixed_count};
+    let host = reference::scoped_threads_host(2);
+    for i in 0..fixed_count(Op::Attention) {
+        let c = fixed_case(Op::Attention, i).unwrap();
+        let label = c.label.clone();
+        assert!(same(&c, &host, &label), "{label}: not supported natively");
+    }
+}

@@ -214,7 +214,13 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         }
         if j + ATTN_PREFETCH_ROWS <= last {
             let kb = du * if a.k_f16 { 2 } else { 4 };
-            prefetch_bytes(row_ptr(k, hk, a.rows.get(j + ATTN_PREFETCH_ROWS), 0), kb);
+            let jp = a.rows.get(j + ATTN_PREFETCH_ROWS);
+            prefetch_bytes(row_ptr(k, hk, jp, 0), kb);
+            if !a.v_f16 {
+                // The register p·V visits V rows in lane order, too scattered for the
+                // hardware prefetcher: ask for them now, with the K rows.
+                prefetch_bytes(row_ptr(&a.v, hk, jp, 0), du * 4);
+            }
         }
         let kr = row_ptr(k, hk, a.rows.get(j), 0) as *const f32;
         if a.k_f16 {
@@ -250,57 +256,11 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             }
         }
     }
-    let hs = du * lanes; // accumulator floats per head
-    let mut acc = vec![0f32; hs * nh];
     let v_end = simd_end.min(len);
-    for j in 0..v_end {
-        if j + (ATTN_PREFETCH_ROWS as usize) < v_end {
-            let vb = du * if a.v_f16 { 2 } else { 4 };
-            let jn = (j as i64) + ATTN_PREFETCH_ROWS;
-            prefetch_bytes(row_ptr(v, hk, a.rows.get(jn), 0), vb);
-        }
-        let vr = v_row(v, hk, a.rows.get(j as i64), du, &mut vrow, a.v_f16);
-        let lane = j % lanes;
-        for g in 0..nh {
-            let pj = w[g * len + j];
-            if pj == 0.0 {
-                continue;
-            }
-            let acc_l = &mut acc[g * hs + lane * du..g * hs + (lane + 1) * du];
-            for i in 0..du {
-                acc_l[i] = vr[i].mul_add(pj, acc_l[i]);
-            }
-        }
-    }
-    // The lane reductions (`reduce16` per output, after folding 64 lanes to 16 as
-    // GGML_F32x16_REDUCE does), one element-wise step at a time over the whole head, in place:
-    // the same additions per output, vectorized across outputs.
-    for g in 0..nh {
-        let p = acc.as_mut_ptr().add(g * hs);
-        macro_rules! fold {
-            ($d:expr, $x:expr, $y:expr) => {
-                fold_rows(p, du, $d, $x, $y)
-            };
-        }
-        if !a.kqv_tile {
-            // g0 = A[l] + A[32+l]; g1 = A[16+l] + A[48+l]; g0 += g1
-            for l in 0..16 {
-                fold!(l, l, 32 + l);
-                fold!(16 + l, 16 + l, 48 + l);
-                fold!(l, l, 16 + l);
-            }
-        }
-        // reduce16: t8 = v[8+i] + v[i]; t4 = t8[4+i] + t8[i]; (t4[0]+t4[2]) + (t4[1]+t4[3])
-        for l in 0..8 {
-            fold!(l, l + 8, l);
-        }
-        for l in 0..4 {
-            fold!(l, l + 4, l);
-        }
-        fold!(0, 0, 2);
-        fold!(1, 1, 3);
-        fold!(0, 0, 1);
-        res[g * du..(g + 1) * du].copy_from_slice(&acc[g * hs..g * hs + du]);
+    if !a.v_f16 && du % 16 == 0 {
+        pv_in_registers(a, hk, &w, len, nh, lanes, v_end, &mut res);
+    } else {
+        pv_in_memory(a, hk, &w, len, nh, lanes, v_end, &mut vrow, &mut res);
     }
     // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA (f32 V), or products
     // summed in f64 (f16 V, ggml_vec_dot_f16's tail).
@@ -346,6 +306,153 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     }
 }
 isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
+
+/// `p·V` of heads `hk * group ..` + `nh` (their probabilities `w`, `len` per head) into `res`:
+/// `lanes` accumulators per output (ggml_vec_dot_f32's 64, or tinyBLAS's 16) over rows
+/// `0..v_end`, row `j` in lane `j % lanes`, then ggml's fold of the lanes. The accumulators
+/// of all outputs live in memory, lane-major (`acc[lane][i]`), so each row is one contiguous
+/// FMA over the head; any V format (f16 rows widened once per row).
+#[inline(always)]
+unsafe fn pv_in_memory(
+    a: &Attn,
+    hk: i64,
+    w: &[f32],
+    len: usize,
+    nh: usize,
+    lanes: usize,
+    v_end: usize,
+    vrow: &mut [f32],
+    res: &mut [f32],
+) {
+    let v = &a.v;
+    let du = a.q.ne[0] as usize;
+    let hs = du * lanes; // accumulator floats per head
+    let mut acc = vec![0f32; hs * nh];
+    for j in 0..v_end {
+        if j + (ATTN_PREFETCH_ROWS as usize) < v_end {
+            let vb = du * if a.v_f16 { 2 } else { 4 };
+            let jn = (j as i64) + ATTN_PREFETCH_ROWS;
+            prefetch_bytes(row_ptr(v, hk, a.rows.get(jn), 0), vb);
+        }
+        let vr = v_row(v, hk, a.rows.get(j as i64), du, vrow, a.v_f16);
+        let lane = j % lanes;
+        for g in 0..nh {
+            let pj = w[g * len + j];
+            if pj == 0.0 {
+                continue;
+            }
+            let acc_l = &mut acc[g * hs + lane * du..g * hs + (lane + 1) * du];
+            for i in 0..du {
+                acc_l[i] = vr[i].mul_add(pj, acc_l[i]);
+            }
+        }
+    }
+    // The lane reductions (`reduce16` per output, after folding 64 lanes to 16 as
+    // GGML_F32x16_REDUCE does), one element-wise step at a time over the whole head, in place:
+    // the same additions per output, vectorized across outputs.
+    for g in 0..nh {
+        let p = acc.as_mut_ptr().add(g * hs);
+        macro_rules! fold {
+            ($d:expr, $x:expr, $y:expr) => {
+                fold_rows(p, du, $d, $x, $y)
+            };
+        }
+        if !a.kqv_tile {
+            // g0 = A[l] + A[32+l]; g1 = A[16+l] + A[48+l]; g0 += g1
+            for l in 0..16 {
+                fold!(l, l, 32 + l);
+                fold!(16 + l, 16 + l, 48 + l);
+                fold!(l, l, 16 + l);
+            }
+        }
+        // reduce16: t8 = v[8+i] + v[i]; t4 = t8[4+i] + t8[i]; (t4[0]+t4[2]) + (t4[1]+t4[3])
+        for l in 0..8 {
+            fold!(l, l + 8, l);
+        }
+        for l in 0..4 {
+            fold!(l, l + 4, l);
+        }
+        fold!(0, 0, 2);
+        fold!(1, 1, 3);
+        fold!(0, 0, 1);
+        res[g * du..(g + 1) * du].copy_from_slice(&acc[g * hs..g * hs + du]);
+    }
+}
+
+/// [`pv_in_memory`] for f32 V rows and head sizes of whole 16-blocks, the same additions in
+/// the same order, with the accumulators in registers: for each 16 outputs, the 64 (or 16)
+/// lanes are summed one at a time over their rows (`j = lane, lane + lanes, ..`) and folded as
+/// soon as the four lanes of a fold are done, so only the 16 folded lanes stay live. No
+/// accumulator memory is zeroed, read back or folded in place (at 3 to 7 heads per KV head
+/// those are 48-112 KiB per task, more than L1).
+#[inline(always)]
+unsafe fn pv_in_registers(
+    a: &Attn,
+    hk: i64,
+    w: &[f32],
+    len: usize,
+    nh: usize,
+    lanes: usize,
+    v_end: usize,
+    res: &mut [f32],
+) {
+    let v = &a.v;
+    let du = a.q.ne[0] as usize;
+    // Each row's address once (a paged row is a division away), not once per head and block.
+    let vp: Vec<*const f32> = (0..v_end)
+        .map(|j| row_ptr(v, hk, a.rows.get(j as i64), 0) as *const f32)
+        .collect();
+    for g in 0..nh {
+        let wg = &w[g * len..(g + 1) * len];
+        for c in (0..du).step_by(16) {
+            // Lane `ln`'s FMA chain over its rows, for outputs c..c+16.
+            let lane = |ln: usize| -> [f32; 16] {
+                let mut acc = [0f32; 16];
+                let mut j = ln;
+                while j < v_end {
+                    let pj = wg[j];
+                    if pj != 0.0 {
+                        let vr = vp[j].add(c);
+                        for i in 0..16 {
+                            acc[i] = (*vr.add(i)).mul_add(pj, acc[i]);
+                        }
+                    }
+                    j += lanes;
+                }
+                acc
+            };
+            let mut gl = [[0f32; 16]; 16];
+            for l in 0..16 {
+                gl[l] = if lanes == 64 {
+                    // GGML_F32x16_REDUCE's first folds: (A[l] + A[32+l]) + (A[16+l] + A[48+l]).
+                    let (a0, a32) = (lane(l), lane(32 + l));
+                    let (a16, a48) = (lane(16 + l), lane(48 + l));
+                    let mut r = [0f32; 16];
+                    for i in 0..16 {
+                        r[i] = (a0[i] + a32[i]) + (a16[i] + a48[i]);
+                    }
+                    r
+                } else {
+                    lane(l)
+                };
+            }
+            // reduce16: t8 = v[8+i] + v[i]; t4 = t8[4+i] + t8[i]; (t4[0]+t4[2]) + (t4[1]+t4[3]).
+            for q in 0..8 {
+                for i in 0..16 {
+                    gl[q][i] = gl[q + 8][i] + gl[q][i];
+                }
+            }
+            for q in 0..4 {
+                for i in 0..16 {
+                    gl[q][i] = gl[q + 4][i] + gl[q][i];
+                }
+            }
+            for i in 0..16 {
+                res[g * du + c + i] = (gl[0][i] + gl[2][i]) + (gl[1][i] + gl[3][i]);
+            }
+        }
+    }
+}
 
 pub(super) unsafe fn attention(
     isa: Isa,
