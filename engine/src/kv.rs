@@ -66,8 +66,14 @@ impl CacheTensor {
     }
 
     fn copy_page(&mut self, from: usize, to: usize) {
+        self.copy_rows(from, to, KV_PAGE);
+    }
+
+    /// The first `rows` rows of page `from` into page `to`.
+    fn copy_rows(&mut self, from: usize, to: usize, rows: usize) {
         let n = self.page_bytes();
-        self.data.copy_within(from * n..(from + 1) * n, to * n);
+        let r = n / KV_PAGE * rows.min(KV_PAGE);
+        self.data.copy_within(from * n..from * n + r, to * n);
     }
 }
 
@@ -89,7 +95,25 @@ struct Pages {
     lru: BTreeMap<u64, u32>,
     released_at: Vec<u64>,
     clock: u64,
+    /// First chunks shorter than a unit, newest last (see [`KvPool::reuse_partial`]).
+    partial: Vec<Partial>,
 }
+
+/// A copy of the rows of a sequence's first prompt chunk (at most a page of them), kept in a
+/// published page of its own.
+struct Partial {
+    key: u128,
+    page: u32,
+    /// The tokens of its rows.
+    tokens: Vec<u32>,
+    /// The length of the chunk they were computed in.
+    chunk_len: usize,
+}
+
+/// First chunks kept for partial reuse (each a page while nobody evicts it).
+const MAX_PARTIAL: usize = 64;
+/// Shortest prefix worth a copy instead of computing it.
+const MIN_PARTIAL: usize = 8;
 
 impl Pages {
     fn alloc(&mut self) -> Option<u32> {
@@ -260,6 +284,66 @@ pub struct KvPool {
     chunk: usize,
     unit: usize,
     pages: Arc<Mutex<Pages>>,
+    same: SameRows,
+}
+
+/// When rows computed in one prompt chunk are bit for bit those another chunk computes: what
+/// the program's kernels depend on besides a row's own inputs (see [`SameRows::allows`]).
+struct SameRows {
+    /// The weights token columns are multiplied with: `(format, k, n)`.
+    mats: Vec<(DType, usize, usize)>,
+    /// False where rows depend on the chunk in ways not modelled here (MoE routing groups).
+    ok: bool,
+}
+
+impl SameRows {
+    fn new(p: &crate::graph::Program) -> SameRows {
+        use crate::graph::program::{Kind, Src};
+        let mut mats = Vec::new();
+        let mut ok = true;
+        for n in &p.nodes {
+            match n.kind {
+                Kind::Abi(abi::Op::MatMul, _) => {
+                    if let Some(Src::Weight(w)) = n.inputs.first() {
+                        let d = &p.weights[*w].desc;
+                        if let Some(dt) = d.dtype() {
+                            let m = (dt, d.ne[0] as usize, d.ne[1] as usize);
+                            if !mats.contains(&m) {
+                                mats.push(m);
+                            }
+                        }
+                    }
+                }
+                Kind::Moe { .. } | Kind::SharedExpert { .. } => ok = false,
+                _ => {}
+            }
+        }
+        SameRows { mats, ok }
+    }
+
+    /// Whether rows `0..p` of a chunk of `a` tokens from position 0 equal those of a chunk of
+    /// `b` tokens from position 0, and a chunk of positions `p..b` after them equals rows
+    /// `p..b` of the `b` chunk: every matmul takes the same kernel chain for each of these
+    /// columns (ggml picks chains by a call's column count and a column's place in it; each
+    /// column's chain reads only that column), and attention pads to the same length and
+    /// takes the same p·V chain (tinyBLAS's 16 lanes for two or more queries).
+    fn allows(&self, a: usize, b: usize, p: usize) -> bool {
+        // ggml's chain per column; f32/f16 weights take tinyBLAS from two columns on when
+        // K % 16 == 0 and N % 4 == 0 (reference::ops::matmul), vec_dot otherwise.
+        let kernel = |dt: DType, k: usize, n: usize, cols: usize, col: usize| match dt {
+            DType::F32 | DType::F16 => (None, cols >= 2 && k % 16 == 0 && n % 4 == 0),
+            _ => (Some(quant::matmul_kernel_in(dt, k, n, cols, col, 0)), false),
+        };
+        self.ok
+            && p >= 1
+            && a >= p.max(2)
+            && b >= p + 2
+            && a.div_ceil(KV_PAGE) == b.div_ceil(KV_PAGE)
+            && self.mats.iter().all(|&(dt, k, n)| {
+                (0..p).all(|c| kernel(dt, k, n, a, c) == kernel(dt, k, n, b, c))
+                    && (p..b).all(|c| kernel(dt, k, n, b - p, c - p) == kernel(dt, k, n, b, c))
+            })
+    }
 }
 
 impl KvPool {
@@ -284,6 +368,7 @@ impl KvPool {
             lru: BTreeMap::new(),
             released_at: vec![0; n_pages],
             clock: 0,
+            partial: Vec::new(),
         };
         KvPool {
             layers,
@@ -296,6 +381,7 @@ impl KvPool {
                 _ => 0,
             },
             pages: Arc::new(Mutex::new(pages)),
+            same: SameRows::new(p),
         }
     }
 
@@ -379,6 +465,85 @@ impl KvPool {
         kv.n_past
     }
 
+    /// For an empty `kv` whose prompt shares no whole unit: the longest prefix of `prompt`
+    /// that a kept first chunk holds and that gives the rows this sequence would compute
+    /// itself ([`SameRows::allows`], with this sequence's first chunk `min(len, chunk)` long),
+    /// copied into a page of its own; returns the positions now filled (0: none). Its next
+    /// chunk must then end where its first chunk would have (see the scheduler).
+    pub fn reuse_partial(&mut self, kv: &mut KvCache, prompt: &[u32]) -> usize {
+        if self.chunk == 0 || kv.n_past != 0 || !kv.table.is_empty() || !self.owns(kv) {
+            return kv.n_past;
+        }
+        let b = prompt.len().min(self.chunk);
+        let mut pages = lock(&self.pages);
+        let mut best: Option<(usize, u32)> = None;
+        for r in pages.partial.iter().rev() {
+            if pages.published.get(&r.key) != Some(&r.page) {
+                continue; // evicted
+            }
+            let common = r
+                .tokens
+                .iter()
+                .zip(prompt)
+                .take_while(|(x, y)| x == y)
+                .count();
+            let mut p = common.min(b.saturating_sub(2));
+            while p >= MIN_PARTIAL && !self.same.allows(r.chunk_len, b, p) {
+                p -= 1;
+            }
+            if p >= MIN_PARTIAL && best.map_or(true, |(bp, _)| p > bp) {
+                best = Some((p, r.page));
+            }
+        }
+        let Some((p, from)) = best else {
+            return 0;
+        };
+        let Some(to) = pages.alloc() else {
+            return 0;
+        };
+        drop(pages);
+        for l in &mut self.layers {
+            l.k.copy_rows(from as usize, to as usize, p);
+            l.v.copy_rows(from as usize, to as usize, p);
+        }
+        kv.table.push(to as i32);
+        kv.n_past = p;
+        p
+    }
+
+    /// Keeps a copy of the rows of a sequence's first chunk of `n` tokens (`tokens`) for
+    /// [`KvPool::reuse_partial`], in a published page nobody holds (evicted like any other).
+    fn keep_partial(&mut self, kv: &KvCache, tokens: &[u32]) {
+        let m = tokens.len().min(KV_PAGE);
+        if m < MIN_PARTIAL || kv.table.is_empty() {
+            return;
+        }
+        let key = chain_key(0, &tokens[..m], 0x7061_7274);
+        let mut pages = lock(&self.pages);
+        if pages.published.contains_key(&key) {
+            return;
+        }
+        let Some(to) = pages.alloc() else {
+            return;
+        };
+        let from = kv.table[0] as usize;
+        for l in &mut self.layers {
+            l.k.copy_rows(from, to as usize, m);
+            l.v.copy_rows(from, to as usize, m);
+        }
+        pages.publish(to, key);
+        pages.release(to);
+        if pages.partial.len() == MAX_PARTIAL {
+            pages.partial.remove(0);
+        }
+        pages.partial.push(Partial {
+            key,
+            page: to,
+            tokens: tokens[..m].to_vec(),
+            chunk_len: tokens.len(),
+        });
+    }
+
     /// Makes room in `kv` for `n` more positions: pages up to the new end, and a private copy
     /// of the page the first new position lands in if it is shared. Fails, changing nothing
     /// the sequence can see, when the pool has no page left.
@@ -421,6 +586,11 @@ impl KvPool {
     pub fn finish(&mut self, kv: &mut KvCache, start: usize, history: &[u32]) {
         let n = history.len() - start;
         let (c, u) = (kv.chunk, kv.unit);
+        // A whole prompt shorter than a chunk (a chat request: the system prompt is what
+        // others share): its rows kept for partial reuse.
+        if start == 0 && n >= 2 && n < c && kv.n_past == n && self.same.ok {
+            self.keep_partial(kv, history);
+        }
         if c == 0 || n != c || start != kv.canon || kv.n_past != start + c {
             return;
         }
@@ -437,5 +607,43 @@ impl KvPool {
             let p = kv.table[s0 / KV_PAGE + i] as u32;
             pages.publish(p, chain_key(key, &[], i as u64));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's repacked Q4_K runs GEMM over a call's first `cols / 4 * 4` columns and GEMV over
+    /// the rest: rows 0..40 of a 75-token chunk equal those of a 69-token one, and a chunk of
+    /// 40..69 after them ends in GEMV exactly where the 69 does. At 41 the suffix's 28th column
+    /// would be GEMM where the whole chunk's is GEMV.
+    #[test]
+    fn rows_are_shared_only_where_every_chain_is_the_same() {
+        let q4k = SameRows {
+            mats: vec![(DType::Q4_K, 256, 64)],
+            ok: true,
+        };
+        assert!(q4k.allows(75, 69, 40));
+        assert!(!q4k.allows(75, 69, 41));
+        assert!(
+            !q4k.allows(75, 69, 68),
+            "a one-query suffix takes another p·V chain"
+        );
+        // Attention padded to another length: 200 and 300 rows pad to 256 and 512.
+        assert!(!q4k.allows(300, 200, 40));
+        // tinyBLAS from two columns on (Q8_0): any split of two or more.
+        let q8 = SameRows {
+            mats: vec![(DType::Q8_0, 64, 64), (DType::F32, 64, 64)],
+            ok: true,
+        };
+        assert!(q8.allows(30, 69, 29) && q8.allows(69, 69, 67));
+        assert!(!q8.allows(28, 69, 29), "the rows were never computed");
+        // MoE programs: never.
+        let moe = SameRows {
+            mats: Vec::new(),
+            ok: false,
+        };
+        assert!(!moe.allows(75, 69, 40));
     }
 }

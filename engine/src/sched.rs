@@ -282,7 +282,7 @@ impl Scheduler {
         for i in 0..self.active.len() {
             let a = &self.active[i];
             if a.fed < a.req.prompt.len() {
-                let len = (a.req.prompt.len() - a.fed).min(nb);
+                let len = crate::session::chunk_end(nb, a.fed, a.req.prompt.len()) - a.fed;
                 if len <= budget || budget == nb {
                     budget = budget.saturating_sub(len);
                     order.push(i);
@@ -304,7 +304,7 @@ impl Scheduler {
             let (tokens, n_out): (&[u32], usize) = if *fed == req.prompt.len() {
                 (&next[..], 1)
             } else {
-                let end = (*fed + nb).min(req.prompt.len());
+                let end = crate::session::chunk_end(nb, *fed, req.prompt.len());
                 (&req.prompt[*fed..end], (end == req.prompt.len()) as usize)
             };
             meta.push((i, tokens.len()));

@@ -367,11 +367,17 @@ impl<'m> Session<'m> {
     }
 
     /// A new sequence for `prompt` that already holds the longest run of whole prompt chunks
-    /// another sequence computed (see [`crate::kv`]); the rest of the prompt is still to be
-    /// fed. Its results are those of a sequence that computed everything itself.
-    pub fn new_sequence_for(&self, prompt: &[u32], n_ctx: usize) -> Sequence {
+    /// another sequence computed, or else the longest prefix of a kept short prompt whose rows
+    /// are provably those it would compute (see [`crate::kv`]); the rest of the prompt is
+    /// still to be fed, in chunks that end where chunks from its start would
+    /// ([`chunk_end`]). Its results are those of a sequence that computed everything
+    /// itself.
+    pub fn new_sequence_for(&mut self, prompt: &[u32], n_ctx: usize) -> Sequence {
         let mut seq = self.new_sequence(n_ctx);
-        let n = self.kv_pool.reuse_prefix(&mut seq.kv, prompt);
+        let mut n = self.kv_pool.reuse_prefix(&mut seq.kv, prompt);
+        if n == 0 {
+            n = self.kv_pool.reuse_partial(&mut seq.kv, prompt);
+        }
         seq.history.extend_from_slice(&prompt[..n]);
         seq
     }
@@ -555,4 +561,12 @@ impl<'m> Session<'m> {
         timings.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
         Ok((out, timings))
     }
+}
+
+/// Where the prompt chunk starting at position `fed` ends (at most `len`): chunks are cut every
+/// `n_batch` positions from the sequence's start, whatever was reused before `fed`, so that each
+/// is the chunk the sequence would compute alone.
+pub fn chunk_end(n_batch: usize, fed: usize, len: usize) -> usize {
+    let nb = n_batch.max(1);
+    ((fed / nb + 1) * nb).min(len)
 }

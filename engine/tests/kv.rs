@@ -34,13 +34,14 @@ fn toks(seed: u64, n: usize) -> Vec<u32> {
 }
 
 /// Feeds the rest of `prompt` in chunks of NB from the sequence's start (as the scheduler
-/// does) and returns the logits after its last token.
+/// does: a chunk after a reused prefix ends where it would have) and returns the logits after
+/// its last token.
 fn feed(s: &mut Session, seq: &mut Sequence, prompt: &[u32]) -> engine::Result<Vec<f32>> {
     assert_eq!(&prompt[..seq.history.len()], &seq.history[..]);
     let mut logits = Vec::new();
     let mut at = seq.history.len();
     while at < prompt.len() {
-        let end = (at + NB).min(prompt.len());
+        let end = engine::session::chunk_end(NB, at, prompt.len());
         let n_out = (end == prompt.len()) as usize;
         let out = s.step(&mut [Work {
             seq,
@@ -139,4 +140,47 @@ fn cached_pages_are_evicted_least_recently_released_first() {
     assert_eq!(s.kv_pool().available_pages(), 4);
     let mut q = s.new_sequence(1024);
     feed(&mut s, &mut q, &toks(5, 40)).unwrap();
+}
+
+/// Short prompts (one chunk each) that share a system prompt: a later one copies the shared
+/// rows another computed, as far as they are provably what it would compute itself, and its
+/// logits are bit for bit those of computing everything.
+#[test]
+fn a_shared_system_prompt_is_reused_from_a_short_prompt() {
+    let m = model();
+    let mut o = opts(8);
+    o.n_batch = 64;
+    let mut s = Session::new(&m, &o).unwrap();
+    let system = toks(5, 24);
+    let prompt = |seed: u64, n: usize| {
+        let mut p = system.clone();
+        p.extend(toks(seed, n));
+        p
+    };
+    let pa = prompt(6, 20);
+    let mut a = s.new_sequence_for(&pa, 256);
+    assert_eq!(a.history.len(), 0, "nothing is cached yet");
+    feed(&mut s, &mut a, &pa).unwrap();
+    drop(a);
+
+    // A longer user part, a short one, and a prompt past one chunk (its first chunk still
+    // ends at 64, with the shared rows before it).
+    for (seed, n) in [(7u64, 30usize), (8, 3), (9, 100)] {
+        let pb = prompt(seed, n);
+        let mut b = s.new_sequence_for(&pb, 256);
+        let reused = b.history.len();
+        assert!(
+            (8..=24).contains(&reused),
+            "{n}-token user part: {reused} rows reused"
+        );
+        let lb = feed(&mut s, &mut b, &pb).unwrap();
+        let mut c = s.new_sequence(256);
+        let lc = feed(&mut s, &mut c, &pb).unwrap();
+        assert!(same_bits(&lb, &lc), "reused rows changed the logits");
+    }
+
+    // A prompt with another first token shares nothing.
+    let mut other = pa.clone();
+    other[0] += 1;
+    assert_eq!(s.new_sequence_for(&other, 256).history.len(), 0);
 }
