@@ -13,8 +13,12 @@
 //!   Only whole chunks are shared because the floats of a cache row depend on the chunk it was
 //!   computed in (its kernels and attention length): a shared unit holds exactly what the
 //!   sequence would have computed itself, so reuse keeps batch invariance. Rows computed one
-//!   token at a time (generated tokens) or in a prompt's last, partial chunk are never
-//!   shared.
+//!   token at a time (generated tokens) are never shared.
+//! - **Partial reuse.** A whole prompt shorter than a chunk keeps a copy of its rows (one
+//!   published page); a later sequence sharing no whole unit copies the longest prefix of it
+//!   whose rows are provably what it would compute itself (`SameRows`: the same kernel
+//!   chain for every column, the same attention padding and p·V chain), then computes the
+//!   rest of its first chunk as one call.
 //! - **Fork** shares every page; **truncate** drops pages. A page is written only while one
 //!   sequence holds it and it is not published: otherwise the writer copies it first.
 //! - Pages nobody holds but that are published stay cached, and are evicted least recently
