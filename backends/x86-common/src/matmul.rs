@@ -77,7 +77,8 @@ pub const KIND_WR16: u32 = 3;
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
-/// AVX-512 kernels of [`crate::q4k16`], mollm-format ones for those of [`crate::wr16`];
+/// kernels of [`crate::q4k16`] (AVX-512 and AVX2); on AVX-512, mollm-format ones for those of
+/// [`crate::wr16`], and
 /// other weights of formats with kernels here are
 /// copied as they are (into 2 MiB pages, see `mollm_cpu_common::Prepared`).
 ///
@@ -85,8 +86,8 @@ pub const MAX_COPY_BYTES: usize = 64 << 20;
 /// `w` describes valid host memory.
 pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
     let no = |why: &str| Err(Error::Unsupported(format!("prepare_weight: {why}")));
-    if !cfg!(target_arch = "x86_64") || isa != Isa::Avx512 || !isa.detected() {
-        return no("only the AVX-512 backend repacks");
+    if !cfg!(target_arch = "x86_64") || !isa.detected() {
+        return no("not an x86-64 CPU with this backend's features");
     }
     let Some(dt) = w.dtype().filter(|d| FORMATS.contains(d)) else {
         return no("no kernels for this format");
@@ -107,6 +108,11 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
         crate::q4k16::repack(src, rb, k, n, p.bytes_mut());
         return Ok(p);
     }
+    if isa != Isa::Avx512 {
+        // AVX2 has 256-bit kernels for the Q4_K layout only (the others' 16-row groups are
+        // AVX-512 code).
+        return no("the AVX2 backend repacks Q4_K weights of 16k rows only");
+    }
     if crate::wr16::fits(dt, k, n) {
         let bytes = crate::wr16::repacked_bytes(dt, k, n);
         let mut p = mollm_cpu_common::Prepared::zeroed(KIND_WR16, bytes);
@@ -124,7 +130,7 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
     Ok(p)
 }
 
-/// Whether the AVX-512 backend computes this mat_mul on a prepared weight of `kind`.
+/// Whether this backend computes this mat_mul on a prepared weight of `kind`.
 pub fn check_prepared(
     isa: Isa,
     kind: u32,
@@ -147,7 +153,7 @@ pub fn check_prepared(
             ))),
         };
     }
-    if kind != KIND_Q4K16 || isa != Isa::Avx512 || inputs[0].dtype() != Some(DType::Q4_K) {
+    if kind != KIND_Q4K16 || inputs[0].dtype() != Some(DType::Q4_K) {
         return Err(Error::Unsupported(format!(
             "mat_mul: prepared layout {kind} is not this backend's"
         )));
@@ -297,7 +303,7 @@ pub unsafe fn run_weights(
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
                     repacked_cols(
-                        r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
+                        isa, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
                     )
                 };
             } else if c0 < n16 * PACKED_COLS {
@@ -369,9 +375,11 @@ unsafe fn gemm_packed(
 /// below `cols / 4 * 4`, the GEMV chain above) for the rest.
 ///
 /// # Safety
-/// AVX-512 (checked by `check_prepared`); `w` is the repacked weight of `nb` blocks per row.
+/// The CPU supports `isa` (packed tiles: AVX-512 only, see [`packed_tiles`]); `w` is the
+/// repacked weight of `nb` blocks per row.
 #[allow(clippy::too_many_arguments)]
 unsafe fn repacked_cols(
+    isa: Isa,
     r0: usize,
     nr: usize,
     c0: usize,
@@ -407,6 +415,17 @@ unsafe fn repacked_cols(
             let out = buf.as_mut_ptr().add((c - c0) * nr);
             let a = act[c * rb..].as_ptr();
             let run = |m: usize| c + m <= c1 && kernels[c..c + m].iter().all(|&k| k == kernels[c]);
+            if isa != Isa::Avx512 {
+                // AVX2: four columns at a time (16 ymm registers), the rest one by one.
+                let m = if run(4) { 4 } else { 1 };
+                if m == 4 {
+                    crate::q4k16::columns_avx2::<4>(gemm, wg, ng, nb, a, rb, out, nr);
+                } else {
+                    crate::q4k16::columns_avx2::<1>(gemm, wg, ng, nb, a, rb, out, nr);
+                }
+                c += m;
+                continue;
+            }
             if run(8) {
                 crate::q4k16::columns_avx512::<8>(gemm, wg, ng, nb, a, rb, out, nr);
                 c += 8;
@@ -428,7 +447,7 @@ unsafe fn repacked_cols(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "repacked weights are x86-64 only: {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
+        "repacked weights are x86-64 only: {isa:?} {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
         kernels.len(),
         act.len(),
         packed.len(),

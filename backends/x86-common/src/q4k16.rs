@@ -220,6 +220,151 @@ mod kernels {
         }
     }
 
+    /// [`columns`] with 256-bit registers: the same layout and, lane by lane, the same integer
+    /// sums and float operations in the same order (so the same bits), each group done as two
+    /// halves of 8 rows (bytes `32h..32h + 32` of every line). No VNNI: `vpmaddubsw` (u8 x i8
+    /// pair sums, never saturating here: the weights are nibbles, |pair| <= 2·15·128) and
+    /// `vpmaddwd` by ones.
+    #[inline(always)]
+    unsafe fn columns256<const GEMM: bool, const C: usize>(
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let bytes8 = |p: *const u8| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+        let h8 = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        for g in 0..n_groups {
+            let gw = w.add(g * nb * GROUP_BLOCK);
+            for half in 0..2 {
+                let (lo_b, sc_b, d_b) = (32 * half, 8 * half, 16 * half);
+                let mut acc = [_mm256_setzero_ps(); C];
+                let mut accm = [_mm256_setzero_ps(); C];
+                for i in 0..nb {
+                    let p = gw.add(i * GROUP_BLOCK);
+                    if half == 0 {
+                        for l in 0..GROUP_BLOCK / 64 {
+                            crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                        }
+                    }
+                    let (d8, dmin8) = (h8(p.add(D + d_b)), h8(p.add(DMIN + d_b)));
+                    let yd = |c: usize| {
+                        let y = a.add(c * as_ + i * Q8_K_B);
+                        _mm256_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])))
+                    };
+                    let mnp = |j: usize| {
+                        let (mn0, mn1) = (
+                            bytes8(p.add(MN + 32 * j + sc_b)),
+                            bytes8(p.add(MN + 32 * j + 16 + sc_b)),
+                        );
+                        _mm256_or_si256(mn0, _mm256_slli_epi32::<16>(mn1))
+                    };
+                    let bb = |c: usize, j: usize| {
+                        let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
+                        let b0 =
+                            bs.add(4 * j).read_unaligned() + bs.add(4 * j + 1).read_unaligned();
+                        let b1 =
+                            bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
+                        _mm256_set1_epi32((b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32)
+                    };
+                    let mut hs = [_mm256_setzero_si256(); C];
+                    for j in 0..4 {
+                        // The eight quads' `vpmaddubsw` pair sums add up in i16 lanes (at
+                        // most 8·2·15·128 = 30720: exact), widened to i32 once per sub-block.
+                        let mut s0 = [_mm256_setzero_si256(); C];
+                        let mut s1 = [_mm256_setzero_si256(); C];
+                        for t in 0..8 {
+                            let wv = _mm256_load_si256(p.add((8 * j + t) * 64 + lo_b) as *const _);
+                            let lo = _mm256_and_si256(wv, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), m4);
+                            for c in 0..C {
+                                let yq = a.add(c * as_ + i * Q8_K_B + 4);
+                                let a0 = _mm256_set1_epi32(
+                                    (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
+                                );
+                                let a1 = _mm256_set1_epi32(
+                                    (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
+                                );
+                                s0[c] = _mm256_add_epi16(s0[c], _mm256_maddubs_epi16(lo, a0));
+                                s1[c] = _mm256_add_epi16(s1[c], _mm256_maddubs_epi16(hi, a1));
+                            }
+                        }
+                        let ones = _mm256_set1_epi16(1);
+                        for c in 0..C {
+                            s0[c] = _mm256_madd_epi16(s0[c], ones);
+                            s1[c] = _mm256_madd_epi16(s1[c], ones);
+                        }
+                        let (sc0, sc1) = (
+                            bytes8(p.add(SC + 32 * j + sc_b)),
+                            bytes8(p.add(SC + 32 * j + 16 + sc_b)),
+                        );
+                        for c in 0..C {
+                            let h = _mm256_add_epi32(
+                                _mm256_mullo_epi32(s0[c], sc0),
+                                _mm256_mullo_epi32(s1[c], sc1),
+                            );
+                            if GEMM {
+                                let m = _mm256_madd_epi16(mnp(j), bb(c, j));
+                                let (dw, dm) =
+                                    (_mm256_mul_ps(d8, yd(c)), _mm256_mul_ps(dmin8, yd(c)));
+                                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), dw, acc[c]);
+                                accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dm, accm[c]);
+                            } else {
+                                hs[c] = _mm256_add_epi32(hs[c], h);
+                            }
+                        }
+                    }
+                    if !GEMM {
+                        let mn: [__m256i; 4] = core::array::from_fn(mnp);
+                        for c in 0..C {
+                            let mut im = _mm256_setzero_si256();
+                            for j in 0..4 {
+                                im = _mm256_add_epi32(im, _mm256_madd_epi16(mn[j], bb(c, j)));
+                            }
+                            let (dw, dm) = (_mm256_mul_ps(d8, yd(c)), _mm256_mul_ps(dmin8, yd(c)));
+                            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs[c]), dw, acc[c]);
+                            accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), dm, accm[c]);
+                        }
+                    }
+                }
+                for c in 0..C {
+                    _mm256_storeu_ps(
+                        out.add(c * os + g * ROWS + 8 * half),
+                        _mm256_sub_ps(acc[c], accm[c]),
+                    );
+                }
+            }
+        }
+    }
+
+    /// [`columns256`] for `C` columns, compiled for AVX2 + FMA + F16C.
+    ///
+    /// # Safety
+    /// As [`column_avx512`], on a CPU with AVX2, FMA and F16C, for each of the `C` columns
+    /// (`a + c * as_`, `out + c * os`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn columns_avx2<const C: usize>(
+        gemm: bool,
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        if gemm {
+            columns256::<true, C>(w, n_groups, nb, a, as_, out, os)
+        } else {
+            columns256::<false, C>(w, n_groups, nb, a, as_, out, os)
+        }
+    }
+
     /// One column of [`columns`], compiled for AVX-512 F/BW/VL/VNNI: `out[r]` for the `16 * n_groups` rows
     /// of the groups at `w`.
     ///

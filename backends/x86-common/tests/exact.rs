@@ -423,8 +423,9 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
             let mut pd = wd;
             let st = Status::from_raw(prep(me.ctx, &wd, &mut pd));
-            if isa != Isa::Avx512 {
-                assert_eq!(st, Status::Unsupported, "{isa:?} repacks nothing");
+            if isa != Isa::Avx512 && n % 16 != 0 {
+                // AVX2 repacks Q4_K in 16-row groups only (AVX-512 copies the others).
+                assert_eq!(st, Status::Unsupported, "{isa:?} {n} rows");
                 continue;
             }
             assert_eq!(
