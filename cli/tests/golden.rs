@@ -66,23 +66,20 @@ fn check_model(key: &str) {
     let mut runs = 0;
     let all = backends();
     let first_native = all.iter().find(|b| *b != "reference").cloned();
-    let max_prompt = std::env::var("MOLLM_GOLDEN_MAX_PROMPT").ok().map(|v| {
+    let max_prompt = std::env::var("MOLLM_GOLDEN_MAX_PROMPT").map_or(usize::MAX, |v| {
         v.parse::<usize>()
             .unwrap_or_else(|_| panic!("MOLLM_GOLDEN_MAX_PROMPT={v:?}: not a token count"))
     });
     for backend in all {
+        let limit = match backend.as_str() {
+            "reference" => max_prompt.min(REFERENCE_MAX_PROMPT),
+            _ => max_prompt,
+        };
         for case in cases {
             let name = case["name"].as_str().unwrap();
-            let limit = match (backend == "reference", max_prompt) {
-                (true, Some(m)) => Some(m.min(REFERENCE_MAX_PROMPT)),
-                (true, None) => Some(REFERENCE_MAX_PROMPT),
-                (false, m) => m,
-            };
-            if let Some(limit) = limit {
-                if ids(&case["prompt_tokens"]).len() > limit {
-                    eprintln!("{key}/{name} on {backend}: skipped (prompt over {limit} tokens)");
-                    continue;
-                }
+            if ids(&case["prompt_tokens"]).len() > limit {
+                eprintln!("{key}/{name} on {backend}: skipped (prompt over {limit} tokens)");
+                continue;
             }
             if backend == "reference"
                 && key.ends_with("-moe")

@@ -77,9 +77,8 @@ pub const KIND_WR16: u32 = 3;
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
-/// kernels of [`crate::q4k16`] (AVX-512 and AVX2); on AVX-512, mollm-format ones for those of
-/// [`crate::wr16`], and
-/// other weights of formats with kernels here are
+/// kernels of [`crate::q4k16`] (AVX-512 and AVX2). On AVX-512 only, mollm-format weights are
+/// repacked for those of [`crate::wr16`] and other weights of formats with kernels here are
 /// copied as they are (into 2 MiB pages, see `mollm_cpu_common::Prepared`).
 ///
 /// # Safety

@@ -74,6 +74,23 @@ mod kernels {
     use super::*;
     use core::arch::x86_64::*;
 
+    /// Column `c`'s Q8_K scale `d` in block `i` (`a + c * as_` is the column's row).
+    #[inline(always)]
+    unsafe fn col_d(a: *const u8, as_: usize, c: usize, i: usize) -> f32 {
+        let y = a.add(c * as_ + i * Q8_K_B);
+        f32::from_le_bytes(*(y as *const [u8; 4]))
+    }
+
+    /// Column `c`'s sums of sub-blocks `2j` and `2j + 1` in block `i` (each the sum of two
+    /// 16-element bsums, |sum| <= 4096) as the i16 pair `(b0, b1)` of one 32-bit lane.
+    #[inline(always)]
+    unsafe fn col_bsum_pair(a: *const u8, as_: usize, c: usize, i: usize, j: usize) -> i32 {
+        let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
+        let b0 = bs.add(4 * j).read_unaligned() + bs.add(4 * j + 1).read_unaligned();
+        let b1 = bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
+        (b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32
+    }
+
     #[inline(always)]
     unsafe fn bytes16(p: *const u8) -> __m512i {
         _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i))
@@ -113,10 +130,7 @@ mod kernels {
                 // d·yd and dmin·yd of a column, formed where they are used (kept live for
                 // four columns they would spill).
                 let (d16, dmin16) = (h16x16(p.add(D)), h16x16(p.add(DMIN)));
-                let yd = |c: usize| {
-                    let y = a.add(c * as_ + i * Q8_K_B);
-                    _mm512_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])))
-                };
+                let yd = |c: usize| _mm512_set1_ps(col_d(a, as_, c, i));
                 // The mins' term of sub-blocks 2j, 2j + 1 in one `vpdpwssd`: lane r holds
                 // (mn[2j][r], mn[2j + 1][r]) as i16, the column's two sub-block sums
                 // (|sum| <= 4096) are broadcast as an i16 pair. Integer sums are exact in any
@@ -128,13 +142,7 @@ mod kernels {
                     );
                     _mm512_or_si512(mn0, _mm512_slli_epi32::<16>(mn1))
                 };
-                let bb = |c: usize, j: usize| {
-                    let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
-                    let b0 = bs.add(4 * j).read_unaligned() + bs.add(4 * j + 1).read_unaligned();
-                    let b1 =
-                        bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
-                    _mm512_set1_epi32((b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32)
-                };
+                let bb = |c: usize, j: usize| _mm512_set1_epi32(col_bsum_pair(a, as_, c, i, j));
                 let mut hs = [_mm512_setzero_si512(); C];
                 for j in 0..4 {
                     let mut s0 = [_mm512_setzero_si512(); C];
@@ -252,10 +260,7 @@ mod kernels {
                         }
                     }
                     let (d8, dmin8) = (h8(p.add(D + d_b)), h8(p.add(DMIN + d_b)));
-                    let yd = |c: usize| {
-                        let y = a.add(c * as_ + i * Q8_K_B);
-                        _mm256_set1_ps(f32::from_le_bytes(*(y as *const [u8; 4])))
-                    };
+                    let yd = |c: usize| _mm256_set1_ps(col_d(a, as_, c, i));
                     let mnp = |j: usize| {
                         let (mn0, mn1) = (
                             bytes8(p.add(MN + 32 * j + sc_b)),
@@ -263,14 +268,7 @@ mod kernels {
                         );
                         _mm256_or_si256(mn0, _mm256_slli_epi32::<16>(mn1))
                     };
-                    let bb = |c: usize, j: usize| {
-                        let bs = a.add(c * as_ + i * Q8_K_B + 260) as *const i16;
-                        let b0 =
-                            bs.add(4 * j).read_unaligned() + bs.add(4 * j + 1).read_unaligned();
-                        let b1 =
-                            bs.add(4 * j + 2).read_unaligned() + bs.add(4 * j + 3).read_unaligned();
-                        _mm256_set1_epi32((b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32)
-                    };
+                    let bb = |c: usize, j: usize| _mm256_set1_epi32(col_bsum_pair(a, as_, c, i, j));
                     let mut hs = [_mm256_setzero_si256(); C];
                     for j in 0..4 {
                         // The eight quads' `vpmaddubsw` pair sums add up in i16 lanes (at
