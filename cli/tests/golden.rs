@@ -104,9 +104,12 @@ fn check_model(key: &str) {
     }
     if key.ends_with("-moe") {
         // Experts through a cache of about a tenth of the file (every miss read from the disk:
-        // kept to the short case, and to SmolLM2's for batches): the same tokens; LRU on one
-        // backend; a one-slot cache (a route larger than the cache: waves). Batched resident
-        // on the larger model.
+        // kept to the short case, and to SmolLM2's for batches): the same tokens; LRU and no
+        // prefetch on one backend; a one-slot cache (a route larger than the cache: waves).
+        // On the larger model (disk-bound at 1-2 tokens/s when cached: each run costs CI about
+        // 25 s) the cache runs on the native backends only, whose repacks land in cache slots
+        // (the reference's numerics are its resident run above; the cache policies, engine
+        // code shared by every model, run on SmolLM2's), and batches run resident.
         let mb = ((std::fs::metadata(&model).unwrap().len() / 10) >> 20).to_string();
         let cache = ["--expert-cache", mb.as_str()];
         let lru = ["--expert-cache", mb.as_str(), "--cache-policy", "lru"];
@@ -127,10 +130,12 @@ fn check_model(key: &str) {
             }
         };
         for backend in backends() {
-            check(&backend, &cache, false);
+            if key == "smollm2-moe" || backend != "reference" {
+                check(&backend, &cache, false);
+            }
         }
         let no_prefetch = ["--expert-cache", mb.as_str(), "--no-prefetch"];
-        if let Some(b) = natives.first() {
+        if let Some(b) = natives.first().filter(|_| key == "smollm2-moe") {
             check(b, &lru, false);
             check(b, &no_prefetch, false);
         }

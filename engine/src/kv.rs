@@ -40,12 +40,32 @@ pub struct CacheTensor {
     ne: [i64; 4],
 }
 
+/// Asks the kernel to back `data` (fresh zeroed memory, untouched) with 2 MiB pages where
+/// they fit whole. A decode step reads a few hundred bytes from each of thousands of 4 KiB
+/// pages of the pool (each sequence's rows of each head, layer, K and V): with small pages
+/// nearly every row pays a TLB walk. The pages still come only as rows are written.
+fn huge_pages(data: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = (data.as_ptr() as usize).next_multiple_of(HUGE);
+        let end = (data.as_ptr() as usize + data.len()) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: advice on memory `data` owns; it changes no contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    let _ = data;
+}
+
 impl CacheTensor {
     fn new(dtype: DType, head_dim: usize, n_heads: usize, rows: usize) -> CacheTensor {
         // Zeroed memory from the allocator is mapped lazily: unused pages cost nothing.
         let bytes = head_dim * n_heads * rows * dtype.info().block_bytes as usize;
+        let data = vec![0u8; bytes];
+        huge_pages(&data);
         CacheTensor {
-            data: vec![0u8; bytes],
+            data,
             dtype,
             ne: [head_dim as i64, n_heads as i64, rows as i64, 1],
         }

@@ -211,6 +211,10 @@ fn attention_edge_shapes_match_reference_bit_for_bit() {
         (80, 1, 2, 512, 3, 77, 0, 0.0),    // 64 + 16 tail
         (6, 2, 1, 40, 3, 20, 0, 0.0),      // d % 4 != 0: no tile
         (64, 3, 3, 1024, 64, 384, 0, 0.0), // SmolLM2-like prompt chunk
+        (128, 2, 6, 512, 1, 201, 0, 0.0),  // decode, d = 128 (two 64-steps per score)
+        (256, 1, 4, 512, 1, 77, 0, 0.0),   // decode, d = 256 (Gemma 3)
+        (256, 1, 4, 512, 1, 300, 64, 0.0), // decode in a sliding window
+        (128, 2, 2, 512, 19, 150, 0, 0.0), // prompt, d = 128: 16-lane p·V, eight 16-blocks
     ];
     for &(d, hkv, g, c, t, n, w, sc) in shapes {
         let cs = attention_case(&mut r, d, hkv, g, c, t, n, w, sc);
