@@ -275,7 +275,8 @@ fn prefix_cache_reuses_shared_prompts_and_changes_no_token() {
 /// Chat requests sharing a system prompt, one at a time: each later one copies the rows of
 /// the shared prefix an earlier one computed (as far as every kernel chain is provably the
 /// same: Qwen's repacked Q4_K GEMM/GEMV split makes that a multiple of four there), and no
-/// token changes.
+/// token changes. Sent all at once (a burst), the later ones wait a step for the first to
+/// compute the prefix, and copy it as well.
 #[test]
 fn a_shared_system_prompt_is_reused_and_changes_no_token() {
     let mut lines = String::new();
@@ -300,7 +301,7 @@ fn a_shared_system_prompt_is_reused_and_changes_no_token() {
         let Some(m) = model(name) else {
             continue;
         };
-        let run = |b: &str, extra: &[&str]| {
+        let run = |b: &str, parallel: &str, extra: &[&str]| {
             let mut args = vec![
                 "batch",
                 "-m",
@@ -308,7 +309,7 @@ fn a_shared_system_prompt_is_reused_and_changes_no_token() {
                 "-i",
                 input.to_str().unwrap(),
             ];
-            args.extend_from_slice(&["--parallel", "1", "--backend", b, "-t", "2"]);
+            args.extend_from_slice(&["--parallel", parallel, "--backend", b, "-t", "2"]);
             args.extend_from_slice(extra);
             let o = mollm(&args);
             assert!(o.status.success(), "{}", common::stderr(&o));
@@ -324,15 +325,22 @@ fn a_shared_system_prompt_is_reused_and_changes_no_token() {
             (toks, cached)
         };
         for b in test_backends().into_iter().filter(|b| b != "reference") {
-            let (plain, none) = run(&b, &["--no-prefix-cache"]);
+            let (plain, none) = run(&b, "1", &["--no-prefix-cache"]);
             assert_eq!(none, [0, 0, 0, 0]);
-            let (reused, cached) = run(&b, &[]);
+            let (reused, cached) = run(&b, "1", &[]);
             assert_eq!(cached[0], 0, "{name} {b}");
             assert!(
                 cached[1..].iter().all(|&c| c >= 12),
                 "{name} {b}: cached tokens {cached:?}"
             );
             assert_eq!(reused, plain, "{name} {b}: reuse changed tokens");
+            let (burst, cached) = run(&b, "4", &[]);
+            assert_eq!(cached[0], 0, "{name} {b} burst");
+            assert!(
+                cached[1..].iter().all(|&c| c >= 12),
+                "{name} {b} burst: cached tokens {cached:?}"
+            );
+            assert_eq!(burst, plain, "{name} {b}: burst reuse changed tokens");
         }
     }
 }

@@ -273,9 +273,20 @@ fn stream_through_sigterm(s: &Server, max_tokens: usize) -> String {
     )
     .unwrap();
     c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut first = [0u8; 64];
-    let n = c.read(&mut first).unwrap();
-    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    // The signal goes once the first token has arrived: the response head alone comes while
+    // the request may still be queued (and queued requests are refused at a stop).
+    let mut head = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&head).contains("data: ") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "stream ended before its first token: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 200"));
     s.signal(libc::SIGTERM);
     let mut rest = String::new();
     let _ = c.read_to_string(&mut rest);

@@ -447,6 +447,17 @@ impl KvPool {
         }
     }
 
+    /// Whether a sequence whose prompt is `len` tokens leaves rows for others to reuse once
+    /// its first chunk has run: a short prompt's kept copy (partial reuse), or a first chunk
+    /// that is a whole unit (published).
+    pub fn shares_first_chunk(&self, len: usize) -> bool {
+        if len < self.chunk {
+            self.same.ok
+        } else {
+            self.unit != 0 && self.unit == self.chunk
+        }
+    }
+
     pub fn owns(&self, kv: &KvCache) -> bool {
         Arc::ptr_eq(&self.pages, &kv.pages)
     }

@@ -143,6 +143,14 @@ pub struct Scheduler {
     row: Vec<f32>,
 }
 
+/// Shared prompt tokens (beyond what the prefix cache already gives) worth a step's wait for
+/// a running request to compute them (see [`Scheduler::step`]).
+const WAIT_FOR_PREFIX: usize = 16;
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// KV rows a request reserves.
 fn need(r: &Request) -> usize {
     (r.prompt.len() + r.max_tokens).next_multiple_of(KV_PAGE)
@@ -246,6 +254,23 @@ impl Scheduler {
             } else {
                 s.new_sequence(n_ctx)
             };
+            // A burst of requests sharing a prefix (a chat system prompt): while one of them
+            // has not run its first chunk, the others wait a step, then take its rows from the
+            // prefix cache instead of each computing them (the first chunk of a prompt is kept
+            // for partial reuse, a whole first unit is published). Requests behind wait too.
+            if self.opts.prefix_cache {
+                let got = seq.history.len();
+                let pool = s.kv_pool();
+                let shares = |a: &Active| {
+                    a.fed == a.cached
+                        && a.fed < a.req.prompt.len()
+                        && common_prefix(&a.req.prompt, &r.prompt) >= got + WAIT_FOR_PREFIX
+                        && pool.shares_first_chunk(a.req.prompt.len())
+                };
+                if self.active.iter().any(shares) {
+                    break;
+                }
+            }
             let fresh = (n / KV_PAGE).saturating_sub(seq.kv.n_pages());
             if owed + fresh > s.kv_pool().available_pages() {
                 break; // waits for a running sequence to end (dropping `seq` returns its pages)
