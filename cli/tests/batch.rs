@@ -327,20 +327,19 @@ fn a_shared_system_prompt_is_reused_and_changes_no_token() {
         for b in test_backends().into_iter().filter(|b| b != "reference") {
             let (plain, none) = run(&b, "1", &["--no-prefix-cache"]);
             assert_eq!(none, [0, 0, 0, 0]);
-            let (reused, cached) = run(&b, "1", &[]);
-            assert_eq!(cached[0], 0, "{name} {b}");
-            assert!(
-                cached[1..].iter().all(|&c| c >= 12),
-                "{name} {b}: cached tokens {cached:?}"
-            );
-            assert_eq!(reused, plain, "{name} {b}: reuse changed tokens");
-            let (burst, cached) = run(&b, "4", &[]);
-            assert_eq!(cached[0], 0, "{name} {b} burst");
-            assert!(
-                cached[1..].iter().all(|&c| c >= 12),
-                "{name} {b} burst: cached tokens {cached:?}"
-            );
-            assert_eq!(burst, plain, "{name} {b}: burst reuse changed tokens");
+            // One at a time, then all four at once (a burst).
+            for parallel in ["1", "4"] {
+                let (reused, cached) = run(&b, parallel, &[]);
+                assert_eq!(cached[0], 0, "{name} {b} --parallel {parallel}");
+                assert!(
+                    cached[1..].iter().all(|&c| c >= 12),
+                    "{name} {b} --parallel {parallel}: cached tokens {cached:?}"
+                );
+                assert_eq!(
+                    reused, plain,
+                    "{name} {b} --parallel {parallel}: reuse changed tokens"
+                );
+            }
         }
     }
 }

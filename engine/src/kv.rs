@@ -40,6 +40,11 @@ pub struct CacheTensor {
     ne: [i64; 4],
 }
 
+/// How many tokens `a` and `b` share from their start.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Asks the kernel to back `data` (fresh zeroed memory, untouched) with 2 MiB pages where
 /// they fit whole. A decode step reads a few hundred bytes from each of thousands of 4 KiB
 /// pages of the pool (each sequence's rows of each head, layer, K and V): with small pages
@@ -516,12 +521,7 @@ impl KvPool {
             if pages.published.get(&r.key) != Some(&r.page) {
                 continue; // evicted
             }
-            let common = r
-                .tokens
-                .iter()
-                .zip(prompt)
-                .take_while(|(x, y)| x == y)
-                .count();
+            let common = common_prefix(&r.tokens, prompt);
             let mut p = common.min(b.saturating_sub(2));
             while p >= MIN_PARTIAL && !self.same.allows(r.chunk_len, b, p) {
                 p -= 1;

@@ -10,7 +10,7 @@
 //! so its tokens equal what it produces alone (see `graph::run` on batch invariance).
 
 use crate::error::Result;
-use crate::kv::KV_PAGE;
+use crate::kv::{common_prefix, KV_PAGE};
 use crate::sampler::Sampler;
 use crate::session::{Sequence, Session, Work};
 use std::collections::VecDeque;
@@ -146,10 +146,6 @@ pub struct Scheduler {
 /// Shared prompt tokens (beyond what the prefix cache already gives) worth a step's wait for
 /// a running request to compute them (see [`Scheduler::step`]).
 const WAIT_FOR_PREFIX: usize = 16;
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
 
 /// KV rows a request reserves.
 fn need(r: &Request) -> usize {

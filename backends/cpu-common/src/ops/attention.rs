@@ -29,6 +29,21 @@ pub(super) unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
     use core::arch::x86_64::*;
     let np = n & !63;
     let mut acc = [0f32; 16];
+    _mm512_storeu_ps(acc.as_mut_ptr(), lanes512(x, y, np));
+    let mut sumf = reduce16(&acc);
+    for i in np..n {
+        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_f32`'s 16 lanes over the first `np` (a multiple of 64) elements: four
+/// 16-lane FMA accumulators from zero over 64-element steps, then `(a0 + a2) + (a1 + a3)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn lanes512(x: *const f32, y: *const f32, np: usize) -> core::arch::x86_64::__m512 {
+    use core::arch::x86_64::*;
     let mut a = [_mm512_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
@@ -41,15 +56,7 @@ pub(super) unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
         }
         i += 64;
     }
-    a[0] = _mm512_add_ps(a[0], a[2]);
-    a[1] = _mm512_add_ps(a[1], a[3]);
-    a[0] = _mm512_add_ps(a[0], a[1]);
-    _mm512_storeu_ps(acc.as_mut_ptr(), a[0]);
-    let mut sumf = reduce16(&acc);
-    for i in np..n {
-        sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
-    }
-    sumf
+    _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -318,8 +325,7 @@ isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 
 /// The scaled scores of heads `h0..h0 + nh` (queries `qv`, `du` each) against K rows
 /// `0..=last` into `w` (`len` per head; invisible rows keep -inf), 16 rows at a time: each
-/// row's `ggml_vec_dot_f32` accumulators as [`dot512`] builds them (4 x 16 lanes, FMA from
-/// zero, `(a0 + a2) + (a1 + a3)`), then the 16 rows' `reduce16` trees at once, each addition
+/// row's `ggml_vec_dot_f32` lanes as [`dot512`] builds them ([`lanes512`]), then the 16 rows' `reduce16` trees at once, each addition
 /// of a tree one lane of a vector addition (the same operand pairs: the same bits), instead
 /// of 15 scalar additions per score. f32 K, `du % 64 == 0` (no scalar leftovers).
 #[cfg(target_arch = "x86_64")]
@@ -363,20 +369,7 @@ unsafe fn scores_rows16(
                     b[r] = _mm512_setzero_ps();
                     continue;
                 }
-                let x = rows[r];
-                let mut acc = [_mm512_setzero_ps(); 4];
-                let mut i = 0;
-                while i < du {
-                    for m in 0..4 {
-                        acc[m] = _mm512_fmadd_ps(
-                            _mm512_loadu_ps(x.add(i + 16 * m)),
-                            _mm512_loadu_ps(q.add(i + 16 * m)),
-                            acc[m],
-                        );
-                    }
-                    i += 64;
-                }
-                b[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+                b[r] = lanes512(rows[r], q, du);
             }
             let sums = _mm512_permutexvar_ps(order, reduce_rows16(&b));
             let mut s = [0f32; 16];
