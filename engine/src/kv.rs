@@ -35,7 +35,11 @@ pub const KV_PAGE: usize = 256;
 
 /// One pool tensor (K or V of one layer).
 pub struct CacheTensor {
+    /// `len` bytes from `off` (64-byte aligned: a row's vector loads never straddle two cache
+    /// lines; the allocator gives large blocks 16 bytes past a page boundary).
     data: Vec<u8>,
+    off: usize,
+    len: usize,
     dtype: DType,
     ne: [i64; 4],
 }
@@ -66,11 +70,14 @@ fn huge_pages(data: &[u8]) {
 impl CacheTensor {
     fn new(dtype: DType, head_dim: usize, n_heads: usize, rows: usize) -> CacheTensor {
         // Zeroed memory from the allocator is mapped lazily: unused pages cost nothing.
-        let bytes = head_dim * n_heads * rows * dtype.info().block_bytes as usize;
-        let data = vec![0u8; bytes];
+        let len = head_dim * n_heads * rows * dtype.info().block_bytes as usize;
+        let data = vec![0u8; len + 63];
         huge_pages(&data);
+        let off = (data.as_ptr() as usize).next_multiple_of(64) - data.as_ptr() as usize;
         CacheTensor {
             data,
+            off,
+            len,
             dtype,
             ne: [head_dim as i64, n_heads as i64, rows as i64, 1],
         }
@@ -78,20 +85,28 @@ impl CacheTensor {
 
     /// The pool as `[head_dim, n_heads, rows]`, what attention reads.
     pub fn desc(&self) -> TensorDesc {
-        TensorDesc::contiguous(self.data.as_ptr() as *mut u8, self.dtype, &self.ne)
+        TensorDesc::contiguous(self.buf().as_ptr() as *mut u8, self.dtype, &self.ne)
     }
 
     /// The pool as `[head_dim * n_heads, rows]`: one row per position, what set_rows writes.
     pub fn desc_2d(&mut self) -> TensorDesc {
         TensorDesc::contiguous(
-            self.data.as_mut_ptr(),
+            self.buf_mut().as_mut_ptr(),
             self.dtype,
             &[self.ne[0] * self.ne[1], self.ne[2]],
         )
     }
 
+    fn buf(&self) -> &[u8] {
+        &self.data[self.off..self.off + self.len]
+    }
+
+    fn buf_mut(&mut self) -> &mut [u8] {
+        &mut self.data[self.off..self.off + self.len]
+    }
+
     fn page_bytes(&self) -> usize {
-        self.data.len() / self.ne[2] as usize * KV_PAGE
+        self.len / self.ne[2] as usize * KV_PAGE
     }
 
     fn copy_page(&mut self, from: usize, to: usize) {
@@ -102,7 +117,7 @@ impl CacheTensor {
     fn copy_rows(&mut self, from: usize, to: usize, rows: usize) {
         let n = self.page_bytes();
         let r = n / KV_PAGE * rows.min(KV_PAGE);
-        self.data.copy_within(from * n..from * n + r, to * n);
+        self.buf_mut().copy_within(from * n..from * n + r, to * n);
     }
 }
 
@@ -421,10 +436,7 @@ impl KvPool {
 
     /// Bytes of keys and values the pool can hold.
     pub fn bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|l| (l.k.data.len() + l.v.data.len()) as u64)
-            .sum()
+        self.layers.iter().map(|l| (l.k.len + l.v.len) as u64).sum()
     }
 
     /// Pages that can be handed out now: free ones and cached ones nobody holds.
@@ -680,5 +692,20 @@ mod tests {
             ok: false,
         };
         assert!(!moe.allows(75, 69, 40));
+    }
+
+    /// Rows of 64 f32 start on cache lines whatever address the allocator hands out, and the
+    /// aligned view keeps the requested size (page copies stay inside it).
+    #[test]
+    fn cache_tensors_are_line_aligned() {
+        for rows in [KV_PAGE, 3 * KV_PAGE] {
+            let mut t = CacheTensor::new(DType::F32, 64, 3, rows);
+            assert_eq!(t.desc().data as usize % 64, 0);
+            assert_eq!(t.buf().len(), 64 * 3 * rows * 4);
+            t.buf_mut()[..4].copy_from_slice(&1f32.to_le_bytes());
+            t.copy_page(0, rows / KV_PAGE - 1);
+            let n = t.page_bytes();
+            assert_eq!(t.buf()[(rows / KV_PAGE - 1) * n..][..4], 1f32.to_le_bytes());
+        }
     }
 }

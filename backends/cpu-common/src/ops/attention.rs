@@ -353,15 +353,8 @@ unsafe fn scores_rows16(
         for (r, p) in rows.iter_mut().enumerate().take(n) {
             *p = row_ptr(&a.k, hk, a.rows.get(j0 + r as i64), 0) as *const f32;
         }
-        // The next block's K and V rows (the register p·V visits V rows in lane order, too
-        // scattered for the hardware prefetcher).
-        for jp in j0 + 16..(j0 + 32).min(last + 1) {
-            let jr = a.rows.get(jp);
-            prefetch_l2_bytes(row_ptr(&a.k, hk, jr, 0), du * 4);
-            if !a.v_f16 {
-                prefetch_l2_bytes(row_ptr(&a.v, hk, jr, 0), du * 4);
-            }
-        }
+        // No software prefetch of the next block: measured equal or slower (each prefetch
+        // instruction costs about a nanosecond here, 128 of them per block).
         for g in 0..nh {
             let q = qv.as_ptr().add(g * du);
             for r in 0..16 {

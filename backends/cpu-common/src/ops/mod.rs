@@ -288,22 +288,6 @@ fn row_ptr(t: &TensorDesc, i1: i64, i2: i64, i3: i64) -> *mut u8 {
         .wrapping_offset((i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]) as isize)
 }
 
-/// Asks for the `bytes` at `p` in L2 ahead of their use (a hint: never faults). Into L2, not
-/// L1: an L1 prefetch holds one of the core's few line-fill buffers until its line arrives,
-/// so a stream of them stalls at DRAM latency; L2 has a deeper queue.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_l2_bytes(p: *const u8, bytes: usize) {
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch never faults, whatever the address.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(
-                p.wrapping_add(off) as *const i8,
-            )
-        };
-    }
-}
-
 /// Asks for the `bytes` at `p` in the caches ahead of their use (a hint: never faults).
 #[inline(always)]
 fn prefetch_bytes(p: *const u8, bytes: usize) {
