@@ -23,6 +23,7 @@ use mollm_cpu_common::CpuBackend;
 
 #[cfg(target_arch = "x86_64")]
 pub mod actq;
+pub mod amx;
 #[cfg(target_arch = "x86_64")]
 pub mod kq512;
 pub mod matmul;

@@ -264,7 +264,9 @@ pub unsafe fn run_weights(
     // AVX-512 Q4_K/Q6_K prompt columns in packed 16-column tiles (kq512).
     let n16 = packed_tiles(isa, dt, &kernels);
     let nb = k / 256;
-    let packed = pack_tiles(host, n16, nb, &act, rb);
+    // Repacked Q4_K on AMX: its own packing of the tiles.
+    let amx = repacked && n16 > 0 && crate::amx::available();
+    let packed = pack_tiles(host, amx, n16, nb, &act, rb);
 
     // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
     // by). Decode-sized calls (one column, or one per sequence of a batched step): bigger
@@ -302,7 +304,7 @@ pub unsafe fn run_weights(
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
                     repacked_cols(
-                        isa, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
+                        isa, amx, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
                     )
                 };
             } else if c0 < n16 * PACKED_COLS {
@@ -370,15 +372,17 @@ unsafe fn gemm_packed(
 }
 
 /// Columns `c0..c1` of rows `r0..r0 + nr` (whole 16-row groups) on the repacked weight
-/// `w`: packed tiles for the first `n16 * 16` columns, single columns (ggml's GEMM chain
-/// below `cols / 4 * 4`, the GEMV chain above) for the rest.
+/// `w`: 16-column tiles for the first `n16 * 16` columns (on AMX where `amx`, else the
+/// packed tiles), single columns (ggml's GEMM chain below `cols / 4 * 4`, the GEMV chain
+/// above) for the rest.
 ///
 /// # Safety
-/// The CPU supports `isa` (packed tiles: AVX-512 only, see [`packed_tiles`]); `w` is the
-/// repacked weight of `nb` blocks per row.
+/// The CPU supports `isa` (packed tiles: AVX-512 only, see [`packed_tiles`]); `amx` only where
+/// [`crate::amx::available`]; `w` is the repacked weight of `nb` blocks per row.
 #[allow(clippy::too_many_arguments)]
 unsafe fn repacked_cols(
     isa: Isa,
+    amx: bool,
     r0: usize,
     nr: usize,
     c0: usize,
@@ -398,6 +402,14 @@ unsafe fn repacked_cols(
         let g0 = r0 / ROWS;
         let ng = nr / ROWS;
         let wg = w.add(g0 * nb * GROUP_BLOCK) as *const u8;
+        if c0 < n16 * PACKED_COLS && amx {
+            let tile = packed[c0 / PACKED_COLS * nb * crate::q4k16::AMX_BLOCK..].as_ptr();
+            for g in 0..ng {
+                let wgg = wg.add(g * nb * GROUP_BLOCK);
+                crate::q4k16::tile_amx(wgg, nb, tile, buf.as_mut_ptr().add(g * ROWS), nr);
+            }
+            return;
+        }
         if c0 < n16 * PACKED_COLS {
             let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
             for g in 0..ng {
@@ -446,7 +458,7 @@ unsafe fn repacked_cols(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "repacked weights are x86-64 only: {isa:?} {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
+        "repacked weights are x86-64 only: {isa:?} {amx} {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
         kernels.len(),
         act.len(),
         packed.len(),
@@ -473,10 +485,19 @@ fn packed_tiles(isa: Isa, dt: DType, kernels: &[quant::Kernel]) -> usize {
     }
 }
 
-/// The packed tiles of the first `n16 * 16` activation rows (each `rb` bytes of Q8_K).
-fn pack_tiles(host: &HostApi, n16: usize, nb: usize, act: &[u8], rb: usize) -> Vec<u8> {
+/// The packed tiles of the first `n16 * 16` activation rows (each `rb` bytes of Q8_K), for
+/// the AMX kernel where `amx`.
+fn pack_tiles(host: &HostApi, amx: bool, n16: usize, nb: usize, act: &[u8], rb: usize) -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    let block = if amx {
+        crate::q4k16::AMX_BLOCK
+    } else {
+        PACKED_BLOCK
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let block = PACKED_BLOCK;
     #[allow(unused_mut)]
-    let mut packed = vec![0u8; n16 * nb * PACKED_BLOCK];
+    let mut packed = vec![0u8; n16 * nb * block];
     #[cfg(target_arch = "x86_64")]
     if n16 > 0 {
         let dst = SyncPtr(packed.as_mut_ptr());
@@ -485,15 +506,15 @@ fn pack_tiles(host: &HostApi, n16: usize, nb: usize, act: &[u8], rb: usize) -> V
         unsafe {
             parallel_for(host, n16 as u32, |t| {
                 let t = t as usize;
-                crate::kq512::pack_q8k_t16(
-                    src.0.add(t * PACKED_COLS * rb),
-                    rb,
-                    nb,
-                    dst.0.add(t * nb * PACKED_BLOCK),
-                )
+                let (a, d) = (src.0.add(t * PACKED_COLS * rb), dst.0.add(t * nb * block));
+                if amx {
+                    crate::q4k16::pack_amx(a, rb, nb, d)
+                } else {
+                    crate::kq512::pack_q8k_t16(a, rb, nb, d)
+                }
             })
         };
     }
-    let _ = (host, act, rb);
+    let _ = (host, amx, act, rb);
     packed
 }

@@ -381,6 +381,110 @@ mod kernels {
         columns_avx512::<1>(gemm, w, n_groups, nb, a, 0, out, 0)
     }
 
+    /// Bytes of one block of 16 activation columns packed for [`tile_amx`]: per sub-block the
+    /// 16 columns' 32 quants (tile A rows, 512 bytes), then the columns' `d` (16 f32), then
+    /// each column's eight sub-block sums as f32 (`[column][sub-block]`).
+    pub const AMX_BLOCK: usize = 8 * 512 + 64 + 16 * 8 * 4;
+    const AMX_YD: usize = 8 * 512;
+    const AMX_BS: usize = 8 * 512 + 64;
+
+    /// Packs 16 Q8_K activation rows (row `c` at `a + c * as_`, `nb` blocks) for
+    /// [`tile_amx`]: contiguous tile rows (the rows themselves are a block apart, 16 cache
+    /// lines per tile load) and the per-column terms converted once for all weight rows.
+    ///
+    /// # Safety
+    /// The rows hold `nb` blocks; `dst` covers `nb * AMX_BLOCK` bytes.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn pack_amx(a: *const u8, as_: usize, nb: usize, dst: *mut u8) {
+        let ones = _mm256_set1_epi16(1);
+        for i in 0..nb {
+            let d = dst.add(i * AMX_BLOCK);
+            for c in 0..16 {
+                let y = a.add(c * as_ + i * Q8_K_B);
+                for s in 0..8 {
+                    let q = _mm256_loadu_si256(y.add(4 + 32 * s) as *const __m256i);
+                    _mm256_storeu_si256(d.add(512 * s + 32 * c) as *mut __m256i, q);
+                }
+                core::ptr::copy_nonoverlapping(y, d.add(AMX_YD + 4 * c), 4);
+                // ggml's b0/b1: sums of pairs of 16-element bsums, exact as f32.
+                let bs = _mm256_loadu_si256(y.add(260) as *const __m256i);
+                let b = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, ones));
+                _mm256_storeu_ps(d.add(AMX_BS + 32 * c) as *mut f32, b);
+            }
+        }
+    }
+
+    /// [`tile_avx512`] on AMX tiles, from 16 activation columns packed by [`pack_amx`] at
+    /// `p`: per sub-block pair one tile product of 16 columns by 16 rows for each sub-block
+    /// (the exact sums `s0`, `s1` that the VNNI kernels build), then the same chain with one
+    /// row per lane. `s·sc` and `b·m` (below 2^24) and their pair sums are exact in f32, so
+    /// forming them as float products and one FMA gives `f32(hs)` and `f32(im)` bit for bit.
+    /// Output `out[c * ostride + r]`.
+    ///
+    /// # Safety
+    /// As [`column_avx512`]; [`crate::amx::available`] returned true; `p` holds `nb` packed
+    /// blocks; `out` covers `15 * ostride + 16` floats.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn tile_amx(w: *const u8, nb: usize, p: *const u8, out: *mut f32, ostride: usize) {
+        use crate::amx;
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut accm = [_mm512_setzero_ps(); 16];
+        // Sub-block `s` of the 16 rows as 8 lines of unsigned bytes (tile B rows), and the
+        // two sums of one sub-block pair (tile C rows: column c's 16 row sums).
+        let mut q = [Line([0; 64]); 64];
+        let mut cs = [Line([0; 64]); 32];
+        amx::configure();
+        for i in 0..nb {
+            let g = w.add(i * GROUP_BLOCK);
+            let pb = p.add(i * AMX_BLOCK);
+            for j in 0..4 {
+                for t in 0..8 {
+                    let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
+                    let lo = _mm512_and_si512(wv, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                    _mm512_store_si512(q[8 * (2 * j) + t].0.as_mut_ptr() as *mut _, lo);
+                    _mm512_store_si512(q[8 * (2 * j + 1) + t].0.as_mut_ptr() as *mut _, hi);
+                }
+            }
+            let (d16, dmin16) = (h16x16(g.add(D)), h16x16(g.add(DMIN)));
+            let yd = pb.add(AMX_YD) as *const f32;
+            let bf = pb.add(AMX_BS) as *const f32;
+            for sb in 0..4 {
+                amx::zero_acc();
+                amx::dot2(
+                    pb.add(512 * (2 * sb)),
+                    pb.add(512 * (2 * sb + 1)),
+                    32,
+                    q[8 * (2 * sb)].0.as_ptr(),
+                    q[8 * (2 * sb + 1)].0.as_ptr(),
+                );
+                amx::store_acc(cs[0].0.as_mut_ptr(), cs[16].0.as_mut_ptr());
+                let f = |o: usize| _mm512_cvtepi32_ps(bytes16(g.add(o)));
+                let (sc0, sc1) = (f(SC + 32 * sb), f(SC + 32 * sb + 16));
+                let (m0, m1) = (f(MN + 32 * sb), f(MN + 32 * sb + 16));
+                for c in 0..16 {
+                    let s0 = _mm512_cvtepi32_ps(_mm512_load_si512(cs[c].0.as_ptr() as *const _));
+                    let s1 =
+                        _mm512_cvtepi32_ps(_mm512_load_si512(cs[16 + c].0.as_ptr() as *const _));
+                    let hs = _mm512_fmadd_ps(s1, sc1, _mm512_mul_ps(s0, sc0));
+                    let ydc = _mm512_set1_ps(*yd.add(c));
+                    acc[c] = _mm512_fmadd_ps(hs, _mm512_mul_ps(d16, ydc), acc[c]);
+                    let (b0, b1) = (
+                        _mm512_set1_ps(*bf.add(8 * c + 2 * sb)),
+                        _mm512_set1_ps(*bf.add(8 * c + 2 * sb + 1)),
+                    );
+                    let im = _mm512_fmadd_ps(b1, m1, _mm512_mul_ps(b0, m0));
+                    accm[c] = _mm512_fmadd_ps(im, _mm512_mul_ps(dmin16, ydc), accm[c]);
+                }
+            }
+        }
+        amx::release();
+        for c in 0..16 {
+            _mm512_storeu_ps(out.add(c * ostride), _mm512_sub_ps(acc[c], accm[c]));
+        }
+    }
+
     /// The GEMM chain of 16 rows (one group at `w`) against a packed 16-column tile
     /// (`kq512::pack_q8k_t16`), one column per lane: `out[c * ostride + r]`.
     ///

@@ -666,3 +666,79 @@ fn host_buffers_are_aligned_host_memory_and_not_weights() {
         assert!(ptr(me.ctx, h).is_null());
     }
 }
+
+/// The AMX tile of repacked Q4_K (where this CPU and kernel have AMX) equals the VNNI tile
+/// and ggml's GEMM chain bit for bit: on random weights and activations, and at the largest
+/// integer sums the format allows (nibbles 15, scales and mins 63, activations -128, bsums
+/// -4096 per sub-block), where `s * sc` and `b * m` must stay exact in f32.
+#[test]
+fn amx_q4_k_tile_matches_vnni_tile_and_the_gemm_chain() {
+    use mollm_x86_common::{amx, kq512, q4k16};
+    if !Isa::Avx512.detected() || !amx::available() {
+        eprintln!("no AMX int8 here (or MOLLM_AMX=0): the AMX tile is not tested");
+        return;
+    }
+    let (k, rows, cols) = (512usize, 16usize, 16usize);
+    let nb = k / 256;
+    let (rb, ab) = (quant::row_bytes(DType::Q4_K, k).unwrap(), 292 * nb);
+    let mut rng = Rng::new(31);
+    let random = (
+        weights(&mut rng, DType::Q4_K, k, rows),
+        (0..cols)
+            .flat_map(|_| {
+                let x = rng.data(k, 1.0);
+                let mut a = vec![0u8; ab];
+                quant::quantize_activations_for(Kernel::RepackGemm, DType::Q4_K, &x, &mut a)
+                    .unwrap();
+                a
+            })
+            .collect::<Vec<u8>>(),
+    );
+    // Extremes: d = dmin = 1.0 (f16 0x3C00), every 6-bit scale and min 63, every nibble 15;
+    // activations d = 1.0, every quant -128.
+    let mut wx = vec![0u8; rb * rows];
+    for b in wx.chunks_exact_mut(144) {
+        b[..4].copy_from_slice(&[0x00, 0x3C, 0x00, 0x3C]);
+        b[4..].fill(0xFF);
+    }
+    let mut ax = vec![0u8; ab * cols];
+    for b in ax.chunks_exact_mut(292) {
+        b[..4].copy_from_slice(&1f32.to_le_bytes());
+        b[4..260].fill(0x80);
+        for s in b[260..].chunks_exact_mut(2) {
+            s.copy_from_slice(&(-2048i16).to_le_bytes());
+        }
+    }
+    for (label, (w, a)) in [("random", random), ("extremes", (wx, ax))] {
+        let mut rep = vec![q4k16::Line([0; 64]); q4k16::repacked_bytes(k, rows) / 64];
+        let rep_bytes =
+            unsafe { std::slice::from_raw_parts_mut(rep.as_mut_ptr() as *mut u8, rep.len() * 64) };
+        q4k16::repack(&w, rb, k, rows, rep_bytes);
+        let mut packed = vec![0u8; nb * kq512::Q8K_T16_BLOCK];
+        let mut packed_amx = vec![0u8; nb * q4k16::AMX_BLOCK];
+        let (mut vnni, mut tiles) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+        // SAFETY: AVX-512 and AMX checked above; the buffers hold what each kernel reads and
+        // writes (one 16-row group, 16 columns of nb blocks, outputs of stride `rows`).
+        unsafe {
+            kq512::pack_q8k_t16(a.as_ptr(), ab, nb, packed.as_mut_ptr());
+            let wp = rep_bytes.as_ptr();
+            q4k16::tile_avx512(wp, nb, packed.as_ptr(), vnni.as_mut_ptr(), rows);
+            q4k16::pack_amx(a.as_ptr(), ab, nb, packed_amx.as_mut_ptr());
+            q4k16::tile_amx(wp, nb, packed_amx.as_ptr(), tiles.as_mut_ptr(), rows);
+        }
+        for c in 0..cols {
+            for r in 0..rows {
+                let want = quant::dot_with(
+                    Kernel::RepackGemm,
+                    DType::Q4_K,
+                    k,
+                    &w[r * rb..(r + 1) * rb],
+                    &a[c * ab..(c + 1) * ab],
+                );
+                let (v, t) = (vnni[c * rows + r], tiles[c * rows + r]);
+                assert_eq!(v.to_bits(), want.to_bits(), "{label}: VNNI row {r} col {c}");
+                assert_eq!(t.to_bits(), want.to_bits(), "{label}: AMX row {r} col {c}");
+            }
+        }
+    }
+}

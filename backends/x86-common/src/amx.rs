@@ -1,0 +1,168 @@
+//! Intel AMX int8 tiles (Sapphire Rapids and later), for prompt GEMMs whose reference chain
+//! takes exact integer sums per sub-block: a tile product is the same exact sum, so the float
+//! chain after it stays the reference's, bit for bit.
+//!
+//! Linux hands the 8 KiB of tile state to a process only after `arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`; without it the first tile instruction dies with SIGILL (what
+//! llama.cpp's AMX build does on these machines). [`available`] asks once per process and
+//! says no on any CPU or kernel without AMX, so nothing else ever executes a tile
+//! instruction there. The instructions are written as inline assembly (this toolchain has no
+//! AMX intrinsics); tile numbers are fixed by the one configuration below.
+
+/// Whether this process may use AMX int8 tiles: the CPU has AMX-TILE and AMX-INT8 and the
+/// kernel granted the tile data permission. `MOLLM_AMX=0` says no (for comparisons).
+pub fn available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        if std::env::var("MOLLM_AMX").is_ok_and(|v| v == "0") {
+            return false;
+        }
+        cpu_has_amx_int8() && request_tile_data()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_has_amx_int8() -> bool {
+    use core::arch::x86_64::{__cpuid, __cpuid_count};
+    // SAFETY: cpuid exists on every x86-64 CPU; leaf 7 is read only where leaf 0 lists it.
+    // (Newer toolchains made these intrinsics safe: the block is for older ones.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        if __cpuid(0).eax < 7 {
+            return false;
+        }
+        let edx = __cpuid_count(7, 0).edx;
+        // EDX bit 24: AMX-TILE, bit 25: AMX-INT8.
+        edx & (3 << 24) == 3 << 24
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_has_amx_int8() -> bool {
+    false
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a permission request; it changes no memory. Fails (non-zero) on kernels
+    // without AMX support, which then never see a tile instruction.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn request_tile_data() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use tiles::*;
+
+#[cfg(target_arch = "x86_64")]
+mod tiles {
+    use core::arch::asm;
+
+    /// The one tile configuration (palette 1): tiles 0 and 1 are 16 x 16 i32 accumulators,
+    /// 2 and 3 hold 16 rows of 32 signed bytes (K = 32: one 32-element sub-block of 16
+    /// activation columns), 4 and 5 hold 8 rows of 64 unsigned bytes (the same K as 8 quads
+    /// of 16 weight rows, the VNNI layout).
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+
+    const CONFIG: Config = {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let shapes: [(usize, u8, u16); 6] = [
+            (0, 16, 64),
+            (1, 16, 64),
+            (2, 16, 32),
+            (3, 16, 32),
+            (4, 8, 64),
+            (5, 8, 64),
+        ];
+        let mut i = 0;
+        while i < shapes.len() {
+            let (t, rows, colsb) = shapes[i];
+            c[16 + 2 * t] = colsb as u8;
+            c[17 + 2 * t] = (colsb >> 8) as u8;
+            c[48 + t] = rows;
+            i += 1;
+        }
+        Config(c)
+    };
+
+    /// Loads the configuration on this thread (zeroing its tiles).
+    ///
+    /// # Safety
+    /// [`super::available`] returned true.
+    #[inline(always)]
+    pub unsafe fn configure() {
+        asm!("ldtilecfg [{p}]", p = in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    }
+
+    /// Gives the tile state back (the thread's context switches stop saving it).
+    ///
+    /// # Safety
+    /// As [`configure`].
+    #[inline(always)]
+    pub unsafe fn release() {
+        asm!("tilerelease", options(nostack, nomem));
+    }
+
+    /// Tiles 0 and 1 (the accumulators) to zero.
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread.
+    #[inline(always)]
+    pub unsafe fn zero_acc() {
+        asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+    }
+
+    /// `C0 += A0 · B0`, `C1 += A1 · B1` (tiles 0/2/4 and 1/3/5): `A` is 16 rows of 32 signed
+    /// bytes at `a0`/`a1` (row stride `sa`), `B` 8 rows of 64 unsigned bytes at `b0`/`b1` (row
+    /// stride 64); `C[m][n] += Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, exact in i32.
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread; the pointers cover the rows read.
+    #[inline(always)]
+    pub unsafe fn dot2(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8) {
+        asm!(
+            "tileloadd tmm2, [{a0} + {sa}*1]",
+            "tileloadd tmm3, [{a1} + {sa}*1]",
+            "tileloadd tmm4, [{b0} + {sb}*1]",
+            "tileloadd tmm5, [{b1} + {sb}*1]",
+            "tdpbsud tmm0, tmm2, tmm4",
+            "tdpbsud tmm1, tmm3, tmm5",
+            a0 = in(reg) a0,
+            a1 = in(reg) a1,
+            sa = in(reg) sa,
+            b0 = in(reg) b0,
+            b1 = in(reg) b1,
+            sb = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+    }
+
+    /// Tiles 0 and 1 to `c0` and `c1` (16 rows of 16 i32 each, 64-byte rows).
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread; each pointer covers 1 KiB.
+    #[inline(always)]
+    pub unsafe fn store_acc(c0: *mut u8, c1: *mut u8) {
+        asm!(
+            "tilestored [{c0} + {s}*1], tmm0",
+            "tilestored [{c1} + {s}*1], tmm1",
+            c0 = in(reg) c0,
+            c1 = in(reg) c1,
+            s = in(reg) 64usize,
+            options(nostack),
+        );
+    }
+}
