@@ -15,9 +15,13 @@ With --convert MODE each model is also converted (`mollm convert --quant MODE`, 
 ~/.cache/mollm/converted/) and the package is measured by mollm in the same run, next to its
 source GGUF on both engines.
 
+With --depth D a third row per model, `tg{gen} @ d{D}`: generation with D tokens already in the
+cache (mollm `bench -p 0 --sequences 1 --depth D`, llama-bench `-p 0 -d D`; the D-token prefill
+is not timed on either side).
+
 Usage: scripts/bench_compare.py --model A.gguf [--model B.gguf ...] [--prompt-tokens 256]
        [--gen 64] [--reps 5] [--warmup 1] [--threads 2] [--backend auto] [--llama-bench PATH]
-       [--convert w4g128] [--baseline OLD/mollm --rounds 3]
+       [--depth 2048] [--convert w4g128] [--baseline OLD/mollm --rounds 3]
 mollm is target/release/mollm (or $CARGO_TARGET_DIR/release/mollm); llama-bench is --llama-bench,
 then PATH, then ~/.cache/mollm/llama.cpp-build/bin/llama-bench (scripts/build-llama-cpp.sh).
 """
@@ -48,6 +52,27 @@ def mollm_rows(a, model, exe=None):
     return median_ts(pp), median_ts(tg), pp["backend"]
 
 
+def mollm_depth(a, model):
+    """tg --gen with --depth tokens already in the cache (one sequence)."""
+    out = subprocess.run([mollm_exe(), "bench", "-m", model, "-p", "0", "-n", str(a.gen),
+                          "--sequences", "1", "--depth", str(a.depth),
+                          "--warmup", str(a.warmup), "--reps", str(a.reps), "--threads", str(a.threads),
+                          "--backend", a.backend, "--json", "--quiet"],
+                         capture_output=True, text=True, check=True)
+    return median_ts(next(r for r in json.loads(out.stdout) if r["n_gen"] > 0))
+
+
+def llama_depth(a, model):
+    exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser(
+        "~/.cache/mollm/llama.cpp-build/bin/llama-bench")
+    if not os.path.exists(exe):
+        return None
+    out = subprocess.run([exe, "-m", model, "-p", "0", "-n", str(a.gen), "-d", str(a.depth),
+                          "-t", str(a.threads), "-r", str(a.reps), "-o", "json"],
+                         capture_output=True, text=True, check=True)
+    return median_ts(next(r for r in json.loads(out.stdout) if r["n_gen"] > 0))
+
+
 def llama_rows(a, model):
     exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser(
         "~/.cache/mollm/llama.cpp-build/bin/llama-bench")
@@ -72,6 +97,8 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bench")
+    p.add_argument("--depth", type=int, default=0,
+                   help="also tg --gen with this many tokens already in the cache (llama-bench -d)")
     p.add_argument("--convert")
     p.add_argument("--baseline", help="another mollm binary (an older build), measured in the same run, "
                    "interleaved with this one: rows say new / baseline")
@@ -91,8 +118,11 @@ def main():
         m_pp, m_tg, backend = mollm_rows(a, model)
         ll = llama_rows(a, model)
         name = os.path.basename(model)
-        for test, m, l in [(f"pp{a.prompt_tokens}", m_pp, ll[0] if ll else None),
-                           (f"tg{a.gen}", m_tg, ll[1] if ll else None)]:
+        rows = [(f"pp{a.prompt_tokens}", m_pp, ll[0] if ll else None),
+                (f"tg{a.gen}", m_tg, ll[1] if ll else None)]
+        if a.depth:
+            rows.append((f"tg{a.gen} @ d{a.depth}", mollm_depth(a, model), llama_depth(a, model)))
+        for test, m, l in rows:
             ls = f"{l:.2f}" if l else "n/a"
             ratio = f"{m / l:.2f}" if l else "n/a"
             print(f"| {name} | {test} | {m:.2f} | {ls} | {ratio} |", flush=True)

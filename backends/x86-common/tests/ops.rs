@@ -199,22 +199,25 @@ fn attention_edge_shapes_match_reference_bit_for_bit() {
     let mut r = Rng::new(7);
     // (d, hkv, group, cache, t, n_kv, window, softcap)
     let shapes: &[(i64, i64, i64, i64, i64, i64, i64, f32)] = &[
-        (64, 3, 3, 512, 1, 1, 0, 0.0),     // decode, first token
-        (64, 3, 3, 512, 1, 130, 0, 0.0),   // decode: 64-lane vec_dot over n_eff = 256
-        (64, 3, 3, 512, 1, 300, 0, 0.0),   // decode past one pad block
-        (64, 3, 3, 300, 1, 280, 0, 0.0),   // n_eff = cache = 300: vec_dot leftovers
-        (64, 3, 3, 512, 7, 100, 0, 0.0),   // prompt: tinyBLAS p·V (16 lanes)
-        (64, 3, 3, 300, 5, 290, 0, 0.0),   // n_eff = 300 (not a multiple of 16): 64 lanes
-        (64, 2, 1, 512, 33, 260, 40, 0.0), // sliding window
-        (64, 1, 4, 256, 9, 200, 0, 30.0),  // soft-cap
-        (48, 2, 2, 256, 4, 70, 0, 0.0),    // head size with a vec_dot tail (48 < 64)
-        (80, 1, 2, 512, 3, 77, 0, 0.0),    // 64 + 16 tail
-        (6, 2, 1, 40, 3, 20, 0, 0.0),      // d % 4 != 0: no tile
-        (64, 3, 3, 1024, 64, 384, 0, 0.0), // SmolLM2-like prompt chunk
-        (128, 2, 6, 512, 1, 201, 0, 0.0),  // decode, d = 128 (two 64-steps per score)
-        (256, 1, 4, 512, 1, 77, 0, 0.0),   // decode, d = 256 (Gemma 3)
-        (256, 1, 4, 512, 1, 300, 64, 0.0), // decode in a sliding window
-        (128, 2, 2, 512, 19, 150, 0, 0.0), // prompt, d = 128: 16-lane p·V, eight 16-blocks
+        (64, 3, 3, 512, 1, 1, 0, 0.0),        // decode, first token
+        (64, 3, 3, 512, 1, 130, 0, 0.0),      // decode: 64-lane vec_dot over n_eff = 256
+        (64, 3, 3, 512, 1, 300, 0, 0.0),      // decode past one pad block
+        (64, 3, 3, 300, 1, 280, 0, 0.0),      // n_eff = cache = 300: vec_dot leftovers
+        (64, 3, 3, 512, 7, 100, 0, 0.0),      // prompt: tinyBLAS p·V (16 lanes)
+        (64, 3, 3, 300, 5, 290, 0, 0.0),      // n_eff = 300 (not a multiple of 16): 64 lanes
+        (64, 2, 1, 512, 33, 260, 40, 0.0),    // sliding window
+        (64, 1, 4, 256, 9, 200, 0, 30.0),     // soft-cap
+        (48, 2, 2, 256, 4, 70, 0, 0.0),       // head size with a vec_dot tail (48 < 64)
+        (80, 1, 2, 512, 3, 77, 0, 0.0),       // 64 + 16 tail
+        (6, 2, 1, 40, 3, 20, 0, 0.0),         // d % 4 != 0: no tile
+        (64, 3, 3, 1024, 64, 384, 0, 0.0),    // SmolLM2-like prompt chunk
+        (128, 2, 6, 512, 1, 201, 0, 0.0),     // decode, d = 128 (two 64-steps per score)
+        (256, 1, 4, 512, 1, 77, 0, 0.0),      // decode, d = 256 (Gemma 3)
+        (256, 1, 4, 512, 1, 300, 64, 0.0),    // decode in a sliding window
+        (128, 2, 2, 512, 19, 150, 0, 0.0),    // prompt, d = 128: 16-lane p·V, eight 16-blocks
+        (256, 1, 4, 2560, 1, 2048, 512, 0.0), // Gemma 3's window deep in the cache
+        (64, 3, 3, 1024, 1, 700, 100, 0.0),   // a window starting mid-block (row 600)
+        (64, 3, 3, 1024, 20, 700, 100, 0.0),  // a prompt chunk in a window
     ];
     for &(d, hkv, g, c, t, n, w, sc) in shapes {
         let cs = attention_case(&mut r, d, hkv, g, c, t, n, w, sc);

@@ -183,6 +183,14 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let hk = h0 / a.group;
     let pt = a.positions[t as usize];
     let visible = |j: i64| j <= pt && (window == 0 || pt - j < window);
+    // The first row a sliding window lets this query see: rows before it have no score and
+    // probability 0, which p·V skips anyway, so the kernels start there (a window of 512
+    // over a 2048-token cache reads a quarter of it).
+    let lo = if window > 0 {
+        (pt - window + 1).max(0) as usize
+    } else {
+        0
+    };
     let last = (n_kv - 1).min(pt);
     let mut qv = vec![0f32; du * nh];
     for g in 0..nh {
@@ -222,7 +230,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let rows16 = false;
     #[cfg(target_arch = "x86_64")]
     if rows16 {
-        scores_rows16(a, hk, pt, last, &qv, nh, len, &mut w);
+        scores_rows16(a, hk, pt, lo, last, &qv, nh, len, &mut w);
     }
     for j in 0..=if rows16 { -1 } else { last } {
         if !visible(j) {
@@ -274,7 +282,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     }
     let v_end = simd_end.min(len);
     if !a.v_f16 && du % 16 == 0 {
-        pv_in_registers(a, hk, &w, len, nh, lanes, v_end, &mut res);
+        pv_in_registers(a, hk, &w, len, nh, lanes, lo, v_end, &mut res);
     } else {
         pv_in_memory(a, hk, &w, len, nh, lanes, v_end, &mut vrow, &mut res);
     }
@@ -335,6 +343,7 @@ unsafe fn scores_rows16(
     a: &Attn,
     hk: i64,
     pt: i64,
+    lo: usize,
     last: i64,
     qv: &[f32],
     nh: usize,
@@ -347,7 +356,7 @@ unsafe fn scores_rows16(
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mut rows = [core::ptr::null::<f32>(); 16];
     let mut b = [_mm512_setzero_ps(); 16];
-    let mut j0 = 0i64;
+    let mut j0 = (lo & !15) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(16) as usize;
         for (r, p) in rows.iter_mut().enumerate().take(n) {
@@ -513,14 +522,22 @@ unsafe fn pv_in_registers(
     len: usize,
     nh: usize,
     lanes: usize,
+    lo: usize,
     v_end: usize,
     res: &mut [f32],
 ) {
     let v = &a.v;
     let du = a.q.ne[0] as usize;
     // Each row's address once (a paged row is a division away), not once per head and block.
+    // Rows before `lo` (outside a sliding window) are never read.
     let vp: Vec<*const f32> = (0..v_end)
-        .map(|j| row_ptr(v, hk, a.rows.get(j as i64), 0) as *const f32)
+        .map(|j| {
+            if j < lo {
+                core::ptr::null()
+            } else {
+                row_ptr(v, hk, a.rows.get(j as i64), 0) as *const f32
+            }
+        })
         .collect();
     #[cfg(target_arch = "x86_64")]
     if a.isa == Isa::Avx512 {
@@ -529,14 +546,14 @@ unsafe fn pv_in_registers(
             for c0 in (0..du).step_by(64) {
                 let out = &mut res[g * du + c0..];
                 match ((du - c0) / 16, lanes) {
-                    (1, 64) => pv_chunk512::<1, 4>(&vp, wg, c0, v_end, out),
-                    (2, 64) => pv_chunk512::<2, 4>(&vp, wg, c0, v_end, out),
-                    (3, 64) => pv_chunk512::<3, 4>(&vp, wg, c0, v_end, out),
-                    (_, 64) => pv_chunk512::<4, 4>(&vp, wg, c0, v_end, out),
-                    (1, _) => pv_chunk512::<1, 1>(&vp, wg, c0, v_end, out),
-                    (2, _) => pv_chunk512::<2, 1>(&vp, wg, c0, v_end, out),
-                    (3, _) => pv_chunk512::<3, 1>(&vp, wg, c0, v_end, out),
-                    _ => pv_chunk512::<4, 1>(&vp, wg, c0, v_end, out),
+                    (1, 64) => pv_chunk512::<1, 4>(&vp, wg, c0, lo, v_end, out),
+                    (2, 64) => pv_chunk512::<2, 4>(&vp, wg, c0, lo, v_end, out),
+                    (3, 64) => pv_chunk512::<3, 4>(&vp, wg, c0, lo, v_end, out),
+                    (_, 64) => pv_chunk512::<4, 4>(&vp, wg, c0, lo, v_end, out),
+                    (1, _) => pv_chunk512::<1, 1>(&vp, wg, c0, lo, v_end, out),
+                    (2, _) => pv_chunk512::<2, 1>(&vp, wg, c0, lo, v_end, out),
+                    (3, _) => pv_chunk512::<3, 1>(&vp, wg, c0, lo, v_end, out),
+                    _ => pv_chunk512::<4, 1>(&vp, wg, c0, lo, v_end, out),
                 }
             }
         }
@@ -548,7 +565,8 @@ unsafe fn pv_in_registers(
             // Lane `ln`'s FMA chain over its rows, for outputs c..c+16.
             let lane = |ln: usize| -> [f32; 16] {
                 let mut acc = [0f32; 16];
-                let mut j = ln;
+                // The first row of lane `ln` in or before `lo`'s lanes-block (p = 0 below lo).
+                let mut j = ln + lo / lanes * lanes;
                 while j < v_end {
                     let pj = wg[j];
                     if pj != 0.0 {
@@ -607,6 +625,7 @@ unsafe fn pv_chunk512<const NC: usize, const M: usize>(
     vp: &[*const f32],
     wg: &[f32],
     c0: usize,
+    lo: usize,
     v_end: usize,
     out: &mut [f32],
 ) {
@@ -614,7 +633,8 @@ unsafe fn pv_chunk512<const NC: usize, const M: usize>(
     let mut gl = [[_mm512_setzero_ps(); NC]; 16];
     for l in 0..16 {
         let mut acc = [[_mm512_setzero_ps(); NC]; M];
-        let mut j = l;
+        // From the 16·M-row block holding `lo` (rows before it have p = 0: skipped anyway).
+        let mut j = l + lo / (16 * M) * (16 * M);
         while j < v_end {
             for m in 0..M {
                 let jm = j + 16 * m;
