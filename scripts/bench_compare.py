@@ -41,50 +41,53 @@ def median_ts(row):
     return statistics.median(s) if s else row["avg_ts"]
 
 
+def bench_json(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def gen_row(rows):
+    return next(r for r in rows if r["n_gen"] > 0)
+
+
+def mollm_bench(a, model, args, exe=None):
+    return bench_json([exe or mollm_exe(), "bench", "-m", model, *args, "--warmup", str(a.warmup),
+                       "--reps", str(a.reps), "--threads", str(a.threads), "--backend", a.backend,
+                       "--json", "--quiet"])
+
+
+def llama_bench(a, model, args):
+    """llama-bench's rows, or None where it is not built."""
+    exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser(
+        "~/.cache/mollm/llama.cpp-build/bin/llama-bench")
+    if not os.path.exists(exe):
+        return None
+    return bench_json([exe, "-m", model, *args, "-t", str(a.threads), "-r", str(a.reps), "-o", "json"])
+
+
 def mollm_rows(a, model, exe=None):
-    out = subprocess.run([exe or mollm_exe(), "bench", "-m", model, "-p", str(a.prompt_tokens), "-n", str(a.gen),
-                          "--warmup", str(a.warmup), "--reps", str(a.reps), "--threads", str(a.threads),
-                          "--backend", a.backend, "--json", "--quiet"],
-                         capture_output=True, text=True, check=True)
-    rows = json.loads(out.stdout)
+    rows = mollm_bench(a, model, ["-p", str(a.prompt_tokens), "-n", str(a.gen)], exe)
     pp = next(r for r in rows if r["n_prompt"] > 0)
-    tg = next(r for r in rows if r["n_gen"] > 0)
-    return median_ts(pp), median_ts(tg), pp["backend"]
+    return median_ts(pp), median_ts(gen_row(rows)), pp["backend"]
 
 
 def mollm_depth(a, model):
     """tg --gen with --depth tokens already in the cache (one sequence)."""
-    out = subprocess.run([mollm_exe(), "bench", "-m", model, "-p", "0", "-n", str(a.gen),
-                          "--sequences", "1", "--depth", str(a.depth),
-                          "--warmup", str(a.warmup), "--reps", str(a.reps), "--threads", str(a.threads),
-                          "--backend", a.backend, "--json", "--quiet"],
-                         capture_output=True, text=True, check=True)
-    return median_ts(next(r for r in json.loads(out.stdout) if r["n_gen"] > 0))
+    rows = mollm_bench(a, model, ["-p", "0", "-n", str(a.gen), "--sequences", "1", "--depth", str(a.depth)])
+    return median_ts(gen_row(rows))
 
 
 def llama_depth(a, model):
-    exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser(
-        "~/.cache/mollm/llama.cpp-build/bin/llama-bench")
-    if not os.path.exists(exe):
-        return None
-    out = subprocess.run([exe, "-m", model, "-p", "0", "-n", str(a.gen), "-d", str(a.depth),
-                          "-t", str(a.threads), "-r", str(a.reps), "-o", "json"],
-                         capture_output=True, text=True, check=True)
-    return median_ts(next(r for r in json.loads(out.stdout) if r["n_gen"] > 0))
+    rows = llama_bench(a, model, ["-p", "0", "-n", str(a.gen), "-d", str(a.depth)])
+    return median_ts(gen_row(rows)) if rows else None
 
 
 def llama_rows(a, model):
-    exe = a.llama_bench or shutil.which("llama-bench") or os.path.expanduser(
-        "~/.cache/mollm/llama.cpp-build/bin/llama-bench")
-    if not os.path.exists(exe):
+    rows = llama_bench(a, model, ["-p", str(a.prompt_tokens), "-n", str(a.gen)])
+    if rows is None:
         return None
-    out = subprocess.run([exe, "-m", model, "-p", str(a.prompt_tokens), "-n", str(a.gen), "-t", str(a.threads),
-                          "-r", str(a.reps), "-o", "json"],
-                         capture_output=True, text=True, check=True)
-    rows = json.loads(out.stdout)
     pp = next(r for r in rows if r["n_prompt"] > 0)
-    tg = next(r for r in rows if r["n_gen"] > 0)
-    return median_ts(pp), median_ts(tg)
+    return median_ts(pp), median_ts(gen_row(rows))
 
 
 def main():

@@ -381,6 +381,23 @@ mod kernels {
         columns_avx512::<1>(gemm, w, n_groups, nb, a, 0, out, 0)
     }
 
+    /// A block's nibble lines of one 16-row group (at `g`) as bytes: line `8 * sub + t` of
+    /// `q` is quad `t` of sub-block `sub` of the 16 rows (row r at byte 4r), the layout both
+    /// 16-column tiles multiply with.
+    #[inline(always)]
+    unsafe fn unpack_lines(g: *const u8, q: &mut [Line; 64]) {
+        let m4 = _mm512_set1_epi8(0x0F);
+        for j in 0..4 {
+            for t in 0..8 {
+                let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
+                let lo = _mm512_and_si512(wv, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                _mm512_store_si512(q[8 * (2 * j) + t].0.as_mut_ptr() as *mut _, lo);
+                _mm512_store_si512(q[8 * (2 * j + 1) + t].0.as_mut_ptr() as *mut _, hi);
+            }
+        }
+    }
+
     /// Bytes of one block of 16 activation columns packed for [`tile_amx`]: per sub-block the
     /// 16 columns' 32 quants (tile A rows, 512 bytes), then the columns' `d` (16 f32), then
     /// each column's eight sub-block sums as f32 (`[column][sub-block]`).
@@ -427,7 +444,6 @@ mod kernels {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn tile_amx(w: *const u8, nb: usize, p: *const u8, out: *mut f32, ostride: usize) {
         use crate::amx;
-        let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); 16];
         let mut accm = [_mm512_setzero_ps(); 16];
         // Sub-block `s` of the 16 rows as 8 lines of unsigned bytes (tile B rows), and the
@@ -438,15 +454,7 @@ mod kernels {
         for i in 0..nb {
             let g = w.add(i * GROUP_BLOCK);
             let pb = p.add(i * AMX_BLOCK);
-            for j in 0..4 {
-                for t in 0..8 {
-                    let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
-                    let lo = _mm512_and_si512(wv, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
-                    _mm512_store_si512(q[8 * (2 * j) + t].0.as_mut_ptr() as *mut _, lo);
-                    _mm512_store_si512(q[8 * (2 * j + 1) + t].0.as_mut_ptr() as *mut _, hi);
-                }
-            }
+            unpack_lines(g, &mut q);
             let (d16, dmin16) = (h16x16(g.add(D)), h16x16(g.add(DMIN)));
             let yd = pb.add(AMX_YD) as *const f32;
             let bf = pb.add(AMX_BS) as *const f32;
@@ -502,23 +510,13 @@ mod kernels {
         use crate::kq512::{Q8K_T16_BLOCK, T16};
         const BS: usize = 4096;
         const YD: usize = 4096 + 1024;
-        let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); ROWS];
         let mut accm = [_mm512_setzero_ps(); ROWS];
         let mut q = [Line([0; 64]); 64];
         for i in 0..nb {
             let g = w.add(i * GROUP_BLOCK);
             let pb = p.add(i * Q8K_T16_BLOCK);
-            // line 8*sub + t: quad t of sub-block `sub` of the 16 rows (row r at byte 4r)
-            for j in 0..4 {
-                for t in 0..8 {
-                    let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
-                    let lo = _mm512_and_si512(wv, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
-                    _mm512_store_si512(q[8 * (2 * j) + t].0.as_mut_ptr() as *mut _, lo);
-                    _mm512_store_si512(q[8 * (2 * j + 1) + t].0.as_mut_ptr() as *mut _, hi);
-                }
-            }
+            unpack_lines(g, &mut q);
             let yd = _mm512_loadu_ps(pb.add(YD) as *const f32);
             for r0 in (0..ROWS).step_by(2) {
                 let mut dw = [_mm512_setzero_ps(); 2];

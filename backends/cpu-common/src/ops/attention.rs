@@ -332,10 +332,11 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
 isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 
 /// The scaled scores of heads `h0..h0 + nh` (queries `qv`, `du` each) against K rows
-/// `0..=last` into `w` (`len` per head; invisible rows keep -inf), 16 rows at a time: each
-/// row's `ggml_vec_dot_f32` lanes as [`dot512`] builds them ([`lanes512`]), then the 16 rows' `reduce16` trees at once, each addition
-/// of a tree one lane of a vector addition (the same operand pairs: the same bits), instead
-/// of 15 scalar additions per score. f32 K, `du % 64 == 0` (no scalar leftovers).
+/// `lo & !15 ..= last` into `w` (`len` per head; invisible rows keep -inf), 16 rows at a time:
+/// each row's `ggml_vec_dot_f32` lanes as [`dot512`] builds them ([`lanes512`]), then the 16
+/// rows' `reduce16` trees at once, each addition of a tree one lane of a vector addition (the
+/// same operand pairs: the same bits), instead of 15 scalar additions per score. f32 K,
+/// `du % 64 == 0` (no scalar leftovers).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
