@@ -66,7 +66,9 @@ impl<'t> Instance<'t> {
         }
     }
 
-    fn run(&self, c: &mut Case) -> Result<Vec<Vec<u8>>, String> {
+    /// Computes `c`; its output bytes (set_rows: the cache, updated in place) or the status
+    /// and `last_error` text.
+    pub fn run(&self, c: &mut Case) -> Result<Vec<Vec<u8>>, String> {
         let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
         // In-place ops name the same tensor as input and output: give the output the input's
         // memory so both sides see one buffer.

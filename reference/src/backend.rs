@@ -1,11 +1,8 @@
 //! The reference as an ABI backend (`name = "reference"`, CPU, score 1).
 
-use crate::par::panic_message;
-use crate::tensor::Error;
-use abi::{BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, Status};
+use crate::glue::{self, ErrorSlot};
+use abi::{BackendHeader, BackendTable, DeviceKind, HostApi, OpCall, Status};
 use core::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
 
 pub use crate::par::{scoped_threads_host, serial_host};
 
@@ -23,69 +20,22 @@ pub fn panic_on_next_compute() {
 /// One backend instance: the host's services and the last failure message.
 pub struct Context {
     pub host: HostApi,
-    last_error: Mutex<String>,
-}
-
-impl Context {
-    fn set_error(&self, msg: String) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = msg;
-    }
+    last_error: ErrorSlot,
 }
 
 extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
-    if host.is_null() || out.is_null() {
-        return Status::InvalidArgument as i32;
+    // SAFETY: the host passes a valid HostApi and `out` (or nulls, refused).
+    unsafe {
+        glue::init(host, out, |host| Context {
+            host,
+            last_error: ErrorSlot::default(),
+        })
     }
-    // SAFETY: the host passes a valid HostApi; we only read struct_size before trusting it.
-    let size = unsafe { core::ptr::addr_of!((*host).struct_size).read() } as usize;
-    if size < core::mem::size_of::<HostApi>() {
-        return Status::InvalidArgument as i32;
-    }
-    let host = unsafe { *host };
-    let ctx = Box::new(Context {
-        host,
-        last_error: Mutex::new(String::new()),
-    });
-    unsafe { *out = Box::into_raw(ctx) as *mut c_void };
-    Status::Ok as i32
 }
 
 extern "C" fn shutdown(ctx: *mut c_void) {
-    if !ctx.is_null() {
-        // SAFETY: ctx came from init.
-        drop(unsafe { Box::from_raw(ctx as *mut Context) });
-    }
-}
-
-fn status_of(e: &Error) -> Status {
-    match e {
-        Error::Invalid(_) => Status::InvalidArgument,
-        Error::Unsupported(_) => Status::Unsupported,
-    }
-}
-
-/// Decodes a call; `None` op means an unknown id.
-unsafe fn decode(
-    call: *const OpCall,
-) -> Result<
-    (
-        Op,
-        &'static [abi::TensorDesc],
-        &'static [abi::TensorDesc],
-        abi::OpParams,
-    ),
-    Error,
-> {
-    if call.is_null() {
-        return Err(Error::Invalid("null call".into()));
-    }
-    let c = &*call;
-    if (c.n_inputs > 0 && c.inputs.is_null()) || (c.n_outputs > 0 && c.outputs.is_null()) {
-        return Err(Error::Invalid("null operand array".into()));
-    }
-    let (op, i, o) = c.parts();
-    let op = op.ok_or_else(|| Error::Invalid(format!("unknown op id {}", c.op)))?;
-    Ok((op, i, o, c.params))
+    // SAFETY: ctx came from init.
+    unsafe { glue::drop_boxed::<Context>(ctx) }
 }
 
 extern "C" fn compute(ctx: *mut c_void, call: *const OpCall) -> i32 {
@@ -94,43 +44,21 @@ extern "C" fn compute(ctx: *mut c_void, call: *const OpCall) -> i32 {
     }
     // SAFETY: ctx came from init.
     let cx = unsafe { &*(ctx as *const Context) };
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+    cx.last_error.guard(|| unsafe {
         if PANIC_NEXT.with(|f| f.replace(false)) {
             panic!("deliberate test panic");
         }
-        let (op, i, o, p) = decode(call)?;
+        let (op, i, o, p) = glue::decode(call)?;
         crate::ops::compute(&cx.host, op, i, o, &p)
-    }));
-    match r {
-        Ok(Ok(())) => Status::Ok as i32,
-        Ok(Err(e)) => {
-            let s = status_of(&e);
-            cx.set_error(e.to_string());
-            s as i32
-        }
-        Err(p) => {
-            cx.set_error(format!("panic: {}", panic_message(&*p)));
-            Status::Panic as i32
-        }
-    }
+    })
 }
 
 extern "C" fn last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
     if ctx.is_null() {
         return 0;
     }
-    let cx = unsafe { &*(ctx as *const Context) };
-    let msg = cx
-        .last_error
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    if !buf.is_null() {
-        let n = msg.len().min(cap);
-        // SAFETY: the caller provides `cap` writable bytes.
-        unsafe { core::ptr::copy_nonoverlapping(msg.as_ptr(), buf, n) };
-    }
-    msg.len()
+    // SAFETY: ctx came from init; the caller provides `cap` writable bytes at `buf`.
+    unsafe { (*(ctx as *const Context)).last_error.copy_to(buf, cap) }
 }
 
 extern "C" fn score() -> u32 {
@@ -138,20 +66,12 @@ extern "C" fn score() -> u32 {
 }
 
 extern "C" fn supports(ctx: *mut c_void, call: *const OpCall) -> i32 {
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-        let (op, i, o, p) = decode(call)?;
+    // SAFETY: ctx is null or came from init.
+    let slot = unsafe { (ctx as *const Context).as_ref() }.map(|c| &c.last_error);
+    glue::guard_supports(slot, || unsafe {
+        let (op, i, o, p) = glue::decode(call)?;
         crate::ops::check(op, i, o, &p)
-    }));
-    match r {
-        Ok(Ok(())) => Status::Ok as i32,
-        Ok(Err(e)) => {
-            if !ctx.is_null() {
-                unsafe { &*(ctx as *const Context) }.set_error(e.to_string());
-            }
-            Status::Unsupported as i32
-        }
-        Err(_) => Status::Unsupported as i32,
-    }
+    })
 }
 
 extern "C" fn synchronize(_ctx: *mut c_void) -> i32 {
@@ -183,16 +103,13 @@ pub static HEADER: BackendHeader = BackendHeader::layout(
     &TABLE,
 );
 
-/// The backend entry symbol.
+/// The backend entry symbol, for building the reference as a plugin of its own (feature
+/// `entry`; off by default so that the native backends, which link this crate for its
+/// numerics, export only their own).
+#[cfg(feature = "entry")]
 #[no_mangle]
 pub extern "C" fn mollm_backend_entry() -> *const BackendHeader {
     &HEADER
 }
 
-/// Reads the last error of a context (safe helper for hosts and tests).
-pub fn last_error_string(table: &BackendTable, ctx: *mut c_void) -> String {
-    let n = (table.last_error)(ctx, core::ptr::null_mut(), 0);
-    let mut buf = vec![0u8; n];
-    (table.last_error)(ctx, buf.as_mut_ptr(), n);
-    String::from_utf8_lossy(&buf).into_owned()
-}
+pub use crate::glue::last_error_string;

@@ -13,6 +13,11 @@
 //!   activation batch has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`.
 //! - [`v_expf`]: the AVX-512 `ggml_v_expf` polynomial (used by soft_max on whole 16-blocks and
 //!   by `ggml_v_silu`); tails use libm `expf` exactly as ggml's scalar loops do.
+//!
+//! The native CPU backends use these same functions (one copy of every chain): the `*_lanes`
+//! bodies are `#[inline(always)]` so that a backend instantiates them inside its own
+//! `#[target_feature]` frame, where `mul_add` is one FMA instruction and the 16-lane loops
+//! vectorize.
 
 use half::f16;
 
@@ -33,8 +38,10 @@ pub fn reduce16(v: &[f32; 16]) -> f32 {
     a + b
 }
 
+/// `(a0 + a2) + (a1 + a3)` lane-wise, then [`reduce16`]: `GGML_F32x16_REDUCE` of four
+/// accumulators.
 #[inline(always)]
-fn reduce4x16(acc: &mut [[f32; 16]; 4]) -> f32 {
+pub fn reduce4x16(acc: &mut [[f32; 16]; 4]) -> f32 {
     for l in 0..16 {
         acc[0][l] += acc[2][l];
         acc[1][l] += acc[3][l];
@@ -45,8 +52,9 @@ fn reduce4x16(acc: &mut [[f32; 16]; 4]) -> f32 {
     reduce16(&acc[0])
 }
 
+/// [`dot_vec_f32`]'s body (no dispatch): for backends' own SIMD frames.
 #[inline(always)]
-fn dot_vec_f32_impl(x: &[f32], y: &[f32]) -> f32 {
+pub fn dot_vec_f32_lanes(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
@@ -68,8 +76,9 @@ fn dot_vec_f32_impl(x: &[f32], y: &[f32]) -> f32 {
     sumf
 }
 
+/// [`dot_tile`]'s body (no dispatch): for backends' own SIMD frames.
 #[inline(always)]
-fn dot_tile_impl(x: &[f32], y: &[f32]) -> f32 {
+pub fn dot_tile_lanes(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     debug_assert!(n % 16 == 0);
     let mut acc = [0f32; 16];
@@ -84,13 +93,13 @@ fn dot_tile_impl(x: &[f32], y: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_vec_f32_fma(x: &[f32], y: &[f32]) -> f32 {
-    dot_vec_f32_impl(x, y)
+    dot_vec_f32_lanes(x, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_tile_fma(x: &[f32], y: &[f32]) -> f32 {
-    dot_tile_impl(x, y)
+    dot_tile_lanes(x, y)
 }
 
 #[inline]
@@ -113,7 +122,7 @@ pub fn dot_vec_f32(x: &[f32], y: &[f32]) -> f32 {
         // SAFETY: the features were detected at run time.
         return unsafe { dot_vec_f32_fma(x, y) };
     }
-    dot_vec_f32_impl(x, y)
+    dot_vec_f32_lanes(x, y)
 }
 
 /// llamafile tinyBLAS (AVX-512) dot for one output element; `len % 16 == 0`.
@@ -123,16 +132,33 @@ pub fn dot_tile(x: &[f32], y: &[f32]) -> f32 {
         // SAFETY: the features were detected at run time.
         return unsafe { dot_tile_fma(x, y) };
     }
-    dot_tile_impl(x, y)
+    dot_tile_lanes(x, y)
 }
 
 /// `ggml_vec_dot_f16` (AVX-512 build, no AVX512-FP16) on operands already widened to f32
 /// (widening f16 -> f32 is exact): the 64-element steps run like [`dot_vec_f32`], the reduced
 /// value goes to f64 and the leftovers accumulate in f64.
 pub fn dot_vec_f16(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the features were detected at run time.
+        return unsafe { dot_vec_f16_fma(x, y) };
+    }
+    dot_vec_f16_lanes(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_vec_f16_fma(x: &[f32], y: &[f32]) -> f32 {
+    dot_vec_f16_lanes(x, y)
+}
+
+/// [`dot_vec_f16`]'s body (no dispatch): for backends' own SIMD frames.
+#[inline(always)]
+pub fn dot_vec_f16_lanes(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
-    let mut sumf = dot_vec_f32(&x[..np], &y[..np]) as f64;
+    let mut sumf = dot_vec_f32_lanes(&x[..np], &y[..np]) as f64;
     for i in np..n {
         sumf += (x[i] * y[i]) as f64;
     }
@@ -140,13 +166,13 @@ pub fn dot_vec_f16(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// Rounds through f16 (round to nearest even), as `GGML_CPU_FP32_TO_FP16` does.
-#[inline]
+#[inline(always)]
 pub fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
 /// Scalar twin of the AVX-512 `ggml_v_expf` (one lane).
-#[inline]
+#[inline(always)]
 pub fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23f
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0f
@@ -170,29 +196,35 @@ pub fn v_expf(x: f32) -> f32 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
     // _mm512_scalef_ps(j, n) = j * 2^floor(n), rounded once (n is integral here).
-    scalef(j, n)
-}
-
-#[inline]
-fn scalef(j: f32, n: f32) -> f32 {
     if j.is_nan() || n.is_nan() {
         return f32::NAN;
     }
+    // 2^e is exact in f64 for |e| <= 192, so the product rounds once, to f32.
     let e = n.floor() as i32;
-    // j * 2^e is exact in f64 for |e| <= 192; one rounding to f32 follows.
-    (j as f64 * 2f64.powi(e)) as f32
+    (j as f64 * f64::from_bits(((e + 1023) as u64) << 52)) as f32
 }
 
 /// `ggml_v_silu` lane: x / (1 + v_expf(0 - x)).
-#[inline]
+#[inline(always)]
 pub fn v_silu(x: f32) -> f32 {
     x / (1.0 + v_expf(0.0 - x))
 }
 
 /// `ggml_silu_f32`: x / (1 + expf(-x)).
-#[inline]
+#[inline(always)]
 pub fn silu_scalar(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// `MAX(a, b)` as ggml's macro: `a > b ? a : b` (so a NaN element wins over a number, and a
+/// NaN running max is replaced by the next element).
+#[inline]
+pub fn ggml_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
 }
 
 /// `ggml_vec_soft_max_f32` (AVX-512): writes exp(x - max) to `y`, returns the sum (f64).
@@ -221,7 +253,7 @@ pub fn soft_max_f32(x: &[f32], y: &mut [f32], max: f32) -> f64 {
 }
 
 /// `ggml_gelu_f32` as compiled (GCC fuses `1 + A*x*x`).
-fn gelu_f32(x: f32) -> f32 {
+pub fn gelu_f32(x: f32) -> f32 {
     const GELU_COEF_A: f32 = 0.044715;
     const SQRT_2_OVER_PI: f32 = f32::from_bits(0x3f4c_422a); // 0.79788456080286535587989211986876f
     let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
@@ -229,6 +261,15 @@ fn gelu_f32(x: f32) -> f32 {
 }
 
 static GELU_TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+
+/// `f16(gelu(x))` for every f16 bit pattern `x` (`ggml_table_gelu_f16`), built once.
+pub fn gelu_table() -> &'static [u16] {
+    GELU_TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32())).to_bits())
+            .collect()
+    })
+}
 
 /// ggml's GELU with `GGML_GELU_FP16`: 0 for x <= -10, x for x >= 10, otherwise a lookup in a
 /// table of `f16(gelu(f16 value))` indexed by the f16 bits of x (x rounded to nearest even).
@@ -238,12 +279,7 @@ pub fn gelu_fp16_table(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let t = GELU_TABLE.get_or_init(|| {
-            (0..=u16::MAX)
-                .map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32())).to_bits())
-                .collect()
-        });
-        f16::from_bits(t[f16::from_f32(x).to_bits() as usize]).to_f32()
+        f16::from_bits(gelu_table()[f16::from_f32(x).to_bits() as usize]).to_f32()
     }
 }
 

@@ -5,16 +5,22 @@
 //! order of operations. Usable three ways:
 //!
 //! - [`run`]: a safe-ish Rust call (`ops::compute`) on host tensors;
-//! - [`backend::TABLE`] / [`backend::HEADER`] / [`mollm_backend_entry`]: as an ABI backend;
+//! - [`backend::TABLE`] / [`backend::HEADER`] (and `mollm_backend_entry` with feature
+//!   `entry`): as an ABI backend;
+//! - [`ggml`], [`glue`], [`par`]: the numerics, C-table plumbing and thread-pool glue the
+//!   native backends share with it (one copy of each);
 //! - [`serial_host`] / [`scoped_threads_host`]: hosts for tests and tools.
 
 pub mod backend;
 pub mod ggml;
+pub mod glue;
 pub mod ops;
 pub mod par;
 pub mod tensor;
 
-pub use backend::{mollm_backend_entry, HEADER, TABLE};
+#[cfg(feature = "entry")]
+pub use backend::mollm_backend_entry;
+pub use backend::{HEADER, TABLE};
 pub use par::{parallel_for, scoped_threads_host, serial_host};
 pub use tensor::Error;
 

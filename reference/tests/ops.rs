@@ -548,7 +548,7 @@ struct Backend {
 
 fn open() -> Backend {
     let host = Box::new(serial_host());
-    let hdr = unsafe { &*reference::mollm_backend_entry() };
+    let hdr = &reference::HEADER;
     hdr.check_layout().unwrap();
     let name = unsafe { core::ffi::CStr::from_ptr(hdr.name) };
     assert_eq!(name.to_str().unwrap(), "reference");

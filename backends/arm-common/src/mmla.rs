@@ -57,23 +57,10 @@ pub unsafe fn pair_halves_by_quads<const H: usize>(
     core::array::from_fn(|t| halves(path, a[t / 2], y[t % 2]))
 }
 
-/// [`pair_halves`] of one repacked Q4_K pair block (`qs`: its 256 interleaved bytes, see
-/// [`crate::repack`]) against two Q8_K columns: SMMLA straight from the layout on
-/// [`IntPath::I8mm`], the unpacked codes otherwise.
-///
-/// # Safety
-/// The CPU runs `path`.
-#[inline(always)]
-pub unsafe fn q4k_pair_halves(path: IntPath, qs: &[u8], y: [&[i8]; 2]) -> [[i32; 16]; 4] {
-    match path {
-        #[cfg(target_arch = "aarch64")]
-        IntPath::I8mm => smmla::q4k_pair_halves(qs, y),
-        _ => {
-            let c = crate::repack::unpack_pair(qs);
-            pair_halves_by_quads(path, [&c[0], &c[1]], y)
-        }
-    }
-}
+/// SMMLA straight from a repacked Q4_K pair block's 256 interleaved `qs` bytes (see
+/// `crate::repack`) against two Q8_K columns: [`pair_halves`] of its two rows.
+#[cfg(target_arch = "aarch64")]
+pub use smmla::q4k_pair_halves as q4k_pair_halves_i8mm;
 
 #[cfg(target_arch = "aarch64")]
 mod smmla {

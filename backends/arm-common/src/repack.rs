@@ -94,6 +94,23 @@ pub fn unpack_pair(qs: &[u8]) -> [[i8; 256]; 2] {
     c
 }
 
+/// `mmla::pair_halves` of one pair block (`qs`: its 256 interleaved bytes) against two Q8_K
+/// columns: SMMLA straight from the layout on [`IntPath::I8mm`], the unpacked codes otherwise.
+///
+/// # Safety
+/// The CPU runs `path`.
+#[inline(always)]
+unsafe fn q4k_pair_halves(path: IntPath, qs: &[u8], y: [&[i8]; 2]) -> [[i32; 16]; 4] {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        IntPath::I8mm => mmla::q4k_pair_halves_i8mm(qs, y),
+        _ => {
+            let c = unpack_pair(qs);
+            mmla::pair_halves_by_quads(path, [&c[0], &c[1]], y)
+        }
+    }
+}
+
 /// [`crate::kquants::tile`] on a repacked pair of rows (`pair_row`: its `k / 256` pair
 /// blocks) against activation columns `act` (Q8_K, converted for `kernel`): `out[2i + j]` is
 /// (row i, column j), bit-identical to the chain on the file's rows. A single column is
@@ -106,7 +123,7 @@ pub unsafe fn tile(path: IntPath, kernel: Kernel, pair_row: &[u8], act: [&[u8]; 
     for (b, blk) in pair_row.chunks_exact(PAIR_BLOCK).enumerate() {
         let ys =
             act.map(|a| ABlock::Q8K(BlockQ8K::read(&a[b * BlockQ8K::BYTES..][..BlockQ8K::BYTES])));
-        let h = mmla::q4k_pair_halves(path, &blk[48..], [ys[0].codes(), ys[1].codes()]);
+        let h = q4k_pair_halves(path, &blk[48..], [ys[0].codes(), ys[1].codes()]);
         let s = scales(blk);
         for (t, run) in runs.iter_mut().enumerate() {
             step(kernel, run, &WBlock::Q4K(s[t / 2]), &ys[t % 2], &h[t]);

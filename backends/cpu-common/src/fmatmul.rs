@@ -1,12 +1,12 @@
 //! `mat_mul` with F32 / F16 weights: the reference's choice and float order (ggml's AVX-512
 //! `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, or llamafile's tinyBLAS tile when the activation
 //! matrix has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`), lane for lane, so results are
-//! bit-identical to `reference::ggml::{dot_vec_f32, dot_vec_f16, dot_tile}`. Plain Rust
+//! bit-identical to `reference::ggml::{dot_vec_f32, dot_vec_f16, dot_tile}` (whose bodies it
+//! instantiates). Plain Rust
 //! (`mul_add` is one fused instruction on AArch64, and on x86 inside the AVX2+FMA frame).
 
 #![allow(clippy::needless_range_loop)]
 
-use crate::ops::reduce16;
 use crate::par::{parallel_for, SyncPtr};
 use crate::{split_row, Error};
 use abi::{DType, HostApi, TensorDesc};
@@ -104,68 +104,13 @@ fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
     dot_body(chain, x, y)
 }
 
-/// `ggml_vec_dot_f32` (AVX-512 build): also the attention scores' dot product in
-/// [`crate::ops`].
-#[inline(always)]
-pub(crate) fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
-    dot_body(Chain::VecF32, x, y)
-}
-
-/// `ggml_vec_dot_f16` on f16 values held as f32: the attention scores over an f16 K cache.
-#[inline(always)]
-pub(crate) fn vec_dot_f16(x: &[f32], y: &[f32]) -> f32 {
-    dot_body(Chain::VecF16, x, y)
-}
-
-/// tinyBLAS's one-accumulator tile dot: the attention scores over an f16 K cache (>= 2 queries).
-#[inline(always)]
-pub(crate) fn dot_tile(x: &[f32], y: &[f32]) -> f32 {
-    dot_body(Chain::Tile, x, y)
-}
-
-/// One output: 16-lane FMA accumulators (four of them for the vec_dot chains), lane `l`
-/// taking elements `16i + l`, reduced as ggml reduces a zmm; then the leftovers.
+/// One output of `chain`: the reference's chains, inlined into the caller's ISA frame.
 #[inline(always)]
 fn dot_body(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
-    let n = x.len();
-    if chain == Chain::Tile {
-        let mut acc = [0f32; 16];
-        for (xs, ys) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
-            for l in 0..16 {
-                acc[l] = xs[l].mul_add(ys[l], acc[l]);
-            }
-        }
-        return reduce16(&acc);
-    }
-    let np = n & !63;
-    let mut l = [[0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, a) in l.iter_mut().enumerate() {
-            for (k, acc) in a.iter_mut().enumerate() {
-                let e = i + 16 * j + k;
-                *acc = x[e].mul_add(y[e], *acc);
-            }
-        }
-    }
-    for i in 0..16 {
-        l[0][i] += l[2][i];
-        l[1][i] += l[3][i];
-    }
-    for i in 0..16 {
-        l[0][i] += l[1][i];
-    }
-    let head = reduce16(&l[0]);
-    if chain == Chain::VecF32 {
-        let mut sumf = head;
-        for i in np..n {
-            sumf = x[i].mul_add(y[i], sumf);
-        }
-        sumf
-    } else {
-        let mut sumf = head as f64;
-        for i in np..n {
-            sumf += (x[i] * y[i]) as f64;
-        }
-        sumf as f32
+    use reference::ggml::{dot_tile_lanes, dot_vec_f16_lanes, dot_vec_f32_lanes};
+    match chain {
+        Chain::VecF32 => dot_vec_f32_lanes(x, y),
+        Chain::VecF16 => dot_vec_f16_lanes(x, y),
+        Chain::Tile => dot_tile_lanes(x, y),
     }
 }

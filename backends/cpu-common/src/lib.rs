@@ -8,7 +8,8 @@ use abi::{
     BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,
 };
 use core::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use reference::glue::{self, ErrorSlot};
+use std::panic::catch_unwind;
 use std::sync::Mutex;
 
 pub mod fmatmul;
@@ -18,23 +19,10 @@ pub mod wmatmul;
 #[cfg(target_arch = "x86_64")]
 mod wmatmul_x86;
 
-/// Why a call was not computed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Error {
-    /// The call breaks the op's schema or the ABI (`Status::InvalidArgument`).
-    Invalid(String),
-    /// A valid call this backend does not compute (`Status::Unsupported`): the host sends it
-    /// to the next backend.
-    Unsupported(String),
-}
-
-impl core::fmt::Display for Error {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Error::Invalid(m) | Error::Unsupported(m) => f.write_str(m),
-        }
-    }
-}
+/// Why a call was not computed: `Invalid` (the call breaks the op's schema or the ABI,
+/// `Status::InvalidArgument`) or `Unsupported` (a valid call this backend does not compute:
+/// the host sends it to the next backend). The reference's type: one error everywhere.
+pub use reference::Error;
 
 /// A native CPU backend: the contract behind the table [`table`] builds.
 pub trait CpuBackend: 'static {
@@ -249,7 +237,7 @@ impl Drop for AlignedBytes {
 /// One backend instance.
 struct Context {
     host: HostApi,
-    last_error: Mutex<String>,
+    last_error: ErrorSlot,
     /// Prepared weights by handle (the `buffer` of their descriptors); freed by
     /// `buffer_free` or at shutdown.
     prepared: Mutex<std::collections::HashMap<u64, Prepared>>,
@@ -314,60 +302,21 @@ fn resolve_inputs(cx: &Context, inputs: &[TensorDesc]) -> Result<Option<Resolved
     }
 }
 
-impl Context {
-    fn set_error(&self, msg: String) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = msg;
-    }
-}
-
 extern "C" fn init(host: *const HostApi, out: *mut *mut c_void) -> i32 {
-    if host.is_null() || out.is_null() {
-        return Status::InvalidArgument as i32;
+    // SAFETY: the host passes a valid HostApi and `out` (or nulls, refused).
+    unsafe {
+        glue::init(host, out, |host| Context {
+            host,
+            last_error: ErrorSlot::default(),
+            prepared: Mutex::new(Default::default()),
+            next_handle: std::sync::atomic::AtomicU64::new(1),
+        })
     }
-    // SAFETY: the host passes a valid HostApi; only struct_size is read before trusting it.
-    let size = unsafe { core::ptr::addr_of!((*host).struct_size).read() } as usize;
-    if size < core::mem::size_of::<HostApi>() {
-        return Status::InvalidArgument as i32;
-    }
-    let host = unsafe { *host };
-    let ctx = Box::new(Context {
-        host,
-        last_error: Mutex::new(String::new()),
-        prepared: Mutex::new(Default::default()),
-        next_handle: std::sync::atomic::AtomicU64::new(1),
-    });
-    // SAFETY: `out` is a valid pointer (checked non-null).
-    unsafe { *out = Box::into_raw(ctx) as *mut c_void };
-    Status::Ok as i32
 }
 
 extern "C" fn shutdown(ctx: *mut c_void) {
-    if !ctx.is_null() {
-        // SAFETY: ctx came from init.
-        drop(unsafe { Box::from_raw(ctx as *mut Context) });
-    }
-}
-
-type Decoded = (Op, &'static [TensorDesc], &'static [TensorDesc], OpParams);
-
-unsafe fn decode(call: *const OpCall) -> Result<Decoded, Error> {
-    if call.is_null() {
-        return Err(Error::Invalid("null call".into()));
-    }
-    let c = &*call;
-    if (c.n_inputs > 0 && c.inputs.is_null()) || (c.n_outputs > 0 && c.outputs.is_null()) {
-        return Err(Error::Invalid("null operand array".into()));
-    }
-    let (op, i, o) = c.parts();
-    let op = op.ok_or_else(|| Error::Invalid(format!("unknown op id {}", c.op)))?;
-    Ok((op, i, o, c.params))
-}
-
-fn status_of(e: &Error) -> Status {
-    match e {
-        Error::Invalid(_) => Status::InvalidArgument,
-        Error::Unsupported(_) => Status::Unsupported,
-    }
+    // SAFETY: ctx came from init.
+    unsafe { glue::drop_boxed::<Context>(ctx) }
 }
 
 extern "C" fn compute<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i32 {
@@ -376,45 +325,23 @@ extern "C" fn compute<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i
     }
     // SAFETY: ctx came from init.
     let cx = unsafe { &*(ctx as *const Context) };
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-        let (op, i, o, p) = decode(call)?;
+    cx.last_error.guard(|| unsafe {
+        let (op, i, o, p) = glue::decode(call)?;
         if let Some((Some(kind), arr, n)) = resolve_inputs(cx, i)? {
             B::check_prepared(kind, op, &arr[..n], o, &p)?;
             return B::compute_prepared(&cx.host, kind, op, &arr[..n], o, &p);
         }
         B::check(op, i, o, &p)?;
         B::compute(&cx.host, op, i, o, &p)
-    }));
-    match r {
-        Ok(Ok(())) => Status::Ok as i32,
-        Ok(Err(e)) => {
-            cx.set_error(e.to_string());
-            status_of(&e) as i32
-        }
-        Err(p) => {
-            cx.set_error(format!("panic: {}", par::panic_message(&*p)));
-            Status::Panic as i32
-        }
-    }
+    })
 }
 
 extern "C" fn last_error(ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
     if ctx.is_null() {
         return 0;
     }
-    // SAFETY: ctx came from init.
-    let cx = unsafe { &*(ctx as *const Context) };
-    let msg = cx
-        .last_error
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    if !buf.is_null() {
-        let n = msg.len().min(cap);
-        // SAFETY: the caller provides `cap` writable bytes.
-        unsafe { core::ptr::copy_nonoverlapping(msg.as_ptr(), buf, n) };
-    }
-    msg.len()
+    // SAFETY: ctx came from init; the caller provides `cap` writable bytes at `buf`.
+    unsafe { (*(ctx as *const Context)).last_error.copy_to(buf, cap) }
 }
 
 extern "C" fn score<B: CpuBackend>() -> u32 {
@@ -422,28 +349,17 @@ extern "C" fn score<B: CpuBackend>() -> u32 {
 }
 
 extern "C" fn supports<B: CpuBackend>(ctx: *mut c_void, call: *const OpCall) -> i32 {
-    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-        let (op, i, o, p) = decode(call)?;
-        if i.first().is_some_and(|w| w.buffer != 0) && !ctx.is_null() {
-            // SAFETY: ctx came from init.
-            let cx = &*(ctx as *const Context);
+    // SAFETY: ctx is null or came from init.
+    let cx = unsafe { (ctx as *const Context).as_ref() };
+    glue::guard_supports(cx.map(|c| &c.last_error), || unsafe {
+        let (op, i, o, p) = glue::decode(call)?;
+        if let Some(cx) = cx {
             if let Some((Some(kind), arr, n)) = resolve_inputs(cx, i)? {
                 return B::check_prepared(kind, op, &arr[..n], o, &p);
             }
         }
         B::check(op, i, o, &p)
-    }));
-    match r {
-        Ok(Ok(())) => Status::Ok as i32,
-        Ok(Err(e)) => {
-            if !ctx.is_null() {
-                // SAFETY: ctx came from init.
-                unsafe { &*(ctx as *const Context) }.set_error(e.to_string());
-            }
-            Status::Unsupported as i32
-        }
-        Err(_) => Status::Unsupported as i32,
-    }
+    })
 }
 
 extern "C" fn prepare_weight<B: CpuBackend>(
@@ -458,27 +374,19 @@ extern "C" fn prepare_weight<B: CpuBackend>(
     let cx = unsafe { &*(ctx as *const Context) };
     let w = unsafe { *weight };
     if w.buffer != 0 {
-        cx.set_error("prepare_weight: the weight is not in host memory".into());
+        cx.last_error
+            .set("prepare_weight: the weight is not in host memory".into());
         return Status::Unsupported as i32;
     }
-    match catch_unwind(AssertUnwindSafe(|| unsafe { B::prepare(&w) })) {
-        Ok(Ok(p)) => {
-            let mut desc = w;
-            desc.data = p.as_ptr() as *mut u8;
-            desc.buffer = cx.keep(p);
-            // SAFETY: `out` is valid for a write.
-            unsafe { *out = desc };
-            Status::Ok as i32
-        }
-        Ok(Err(e)) => {
-            cx.set_error(e.to_string());
-            status_of(&e) as i32
-        }
-        Err(p) => {
-            cx.set_error(format!("panic: {}", par::panic_message(&*p)));
-            Status::Panic as i32
-        }
-    }
+    cx.last_error.guard(|| unsafe {
+        let p = B::prepare(&w)?;
+        let mut desc = w;
+        desc.data = p.as_ptr() as *mut u8;
+        desc.buffer = cx.keep(p);
+        // SAFETY: `out` is valid for a write.
+        *out = desc;
+        Ok(())
+    })
 }
 
 extern "C" fn buffer_free(ctx: *mut c_void, buffer: u64) {
@@ -505,7 +413,7 @@ extern "C" fn buffer_alloc(ctx: *mut c_void, size: usize, out: *mut u64) -> i32 
     // SAFETY: ctx came from init.
     let cx = unsafe { &*(ctx as *const Context) };
     if size == 0 || size > isize::MAX as usize / 2 {
-        cx.set_error(format!("buffer_alloc: {size} bytes"));
+        cx.last_error.set(format!("buffer_alloc: {size} bytes"));
         return Status::InvalidArgument as i32;
     }
     match Prepared::try_zeroed(KIND_HOST, size) {
@@ -515,7 +423,8 @@ extern "C" fn buffer_alloc(ctx: *mut c_void, size: usize, out: *mut u64) -> i32 
             Status::Ok as i32
         }
         None => {
-            cx.set_error(format!("buffer_alloc: {size} bytes could not be allocated"));
+            cx.last_error
+                .set(format!("buffer_alloc: {size} bytes could not be allocated"));
             Status::OutOfMemory as i32
         }
     }
@@ -571,20 +480,9 @@ pub const fn header(
     BackendHeader::layout(name, DeviceKind::Cpu, cpu_features, table)
 }
 
-/// Reads the last error of a context (tests and tools).
-pub fn last_error_string(table: &BackendTable, ctx: *mut c_void) -> String {
-    let n = (table.last_error)(ctx, core::ptr::null_mut(), 0);
-    let mut buf = vec![0u8; n];
-    (table.last_error)(ctx, buf.as_mut_ptr(), n);
-    String::from_utf8_lossy(&buf).into_owned()
-}
+pub use reference::glue::last_error_string;
 
-/// Indices `(i1, i2, i3)` of row `r` of `t` (rows counted over dimensions 1..3).
-#[inline(always)]
-pub fn split_row(t: &TensorDesc, r: i64) -> (i64, i64, i64) {
-    let (n1, n2) = (t.ne[1], t.ne[2]);
-    (r % n1, (r / n1) % n2, r / (n1 * n2))
-}
+pub use reference::tensor::split_row;
 
 /// The checks every CPU `mat_mul` makes before its kernel-specific ones: weights in one of
 /// `formats` (`who` names the backend family in the refusal), host memory, packed weight

@@ -289,7 +289,7 @@ pub unsafe fn vecdot_q6k_cols<const R: usize, const C: usize>(
     let mut out = [[0f32; R]; C];
     for c in 0..C {
         for r in 0..R {
-            out[c][r] = crate::simd::hsum_float_8(acc8[c][r]);
+            out[c][r] = crate::hsum::hsum_float_8(acc8[c][r]);
         }
     }
     out
@@ -357,8 +357,8 @@ pub unsafe fn vecdot_q6k_pair_cols<const C: usize>(
     let mut out = [[0f32; 2]; C];
     for c in 0..C {
         out[c] = [
-            crate::simd::hsum_float_8(_mm512_castps512_ps256(acc[c])),
-            crate::simd::hsum_float_8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            crate::hsum::hsum_float_8(_mm512_castps512_ps256(acc[c])),
+            crate::hsum::hsum_float_8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(acc[c]),
             ))),
         ];

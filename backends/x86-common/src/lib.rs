@@ -25,6 +25,8 @@ use mollm_cpu_common::CpuBackend;
 pub mod actq;
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
+mod hsum;
+#[cfg(target_arch = "x86_64")]
 pub mod kq512;
 pub mod matmul;
 pub mod par;

@@ -13,6 +13,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
+pub(crate) use crate::hsum::hsum_float_8;
 use core::arch::x86_64::*;
 use quant::{scale_min_k4, Kernel};
 
@@ -47,16 +48,6 @@ unsafe fn f32_at(p: *const u8) -> f32 {
 #[inline(always)]
 unsafe fn i16_at(p: *const u8, i: usize) -> i32 {
     i16::from_le_bytes([*p.add(2 * i), *p.add(2 * i + 1)]) as i32
-}
-
-/// ggml's `hsum_float_8`, replayed on the stored lanes: `((x0+x4) + (x2+x6)) + ((x1+x5) +
-/// (x3+x7))`.
-#[inline(always)]
-pub(crate) unsafe fn hsum_float_8(v: __m256) -> f32 {
-    let mut x = [0f32; 8];
-    _mm256_storeu_ps(x.as_mut_ptr(), v);
-    let r = [x[4] + x[0], x[5] + x[1], x[6] + x[2], x[7] + x[3]];
-    (r[0] + r[2]) + (r[1] + r[3])
 }
 
 /// Sum of eight i32 lanes (exact up to wrapping, which is order-independent).

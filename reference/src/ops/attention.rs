@@ -8,8 +8,9 @@
 //! exact zeros (`exp(-inf) = 0`, `fma(0, v, acc) = acc`), so work stops after the last visible
 //! row of each query, rounded up to whole blocks/lanes: bit-identical, and causal-cheap.
 
-use crate::ggml::{dot_tile, dot_vec_f16, dot_vec_f32, reduce16, round_f16, soft_max_f32};
-use crate::ops::softmax::ggml_max;
+use crate::ggml::{
+    dot_tile, dot_vec_f16, dot_vec_f32, ggml_max, reduce16, round_f16, soft_max_f32,
+};
 use crate::par::{parallel_for_shared as parallel_for, SyncPtr};
 use crate::tensor::{read_i32, row_ptr, widen_row, Error, Result};
 use abi::{DType, HostApi, OpParams, TensorDesc};

@@ -1,20 +1,9 @@
 //! softmax, as `ggml_compute_forward_soft_max_f32` without mask or sinks.
 
 use super::for_rows;
-use crate::ggml::soft_max_f32;
+use crate::ggml::{ggml_max, soft_max_f32};
 use crate::tensor::{read_row, split_row, write_row, Result};
 use abi::{HostApi, OpParams, TensorDesc};
-
-/// `MAX(a, b)` as ggml's macro: `a > b ? a : b` (so a NaN element wins over a number, and a
-/// NaN running max is replaced by the next element).
-#[inline]
-pub fn ggml_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
 
 /// One row in place: `w = x*scale`, `max`, exps and their f64 sum ([`soft_max_f32`]), then
 /// every exp times `(float)(1.0/sum)`.

@@ -15,7 +15,7 @@ pub(super) unsafe fn dot_vec_f32(isa: Isa, x: *const f32, y: *const f32, n: usiz
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => dot256(x, y, n),
         // SAFETY: `n` floats at `x` and at `y` (the caller's contract).
-        _ => crate::fmatmul::vec_dot_f32(
+        _ => reference::ggml::dot_vec_f32_lanes(
             core::slice::from_raw_parts(x, n),
             core::slice::from_raw_parts(y, n),
         ),
@@ -164,10 +164,7 @@ pub(super) unsafe fn widen_f16(p: *const u8, dst: &mut [f32]) {
     }
 }
 
-#[inline(always)]
-pub(super) fn round_f16(x: f32) -> f32 {
-    quant::fp16_to_f32(quant::f32_to_fp16(x))
-}
+use reference::ggml::round_f16;
 
 /// Output rows `(h, t)` for `h` in `h0..h1` (heads of one KV head) of attention, as
 /// `reference::ops::attention::run` computes each for f32 caches (same kernels, lanes and
@@ -254,9 +251,9 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             let s = if !a.k_f16 {
                 dot_vec_f32(a.isa, kr, qv.as_ptr().add(g * du), du)
             } else if a.kq_tile {
-                crate::fmatmul::dot_tile(&krow, &qv[g * du..(g + 1) * du])
+                reference::ggml::dot_tile_lanes(&krow, &qv[g * du..(g + 1) * du])
             } else {
-                crate::fmatmul::vec_dot_f16(&krow, &qv[g * du..(g + 1) * du])
+                reference::ggml::dot_vec_f16_lanes(&krow, &qv[g * du..(g + 1) * du])
             };
             let s = if a.softcap > 0.0 {
                 ((s * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale

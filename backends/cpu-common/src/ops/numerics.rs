@@ -1,71 +1,16 @@
-//! ggml's numerics as the reference computes them: `reduce16`, the exps (scalar twins and
-//! their AVX2/AVX-512 versions), SiLU, `soft_max_f32`, the GELU table. Shared by softmax, glu
-//! and attention.
+//! ggml's numerics as the reference computes them, in SIMD: the exps (AVX2/AVX-512 twins of
+//! the reference's `v_expf`) and `soft_max_f32`. Shared by softmax, glu and attention.
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use super::*;
 
-/// `_mm512_reduce_add_ps` as GCC implements it.
-#[inline(always)]
-pub(crate) fn reduce16(v: &[f32; 16]) -> f32 {
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = v[i + 8] + v[i];
-    }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i + 4] + t8[i];
-    }
-    let a = t4[0] + t4[2];
-    let b = t4[1] + t4[3];
-    a + b
-}
-
-/// Scalar twin of the AVX-512 `ggml_v_expf` (one lane), as the reference (the SIMD
-/// [`expf16`] is tested against it).
-#[cfg_attr(not(test), allow(dead_code))]
-#[inline(always)]
-pub(super) fn v_expf(x: f32) -> f32 {
-    let r = f32::from_bits(0x4b40_0000);
-    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
-    let n = z - r;
-    let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e),
-        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
-    );
-    let u = b * b;
-    let c_a = f32::from_bits(0x3c07_2010);
-    let c_b = f32::from_bits(0x3d2b_9f17);
-    let c_c = f32::from_bits(0x3e2a_af33);
-    let c_d = f32::from_bits(0x3eff_fedb);
-    let c_e = f32::from_bits(0x3f7f_fff6);
-    let j = c_a
-        .mul_add(b, c_b)
-        .mul_add(u, c_c.mul_add(b, c_d))
-        .mul_add(u, c_e.mul_add(b, 1.0));
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
-    if j.is_nan() || n.is_nan() {
-        return f32::NAN;
-    }
-    // n is integral here; 2^n is exact in f64 (|n| <= 192), so one rounding follows, as in
-    // the reference's `j as f64 * 2f64.powi(n)`.
-    let e = n.floor() as i32;
-    (j as f64 * f64::from_bits(((e + 1023) as u64) << 52)) as f32
-}
-
-#[cfg_attr(not(test), allow(dead_code))]
-#[inline(always)]
-pub(super) fn v_silu(x: f32) -> f32 {
-    x / (1.0 + v_expf(0.0 - x))
-}
-
-#[inline(always)]
-pub(super) fn silu_scalar(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+// The scalar twins are the reference's (one copy): `reduce16`, `v_expf` (which the SIMD exps
+// below equal bit for bit), SiLU, `ggml_max`, the GELU table.
+pub(crate) use reference::ggml::reduce16;
+#[cfg(test)]
+pub(super) use reference::ggml::v_silu;
+pub(super) use reference::ggml::{gelu_table, ggml_max, silu_scalar, v_expf};
 
 /// `ggml_vec_soft_max_f32` (AVX-512): exps into `y`, their sum in f64. The 16-lane steps
 /// by [`expf16`] (SIMD, bit-identical to [`v_expf`] per lane).
@@ -244,32 +189,6 @@ pub(super) unsafe fn expf8_avx2(x: &[f32; 8], max: f32, out: &mut [f32; 8]) {
     let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(n, n);
     res = _mm256_blendv_ps(res, _mm256_set1_ps(f32::NAN), nan);
     _mm256_storeu_ps(out.as_mut_ptr(), res);
-}
-
-#[inline(always)]
-pub(super) fn ggml_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-pub(super) fn gelu_f32(x: f32) -> f32 {
-    const GELU_COEF_A: f32 = 0.044715;
-    const SQRT_2_OVER_PI: f32 = f32::from_bits(0x3f4c_422a);
-    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
-}
-
-pub(super) static GELU_TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
-
-pub(super) fn gelu_table() -> &'static [u16] {
-    GELU_TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|i| quant::f32_to_fp16(gelu_f32(quant::fp16_to_f32(i))))
-            .collect()
-    })
 }
 
 #[cfg(test)]

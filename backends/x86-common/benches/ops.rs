@@ -1,0 +1,126 @@
+//! Op micro-benchmarks (criterion) for the non-matmul kernel families, through each native
+//! backend's function table as the engine calls it: attention (decode against a deep cache,
+//! a prompt chunk, a sliding window), rms_norm, rope, glu (SiLU and GELU), softmax, on the
+//! shapes of SmolLM2-135M / Qwen2.5-1.5B, 2 threads. The reference backend runs beside them
+//! on the small shapes (it is the spec, not a contender).
+//! `cargo bench -p mollm-x86-common --bench ops [-- FILTER]`
+
+use abi::{BackendTable, DType, Op, OpParams, GLU_GELU_TANH, GLU_SILU, ROPE_NEOX};
+use conformance::cases::{attention, Case, Owned, Rng};
+use conformance::Instance;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use mollm_x86_common::{Isa, HEADER_AVX2, HEADER_AVX512};
+
+/// The backends measured: every native ISA this CPU runs, then the reference.
+fn tables() -> Vec<(&'static str, &'static BackendTable)> {
+    let mut v = Vec::new();
+    for (name, isa, h) in [
+        ("avx2", Isa::Avx2, &HEADER_AVX2),
+        ("avx512", Isa::Avx512, &HEADER_AVX512),
+    ] {
+        if isa.detected() {
+            // SAFETY: the headers' tables are statics.
+            v.push((name, unsafe { &*h.table }));
+        }
+    }
+    v.push(("reference", &reference::TABLE));
+    v
+}
+
+fn unary(op: Op, x: Owned, extra: Vec<Owned>, p: OpParams, label: String) -> Case {
+    let shape = x.shape.clone();
+    let mut inputs = vec![x];
+    inputs.extend(extra);
+    Case {
+        op,
+        label,
+        inputs,
+        outputs: vec![Owned::zeros(DType::F32, &shape)],
+        params: p,
+    }
+}
+
+/// The cases: (group, case, elements for the throughput line, whether the reference runs it).
+fn cases() -> Vec<(&'static str, Case, u64, bool)> {
+    let mut r = Rng::new(17);
+    let mut v = Vec::new();
+    // Attention, SmolLM2's heads (d 64, 9 query heads on 3 KV heads) and the 1.5B's (d 128,
+    // 12 on 2): one decode row at 512 and 2048 cached rows, a 64-token prompt chunk, and
+    // Gemma-style 512-row window deep in the cache. Elements: cached rows x query heads.
+    for (d, hq, hkv, cache, t, n_kv, window, refr) in [
+        (64, 9, 3, 512, 1, 512, 0, true),
+        (64, 9, 3, 2048, 1, 2048, 0, false),
+        (128, 12, 2, 2048, 1, 2048, 0, false),
+        (64, 9, 3, 512, 64, 512, 0, false),
+        (64, 9, 3, 2048, 1, 2048, 512, false),
+    ] {
+        let c = attention(&mut r, d, hq, hkv, cache, t, n_kv, window, 0.0, DType::F32);
+        v.push(("attention", c, (n_kv * hq * t) as u64, refr));
+    }
+    let mut p = OpParams::default();
+    p.f[0] = 1e-5;
+    for (k, rows) in [(576i64, 1i64), (1536, 64)] {
+        let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 2.0));
+        let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
+        let label = format!("k={k} rows={rows}");
+        v.push((
+            "rms_norm",
+            unary(Op::RmsNorm, x, vec![w], p, label),
+            (k * rows) as u64,
+            rows == 1,
+        ));
+    }
+    let mut p = OpParams::default();
+    p.i[0] = ROPE_NEOX;
+    p.i[1] = 64;
+    p.i[2] = 4096;
+    p.f[..6].copy_from_slice(&[10000.0f32, 1.0, 0.0, 1.0, 32.0, 1.0]);
+    for rows in [1i64, 64] {
+        let (d, h) = (64i64, 9i64);
+        let x = Owned::f32(&[d, h, rows], &r.vec((d * h * rows) as usize, 1.0));
+        let pos: Vec<i32> = (0..rows as i32).map(|i| 100 + i).collect();
+        let label = format!("d={d} h={h} t={rows}");
+        let c = unary(Op::Rope, x, vec![Owned::i32(&pos)], p, label);
+        v.push(("rope", c, (d * h * rows) as u64, rows == 1));
+    }
+    for (act, name) in [(GLU_SILU, "silu"), (GLU_GELU_TANH, "gelu")] {
+        let mut p = OpParams::default();
+        p.i[0] = act;
+        let (k, rows) = (8960i64, 4i64);
+        let g = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 3.0));
+        let u = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
+        let c = unary(Op::Glu, g, vec![u], p, format!("{name} k={k} rows={rows}"));
+        v.push(("glu", c, (k * rows) as u64, true));
+    }
+    let mut p = OpParams::default();
+    p.f[0] = 1.0;
+    let (k, rows) = (49152i64, 1i64);
+    let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 4.0));
+    let c = unary(Op::Softmax, x, vec![], p, format!("k={k} rows={rows}"));
+    v.push(("softmax", c, k as u64, true));
+    v
+}
+
+fn ops(c: &mut Criterion) {
+    let host = reference::scoped_threads_host(2);
+    let backends: Vec<_> = tables()
+        .into_iter()
+        .map(|(n, t)| (n, Instance::open(t, &host).expect("init")))
+        .collect();
+    for (group, mut case, elems, refr) in cases() {
+        let mut g = c.benchmark_group(group);
+        g.throughput(Throughput::Elements(elems));
+        for (name, inst) in &backends {
+            if *name == "reference" && !refr {
+                continue;
+            }
+            g.bench_function(BenchmarkId::new(*name, &case.label), |b| {
+                b.iter(|| inst.run(&mut case).expect("computed"))
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, ops);
+criterion_main!(benches);
