@@ -44,15 +44,18 @@ fn unary(op: Op, x: Owned, extra: Vec<Owned>, p: OpParams, label: String) -> Cas
 fn cases() -> Vec<(&'static str, Case, u64, bool)> {
     let mut r = Rng::new(17);
     let mut v = Vec::new();
-    // Attention, SmolLM2's heads (d 64, 9 query heads on 3 KV heads) and the 1.5B's (d 128,
-    // 12 on 2): one decode row at 512 and 2048 cached rows, a 64-token prompt chunk, and
-    // Gemma-style 512-row window deep in the cache. Elements: cached rows x query heads.
+    // Attention, SmolLM2's heads (d 64, 9 query heads on 3 KV heads), the 1.5B's (d 128, 12
+    // on 2) and Gemma 3 270M's (d 256, 4 on 1): one decode row at 512 and 2048 cached rows, a
+    // 64-token prompt chunk, a 512-row sliding window deep in the cache. Elements: cached rows
+    // x query heads.
     for (d, hq, hkv, cache, t, n_kv, window, refr) in [
         (64, 9, 3, 512, 1, 512, 0, true),
         (64, 9, 3, 2048, 1, 2048, 0, false),
         (128, 12, 2, 2048, 1, 2048, 0, false),
         (64, 9, 3, 512, 64, 512, 0, false),
         (64, 9, 3, 2048, 1, 2048, 512, false),
+        (256, 4, 1, 2048, 1, 2048, 0, false),
+        (256, 4, 1, 2048, 1, 2048, 512, false),
     ] {
         let c = attention(&mut r, d, hq, hkv, cache, t, n_kv, window, 0.0, DType::F32);
         v.push(("attention", c, (n_kv * hq * t) as u64, refr));

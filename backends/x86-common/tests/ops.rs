@@ -218,6 +218,9 @@ fn attention_edge_shapes_match_reference_bit_for_bit() {
         (256, 1, 4, 2560, 1, 2048, 512, 0.0), // Gemma 3's window deep in the cache
         (64, 3, 3, 1024, 1, 700, 100, 0.0),   // a window starting mid-block (row 600)
         (64, 3, 3, 1024, 20, 700, 100, 0.0),  // a prompt chunk in a window
+        (256, 1, 4, 512, 6, 90, 0, 0.0),      // prompt, d = 256: whole-row 16-lane p·V
+        (384, 1, 2, 256, 1, 100, 0, 0.0),     // d = 384: a 256 and a 128 piece per row
+        (384, 1, 2, 256, 3, 100, 0, 0.0),     // the same for a prompt
     ];
     for &(d, hkv, g, c, t, n, w, sc) in shapes {
         let cs = attention_case(&mut r, d, hkv, g, c, t, n, w, sc);

@@ -538,20 +538,37 @@ unsafe fn pv_in_registers(
         })
         .collect();
     #[cfg(target_arch = "x86_64")]
+    if a.isa == Isa::Avx512 && du % 128 == 0 {
+        // Wide heads: whole rows per visit (see pv_chunk512).
+        for g in 0..nh {
+            let wg = &w[g * len..(g + 1) * len];
+            for c0 in (0..du).step_by(256) {
+                let out = &mut res[g * du + c0..];
+                match (du - c0 >= 256, lanes) {
+                    (true, 64) => pv_chunk512::<16, 4, 1>(&vp, wg, c0, lo, v_end, out),
+                    (false, 64) => pv_chunk512::<8, 4, 2>(&vp, wg, c0, lo, v_end, out),
+                    (true, _) => pv_chunk512::<16, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                    (false, _) => pv_chunk512::<8, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                }
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if a.isa == Isa::Avx512 {
         for g in 0..nh {
             let wg = &w[g * len..(g + 1) * len];
             for c0 in (0..du).step_by(64) {
                 let out = &mut res[g * du + c0..];
                 match ((du - c0) / 16, lanes) {
-                    (1, 64) => pv_chunk512::<1, 4>(&vp, wg, c0, lo, v_end, out),
-                    (2, 64) => pv_chunk512::<2, 4>(&vp, wg, c0, lo, v_end, out),
-                    (3, 64) => pv_chunk512::<3, 4>(&vp, wg, c0, lo, v_end, out),
-                    (_, 64) => pv_chunk512::<4, 4>(&vp, wg, c0, lo, v_end, out),
-                    (1, _) => pv_chunk512::<1, 1>(&vp, wg, c0, lo, v_end, out),
-                    (2, _) => pv_chunk512::<2, 1>(&vp, wg, c0, lo, v_end, out),
-                    (3, _) => pv_chunk512::<3, 1>(&vp, wg, c0, lo, v_end, out),
-                    _ => pv_chunk512::<4, 1>(&vp, wg, c0, lo, v_end, out),
+                    (1, 64) => pv_chunk512::<1, 4, 4>(&vp, wg, c0, lo, v_end, out),
+                    (2, 64) => pv_chunk512::<2, 4, 4>(&vp, wg, c0, lo, v_end, out),
+                    (3, 64) => pv_chunk512::<3, 4, 4>(&vp, wg, c0, lo, v_end, out),
+                    (_, 64) => pv_chunk512::<4, 4, 4>(&vp, wg, c0, lo, v_end, out),
+                    (1, _) => pv_chunk512::<1, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                    (2, _) => pv_chunk512::<2, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                    (3, _) => pv_chunk512::<3, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                    _ => pv_chunk512::<4, 1, 1>(&vp, wg, c0, lo, v_end, out),
                 }
             }
         }
@@ -612,14 +629,18 @@ unsafe fn pv_in_registers(
 
 /// Outputs `c0 .. c0 + 16 * NC` of one head's p·V (see [`pv_in_registers`]) into `out`, on
 /// AVX-512; `M` = lanes / 16 (4 for ggml_vec_dot_f32's 64 lanes, 1 for tinyBLAS's 16). For
-/// each `l` in 0..16, the lanes whose first fold meets (`l`, `16 + l`, `32 + l`, `48 + l`, or
-/// `l` alone) run their FMA chains together over rows `l, l + 16, ..` (row `j` in lane
-/// `j % lanes`): each row is one FMA per 16-block into one of at most 16 live accumulators
-/// (constant indices, so they stay in registers), and the folds happen once per `l`.
+/// each `l` in 0..16, the `M` lanes whose first fold meets (`l`, `16 + l`, `32 + l`, `48 + l`,
+/// or `l` alone) run their FMA chains over rows `l, l + 16, ..` (row `j` in lane `j % lanes`),
+/// `MM` of them together: each row is one FMA per 16-block into one of at most 16 live
+/// accumulators (constant indices, so they stay in registers), and the folds happen once per
+/// `l`. Narrow heads take `NC` <= 4 and `MM = M` (four 256-byte passes over a 256-wide row
+/// would each visit every row); wide ones (128, 256) `NC` 8 or 16 with `MM` 2 or 1, so that
+/// a row visit reads the whole row's `64 * NC` contiguous bytes (Gemma 3's 256-wide heads at
+/// a depth of 2048: 3.3x faster). Each chain is the same FMAs in the same order either way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn pv_chunk512<const NC: usize, const M: usize>(
+unsafe fn pv_chunk512<const NC: usize, const M: usize, const MM: usize>(
     vp: &[*const f32],
     wg: &[f32],
     c0: usize,
@@ -630,34 +651,39 @@ unsafe fn pv_chunk512<const NC: usize, const M: usize>(
     use core::arch::x86_64::*;
     let mut gl = [[_mm512_setzero_ps(); NC]; 16];
     for l in 0..16 {
-        let mut acc = [[_mm512_setzero_ps(); NC]; M];
-        // From the 16·M-row block holding `lo` (rows before it have p = 0: skipped anyway).
-        let mut j = l + lo / (16 * M) * (16 * M);
-        while j < v_end {
-            for m in 0..M {
-                let jm = j + 16 * m;
-                if jm >= v_end {
-                    break;
-                }
-                let pj = *wg.get_unchecked(jm);
-                if pj != 0.0 {
-                    let vr = vp.get_unchecked(jm).add(c0);
-                    let p = _mm512_set1_ps(pj);
-                    for c in 0..NC {
-                        acc[m][c] = _mm512_fmadd_ps(_mm512_loadu_ps(vr.add(16 * c)), p, acc[m][c]);
+        let mut lanes = [[_mm512_setzero_ps(); NC]; M];
+        for mg in (0..M).step_by(MM) {
+            let mut acc = [[_mm512_setzero_ps(); NC]; MM];
+            // From the 16·M-row block holding `lo` (rows before it have p = 0: skipped anyway).
+            let mut j = l + lo / (16 * M) * (16 * M) + 16 * mg;
+            while j < v_end {
+                for mm in 0..MM {
+                    let jm = j + 16 * mm;
+                    if jm >= v_end {
+                        break;
+                    }
+                    let pj = *wg.get_unchecked(jm);
+                    if pj != 0.0 {
+                        let vr = vp.get_unchecked(jm).add(c0);
+                        let p = _mm512_set1_ps(pj);
+                        for c in 0..NC {
+                            acc[mm][c] =
+                                _mm512_fmadd_ps(_mm512_loadu_ps(vr.add(16 * c)), p, acc[mm][c]);
+                        }
                     }
                 }
+                j += 16 * M;
             }
-            j += 16 * M;
+            lanes[mg..mg + MM].copy_from_slice(&acc);
         }
         for c in 0..NC {
             gl[l][c] = if M == 4 {
                 _mm512_add_ps(
-                    _mm512_add_ps(acc[0][c], acc[2 % M][c]),
-                    _mm512_add_ps(acc[1 % M][c], acc[3 % M][c]),
+                    _mm512_add_ps(lanes[0][c], lanes[2 % M][c]),
+                    _mm512_add_ps(lanes[1 % M][c], lanes[3 % M][c]),
                 )
             } else {
-                acc[0][c]
+                lanes[0][c]
             };
         }
     }
