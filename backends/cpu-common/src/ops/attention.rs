@@ -538,29 +538,19 @@ unsafe fn pv_in_registers(
         })
         .collect();
     #[cfg(target_arch = "x86_64")]
-    if a.isa == Isa::Avx512 && du % 128 == 0 {
-        // Wide heads: whole rows per visit (see pv_chunk512).
-        for g in 0..nh {
-            let wg = &w[g * len..(g + 1) * len];
-            for c0 in (0..du).step_by(256) {
-                let out = &mut res[g * du + c0..];
-                match (du - c0 >= 256, lanes) {
-                    (true, 64) => pv_chunk512::<16, 4, 1>(&vp, wg, c0, lo, v_end, out),
-                    (false, 64) => pv_chunk512::<8, 4, 2>(&vp, wg, c0, lo, v_end, out),
-                    (true, _) => pv_chunk512::<16, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                    (false, _) => pv_chunk512::<8, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                }
-            }
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
     if a.isa == Isa::Avx512 {
+        // Wide heads (128, 256) take whole rows per visit, narrow ones 64 outputs per pass
+        // (see pv_chunk512).
+        let step = if du % 128 == 0 { 256 } else { 64 };
         for g in 0..nh {
             let wg = &w[g * len..(g + 1) * len];
-            for c0 in (0..du).step_by(64) {
+            for c0 in (0..du).step_by(step) {
                 let out = &mut res[g * du + c0..];
-                match ((du - c0) / 16, lanes) {
+                match ((du - c0).min(step) / 16, lanes) {
+                    (16, 64) => pv_chunk512::<16, 4, 1>(&vp, wg, c0, lo, v_end, out),
+                    (8, 64) => pv_chunk512::<8, 4, 2>(&vp, wg, c0, lo, v_end, out),
+                    (16, _) => pv_chunk512::<16, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                    (8, _) => pv_chunk512::<8, 1, 1>(&vp, wg, c0, lo, v_end, out),
                     (1, 64) => pv_chunk512::<1, 4, 4>(&vp, wg, c0, lo, v_end, out),
                     (2, 64) => pv_chunk512::<2, 4, 4>(&vp, wg, c0, lo, v_end, out),
                     (3, 64) => pv_chunk512::<3, 4, 4>(&vp, wg, c0, lo, v_end, out),
