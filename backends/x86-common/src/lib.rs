@@ -30,6 +30,7 @@ mod hsum;
 pub mod kq512;
 pub mod matmul;
 pub mod par;
+pub mod q41r16;
 pub mod q4k16;
 #[cfg(target_arch = "x86_64")]
 pub mod simd;
@@ -314,11 +315,10 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         if kind == matmul::KIND_WR16 {
             return wr16::run(host, inputs, outputs);
         }
-        let repacked = kind == matmul::KIND_Q4K16;
         matmul::run_weights(
             Isa::from_u8(ISA),
             host,
-            repacked,
+            kind,
             inputs,
             outputs,
             params.i[0].max(0) as usize,

@@ -73,6 +73,8 @@ pub const KIND_Q4K16: u32 = 1;
 pub const KIND_COPY: u32 = 2;
 /// Prepared layout: W4G32 / W4G128 / W8PC in 16-row groups ([`crate::wr16`]).
 pub const KIND_WR16: u32 = 3;
+/// Prepared layout: Q4_1 in 16-row groups ([`crate::q41r16`]).
+pub const KIND_Q41R16: u32 = 4;
 /// Largest weight copied as it is (see [`prepare`]).
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
@@ -111,6 +113,12 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
         // AVX2 has 256-bit kernels for the Q4_K layout only (the others' 16-row groups are
         // AVX-512 code).
         return no("the AVX2 backend repacks Q4_K weights of 16k rows only");
+    }
+    if dt == DType::Q4_1 && crate::q41r16::fits(k, n) {
+        let bytes = crate::q41r16::repacked_bytes(k, n);
+        let mut p = mollm_cpu_common::Prepared::zeroed(KIND_Q41R16, bytes);
+        crate::q41r16::repack(src, rb, k, n, p.bytes_mut());
+        return Ok(p);
     }
     if crate::wr16::fits(dt, k, n) {
         let bytes = crate::wr16::repacked_bytes(dt, k, n);
@@ -152,6 +160,20 @@ pub fn check_prepared(
             ))),
         };
     }
+    if kind == KIND_Q41R16 && isa == Isa::Avx512 {
+        let w = &inputs[0];
+        return match w.dtype() == Some(DType::Q4_1)
+            && crate::q41r16::fits(w.ne[0] as usize, w.ne[1] as usize)
+        {
+            true => Ok(()),
+            false => Err(Error::Invalid(format!(
+                "mat_mul: a {:?} {}x{} weight is not in the Q4_1 16-row layout",
+                w.dtype(),
+                w.ne[1],
+                w.ne[0]
+            ))),
+        };
+    }
     if kind != KIND_Q4K16 || inputs[0].dtype() != Some(DType::Q4_K) {
         return Err(Error::Unsupported(format!(
             "mat_mul: prepared layout {kind} is not this backend's"
@@ -172,23 +194,26 @@ pub unsafe fn run(
     outputs: &[TensorDesc],
     chain: usize,
 ) -> Result<(), Error> {
-    run_weights(isa, host, false, inputs, outputs, chain)
+    run_weights(isa, host, KIND_COPY, inputs, outputs, chain)
 }
 
-/// [`run`], or with `repacked` the weight in [`crate::q4k16`]'s layout.
+/// [`run`] on a weight in the prepared layout `kind`: [`KIND_COPY`] (the weight's own),
+/// [`KIND_Q4K16`] or [`KIND_Q41R16`].
 ///
 /// # Safety
-/// As [`run`]; with `repacked`, [`check_prepared`] accepted the call.
+/// As [`run`]; for a repacked layout, [`check_prepared`] accepted the call.
 pub unsafe fn run_weights(
     isa: Isa,
     host: &HostApi,
-    repacked: bool,
+    kind: u32,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
     chain: usize,
 ) -> Result<(), Error> {
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
+    let repacked = kind == KIND_Q4K16;
+    let q41 = kind == KIND_Q41R16;
     if matches!(dt, DType::F32 | DType::F16) {
         return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
     }
@@ -300,7 +325,26 @@ pub unsafe fn run_weights(
                 (c0 + COLS_PER_STEP).min(cols)
             };
             let buf = &mut buf[..nr * (c1 - c0)];
-            if repacked {
+            if q41 {
+                let g0 = r0 / crate::q41r16::ROWS;
+                let nb32 = k / 32;
+                let wg = wp.0.wrapping_add(g0 * nb32 * crate::q41r16::BLOCK) as *const u8;
+                let a = act[c0 * rb..].as_ptr();
+                // SAFETY: AVX-512 (check_prepared); rows r0..r1 are whole 16-row groups of
+                // the repacked weight; buf holds nr x (c1 - c0) floats.
+                unsafe {
+                    crate::q41r16::columns(
+                        wg,
+                        nr / crate::q41r16::ROWS,
+                        nb32,
+                        a,
+                        rb,
+                        c1 - c0,
+                        buf.as_mut_ptr(),
+                        nr,
+                    )
+                };
+            } else if repacked {
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
                     repacked_cols(

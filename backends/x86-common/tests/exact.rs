@@ -465,6 +465,48 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
     }
 }
 
+/// Q4_1 weights in 16-row groups (AVX-512; AVX2 and other row counts keep the row layout):
+/// every column count, on the decode chain of several sequences too, equals the reference.
+#[test]
+fn prepared_q4_1_weights_match_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let refi = Instance::new(&reference::TABLE, &host);
+    let mut rng = Rng::new(13);
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        let prep = table
+            .prepare_weight
+            .expect("CPU backends offer prepare_weight");
+        for &(k, n) in &[(576usize, 64usize), (96, 16), (1536, 48), (64, 24)] {
+            let dt = DType::Q4_1;
+            let mut w = weights(&mut rng, dt, k, n);
+            let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            let mut pd = wd;
+            let st = Status::from_raw(prep(me.ctx, &wd, &mut pd));
+            if isa != Isa::Avx512 {
+                assert_eq!(st, Status::Unsupported, "{isa:?}");
+                continue;
+            }
+            assert_eq!(
+                st,
+                Status::Ok,
+                "{}",
+                mollm_x86_common::last_error_string(table, me.ctx)
+            );
+            for cols in [1usize, 2, 3, 4, 15, 16, 17, 18, 33, 35, 50] {
+                let mut x = rng.data(k * cols, 1.0);
+                check_mat_mul(&refi, &me, wd, pd, &mut x, (k, n, cols), "prepared q4_1");
+            }
+            for cols in [2usize, 5, 16, 19] {
+                let mut x = rng.data(k * cols, 1.0);
+                let l = "prepared q4_1, chain_cols 1";
+                check_mat_mul_chain(&refi, &me, wd, pd, &mut x, (k, n, cols), l, 1);
+            }
+            (table.buffer_free.unwrap())(me.ctx, pd.buffer);
+        }
+    }
+}
+
 /// Weights of `dt` quantized row by row (as the converter and `Owned::quantized` do), each
 /// case checked on every tier against the reference for every column count in `cols`.
 fn check_row_quantized(
