@@ -277,17 +277,17 @@ fn q4_1_r16(c: &mut Criterion) {
     if !Isa::Avx512.detected() {
         return;
     }
-    use mollm_x86_common::q41r16;
+    use mollm_x86_common::legacy16;
     let mut seed = 0x0041_0016_0000_0001u64;
     let mut g = c.benchmark_group("q4_1_r16");
     g.sample_size(20);
     let (k, n) = (576, 1536);
     let cs = case(&mut seed, DType::Q4_1, Kernel::VecDot, k, n, 16);
     let rb = quant::row_bytes(DType::Q4_1, k).unwrap();
-    let mut rp = vec![[0u8; 64]; q41r16::repacked_bytes(k, n) / 64];
+    let mut rp = vec![[0u8; 64]; legacy16::repacked_bytes(DType::Q4_1, k, n) / 64];
     // SAFETY: plain bytes, 64-byte lines.
     let dst = unsafe { std::slice::from_raw_parts_mut(rp.as_mut_ptr() as *mut u8, rp.len() * 64) };
-    q41r16::repack(&cs.w, rb, k, n, dst);
+    legacy16::repack(DType::Q4_1, &cs.w, rb, k, n, dst);
     let mut out = vec![0f32; n * 16];
     for cols in [1usize, 16] {
         g.throughput(Throughput::Elements((k * n * cols) as u64));
@@ -314,18 +314,19 @@ fn q4_1_r16(c: &mut Criterion) {
                 b.iter(|| {
                     for gi in 0..n / 16 {
                         for c0 in (0..cols).step_by(run) {
-                            let w = dst[gi * (k / 32) * q41r16::BLOCK..].as_ptr();
+                            let w =
+                                dst[gi * (k / 32) * legacy16::block_bytes(DType::Q4_1)..].as_ptr();
                             let a = cs.act[c0 * cs.ab..].as_ptr();
                             let o = out[c0 * n + gi * 16..].as_mut_ptr();
                             // SAFETY: AVX-512 VNNI detected; the group and columns exist.
                             unsafe {
-                                use q41r16::x86::group as f;
+                                use legacy16::x86::group as f;
                                 match run {
-                                    1 => f::<1>(w, k / 32, a, cs.ab, o, n),
-                                    2 => f::<2>(w, k / 32, a, cs.ab, o, n),
-                                    4 => f::<4>(w, k / 32, a, cs.ab, o, n),
-                                    8 => f::<8>(w, k / 32, a, cs.ab, o, n),
-                                    _ => f::<16>(w, k / 32, a, cs.ab, o, n),
+                                    1 => f::<true, 1>(w, k / 32, a, cs.ab, o, n),
+                                    2 => f::<true, 2>(w, k / 32, a, cs.ab, o, n),
+                                    4 => f::<true, 4>(w, k / 32, a, cs.ab, o, n),
+                                    8 => f::<true, 8>(w, k / 32, a, cs.ab, o, n),
+                                    _ => f::<true, 16>(w, k / 32, a, cs.ab, o, n),
                                 }
                             }
                         }

@@ -28,9 +28,9 @@ pub mod amx;
 mod hsum;
 #[cfg(target_arch = "x86_64")]
 pub mod kq512;
+pub mod legacy16;
 pub mod matmul;
 pub mod par;
-pub mod q41r16;
 pub mod q4k16;
 #[cfg(target_arch = "x86_64")]
 pub mod simd;

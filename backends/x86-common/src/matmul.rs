@@ -73,8 +73,8 @@ pub const KIND_Q4K16: u32 = 1;
 pub const KIND_COPY: u32 = 2;
 /// Prepared layout: W4G32 / W4G128 / W8PC in 16-row groups ([`crate::wr16`]).
 pub const KIND_WR16: u32 = 3;
-/// Prepared layout: Q4_1 in 16-row groups ([`crate::q41r16`]).
-pub const KIND_Q41R16: u32 = 4;
+/// Prepared layout: Q4_1 / Q8_0 in 16-row groups ([`crate::legacy16`]).
+pub const KIND_LEGACY16: u32 = 4;
 /// Largest weight copied as it is (see [`prepare`]).
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
@@ -114,10 +114,12 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
         // AVX-512 code).
         return no("the AVX2 backend repacks Q4_K weights of 16k rows only");
     }
-    if dt == DType::Q4_1 && crate::q41r16::fits(k, n) {
-        let bytes = crate::q41r16::repacked_bytes(k, n);
-        let mut p = mollm_cpu_common::Prepared::zeroed(KIND_Q41R16, bytes);
-        crate::q41r16::repack(src, rb, k, n, p.bytes_mut());
+    // Not the largest matrices, as for copies below (a tied embedding table stays resident
+    // for `get_rows` beside its repacked copy).
+    if crate::legacy16::fits(dt, k, n) && n * rb <= MAX_COPY_BYTES {
+        let bytes = crate::legacy16::repacked_bytes(dt, k, n);
+        let mut p = mollm_cpu_common::Prepared::zeroed(KIND_LEGACY16, bytes);
+        crate::legacy16::repack(dt, src, rb, k, n, p.bytes_mut());
         return Ok(p);
     }
     if crate::wr16::fits(dt, k, n) {
@@ -160,17 +162,14 @@ pub fn check_prepared(
             ))),
         };
     }
-    if kind == KIND_Q41R16 && isa == Isa::Avx512 {
+    if kind == KIND_LEGACY16 && isa == Isa::Avx512 {
         let w = &inputs[0];
-        return match w.dtype() == Some(DType::Q4_1)
-            && crate::q41r16::fits(w.ne[0] as usize, w.ne[1] as usize)
-        {
+        let dt = w.dtype().unwrap_or(DType::F32);
+        return match crate::legacy16::fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
             true => Ok(()),
             false => Err(Error::Invalid(format!(
-                "mat_mul: a {:?} {}x{} weight is not in the Q4_1 16-row layout",
-                w.dtype(),
-                w.ne[1],
-                w.ne[0]
+                "mat_mul: a {dt} {}x{} weight is not in the legacy 16-row layout",
+                w.ne[1], w.ne[0]
             ))),
         };
     }
@@ -198,7 +197,7 @@ pub unsafe fn run(
 }
 
 /// [`run`] on a weight in the prepared layout `kind`: [`KIND_COPY`] (the weight's own),
-/// [`KIND_Q4K16`] or [`KIND_Q41R16`].
+/// [`KIND_Q4K16`] or [`KIND_LEGACY16`].
 ///
 /// # Safety
 /// As [`run`]; for a repacked layout, [`check_prepared`] accepted the call.
@@ -213,7 +212,7 @@ pub unsafe fn run_weights(
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
     let repacked = kind == KIND_Q4K16;
-    let q41 = kind == KIND_Q41R16;
+    let q41 = kind == KIND_LEGACY16;
     if matches!(dt, DType::F32 | DType::F16) {
         return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
     }
@@ -326,16 +325,18 @@ pub unsafe fn run_weights(
             };
             let buf = &mut buf[..nr * (c1 - c0)];
             if q41 {
-                let g0 = r0 / crate::q41r16::ROWS;
+                let g0 = r0 / crate::legacy16::ROWS;
                 let nb32 = k / 32;
-                let wg = wp.0.wrapping_add(g0 * nb32 * crate::q41r16::BLOCK) as *const u8;
+                let bb = crate::legacy16::block_bytes(dt);
+                let wg = wp.0.wrapping_add(g0 * nb32 * bb) as *const u8;
                 let a = act[c0 * rb..].as_ptr();
                 // SAFETY: AVX-512 (check_prepared); rows r0..r1 are whole 16-row groups of
                 // the repacked weight; buf holds nr x (c1 - c0) floats.
                 unsafe {
-                    crate::q41r16::columns(
+                    crate::legacy16::columns(
+                        dt,
                         wg,
-                        nr / crate::q41r16::ROWS,
+                        nr / crate::legacy16::ROWS,
                         nb32,
                         a,
                         rb,

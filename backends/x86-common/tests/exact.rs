@@ -465,10 +465,11 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
     }
 }
 
-/// Q4_1 weights in 16-row groups (AVX-512; AVX2 and other row counts keep the row layout):
-/// every column count, on the decode chain of several sequences too, equals the reference.
+/// Q4_1 and Q8_0 weights in 16-row groups (AVX-512; AVX2 and other row counts keep the row
+/// layout): every column count, on the decode chain of several sequences too, equals the
+/// reference.
 #[test]
-fn prepared_q4_1_weights_match_reference_bit_for_bit() {
+fn prepared_legacy_weights_match_reference_bit_for_bit() {
     let host = reference::scoped_threads_host(2);
     let refi = Instance::new(&reference::TABLE, &host);
     let mut rng = Rng::new(13);
@@ -477,8 +478,11 @@ fn prepared_q4_1_weights_match_reference_bit_for_bit() {
         let prep = table
             .prepare_weight
             .expect("CPU backends offer prepare_weight");
-        for &(k, n) in &[(576usize, 64usize), (96, 16), (1536, 48), (64, 24)] {
-            let dt = DType::Q4_1;
+        let cases = [(576usize, 64usize), (96, 16), (1536, 48), (64, 24)];
+        for (dt, &(k, n)) in [DType::Q4_1, DType::Q8_0]
+            .into_iter()
+            .flat_map(|d| cases.iter().map(move |c| (d, c)))
+        {
             let mut w = weights(&mut rng, dt, k, n);
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
             let mut pd = wd;
@@ -495,11 +499,19 @@ fn prepared_q4_1_weights_match_reference_bit_for_bit() {
             );
             for cols in [1usize, 2, 3, 4, 15, 16, 17, 18, 33, 35, 50] {
                 let mut x = rng.data(k * cols, 1.0);
-                check_mat_mul(&refi, &me, wd, pd, &mut x, (k, n, cols), "prepared q4_1");
+                check_mat_mul(
+                    &refi,
+                    &me,
+                    wd,
+                    pd,
+                    &mut x,
+                    (k, n, cols),
+                    &format!("prepared {dt}"),
+                );
             }
             for cols in [2usize, 5, 16, 19] {
                 let mut x = rng.data(k * cols, 1.0);
-                let l = "prepared q4_1, chain_cols 1";
+                let l = &format!("prepared {dt}, chain_cols 1");
                 check_mat_mul_chain(&refi, &me, wd, pd, &mut x, (k, n, cols), l, 1);
             }
             (table.buffer_free.unwrap())(me.ctx, pd.buffer);

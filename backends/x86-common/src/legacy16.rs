@@ -1,0 +1,238 @@
+//! Q4_1 and Q8_0 weights repacked at load (`prepare_weight`, AVX-512) into groups of 16 rows,
+//! so that one `vpdpbusd` with four broadcast activation bytes gives one of ggml's eight lane
+//! sums for 16 rows at once: no per-row unpacking, scale conversion or broadcast, and one
+//! product `dx · dy` per 16 rows instead of one per row.
+//!
+//! The chains are ggml's (x86 build; quant's reference and `simd::dot_q4_1` / `dot_q0`): per
+//! block the eight exact lane sums `s_l` (lane `l` covers elements `4l .. 4l + 4`),
+//! `lane[l] = fma(dx · dy, f32(s_l), lane[l])`; the result `hsum_float_8(lanes)`, plus for
+//! Q4_1 `summs`, accumulated beside as `summs = fma(mx, sy, summs)`. Here a register holds
+//! one lane (or the `summs`) of 16 rows, so every row runs exactly that chain: results are
+//! bit-identical to the row-wise kernels for any number of columns (Q4_1 has one chain for
+//! decode and prompts; Q8_0's tinyBLAS prompt chain equals its `vec_dot`, see quant's
+//! `tinyblas.rs`).
+//!
+//! Layout of one 16-row group: per block, [`block_bytes`] bytes: code lines of 64 bytes, line
+//! `t` holding code bytes `4t .. 4t + 4` of each row (rows in order), then the 16 rows' `d`
+//! (f16). Q4_1: four lines (the low nibbles are lane `t`, the high nibbles lane `t + 4`), then
+//! `d` and the 16 rows' `m` (f16). Q8_0: eight lines of `q + 128` (unsigned, as `vpdpbusd`
+//! wants them; the activations' lane sums times 128 come off exactly), then `d`. Groups follow
+//! each other, so a weight streams front to back, and the size is the original's.
+
+use abi::DType;
+
+/// Rows per group.
+pub const ROWS: usize = 16;
+
+/// Formats with this layout.
+pub const FORMATS: &[DType] = &[DType::Q4_1, DType::Q8_0];
+
+/// Bytes of one block of a 16-row group.
+pub const fn block_bytes(dt: DType) -> usize {
+    match dt {
+        DType::Q4_1 => 5 * 64,
+        _ => 8 * 64 + 32,
+    }
+}
+
+/// Whether an `n x k` weight of `dt` can be repacked.
+pub fn fits(dt: DType, k: usize, n: usize) -> bool {
+    FORMATS.contains(&dt) && k > 0 && k % 32 == 0 && n > 0 && n % ROWS == 0
+}
+
+/// Bytes of a repacked `n x k` weight.
+pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
+    n / ROWS * (k / 32) * block_bytes(dt)
+}
+
+/// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`.
+pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u8]) {
+    assert!(fits(dt, k, n));
+    let nb = k / 32;
+    let (bb, ob) = (dt.info().block_bytes as usize, block_bytes(dt));
+    assert!(dst.len() >= repacked_bytes(dt, k, n));
+    assert!(src.len() >= (n - 1) * rs + nb * bb);
+    let q8 = dt == DType::Q8_0;
+    let (codes, lines) = if q8 { (2, 8) } else { (4, 4) };
+    for g in 0..n / ROWS {
+        for i in 0..nb {
+            let out = &mut dst[(g * nb + i) * ob..][..ob];
+            for r in 0..ROWS {
+                let b = &src[(g * ROWS + r) * rs + i * bb..][..bb];
+                for t in 0..lines {
+                    for j in 0..4 {
+                        let c = b[codes + 4 * t + j];
+                        out[64 * t + 4 * r + j] = if q8 { c ^ 0x80 } else { c };
+                    }
+                }
+                let s = 64 * lines;
+                out[s + 2 * r..][..2].copy_from_slice(&b[..2]);
+                if !q8 {
+                    out[s + 32 + 2 * r..][..2].copy_from_slice(&b[2..4]);
+                }
+            }
+        }
+    }
+}
+
+/// Columns `0..cols` (activation rows of `dt`'s `vec_dot` type, column `c` at `a + c * as_`)
+/// of the `ng` row groups at `w` (group `g` at `w + g * nb * block_bytes(dt)`):
+/// `out[c * os + 16 g + r]`.
+///
+/// # Safety
+/// The CPU runs AVX-512 F/BW/VL/VNNI; `w` holds `ng` repacked groups of `nb` blocks, each
+/// activation row `nb` blocks; `out` covers every written element.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn columns(
+    dt: DType,
+    w: *const u8,
+    ng: usize,
+    nb: usize,
+    a: *const u8,
+    as_: usize,
+    cols: usize,
+    out: *mut f32,
+    os: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    for g in 0..ng {
+        let wg = w.add(g * nb * block_bytes(dt));
+        let o = out.add(g * ROWS);
+        let mut c = 0;
+        // Two columns share each block's codes and scales: their 2 x 9 lane registers and
+        // the eight code registers just fit (measured on SmolLM2's 576 x 1536 Q4_1, 16
+        // columns, one thread: runs of 2 and 4 alike, 1.37x the row layout's column pairs;
+        // 16 columns with their lanes in memory 1.18x, runs of 8 below).
+        macro_rules! run {
+            ($n:literal) => {
+                while c + $n <= cols {
+                    let (a, o) = (a.add(c * as_), o.add(c * os));
+                    match dt {
+                        DType::Q4_1 => x86::group::<true, $n>(wg, nb, a, as_, o, os),
+                        _ => x86::group::<false, $n>(wg, nb, a, as_, o, os),
+                    }
+                    c += $n;
+                }
+            };
+        }
+        run!(2);
+        run!(1);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dt, w, ng, nb, a, as_, cols, out, os);
+        unreachable!("repacked weights are x86-64 only")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86 {
+    use super::block_bytes;
+    use abi::DType;
+    use core::arch::x86_64::*;
+
+    /// One column streams each weight once: lines are prefetched into L2 this far ahead
+    /// (measured on SmolLM2 decode, 2 threads, three rounds: 2 KiB 113-123 t/s, 4 KiB
+    /// 95-116, 16 KiB as `wr16` 100-107, none 101-103).
+    const PREFETCH: usize = 2048;
+
+    #[inline(always)]
+    unsafe fn h16(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (p as *const u16).read_unaligned() as i32,
+        )))
+    }
+
+    /// 16 rows x `C` columns of one row group of Q4_1 (`Q41`) or Q8_0: `out[c * os + r]`.
+    ///
+    /// # Safety
+    /// As [`super::columns`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn group<const Q41: bool, const C: usize>(
+        w: *const u8,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let (bb, lines) = if Q41 {
+            (block_bytes(DType::Q4_1), 4)
+        } else {
+            (block_bytes(DType::Q8_0), 8)
+        };
+        // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
+        let (yb, yq0) = if Q41 { (36, 4) } else { (34, 2) };
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut lanes = [[_mm512_setzero_ps(); 8]; C];
+        let mut summs = [_mm512_setzero_ps(); C];
+        for i in 0..nb {
+            let p = w.add(i * bb);
+            if C == 1 {
+                for l in 0..bb.div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l + PREFETCH) as *const i8);
+                }
+            }
+            let s = p.add(64 * lines);
+            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i));
+            let mx = if Q41 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(s.add(32) as *const __m256i))
+            } else {
+                _mm512_setzero_ps()
+            };
+            let mut q = [_mm512_setzero_si512(); 8];
+            if Q41 {
+                for t in 0..4 {
+                    let v = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
+                    q[t] = _mm512_and_si512(v, m4);
+                    q[t + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                }
+            } else {
+                for (t, q) in q.iter_mut().enumerate() {
+                    *q = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
+                }
+            }
+            for c in 0..C {
+                let y = a.add(c * as_ + i * yb);
+                let yq = y.add(yq0) as *const i32;
+                // Q8_0's codes are stored + 128: each lane starts at -128 x its activations'
+                // sum, so that it ends at the exact signed sum.
+                let mut init = [0i32; 8];
+                if Q41 {
+                    summs[c] = _mm512_fmadd_ps(mx, _mm512_set1_ps(h16(y.add(2))), summs[c]);
+                } else {
+                    let ys = _mm256_dpbusd_epi32(
+                        _mm256_setzero_si256(),
+                        _mm256_set1_epi8(1),
+                        _mm256_loadu_si256(yq as *const __m256i),
+                    );
+                    let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(ys));
+                    _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, neg);
+                }
+                let d = _mm512_mul_ps(dx, _mm512_set1_ps(h16(y)));
+                for l in 0..8 {
+                    let s = _mm512_dpbusd_epi32(
+                        _mm512_set1_epi32(init[l]),
+                        q[l],
+                        _mm512_set1_epi32(yq.add(l).read_unaligned()),
+                    );
+                    lanes[c][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), lanes[c][l]);
+                }
+            }
+        }
+        for c in 0..C {
+            // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order), Q8_0
+            // nothing (not even 0.0, which would turn a -0.0 into +0.0).
+            let l = &lanes[c];
+            let r0 = _mm512_add_ps(l[4], l[0]);
+            let r1 = _mm512_add_ps(l[5], l[1]);
+            let r2 = _mm512_add_ps(l[6], l[2]);
+            let r3 = _mm512_add_ps(l[7], l[3]);
+            let mut v = _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3));
+            if Q41 {
+                v = _mm512_add_ps(v, summs[c]);
+            }
+            _mm512_storeu_ps(out.add(c * os), v);
+        }
+    }
+}
