@@ -297,12 +297,8 @@ pub unsafe fn run_weights(
     // tasks, about four per thread, so that each thread streams long runs of the weight
     // (its prefetches run ahead within its own rows) with few hand-outs.
     let rpt = if n16 == 0 && cols <= DECODE_COLS {
-        // A multiple of the thread count of equal tasks (rows in multiples of 16, the
-        // kernels' row groups): 9 tasks on 2 threads left one idle for a ninth of the time.
         let most = (TASK_OUT / cols / 16 * 16).min(MAX_ROWS_PER_GEMV_TASK);
-        let t = host.n_threads.max(1) as usize;
-        let tasks = (4 * t).max(n.div_ceil(most)).next_multiple_of(t);
-        n.div_ceil(tasks).next_multiple_of(16).min(most)
+        decode_rows_per_task(n, host.n_threads.max(1) as usize, most)
     } else {
         ROWS_PER_TASK
     };
@@ -386,6 +382,27 @@ pub unsafe fn run_weights(
         }
     });
     Ok(())
+}
+
+/// Rows per task of a decode-sized call on `n` rows, `t` threads, at most `most` rows (a
+/// multiple of 16) per task: whole 16-row groups (the kernels' row groups), about four tasks
+/// per thread, sized so that the threads' shares come out as even as the groups allow. (576
+/// rows as 8 tasks of 80, the last 16, gave one of 2 threads 320 rows and the other 256; as
+/// 6 of 96 both get 288.)
+fn decode_rows_per_task(n: usize, t: usize, most: usize) -> usize {
+    let groups = n.div_ceil(16);
+    let most_g = (most / 16).max(1);
+    let want = (4 * t).max(groups.div_ceil(most_g)).next_multiple_of(t);
+    // The largest share a thread gets (greedy hand-out of equal tasks, the last one shorter
+    // counted whole), smallest tasks first among equals.
+    let mut best = (usize::MAX, 1);
+    for per in groups.div_ceil(want).max(1)..=most_g.min(groups).max(1) {
+        let share = groups.div_ceil(per).div_ceil(t) * per;
+        if share < best.0 {
+            best = (share, per);
+        }
+    }
+    best.1 * 16
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -562,4 +579,34 @@ fn pack_tiles(host: &HostApi, amx: bool, n16: usize, nb: usize, act: &[u8], rb: 
     }
     let _ = (host, amx, act, rb);
     packed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_rows_per_task as rpt;
+
+    /// Equal shares where the 16-row groups allow, within the size limit, about four tasks
+    /// per thread.
+    #[test]
+    fn decode_tasks_share_evenly() {
+        assert_eq!(rpt(576, 2, 1024), 96); // 6 tasks: 288 rows each
+        assert_eq!(rpt(192, 2, 1024), 32); // 6 tasks
+        assert_eq!(rpt(1536, 2, 1024), 192); // 8 tasks
+        assert_eq!(rpt(49152, 2, 1024), 1024); // 48 tasks: the size limit
+        assert_eq!(rpt(576, 2, 256), 96);
+        assert_eq!(rpt(16, 2, 1024), 16);
+        assert_eq!(rpt(8, 4, 1024), 16); // fewer rows than one group
+        for (n, t) in [
+            (896usize, 2usize),
+            (4864, 2),
+            (151936, 2),
+            (576, 3),
+            (1000, 4),
+        ] {
+            let r = rpt(n, t, 1024);
+            assert!(r % 16 == 0 && r <= 1024, "{n} {t}: {r}");
+            let tasks = n.div_ceil(r);
+            assert!(tasks >= t.min(n.div_ceil(16)), "{n} {t}: {tasks} tasks");
+        }
+    }
 }
