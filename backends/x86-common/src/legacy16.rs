@@ -223,12 +223,7 @@ pub mod x86 {
         for c in 0..C {
             // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order), Q8_0
             // nothing (not even 0.0, which would turn a -0.0 into +0.0).
-            let l = &lanes[c];
-            let r0 = _mm512_add_ps(l[4], l[0]);
-            let r1 = _mm512_add_ps(l[5], l[1]);
-            let r2 = _mm512_add_ps(l[6], l[2]);
-            let r3 = _mm512_add_ps(l[7], l[3]);
-            let mut v = _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3));
+            let mut v = crate::hsum::hsum_float_8_x16(&lanes[c]);
             if Q41 {
                 v = _mm512_add_ps(v, summs[c]);
             }

@@ -151,24 +151,19 @@ pub fn check_prepared(
     if kind == KIND_COPY && isa == Isa::Avx512 {
         return Ok(());
     }
-    if kind == KIND_WR16 && isa == Isa::Avx512 {
+    // The AVX-512 16-row layouts of mollm's formats and of Q4_1 / Q8_0.
+    let fits: Option<fn(DType, usize, usize) -> bool> = match kind {
+        KIND_WR16 => Some(crate::wr16::fits),
+        KIND_LEGACY16 => Some(crate::legacy16::fits),
+        _ => None,
+    };
+    if let (Some(fits), Isa::Avx512) = (fits, isa) {
         let w = &inputs[0];
         let dt = w.dtype().unwrap_or(DType::F32);
-        return match crate::wr16::fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
+        return match fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
             true => Ok(()),
             false => Err(Error::Invalid(format!(
-                "mat_mul: a {dt} {}x{} weight is not in the 16-row layout",
-                w.ne[1], w.ne[0]
-            ))),
-        };
-    }
-    if kind == KIND_LEGACY16 && isa == Isa::Avx512 {
-        let w = &inputs[0];
-        let dt = w.dtype().unwrap_or(DType::F32);
-        return match crate::legacy16::fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
-            true => Ok(()),
-            false => Err(Error::Invalid(format!(
-                "mat_mul: a {dt} {}x{} weight is not in the legacy 16-row layout",
+                "mat_mul: a {dt} {}x{} weight is not in the 16-row layout of prepared kind {kind}",
                 w.ne[1], w.ne[0]
             ))),
         };
@@ -212,7 +207,7 @@ pub unsafe fn run_weights(
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
     let repacked = kind == KIND_Q4K16;
-    let q41 = kind == KIND_LEGACY16;
+    let legacy = kind == KIND_LEGACY16;
     if matches!(dt, DType::F32 | DType::F16) {
         return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
     }
@@ -320,7 +315,7 @@ pub unsafe fn run_weights(
                 (c0 + COLS_PER_STEP).min(cols)
             };
             let buf = &mut buf[..nr * (c1 - c0)];
-            if q41 {
+            if legacy {
                 let g0 = r0 / crate::legacy16::ROWS;
                 let nb32 = k / 32;
                 let bb = crate::legacy16::block_bytes(dt);

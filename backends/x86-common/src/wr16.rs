@@ -314,12 +314,7 @@ pub mod x86 {
         let mut out = [[0f32; ROWS]; C];
         for c in 0..C {
             // hsum_float_8, lane by lane.
-            let l = &lanes[c];
-            let r0 = _mm512_add_ps(l[4], l[0]);
-            let r1 = _mm512_add_ps(l[5], l[1]);
-            let r2 = _mm512_add_ps(l[6], l[2]);
-            let r3 = _mm512_add_ps(l[7], l[3]);
-            let v = _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3));
+            let v = crate::hsum::hsum_float_8_x16(&lanes[c]);
             _mm512_storeu_ps(out[c].as_mut_ptr(), v);
         }
         out
