@@ -59,6 +59,30 @@ unsafe fn hsum_i32_8(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
+/// A GEMV streams its weights from memory once, and the AVX2 kernels stalled on the first
+/// load of each cache line without software prefetch (Q6_K decode of Qwen2.5-1.5B on Zen 3:
+/// 10 GB/s of 23). Measured there (interleaved A/B, SmolLM2, Qwen2.5-0.5B/1.5B, Gemma 3):
+/// the 32-element formats do best asking for the same block two row groups ahead into L1
+/// (one request per block: a block is under 64 bytes) — 16 KiB ahead into L2 lost ~10% on
+/// SmolLM2 — and Q6_K, whose rows are long, every line of the block 16 KiB ahead into L2
+/// as the AVX-512 kernels do ([`crate::kq512::prefetch_rows`]).
+#[inline(always)]
+unsafe fn prefetch_l1(x: *const u8, ahead: usize) {
+    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(ahead) as *const i8);
+}
+
+/// Every line of `[x + ahead, x + ahead + bytes)` into L2 (see [`prefetch_l1`]).
+#[inline(always)]
+unsafe fn prefetch_l2(x: *const u8, ahead: usize, bytes: usize) {
+    let p = x.wrapping_add(ahead);
+    let last = p.wrapping_add(bytes - 1);
+    let mut q = p.wrapping_sub(p as usize % 64);
+    while q <= last {
+        crate::kq512::prefetch(q);
+        q = q.wrapping_add(64);
+    }
+}
+
 /// Eight i32 lanes, lane `k` = Σ u[4k..4k+4]·s[4k..4k+4], `u` unsigned bytes (< 128 here), `s`
 /// signed bytes.
 #[inline(always)]
@@ -76,17 +100,17 @@ unsafe fn quads_us_scaled(u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc)
 }
 
-/// Eight i32 lanes of quad sums of two signed byte vectors, through i16 (exact for every i8).
+/// Eight i32 lanes of quad sums of signed weight bytes `a` (any i8) and activation bytes `y`
+/// (ggml's `mul_sum_i8_pairs`): `|a|` as u8 (-128 gives 128) times `sign(y, a)` through
+/// `vpmaddubsw`. Exact when no byte of `y` is -128: then `sign(y, a)·|a| = y·a` and a pair
+/// sums to at most 2·128·127 < 2^15. The activations are quantized by `quantize_q8_0_x86`
+/// (`round(v · 127/max)`, in -127..=127; only an overflowing `127/max` saturates, and then
+/// the block's f16 scale is 0, so its quads are multiplied by zero whatever they are).
 #[inline(always)]
-unsafe fn quads_ss(a: __m256i, b: __m256i) -> __m256i {
-    let alo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a));
-    let ahi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(a));
-    let blo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
-    let bhi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(b));
-    let plo = _mm256_madd_epi16(alo, blo);
-    let phi = _mm256_madd_epi16(ahi, bhi);
-    // [q0 q1 q4 q5 | q2 q3 q6 q7] -> [q0 .. q7]
-    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(plo, phi))
+unsafe fn quads_ss(a: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(a, a);
+    let sy = _mm256_sign_epi8(y, a);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
 }
 
 /// 16 packed bytes -> 32 nibbles: low nibbles (elements 0..16) then high nibbles (16..32).
@@ -131,6 +155,11 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
     nb: usize,
 ) -> [[f32; R]; C] {
     let mut acc = [[_mm256_setzero_ps(); R]; C];
+    let block = match FMT {
+        8 => Q8_0_B,
+        5 => Q5_0_B,
+        _ => Q4_0_B,
+    };
     for i in 0..nb {
         let mut yq = [_mm256_setzero_si256(); C];
         let mut dy = [_mm256_setzero_ps(); C];
@@ -160,13 +189,11 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
         for r in 0..R {
             let dx;
             let q;
+            if C == 1 {
+                prefetch_l1(w.add(r * ws + i * block), 2 * R * ws);
+            }
             if FMT == 8 {
                 let x = w.add(r * ws + i * Q8_0_B);
-                if C == 1 {
-                    // GEMV over large Q8_0 matrices (a tied output layer) is bound by
-                    // memory: fetch two row groups ahead (never faults).
-                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * R * ws) as *const i8);
-                }
                 dx = h16(x);
                 q = ld(x.add(2));
             } else if FMT == 4 {
@@ -244,8 +271,7 @@ unsafe fn dot_q4_1<const VNNI: bool, const R: usize, const C: usize>(
         for r in 0..R {
             let x = w.add(r * ws + i * Q4_1_B);
             if C == 1 {
-                // GEMV streams the weights from memory: fetch two row groups ahead.
-                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * R * ws) as *const i8);
+                prefetch_l1(x, 2 * R * ws);
             }
             let (dx, mx) = (h16(x), h16(x.add(2)));
             let qx = nibbles_32(x.add(4));
@@ -826,6 +852,7 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc8 = [_mm256_setzero_ps(); R];
     let mut acc = [0f32; R];
+    let pd = crate::kq512::prefetch_rows(ws, R) * ws;
     for i in 0..nb {
         let y = a.add(i * Q8_K_B);
         let yq = y.add(4);
@@ -833,6 +860,9 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
         let bsums = ld(y.add(260));
         for r in 0..R {
             let x = w.add(r * ws + i * Q6_K_B);
+            if !TILED {
+                prefetch_l2(x, pd, Q6_K_B);
+            }
             let scp = x.add(192) as *const i8;
             let mut sumi = _mm256_setzero_si256();
             for n in 0..2 {
