@@ -1101,6 +1101,166 @@ unsafe fn rows_any<const VNNI: bool>(
     }
 }
 
+/// One activation block of an AVX2 legacy tile, packed once per call ([`tile_q0_avx2`]): the
+/// quants, the offset term of the unsigned weight codes (`-(Σy per quad) << shift`, unused
+/// by Q8_0's sign products) and `dy` in all eight lanes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PackedY {
+    q: __m256i,
+    off: __m256i,
+    dy: __m256,
+}
+
+/// Packs `cols` Q8_0 activation columns of `nb` blocks (column `c` at `a + c * as_`) into
+/// `buf`, column-major (`buf[c * nb + i]`), the offset for Q4_0 / Q5_0 codes (`FMT` 4 / 5).
+#[inline(always)]
+unsafe fn pack_y<const FMT: u8>(
+    a: *const u8,
+    as_: usize,
+    cols: usize,
+    nb: usize,
+    buf: &mut Vec<PackedY>,
+) {
+    buf.clear();
+    for c in 0..cols {
+        for i in 0..nb {
+            let y = a.add(c * as_ + i * Q8_0_B);
+            let q = ld(y.add(2));
+            let ys = quads_us::<false>(_mm256_set1_epi8(1), q);
+            let off = match FMT {
+                4 => _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(ys)),
+                5 => _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<4>(ys)),
+                _ => _mm256_setzero_si256(),
+            };
+            buf.push(PackedY {
+                q,
+                off,
+                dy: _mm256_set1_ps(h16(y)),
+            });
+        }
+    }
+}
+
+/// [`dot_q0`]'s chain (AVX2, no VNNI) for `R` rows by `C` columns, the activation side read
+/// from [`pack_y`]'s blocks (`pk + c * nb + i`) instead of rebuilt for every row pair: the
+/// same integers (the offset added instead of subtracted: exact) and the same float
+/// operations in the same order, so the same bits.
+#[inline(always)]
+unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
+    w: *const u8,
+    ws: usize,
+    pk: *const PackedY,
+    nb: usize,
+) -> [[f32; R]; C] {
+    let mut acc = [[_mm256_setzero_ps(); R]; C];
+    let ones = _mm256_set1_epi16(1);
+    for i in 0..nb {
+        let mut q = [_mm256_setzero_si256(); R];
+        let mut dx = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            if FMT == 8 {
+                let x = w.add(r * ws + i * Q8_0_B);
+                dx[r] = _mm256_set1_ps(h16(x));
+                q[r] = ld(x.add(2));
+            } else if FMT == 4 {
+                let x = w.add(r * ws + i * Q4_0_B);
+                dx[r] = _mm256_set1_ps(h16(x));
+                q[r] = nibbles_32(x.add(2));
+            } else {
+                let x = w.add(r * ws + i * Q5_0_B);
+                dx[r] = _mm256_set1_ps(h16(x));
+                let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
+                q[r] = _mm256_or_si256(nibbles_32(x.add(6)), hb);
+            }
+        }
+        // Q8_0: |w| once per row (the sign products of `quads_ss`)
+        let mut ax = [_mm256_setzero_si256(); R];
+        if FMT == 8 {
+            for r in 0..R {
+                ax[r] = _mm256_sign_epi8(q[r], q[r]);
+            }
+        }
+        for c in 0..C {
+            let p = &*pk.add(c * nb + i);
+            for r in 0..R {
+                let quads = if FMT == 8 {
+                    let sy = _mm256_sign_epi8(p.q, q[r]);
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], sy), ones)
+                } else {
+                    _mm256_add_epi32(quads_us::<false>(q[r], p.q), p.off)
+                };
+                let d = _mm256_mul_ps(dx[r], p.dy);
+                acc[c][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(quads), acc[c][r]);
+            }
+        }
+    }
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = hsum_float_8(acc[c][r]);
+        }
+    }
+    out
+}
+
+/// The AVX2 tiles of Q4_0 / Q5_0 / Q8_0 for `ncols` columns (a multiple of [`TILE_COLS`]):
+/// the activation columns packed once per call ([`pack_y`]), then 2-row x 4-column tiles.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_q0_avx2(
+    dtype: abi::DType,
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    act: *const u8,
+    as_: usize,
+    ncols: usize,
+    nrows: usize,
+    out: &mut [f32],
+) {
+    use abi::DType::*;
+    thread_local! {
+        static PACKED: core::cell::RefCell<Vec<PackedY>> = const { core::cell::RefCell::new(Vec::new()) };
+    }
+    const C: usize = TILE_COLS;
+    let nb = n / 32;
+    // As in `tile_pairs`: only the pointer leaves the closure; nothing below re-enters.
+    let cell = PACKED.with(|c| c as *const core::cell::RefCell<Vec<PackedY>>);
+    let mut buf = (*cell).borrow_mut();
+    match dtype {
+        Q8_0 => pack_y::<8>(act, as_, ncols, nb, &mut buf),
+        Q5_0 => pack_y::<5>(act, as_, ncols, nb, &mut buf),
+        _ => pack_y::<4>(act, as_, ncols, nb, &mut buf),
+    }
+    let pk = buf.as_ptr();
+    macro_rules! tile {
+        ($rr:literal, $r:expr, $c0:expr) => {{
+            let (wr, p) = (w.add($r * ws), pk.add($c0 * nb));
+            let v: [[f32; $rr]; C] = match dtype {
+                Q8_0 => tile_q0_packed::<8, $rr, C>(wr, ws, p, nb),
+                Q5_0 => tile_q0_packed::<5, $rr, C>(wr, ws, p, nb),
+                _ => tile_q0_packed::<4, $rr, C>(wr, ws, p, nb),
+            };
+            for c in 0..C {
+                out[($c0 + c) * nrows + $r..][..$rr].copy_from_slice(&v[c]);
+            }
+        }};
+    }
+    let mut c0 = 0;
+    while c0 + C <= ncols {
+        let mut r = 0;
+        while r + 2 <= nrows {
+            tile!(2, r, c0);
+            r += 2;
+        }
+        if r < nrows {
+            tile!(1, r, c0);
+        }
+        c0 += C;
+    }
+}
+
 /// `R` rows by `C` columns of a 32-element format (any kernel: the legacy formats' kernels
 /// share one float chain).
 #[inline(always)]
@@ -1197,6 +1357,28 @@ unsafe fn tile_any<const VNNI: bool>(
         // AVX2: two rows by four columns (with the per-column activations, scales and
         // offsets live too, four rows spill the registers; measured: 2x4 is 1.3x faster for
         // eight decode columns on Q5_0, 1.1x for prompts).
+        if !VNNI
+            && matches!(
+                dtype,
+                abi::DType::Q4_0 | abi::DType::Q5_0 | abi::DType::Q8_0
+            )
+        {
+            let full = (ncols - c0) / C * C;
+            if full > 0 {
+                tile_q0_avx2(
+                    dtype,
+                    n,
+                    w,
+                    ws,
+                    act.add(c0 * as_),
+                    as_,
+                    full,
+                    nrows,
+                    &mut out[c0 * nrows..],
+                );
+                c0 += full;
+            }
+        }
         let r_tile = 2;
         while c0 + C <= ncols {
             let a = act.add(c0 * as_);
