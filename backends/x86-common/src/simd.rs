@@ -142,6 +142,42 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
 // at once: each row keeps its own accumulators and float chain (bit-identical to R = 1); the
 // rows only share the activation loads and hide each other's FMA latency.
 
+/// Bytes of a block of the format [`dot_q0`] calls `FMT` (8: Q8_0, 5: Q5_0, else Q4_0).
+const fn q0_block(fmt: u8) -> usize {
+    match fmt {
+        8 => Q8_0_B,
+        5 => Q5_0_B,
+        _ => Q4_0_B,
+    }
+}
+
+/// Block `x` of format `FMT` ([`q0_block`]): its scale and its 32 codes, signed for Q8_0,
+/// unsigned for Q4_0 (0..16) and Q5_0 (0..32).
+#[inline(always)]
+unsafe fn decode_q0<const FMT: u8>(x: *const u8) -> (f32, __m256i) {
+    let q = if FMT == 8 {
+        ld(x.add(2))
+    } else if FMT == 4 {
+        nibbles_32(x.add(2))
+    } else {
+        let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles_32(x.add(6)), hb)
+    };
+    (h16(x), q)
+}
+
+/// `hsum_float_8` of every (row, column) accumulator of a tile.
+#[inline(always)]
+unsafe fn hsum_tile<const R: usize, const C: usize>(acc: &[[__m256; R]; C]) -> [[f32; R]; C] {
+    let mut out = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            out[c][r] = hsum_float_8(acc[c][r]);
+        }
+    }
+    out
+}
+
 /// `ggml_vec_dot_{q8_0,q5_0,q4_0}_q8_0` and tinyBLAS_Q0_AVX (same chain): per block
 /// `acc = fma(dx*dy, quads, acc)`, then `hsum_float_8`. `C` activation columns (column `c` at
 /// `a + c * as_`) at once: each (row, column) keeps its own accumulator and chain, the
@@ -155,11 +191,7 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
     nb: usize,
 ) -> [[f32; R]; C] {
     let mut acc = [[_mm256_setzero_ps(); R]; C];
-    let block = match FMT {
-        8 => Q8_0_B,
-        5 => Q5_0_B,
-        _ => Q4_0_B,
-    };
+    let block = q0_block(FMT);
     for i in 0..nb {
         let mut yq = [_mm256_setzero_si256(); C];
         let mut dy = [_mm256_setzero_ps(); C];
@@ -187,28 +219,11 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
             }
         }
         for r in 0..R {
-            let dx;
-            let q;
+            let x = w.add(r * ws + i * block);
             if C == 1 {
-                prefetch_l1(w.add(r * ws + i * block), 2 * R * ws);
+                prefetch_l1(x, 2 * R * ws);
             }
-            if FMT == 8 {
-                let x = w.add(r * ws + i * Q8_0_B);
-                dx = h16(x);
-                q = ld(x.add(2));
-            } else if FMT == 4 {
-                // unsigned codes 0..16
-                let x = w.add(r * ws + i * Q4_0_B);
-                dx = h16(x);
-                q = nibbles_32(x.add(2));
-            } else {
-                // unsigned codes 0..32
-                let x = w.add(r * ws + i * Q5_0_B);
-                dx = h16(x);
-                let nib = nibbles_32(x.add(6));
-                let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
-                q = _mm256_or_si256(nib, hb);
-            }
+            let (dx, q) = decode_q0::<FMT>(x);
             // Q8_0 with VNNI: (q + 128) as u8 times y, minus 128 * Σ y: exact in i32.
             let qu = if FMT == 8 && VNNI {
                 _mm256_xor_si256(q, _mm256_set1_epi8(-128))
@@ -236,14 +251,8 @@ unsafe fn dot_q0<const FMT: u8, const VNNI: bool, const R: usize, const C: usize
         }
     }
     // (no closures here: they would not inherit the target features, and the intrinsics
-    // inside would become calls)
-    let mut out = [[0f32; R]; C];
-    for c in 0..C {
-        for r in 0..R {
-            out[c][r] = hsum_float_8(acc[c][r]);
-        }
-    }
-    out
+    // inside would become calls; `hsum_tile` is an inlined function)
+    hsum_tile(&acc)
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`: `acc = fma(quads, dx*dy, acc)`, `summs = fma(m, s, summs)`,
@@ -1159,20 +1168,9 @@ unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
         let mut q = [_mm256_setzero_si256(); R];
         let mut dx = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            if FMT == 8 {
-                let x = w.add(r * ws + i * Q8_0_B);
-                dx[r] = _mm256_set1_ps(h16(x));
-                q[r] = ld(x.add(2));
-            } else if FMT == 4 {
-                let x = w.add(r * ws + i * Q4_0_B);
-                dx[r] = _mm256_set1_ps(h16(x));
-                q[r] = nibbles_32(x.add(2));
-            } else {
-                let x = w.add(r * ws + i * Q5_0_B);
-                dx[r] = _mm256_set1_ps(h16(x));
-                let hb = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
-                q[r] = _mm256_or_si256(nibbles_32(x.add(6)), hb);
-            }
+            let (d, qr) = decode_q0::<FMT>(w.add(r * ws + i * q0_block(FMT)));
+            dx[r] = _mm256_set1_ps(d);
+            q[r] = qr;
         }
         // Q8_0: |w| once per row (the sign products of `quads_ss`)
         let mut ax = [_mm256_setzero_si256(); R];
@@ -1195,13 +1193,7 @@ unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
             }
         }
     }
-    let mut out = [[0f32; R]; C];
-    for c in 0..C {
-        for r in 0..R {
-            out[c][r] = hsum_float_8(acc[c][r]);
-        }
-    }
-    out
+    hsum_tile(&acc)
 }
 
 /// The AVX2 tiles of Q4_0 / Q5_0 / Q8_0 for `ncols` columns (a multiple of [`TILE_COLS`]):
