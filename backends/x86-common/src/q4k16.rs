@@ -22,6 +22,10 @@ const D: usize = 2048 + 256;
 const DMIN: usize = 2048 + 256 + 32;
 
 const Q4_K_B: usize = 144;
+/// How far ahead (bytes) the AVX2 kernels prefetch the weights into L2, as the AVX-512 ones.
+/// On Zen 3 (one thread, 58 MB matrix) 16 KiB reached 12-14 GB/s of 14.6, 0-8 KiB 10-12.
+#[cfg(target_arch = "x86_64")]
+const PF: usize = 16384;
 #[cfg(target_arch = "x86_64")]
 const Q8_K_B: usize = 292;
 
@@ -256,7 +260,7 @@ mod kernels {
                     let p = gw.add(i * GROUP_BLOCK);
                     if half == 0 {
                         for l in 0..GROUP_BLOCK / 64 {
-                            crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                            crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
                         }
                     }
                     let (d8, dmin8) = (h8(p.add(D + d_b)), h8(p.add(DMIN + d_b)));
@@ -339,6 +343,104 @@ mod kernels {
         }
     }
 
+    /// [`columns256`] for one column in one pass over the weights: both 8-row halves of
+    /// every 64-byte line at once, so each line is read once and each activation quad
+    /// broadcast once (the two-pass form re-read the group from cache in its second half,
+    /// with no memory requests in flight meanwhile: on Zen 3, two threads, a 58 MB matrix
+    /// went from 10-15 to 17-20 GB/s of 23, and Qwen2.5-1.5B's decode gained ~12%). Lane by lane the same integer sums and
+    /// float operations in the same order as [`columns256`]: the same bits.
+    #[inline(always)]
+    unsafe fn column256<const GEMM: bool>(
+        w: *const u8,
+        n_groups: usize,
+        nb: usize,
+        a: *const u8,
+        out: *mut f32,
+    ) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let bytes8 = |p: *const u8| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+        let h8 = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        for g in 0..n_groups {
+            let gw = w.add(g * nb * GROUP_BLOCK);
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut accm = [_mm256_setzero_ps(); 2];
+            for i in 0..nb {
+                let p = gw.add(i * GROUP_BLOCK);
+                for l in 0..GROUP_BLOCK / 64 {
+                    crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
+                }
+                let yd = _mm256_set1_ps(col_d(a, 0, 0, i));
+                let yq = a.add(i * Q8_K_B + 4);
+                let mnp = |j: usize, h: usize| {
+                    let (mn0, mn1) = (
+                        bytes8(p.add(MN + 32 * j + 8 * h)),
+                        bytes8(p.add(MN + 32 * j + 16 + 8 * h)),
+                    );
+                    _mm256_or_si256(mn0, _mm256_slli_epi32::<16>(mn1))
+                };
+                let bb = |j: usize| _mm256_set1_epi32(col_bsum_pair(a, 0, 0, i, j));
+                let mut hs = [_mm256_setzero_si256(); 2];
+                for j in 0..4 {
+                    let mut s0 = [_mm256_setzero_si256(); 2];
+                    let mut s1 = [_mm256_setzero_si256(); 2];
+                    for t in 0..8 {
+                        let a0 = _mm256_set1_epi32(
+                            (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
+                        );
+                        let a1 = _mm256_set1_epi32(
+                            (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
+                        );
+                        for h in 0..2 {
+                            let wv =
+                                _mm256_load_si256(p.add((8 * j + t) * 64 + 32 * h) as *const _);
+                            let lo = _mm256_and_si256(wv, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), m4);
+                            s0[h] = _mm256_add_epi16(s0[h], _mm256_maddubs_epi16(lo, a0));
+                            s1[h] = _mm256_add_epi16(s1[h], _mm256_maddubs_epi16(hi, a1));
+                        }
+                    }
+                    for h in 0..2 {
+                        let (sc0, sc1) = (
+                            bytes8(p.add(SC + 32 * j + 8 * h)),
+                            bytes8(p.add(SC + 32 * j + 16 + 8 * h)),
+                        );
+                        let hh = _mm256_add_epi32(
+                            _mm256_mullo_epi32(_mm256_madd_epi16(s0[h], ones), sc0),
+                            _mm256_mullo_epi32(_mm256_madd_epi16(s1[h], ones), sc1),
+                        );
+                        if GEMM {
+                            let m = _mm256_madd_epi16(mnp(j, h), bb(j));
+                            let d8 = h8(p.add(D + 16 * h));
+                            let dmin8 = h8(p.add(DMIN + 16 * h));
+                            let (dw, dm) = (_mm256_mul_ps(d8, yd), _mm256_mul_ps(dmin8, yd));
+                            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hh), dw, acc[h]);
+                            accm[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dm, accm[h]);
+                        } else {
+                            hs[h] = _mm256_add_epi32(hs[h], hh);
+                        }
+                    }
+                }
+                if !GEMM {
+                    for h in 0..2 {
+                        let mut im = _mm256_setzero_si256();
+                        for j in 0..4 {
+                            im = _mm256_add_epi32(im, _mm256_madd_epi16(mnp(j, h), bb(j)));
+                        }
+                        let d8 = h8(p.add(D + 16 * h));
+                        let dmin8 = h8(p.add(DMIN + 16 * h));
+                        let (dw, dm) = (_mm256_mul_ps(d8, yd), _mm256_mul_ps(dmin8, yd));
+                        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs[h]), dw, acc[h]);
+                        accm[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), dm, accm[h]);
+                    }
+                }
+            }
+            for h in 0..2 {
+                _mm256_storeu_ps(out.add(g * ROWS + 8 * h), _mm256_sub_ps(acc[h], accm[h]));
+            }
+        }
+    }
+
     /// [`columns256`] for `C` columns, compiled for AVX2 + FMA + F16C.
     ///
     /// # Safety
@@ -356,10 +458,11 @@ mod kernels {
         out: *mut f32,
         os: usize,
     ) {
-        if gemm {
-            columns256::<true, C>(w, n_groups, nb, a, as_, out, os)
-        } else {
-            columns256::<false, C>(w, n_groups, nb, a, as_, out, os)
+        match (gemm, C) {
+            (true, 1) => column256::<true>(w, n_groups, nb, a, out),
+            (false, 1) => column256::<false>(w, n_groups, nb, a, out),
+            (true, _) => columns256::<true, C>(w, n_groups, nb, a, as_, out, os),
+            (false, _) => columns256::<false, C>(w, n_groups, nb, a, as_, out, os),
         }
     }
 

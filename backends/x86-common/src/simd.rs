@@ -847,6 +847,16 @@ unsafe fn dot_q4_k_cols<const MODE: u8, const C: usize>(
 
 // ---------------------------------------------------------------- Q6_K
 
+/// Q6_K scales `2g` and `2g + 1` of a block (its 16 i8 scales in `sc8`) as i16 in the low
+/// and high 128-bit halves: one byte shuffle and one widening (ggml's `get_scale_shuffle`)
+/// instead of two scalar loads and broadcasts.
+#[inline(always)]
+unsafe fn q6_scale_pair(sc8: __m128i, g: usize) -> __m256i {
+    let (lo, hi) = ((2 * g) as i64, (2 * g + 1) as i64);
+    let idx = _mm_set_epi64x(hi * 0x0101_0101_0101_0101, lo * 0x0101_0101_0101_0101);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx))
+}
+
 /// `ggml_vec_dot_q6_K_q8_K` (AVX2 lanes) or, with `TILED`, the tiled matmul's per-block chain.
 #[inline(always)]
 unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
@@ -873,6 +883,7 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
                 prefetch_l2(x, pd, Q6_K_B);
             }
             let scp = x.add(192) as *const i8;
+            let sc8 = _mm_loadu_si128(scp as *const __m128i);
             let mut sumi = _mm256_setzero_si256();
             for n in 0..2 {
                 let ql0 = ld(x.add(64 * n));
@@ -898,11 +909,7 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
                 ];
                 for (k, &u) in u.iter().enumerate() {
                     let g = 4 * n + k;
-                    let sc = _mm256_set_m128i(
-                        _mm_set1_epi16(*scp.add(2 * g + 1) as i16),
-                        _mm_set1_epi16(*scp.add(2 * g) as i16),
-                    );
-                    let p = quads_us_scaled(u, ld(yq.add(32 * g)), sc);
+                    let p = quads_us_scaled(u, ld(yq.add(32 * g)), q6_scale_pair(sc8, g));
                     sumi = _mm256_add_epi32(sumi, p);
                 }
             }
@@ -967,11 +974,9 @@ unsafe fn dot_q6_k_tiled_cols<const C: usize>(
                 _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
             );
         }
+        let sc8 = _mm_loadu_si128(scp as *const __m128i);
         for g in 0..8 {
-            sc[g] = _mm256_set_m128i(
-                _mm_set1_epi16(*scp.add(2 * g + 1) as i16),
-                _mm_set1_epi16(*scp.add(2 * g) as i16),
-            );
+            sc[g] = q6_scale_pair(sc8, g);
         }
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scp as *const __m128i));
         let xd = h16(x.add(208));
