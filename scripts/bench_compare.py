@@ -21,7 +21,9 @@ is not timed on either side).
 
 Usage: scripts/bench_compare.py --model A.gguf [--model B.gguf ...] [--prompt-tokens 256]
        [--gen 64] [--reps 5] [--warmup 1] [--threads 2] [--backend auto] [--llama-bench PATH]
-       [--depth 2048] [--convert w4g128] [--baseline OLD/mollm --rounds 3]
+       [--depth 2048] [--convert w4g128] [--baseline OLD/mollm] [--rounds 3]
+With --rounds R mollm and llama.cpp (or the two builds) alternate R times: figures are medians
+over the rounds, and the per-round ratios are printed in a comment under each model.
 mollm is target/release/mollm (or $CARGO_TARGET_DIR/release/mollm); llama-bench is --llama-bench,
 then PATH, then ~/.cache/mollm/llama.cpp-build/bin/llama-bench (scripts/build-llama-cpp.sh).
 """
@@ -105,10 +107,10 @@ def main():
     p.add_argument("--convert")
     p.add_argument("--baseline", help="another mollm binary (an older build), measured in the same run, "
                    "interleaved with this one: rows say new / baseline")
-    p.add_argument("--rounds", type=int, default=1, help="with --baseline: alternate the two this many times")
+    p.add_argument("--rounds", type=int, default=1, help="alternate mollm and llama.cpp (or, with --baseline, the two builds) this many times")
     a = p.parse_args()
     print(f"pp{a.prompt_tokens} and tg{a.gen} from an empty context, random token ids, {a.threads} threads, "
-          f"warm-up then {a.reps} runs, median tokens/s; mollm --backend {a.backend} (F32 KV cache), "
+          f"warm-up then {a.reps} runs, median tokens/s, {a.rounds} interleaved round(s), median over rounds; mollm --backend {a.backend} (F32 KV cache), "
           f"llama-bench defaults (F16 KV cache, flash attention auto)")
     print()
     if a.convert:
@@ -118,17 +120,31 @@ def main():
     print("| model | test | mollm t/s | llama.cpp t/s | mollm / llama.cpp |")
     print("|---|---|---:|---:|---:|")
     for model in a.model:
-        m_pp, m_tg, backend = mollm_rows(a, model)
-        ll = llama_rows(a, model)
+        # Rounds alternate mollm and llama.cpp (mollm, llama, mollm, llama, ...) so that a
+        # shared machine's slow minutes hit both; each figure is the median over the rounds of
+        # each run's median, and the per-round ratios are printed beside the table.
+        mr, lr, dr = [], [], []
+        for _ in range(a.rounds):
+            m_pp, m_tg, backend = mollm_rows(a, model)
+            mr.append((m_pp, m_tg))
+            ll = llama_rows(a, model)
+            if ll:
+                lr.append(ll)
+            if a.depth:
+                dr.append((mollm_depth(a, model), llama_depth(a, model)))
+        med = lambda xs, i: statistics.median(x[i] for x in xs) if xs and all(x[i] for x in xs) else None
         name = os.path.basename(model)
-        rows = [(f"pp{a.prompt_tokens}", m_pp, ll[0] if ll else None),
-                (f"tg{a.gen}", m_tg, ll[1] if ll else None)]
+        rows = [(f"pp{a.prompt_tokens}", med(mr, 0), med(lr, 0)),
+                (f"tg{a.gen}", med(mr, 1), med(lr, 1))]
         if a.depth:
-            rows.append((f"tg{a.gen} @ d{a.depth}", mollm_depth(a, model), llama_depth(a, model)))
+            rows.append((f"tg{a.gen} @ d{a.depth}", med(dr, 0), med(dr, 1)))
         for test, m, l in rows:
             ls = f"{l:.2f}" if l else "n/a"
             ratio = f"{m / l:.2f}" if l else "n/a"
             print(f"| {name} | {test} | {m:.2f} | {ls} | {ratio} |", flush=True)
+        if a.rounds > 1 and lr:
+            per = "; ".join(f"pp {m[0] / l[0]:.2f} tg {m[1] / l[1]:.2f}" for m, l in zip(mr, lr))
+            print(f"<!-- {name}: per-round mollm / llama.cpp: {per} -->", flush=True)
         print(f"<!-- {name}: mollm backends {backend} -->", flush=True)
 
 
