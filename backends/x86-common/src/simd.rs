@@ -1117,7 +1117,8 @@ unsafe fn rows_any<const VNNI: bool>(
 
 /// One activation block of an AVX2 legacy tile, packed once per call ([`tile_q0_avx2`]): the
 /// quants, the offset term of the unsigned weight codes (`-(Σy per quad) << shift`, unused
-/// by Q8_0's sign products) and `dy` in all eight lanes.
+/// by Q8_0's sign products; for Q4_1 the block's `s` as f32 in every lane) and `dy` in all
+/// eight lanes.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct PackedY {
@@ -1126,8 +1127,9 @@ struct PackedY {
     dy: __m256,
 }
 
-/// Packs `cols` Q8_0 activation columns of `nb` blocks (column `c` at `a + c * as_`) into
-/// `buf`, column-major (`buf[c * nb + i]`), the offset for Q4_0 / Q5_0 codes (`FMT` 4 / 5).
+/// Packs `cols` activation columns of `nb` blocks (column `c` at `a + c * as_`; Q8_1 blocks
+/// for Q4_1, `FMT` 1, else Q8_0) into `buf`, column-major (`buf[c * nb + i]`), the offset for
+/// Q4_0 / Q5_0 codes (`FMT` 4 / 5).
 #[inline(always)]
 unsafe fn pack_y<const FMT: u8>(
     a: *const u8,
@@ -1139,6 +1141,15 @@ unsafe fn pack_y<const FMT: u8>(
     buf.clear();
     for c in 0..cols {
         for i in 0..nb {
+            if FMT == 1 {
+                let y = a.add(c * as_ + i * Q8_1_B);
+                buf.push(PackedY {
+                    q: ld(y.add(4)),
+                    off: _mm256_castps_si256(_mm256_set1_ps(h16(y.add(2)))),
+                    dy: _mm256_set1_ps(h16(y)),
+                });
+                continue;
+            }
             let y = a.add(c * as_ + i * Q8_0_B);
             let q = ld(y.add(2));
             let ys = quads_us::<false>(_mm256_set1_epi8(1), q);
@@ -1156,10 +1167,11 @@ unsafe fn pack_y<const FMT: u8>(
     }
 }
 
-/// [`dot_q0`]'s chain (AVX2, no VNNI) for `R` rows by `C` columns, the activation side read
-/// from [`pack_y`]'s blocks (`pk + c * nb + i`) instead of rebuilt for every row pair: the
-/// same integers (the offset added instead of subtracted: exact) and the same float
-/// operations in the same order, so the same bits.
+/// [`dot_q0`]'s chain (AVX2, no VNNI; [`dot_q4_1`]'s for `FMT` 1) for `R` rows by `C`
+/// columns, the activation side read from [`pack_y`]'s blocks (`pk + c * nb + i`) instead of
+/// rebuilt for every row pair: the same integers (the offset added instead of subtracted:
+/// exact) and the same float operations in the same order, so the same bits (`dx * dy` as a
+/// lane product is the scalar product).
 #[inline(always)]
 unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
     w: *const u8,
@@ -1168,11 +1180,20 @@ unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
     nb: usize,
 ) -> [[f32; R]; C] {
     let mut acc = [[_mm256_setzero_ps(); R]; C];
+    let mut summs = [[0f32; R]; C];
     let ones = _mm256_set1_epi16(1);
     for i in 0..nb {
         let mut q = [_mm256_setzero_si256(); R];
         let mut dx = [_mm256_setzero_ps(); R];
+        let mut mx = [0f32; R];
         for r in 0..R {
+            if FMT == 1 {
+                let x = w.add(r * ws + i * Q4_1_B);
+                dx[r] = _mm256_set1_ps(h16(x));
+                mx[r] = h16(x.add(2));
+                q[r] = nibbles_32(x.add(4));
+                continue;
+            }
             let (d, qr) = decode_q0::<FMT>(w.add(r * ws + i * q0_block(FMT)));
             dx[r] = _mm256_set1_ps(d);
             q[r] = qr;
@@ -1186,6 +1207,16 @@ unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
         }
         for c in 0..C {
             let p = &*pk.add(c * nb + i);
+            if FMT == 1 {
+                let sy = _mm256_cvtss_f32(_mm256_castsi256_ps(p.off));
+                for r in 0..R {
+                    summs[c][r] = mx[r].mul_add(sy, summs[c][r]);
+                    let d = _mm256_mul_ps(dx[r], p.dy);
+                    let pr = _mm256_cvtepi32_ps(quads_us::<false>(q[r], p.q));
+                    acc[c][r] = _mm256_fmadd_ps(d, pr, acc[c][r]);
+                }
+                continue;
+            }
             for r in 0..R {
                 let quads = if FMT == 8 {
                     let sy = _mm256_sign_epi8(p.q, q[r]);
@@ -1198,10 +1229,18 @@ unsafe fn tile_q0_packed<const FMT: u8, const R: usize, const C: usize>(
             }
         }
     }
-    hsum_tile(&acc)
+    let mut out = hsum_tile(&acc);
+    if FMT == 1 {
+        for c in 0..C {
+            for r in 0..R {
+                out[c][r] += summs[c][r];
+            }
+        }
+    }
+    out
 }
 
-/// The AVX2 tiles of Q4_0 / Q5_0 / Q8_0 for `ncols` columns (a multiple of [`TILE_COLS`]):
+/// The AVX2 tiles of Q4_0 / Q5_0 / Q8_0 / Q4_1 for `ncols` columns (a multiple of [`TILE_COLS`]):
 /// the activation columns packed once per call ([`pack_y`]), then 2-row x 4-column tiles.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -1228,6 +1267,7 @@ unsafe fn tile_q0_avx2(
     match dtype {
         Q8_0 => pack_y::<8>(act, as_, ncols, nb, &mut buf),
         Q5_0 => pack_y::<5>(act, as_, ncols, nb, &mut buf),
+        Q4_1 => pack_y::<1>(act, as_, ncols, nb, &mut buf),
         _ => pack_y::<4>(act, as_, ncols, nb, &mut buf),
     }
     let pk = buf.as_ptr();
@@ -1237,6 +1277,7 @@ unsafe fn tile_q0_avx2(
             let v: [[f32; $rr]; C] = match dtype {
                 Q8_0 => tile_q0_packed::<8, $rr, C>(wr, ws, p, nb),
                 Q5_0 => tile_q0_packed::<5, $rr, C>(wr, ws, p, nb),
+                Q4_1 => tile_q0_packed::<1, $rr, C>(wr, ws, p, nb),
                 _ => tile_q0_packed::<4, $rr, C>(wr, ws, p, nb),
             };
             for c in 0..C {
@@ -1357,7 +1398,7 @@ unsafe fn tile_any<const VNNI: bool>(
         if !VNNI
             && matches!(
                 dtype,
-                abi::DType::Q4_0 | abi::DType::Q5_0 | abi::DType::Q8_0
+                abi::DType::Q4_0 | abi::DType::Q5_0 | abi::DType::Q8_0 | abi::DType::Q4_1
             )
         {
             let full = (ncols - c0) / C * C;
