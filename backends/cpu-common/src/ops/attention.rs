@@ -222,12 +222,14 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let mut res = vec![0f32; du * nh];
     // The scores 16 rows at a time where that kernel applies, else row by row below.
     #[cfg(target_arch = "x86_64")]
-    let rows16 = a.isa == Isa::Avx512 && !a.k_f16 && du % 64 == 0 && last >= 0;
+    let rows16 = matches!(a.isa, Isa::Avx512 | Isa::Avx2) && !a.k_f16 && du % 64 == 0 && last >= 0;
     #[cfg(not(target_arch = "x86_64"))]
     let rows16 = false;
     #[cfg(target_arch = "x86_64")]
-    if rows16 {
+    if rows16 && a.isa == Isa::Avx512 {
         scores_rows16(a, hk, pt, lo, last, &qv, nh, len, &mut w);
+    } else if rows16 {
+        scores_rows8(a, hk, pt, lo, last, &qv, nh, len, &mut w);
     }
     for j in 0..=if rows16 { -1 } else { last } {
         if !visible(j) {
@@ -392,6 +394,124 @@ unsafe fn scores_rows16(
         }
         j0 += 16;
     }
+}
+
+/// [`scores_rows16`] with 256-bit registers (AVX2): 8 K rows at a time, each row's
+/// `ggml_vec_dot_f32` lanes as [`dot256`] builds them (the 16 lanes as two halves), then the
+/// 8 rows' `reduce16` trees at once ([`reduce_rows8`]): the same operand pairs, the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scores_rows8(
+    a: &Attn,
+    hk: i64,
+    pt: i64,
+    lo: usize,
+    last: i64,
+    qv: &[f32],
+    nh: usize,
+    len: usize,
+    w: &mut [f32],
+) {
+    use core::arch::x86_64::*;
+    let du = a.q.ne[0] as usize;
+    let mut rows = [core::ptr::null::<f32>(); 8];
+    let mut b = [_mm256_setzero_ps(); 8];
+    let mut j0 = (lo & !7) as i64;
+    while j0 <= last {
+        let n = (last + 1 - j0).min(8) as usize;
+        for (r, p) in rows.iter_mut().enumerate().take(n) {
+            *p = row_ptr(&a.k, hk, a.rows.get(j0 + r as i64), 0) as *const f32;
+        }
+        for g in 0..nh {
+            let q = qv.as_ptr().add(g * du);
+            for r in 0..8 {
+                b[r] = if r < n {
+                    lanes256_t8(rows[r], q, du)
+                } else {
+                    _mm256_setzero_ps()
+                };
+            }
+            let sums = reduce_rows8(&b);
+            let mut s = [0f32; 8];
+            if a.softcap > 0.0 {
+                _mm256_storeu_ps(s.as_mut_ptr(), sums);
+                for x in s.iter_mut() {
+                    *x = ((*x * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale;
+                }
+            } else {
+                _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(sums, _mm256_set1_ps(a.scale)));
+            }
+            let wg = &mut w[g * len..];
+            for r in 0..n {
+                let j = j0 + r as i64;
+                // j <= last <= pt: only the window hides a row here.
+                if a.window == 0 || pt - j < a.window {
+                    wg[j as usize] = s[r];
+                }
+            }
+        }
+        j0 += 8;
+    }
+}
+
+/// [`dot256`]'s lanes over `np` (a multiple of 64) elements, as the first step of `reduce16`:
+/// `t8[i] = v[i + 8] + v[i]`, one vector.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn lanes256_t8(x: *const f32, y: *const f32, np: usize) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    let mut a = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < np {
+        for j in 0..8 {
+            a[j] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.add(i + 8 * j)),
+                _mm256_loadu_ps(y.add(i + 8 * j)),
+                a[j],
+            );
+        }
+        i += 64;
+    }
+    for h in 0..2 {
+        a[h] = _mm256_add_ps(a[h], a[4 + h]);
+        a[2 + h] = _mm256_add_ps(a[2 + h], a[6 + h]);
+        a[h] = _mm256_add_ps(a[h], a[2 + h]);
+    }
+    _mm256_add_ps(a[1], a[0])
+}
+
+/// The rest of `reduce16` for 8 rows (`t8` of row `r` in `b[r]`): `t4 = t8[4 + i] + t8[i]`,
+/// then `(t4[0] + t4[2]) + (t4[1] + t4[3])`; lane `r` of the result is row `r`'s sum.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn reduce_rows8(b: &[core::arch::x86_64::__m256; 8]) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    // u[p]: t4 of rows 2p (low half) and 2p + 1 (high half).
+    let mut u = [_mm256_setzero_ps(); 4];
+    for p in 0..4 {
+        let (x, y) = (b[2 * p], b[2 * p + 1]);
+        u[p] = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x31>(x, y),
+            _mm256_permute2f128_ps::<0x20>(x, y),
+        );
+    }
+    // [t0 + t2, t1 + t3] of four rows per vector: rows (0, 2 | 1, 3) and (4, 6 | 5, 7).
+    let pair = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    };
+    let (s0, s1) = (pair(u[0], u[1]), pair(u[2], u[3]));
+    // Lanes [0, 2, 4, 6 | 1, 3, 5, 7], then in row order.
+    let sums = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(s0, s1),
+        _mm256_shuffle_ps::<0b11_01_11_01>(s0, s1),
+    );
+    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 /// `reduce16` of each of 16 vectors (a row's 16 lanes each), as one vector whose lane
