@@ -421,7 +421,17 @@ unsafe fn scores_rows8(
     while j0 <= last {
         let n = (last + 1 - j0).min(8) as usize;
         for (r, p) in rows.iter_mut().enumerate().take(n) {
-            *p = row_ptr(&a.k, hk, a.rows.get(j0 + r as i64), 0) as *const f32;
+            let jr = a.rows.get(j0 + r as i64);
+            *p = row_ptr(&a.k, hk, jr, 0) as *const f32;
+            if !a.v_f16 {
+                // p·V visits V rows in lane order, too scattered for the hardware
+                // prefetcher: ask for them into L2 now (the row loop's L1 prefetch, which
+                // this kernel replaces, did the same).
+                let v = row_ptr(&a.v, hk, jr, 0);
+                for off in (0..du * 4).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off) as *const i8);
+                }
+            }
         }
         for g in 0..nh {
             let q = qv.as_ptr().add(g * du);
