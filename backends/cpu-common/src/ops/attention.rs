@@ -694,6 +694,21 @@ unsafe fn pv_in_registers(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if a.isa == Isa::Avx2 && du % 64 == 0 {
+        // 64 outputs (one 256-byte piece of a row) per pass: eight accumulators.
+        for g in 0..nh {
+            let wg = &w[g * len..(g + 1) * len];
+            for c0 in (0..du).step_by(64) {
+                let out = &mut res[g * du + c0..];
+                match lanes {
+                    64 => pv_chunk256::<4>(&vp, wg, c0, lo, v_end, out),
+                    _ => pv_chunk256::<1>(&vp, wg, c0, lo, v_end, out),
+                }
+            }
+        }
+        return;
+    }
     for g in 0..nh {
         let wg = &w[g * len..(g + 1) * len];
         for c in (0..du).step_by(16) {
@@ -744,6 +759,68 @@ unsafe fn pv_in_registers(
                 res[g * du + c + i] = (gl[0][i] + gl[2][i]) + (gl[1][i] + gl[3][i]);
             }
         }
+    }
+}
+
+/// Outputs `c0 .. c0 + 64` of one head's p·V (see [`pv_in_registers`]) into `out`, on AVX2:
+/// [`pv_chunk512`]'s order with `NC = 4`, `MM = 1` (the 64 outputs of one lane chain are
+/// eight 256-bit accumulators), so each row visit reads 256 contiguous bytes once, instead
+/// of the generic loop's four passes of 64 bytes over every row. `M` = lanes / 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn pv_chunk256<const M: usize>(
+    vp: &[*const f32],
+    wg: &[f32],
+    c0: usize,
+    lo: usize,
+    v_end: usize,
+    out: &mut [f32],
+) {
+    use core::arch::x86_64::*;
+    let mut gl = [[_mm256_setzero_ps(); 8]; 16];
+    for l in 0..16 {
+        let mut lanes = [[_mm256_setzero_ps(); 8]; M];
+        for (mg, lane) in lanes.iter_mut().enumerate() {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            // From the 16·M-row block holding `lo` (rows before it have p = 0: skipped anyway).
+            let mut j = l + lo / (16 * M) * (16 * M) + 16 * mg;
+            while j < v_end {
+                let pj = *wg.get_unchecked(j);
+                if pj != 0.0 {
+                    let vr = vp.get_unchecked(j).add(c0);
+                    let p = _mm256_set1_ps(pj);
+                    for c in 0..8 {
+                        acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(vr.add(8 * c)), p, acc[c]);
+                    }
+                }
+                j += 16 * M;
+            }
+            *lane = acc;
+        }
+        for c in 0..8 {
+            gl[l][c] = if M == 4 {
+                _mm256_add_ps(
+                    _mm256_add_ps(lanes[0][c], lanes[2 % M][c]),
+                    _mm256_add_ps(lanes[1 % M][c], lanes[3 % M][c]),
+                )
+            } else {
+                lanes[0][c]
+            };
+        }
+    }
+    for c in 0..8 {
+        for q in 0..8 {
+            gl[q][c] = _mm256_add_ps(gl[q + 8][c], gl[q][c]);
+        }
+        for q in 0..4 {
+            gl[q][c] = _mm256_add_ps(gl[q + 4][c], gl[q][c]);
+        }
+        let r = _mm256_add_ps(
+            _mm256_add_ps(gl[0][c], gl[2][c]),
+            _mm256_add_ps(gl[1][c], gl[3][c]),
+        );
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), r);
     }
 }
 
