@@ -39,7 +39,7 @@ fn main() {
         .collect();
     let threads = args.first().copied().unwrap_or(1);
     let reps = args.get(1).copied().unwrap_or(15);
-    // Third argument: only the cases of this format (0 all, 4 Q4_K, 6 Q6_K); fourth: only
+    // Third argument: only the cases of this format (0 all, 4 Q4_K, 6 Q6_K, 8 Q8_0, 5 Q5_0, 1 Q4_1); fourth: only
     // the in-cache case (1) or only the out-of-cache ones (2).
     let only = args.get(2).copied().unwrap_or(0);
     let place = args.get(3).copied().unwrap_or(0);
@@ -118,20 +118,59 @@ fn main() {
             (wb * inner) as f64 / median(t) / 1e9
         );
     }
-    for (k, n) in [(1536usize, 65536usize), (8960, 8192), (1536, 128)] {
-        if skip(6, n) {
+    // Row formats (the row kernels): Q6_K (the 1.5B's output and ffn_down), Q8_0 (Gemma 3's
+    // 262144-row output), Q5_0 (Qwen2.5-0.5B and Gemma FFNs), Q4_1 (SmolLM2).
+    let row_cases: &[(DType, usize, usize, usize)] = &[
+        (DType::Q6_K, 6, 1536, 65536),
+        (DType::Q6_K, 6, 8960, 8192),
+        (DType::Q6_K, 6, 1536, 128),
+        (DType::Q8_0, 8, 640, 262144),
+        (DType::Q8_0, 8, 640, 128),
+        (DType::Q5_0, 5, 640, 65536),
+        (DType::Q5_0, 5, 640, 128),
+        (DType::Q4_1, 1, 576, 65536),
+        (DType::Q4_1, 1, 576, 128),
+    ];
+    for &(dt, fmt, k, n) in row_cases {
+        if skip(fmt, n) {
             continue;
         }
-        let rb = quant::row_bytes(DType::Q6_K, k).unwrap();
+        let rb = quant::row_bytes(dt, k).unwrap();
         let inner = (50_000_000 / (rb * n)).max(1);
         let mut w = bytes(&mut seed, rb * n);
-        for r in w.chunks_exact_mut(210) {
-            r[208] = 0;
-            r[209] = 0x3c; // d = 1.0
+        // Scales of 1.0 (f16 0x3c00; random bits would give infinities and subnormals).
+        let (bb, scales): (usize, &[usize]) = match dt {
+            DType::Q6_K => (210, &[208]),
+            DType::Q8_0 => (34, &[0]),
+            DType::Q5_0 => (22, &[0]),
+            _ => (20, &[0, 2]),
+        };
+        for blk in w.chunks_exact_mut(bb) {
+            for &o in scales {
+                blk[o] = 0;
+                blk[o + 1] = 0x3c;
+            }
         }
-        let act = bytes(&mut seed, k / 256 * 292);
+        let vt = quant::vec_dot_type(dt);
+        let mut act = bytes(&mut seed, quant::row_bytes(vt, k).unwrap());
+        match vt {
+            DType::Q8_K => {
+                for blk in act.chunks_exact_mut(292) {
+                    blk[..4].copy_from_slice(&1f32.to_le_bytes());
+                }
+            }
+            _ => {
+                let ab = if vt == DType::Q8_0 { 34 } else { 36 };
+                for blk in act.chunks_exact_mut(ab) {
+                    blk[..2].copy_from_slice(&[0, 0x3c]);
+                    if ab == 36 {
+                        blk[2..4].copy_from_slice(&[0, 0x3c]);
+                    }
+                }
+            }
+        }
         let mut out = vec![0f32; n];
-        if k == 1536 && n > 128 && only == 0 {
+        if dt == DType::Q6_K && k == 1536 && n > 128 && only == 0 {
             // The plain read roof: 32-byte loads summed, same split.
             let mut t = Vec::new();
             for _ in 0..reps {
@@ -169,7 +208,7 @@ fn main() {
                     let act = &act;
                     s.spawn(move || {
                         for _ in 0..inner {
-                            dot_rows(isa, quant::Kernel::VecDot, DType::Q6_K, k, w, act, o)
+                            dot_rows(isa, quant::Kernel::VecDot, dt, k, w, act, o)
                         }
                     });
                 }
@@ -178,7 +217,7 @@ fn main() {
         }
         let wb = w.len();
         println!(
-            "q6_K {k}x{n} {:.1} MB: {:.2} GB/s",
+            "{dt} {k}x{n} {:.1} MB: {:.2} GB/s",
             wb as f64 / 1e6,
             (wb * inner) as f64 / median(t) / 1e9
         );

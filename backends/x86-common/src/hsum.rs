@@ -25,3 +25,16 @@ pub(crate) unsafe fn hsum_float_8_x16(l: &[__m512; 8]) -> __m512 {
     let r3 = _mm512_add_ps(l[7], l[3]);
     _mm512_add_ps(_mm512_add_ps(r0, r2), _mm512_add_ps(r1, r3))
 }
+
+/// [`hsum_float_8`] of 8 rows at once: `l[k]` holds lane `k` of each row's eight lanes.
+///
+/// # Safety
+/// The CPU has AVX (inlined into a caller compiled for AVX2).
+#[inline(always)]
+pub(crate) unsafe fn hsum_float_8_x8(l: &[__m256; 8]) -> __m256 {
+    let r0 = _mm256_add_ps(l[4], l[0]);
+    let r1 = _mm256_add_ps(l[5], l[1]);
+    let r2 = _mm256_add_ps(l[6], l[2]);
+    let r3 = _mm256_add_ps(l[7], l[3]);
+    _mm256_add_ps(_mm256_add_ps(r0, r2), _mm256_add_ps(r1, r3))
+}

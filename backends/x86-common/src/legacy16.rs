@@ -40,6 +40,12 @@ pub fn fits(dt: DType, k: usize, n: usize) -> bool {
     FORMATS.contains(&dt) && k > 0 && k % 32 == 0 && n > 0 && n % ROWS == 0
 }
 
+/// Whether the AVX2 kernels take this layout for `dt`: Q4_1 only (Q8_0's codes are stored
+/// `+ 128` for `vpdpbusd`; without VNNI its products would saturate `vpmaddubsw`).
+pub fn avx2_fits(dt: DType, k: usize, n: usize) -> bool {
+    dt == DType::Q4_1 && fits(dt, k, n)
+}
+
 /// Bytes of a repacked `n x k` weight.
 pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
     n / ROWS * (k / 32) * block_bytes(dt)
@@ -84,6 +90,7 @@ pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u
 /// activation row `nb` blocks; `out` covers every written element.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn columns(
+    avx512: bool,
     dt: DType,
     w: *const u8,
     ng: usize,
@@ -94,6 +101,24 @@ pub unsafe fn columns(
     out: *mut f32,
     os: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if !avx512 {
+        // AVX2 (Q4_1 only: see `avx2_fits`): runs of four columns, then one at a time.
+        for g in 0..ng {
+            let wg = w.add(g * nb * block_bytes(dt));
+            let o = out.add(g * ROWS);
+            let mut c = 0;
+            while c + 4 <= cols {
+                x86::group_q41_avx2::<4>(wg, nb, a.add(c * as_), as_, o.add(c * os), os);
+                c += 4;
+            }
+            while c < cols {
+                x86::group_q41_avx2::<1>(wg, nb, a.add(c * as_), as_, o.add(c * os), os);
+                c += 1;
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     for g in 0..ng {
         let wg = w.add(g * nb * block_bytes(dt));
@@ -120,7 +145,7 @@ pub unsafe fn columns(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (dt, w, ng, nb, a, as_, cols, out, os);
+        let _ = (avx512, dt, w, ng, nb, a, as_, cols, out, os);
         unreachable!("repacked weights are x86-64 only")
     }
 }
@@ -141,6 +166,66 @@ pub mod x86 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
             (p as *const u16).read_unaligned() as i32,
         )))
+    }
+
+    /// [`group`] of Q4_1 with 256-bit registers (AVX2, no VNNI): each half of the group (8
+    /// rows, bytes `32h .. 32h + 32` of every code line) in its own pass, one register per
+    /// lane of 8 rows; a lane's sums by `vpmaddubsw` (nibbles times activations, pairs at most
+    /// 2·15·128: exact) and `vpmaddwd` by ones, then the same float chain as [`group`]. Each
+    /// half prefetches part of every block's lines one group ahead, so memory stays busy
+    /// while the second half reads the group from L1.
+    ///
+    /// # Safety
+    /// As [`super::columns`], on a CPU with AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn group_q41_avx2<const C: usize>(
+        w: *const u8,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let bb = block_bytes(DType::Q4_1);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        for h in 0..2 {
+            let mut lanes = [[_mm256_setzero_ps(); 8]; C];
+            let mut summs = [_mm256_setzero_ps(); C];
+            for i in 0..nb {
+                let p = w.add(i * bb);
+                if C == 1 {
+                    for l in [0usize, 1, 2, 3, 4].into_iter().skip(3 * h).take(3 - h) {
+                        let q = p.wrapping_add(nb * bb + 64 * l);
+                        _mm_prefetch::<_MM_HINT_T1>(q as *const i8);
+                    }
+                }
+                let s = p.add(64 * 4);
+                let dx = _mm256_cvtph_ps(_mm_loadu_si128(s.add(16 * h) as *const __m128i));
+                let mx = _mm256_cvtph_ps(_mm_loadu_si128(s.add(32 + 16 * h) as *const __m128i));
+                for c in 0..C {
+                    let y = a.add(c * as_ + i * 36);
+                    let yq = y.add(4) as *const i32;
+                    summs[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(h16(y.add(2))), summs[c]);
+                    let d = _mm256_mul_ps(dx, _mm256_set1_ps(h16(y)));
+                    for l in 0..8 {
+                        let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
+                        let q = if l < 4 {
+                            _mm256_and_si256(v, m4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+                        };
+                        let yl = _mm256_set1_epi32(yq.add(l).read_unaligned());
+                        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yl), ones);
+                        lanes[c][l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), lanes[c][l]);
+                    }
+                }
+            }
+            for c in 0..C {
+                let v = crate::hsum::hsum_float_8_x8(&lanes[c]);
+                _mm256_storeu_ps(out.add(c * os + 8 * h), _mm256_add_ps(v, summs[c]));
+            }
+        }
     }
 
     /// 16 rows x `C` columns of one row group of Q4_1 (`Q41`) or Q8_0: `out[c * os + r]`.

@@ -115,9 +115,15 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
         return Ok(p);
     }
     if isa != Isa::Avx512 {
-        // AVX2 has 256-bit kernels for the Q4_K layout only (the others' 16-row groups are
-        // AVX-512 code).
-        return no("the AVX2 backend repacks Q4_K weights of 16k rows only");
+        // AVX2 has 256-bit kernels for the Q4_K and Q4_1 layouts only (the others' 16-row
+        // groups are AVX-512 code).
+        if crate::legacy16::avx2_fits(dt, k, n) && n * rb <= MAX_COPY_BYTES {
+            let bytes = crate::legacy16::repacked_bytes(dt, k, n);
+            let mut p = mollm_cpu_common::Prepared::zeroed(KIND_LEGACY16, bytes);
+            crate::legacy16::repack(dt, src, rb, k, n, p.bytes_mut());
+            return Ok(p);
+        }
+        return no("the AVX2 backend repacks Q4_K and Q4_1 weights of 16k rows only");
     }
     // Not the largest matrices, as for copies below (a tied embedding table stays resident
     // for `get_rows` beside its repacked copy).
@@ -162,7 +168,14 @@ pub fn check_prepared(
         KIND_LEGACY16 => Some(crate::legacy16::fits),
         _ => None,
     };
-    if let (Some(fits), Isa::Avx512) = (fits, isa) {
+    let fits = match (kind, isa) {
+        (KIND_LEGACY16, Isa::Avx2) => {
+            Some(crate::legacy16::avx2_fits as fn(DType, usize, usize) -> bool)
+        }
+        (_, Isa::Avx2) => None,
+        _ => fits,
+    };
+    if let Some(fits) = fits {
         let w = &inputs[0];
         let dt = w.dtype().unwrap_or(DType::F32);
         return match fits(dt, w.ne[0] as usize, w.ne[1] as usize) {
@@ -330,10 +343,11 @@ pub unsafe fn run_weights(
                 let bb = crate::legacy16::block_bytes(dt);
                 let wg = wp.0.wrapping_add(g0 * nb32 * bb) as *const u8;
                 let a = act[c0 * rb..].as_ptr();
-                // SAFETY: AVX-512 (check_prepared); rows r0..r1 are whole 16-row groups of
+                // SAFETY: the ISA check_prepared accepted for the layout; rows r0..r1 are whole 16-row groups of
                 // the repacked weight; buf holds nr x (c1 - c0) floats.
                 unsafe {
                     crate::legacy16::columns(
+                        isa == Isa::Avx512,
                         dt,
                         wg,
                         nr / crate::legacy16::ROWS,
