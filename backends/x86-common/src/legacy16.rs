@@ -16,8 +16,11 @@
 //! `t` holding code bytes `4t .. 4t + 4` of each row (rows in order), then the 16 rows' `d`
 //! (f16). Q4_1: four lines (the low nibbles are lane `t`, the high nibbles lane `t + 4`), then
 //! `d` and the 16 rows' `m` (f16). Q8_0: eight lines of `q + 128` (unsigned, as `vpdpbusd`
-//! wants them; the activations' lane sums times 128 come off exactly), then `d`. Groups follow
-//! each other, so a weight streams front to back, and the size is the original's.
+//! wants them; the activations' lane sums times 128 come off exactly), then `d`. Q5_0 (AVX2
+//! only so far): Q4_1's four nibble lines, then 64 bytes of fifth bits, byte `4r + e` holding
+//! in bit `k` the fifth bit of row `r`'s element `4k + e` (lane `k`, so one shift and one
+//! mask bring a lane's bits to bit 4 of its code bytes), then `d`. Groups follow each other,
+//! so a weight streams front to back, and the size is the original's.
 
 use abi::DType;
 
@@ -27,23 +30,31 @@ pub const ROWS: usize = 16;
 /// Formats with this layout.
 pub const FORMATS: &[DType] = &[DType::Q4_1, DType::Q8_0];
 
+/// Formats the AVX2 kernels take in this layout (Q8_0's codes are stored `+ 128` for
+/// `vpdpbusd`: without VNNI its products would saturate `vpmaddubsw`).
+pub const AVX2_FORMATS: &[DType] = &[DType::Q4_1, DType::Q5_0];
+
 /// Bytes of one block of a 16-row group.
 pub const fn block_bytes(dt: DType) -> usize {
     match dt {
         DType::Q4_1 => 5 * 64,
+        DType::Q5_0 => 5 * 64 + 32,
         _ => 8 * 64 + 32,
     }
 }
 
-/// Whether an `n x k` weight of `dt` can be repacked.
-pub fn fits(dt: DType, k: usize, n: usize) -> bool {
-    FORMATS.contains(&dt) && k > 0 && k % 32 == 0 && n > 0 && n % ROWS == 0
+fn shape_fits(k: usize, n: usize) -> bool {
+    k > 0 && k % 32 == 0 && n > 0 && n % ROWS == 0
 }
 
-/// Whether the AVX2 kernels take this layout for `dt`: Q4_1 only (Q8_0's codes are stored
-/// `+ 128` for `vpdpbusd`; without VNNI its products would saturate `vpmaddubsw`).
+/// Whether an `n x k` weight of `dt` can be repacked for the AVX-512 kernels.
+pub fn fits(dt: DType, k: usize, n: usize) -> bool {
+    FORMATS.contains(&dt) && shape_fits(k, n)
+}
+
+/// Whether the AVX2 kernels take this layout for an `n x k` weight of `dt`.
 pub fn avx2_fits(dt: DType, k: usize, n: usize) -> bool {
-    dt == DType::Q4_1 && fits(dt, k, n)
+    AVX2_FORMATS.contains(&dt) && shape_fits(k, n)
 }
 
 /// Bytes of a repacked `n x k` weight.
@@ -53,13 +64,17 @@ pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
 
 /// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`.
 pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u8]) {
-    assert!(fits(dt, k, n));
+    assert!(fits(dt, k, n) || avx2_fits(dt, k, n));
     let nb = k / 32;
     let (bb, ob) = (dt.info().block_bytes as usize, block_bytes(dt));
     assert!(dst.len() >= repacked_bytes(dt, k, n));
     assert!(src.len() >= (n - 1) * rs + nb * bb);
-    let q8 = dt == DType::Q8_0;
-    let (codes, lines) = if q8 { (2, 8) } else { (4, 4) };
+    let (q8, q5) = (dt == DType::Q8_0, dt == DType::Q5_0);
+    let (codes, lines) = match dt {
+        DType::Q8_0 => (2, 8),
+        DType::Q5_0 => (6, 4),
+        _ => (4, 4),
+    };
     for g in 0..n / ROWS {
         for i in 0..nb {
             let out = &mut dst[(g * nb + i) * ob..][..ob];
@@ -71,9 +86,20 @@ pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u
                         out[64 * t + 4 * r + j] = if q8 { c ^ 0x80 } else { c };
                     }
                 }
-                let s = 64 * lines;
+                let mut s = 64 * lines;
+                if q5 {
+                    let qh = u32::from_le_bytes(b[2..6].try_into().unwrap());
+                    for e in 0..4 {
+                        let mut plane = 0u8;
+                        for kk in 0..8 {
+                            plane |= (((qh >> (4 * kk + e)) & 1) as u8) << kk;
+                        }
+                        out[s + 4 * r + e] = plane;
+                    }
+                    s += 64;
+                }
                 out[s + 2 * r..][..2].copy_from_slice(&b[..2]);
-                if !q8 {
+                if dt == DType::Q4_1 {
                     out[s + 32 + 2 * r..][..2].copy_from_slice(&b[2..4]);
                 }
             }
@@ -103,19 +129,25 @@ pub unsafe fn columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     if !avx512 {
-        // AVX2 (Q4_1 only: see `avx2_fits`): runs of four columns, then one at a time.
+        // AVX2 (see `avx2_fits`): runs of four columns, then one at a time.
         for g in 0..ng {
             let wg = w.add(g * nb * block_bytes(dt));
             let o = out.add(g * ROWS);
             let mut c = 0;
-            while c + 4 <= cols {
-                x86::group_q41_avx2::<4>(wg, nb, a.add(c * as_), as_, o.add(c * os), os);
-                c += 4;
+            macro_rules! run {
+                ($n:literal) => {
+                    while c + $n <= cols {
+                        let (a, o) = (a.add(c * as_), o.add(c * os));
+                        match dt {
+                            DType::Q4_1 => x86::group_avx2::<1, $n>(wg, nb, a, as_, o, os),
+                            _ => x86::group_avx2::<5, $n>(wg, nb, a, as_, o, os),
+                        }
+                        c += $n;
+                    }
+                };
             }
-            while c < cols {
-                x86::group_q41_avx2::<1>(wg, nb, a.add(c * as_), as_, o.add(c * os), os);
-                c += 1;
-            }
+            run!(4);
+            run!(1);
         }
         return;
     }
@@ -168,17 +200,19 @@ pub mod x86 {
         )))
     }
 
-    /// [`group`] of Q4_1 with 256-bit registers (AVX2, no VNNI): each half of the group (8
-    /// rows, bytes `32h .. 32h + 32` of every code line) in its own pass, one register per
-    /// lane of 8 rows; a lane's sums by `vpmaddubsw` (nibbles times activations, pairs at most
-    /// 2·15·128: exact) and `vpmaddwd` by ones, then the same float chain as [`group`]. Each
-    /// half prefetches part of every block's lines one group ahead, so memory stays busy
-    /// while the second half reads the group from L1.
+    /// [`group`] with 256-bit registers (AVX2, no VNNI), for Q4_1 (`FMT` 1) and Q5_0 (5):
+    /// each half of the group (8 rows, bytes `32h .. 32h + 32` of every line) in its own pass,
+    /// one register per lane of 8 rows; a lane's sums by `vpmaddubsw` (codes times
+    /// activations, pairs at most 2·31·128: exact) and `vpmaddwd` by ones, Q5_0's minus 16
+    /// times the activations' lane sum (its codes are `q + 16`: exact), then the chain of
+    /// [`group`] (ggml's `dot_q0` chain for Q5_0, with no offsets term). Each half prefetches
+    /// part of every block's lines one group ahead, so memory stays busy while the second half
+    /// reads the group from L1.
     ///
     /// # Safety
     /// As [`super::columns`], on a CPU with AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn group_q41_avx2<const C: usize>(
+    pub unsafe fn group_avx2<const FMT: u8, const C: usize>(
         w: *const u8,
         nb: usize,
         a: *const u8,
@@ -186,8 +220,13 @@ pub mod x86 {
         out: *mut f32,
         os: usize,
     ) {
-        let bb = block_bytes(DType::Q4_1);
+        let q41 = FMT == 1;
+        let bb = block_bytes(if q41 { DType::Q4_1 } else { DType::Q5_0 });
+        let nl = bb.div_ceil(64);
+        // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
+        let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
         let m4 = _mm256_set1_epi8(0x0F);
+        let m10 = _mm256_set1_epi8(0x10);
         let ones = _mm256_set1_epi16(1);
         for h in 0..2 {
             let mut lanes = [[_mm256_setzero_ps(); 8]; C];
@@ -195,35 +234,77 @@ pub mod x86 {
             for i in 0..nb {
                 let p = w.add(i * bb);
                 if C == 1 {
-                    for l in [0usize, 1, 2, 3, 4].into_iter().skip(3 * h).take(3 - h) {
+                    for l in (0..nl).skip(h * nl.div_ceil(2)).take(nl.div_ceil(2)) {
                         let q = p.wrapping_add(nb * bb + 64 * l);
                         _mm_prefetch::<_MM_HINT_T1>(q as *const i8);
                     }
                 }
-                let s = p.add(64 * 4);
+                let s = p.add(if q41 { 256 } else { 320 });
                 let dx = _mm256_cvtph_ps(_mm_loadu_si128(s.add(16 * h) as *const __m128i));
-                let mx = _mm256_cvtph_ps(_mm_loadu_si128(s.add(32 + 16 * h) as *const __m128i));
+                let mx = if q41 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(s.add(32 + 16 * h) as *const __m128i))
+                } else {
+                    _mm256_setzero_ps()
+                };
                 for c in 0..C {
-                    let y = a.add(c * as_ + i * 36);
-                    let yq = y.add(4) as *const i32;
-                    summs[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(h16(y.add(2))), summs[c]);
+                    let y = a.add(c * as_ + i * yb);
+                    let yq = y.add(yq0) as *const i32;
+                    // Q5_0: 16 x each lane's activation sum, taken off its code products.
+                    let mut off = [0i32; 8];
+                    if q41 {
+                        summs[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(h16(y.add(2))), summs[c]);
+                    } else {
+                        let ys = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(
+                                _mm256_set1_epi8(1),
+                                _mm256_loadu_si256(yq as *const __m256i),
+                            ),
+                            ones,
+                        );
+                        let o16 = _mm256_slli_epi32::<4>(ys);
+                        _mm256_storeu_si256(off.as_mut_ptr() as *mut __m256i, o16);
+                    }
                     let d = _mm256_mul_ps(dx, _mm256_set1_ps(h16(y)));
                     for l in 0..8 {
                         let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
-                        let q = if l < 4 {
+                        let mut q = if l < 4 {
                             _mm256_and_si256(v, m4)
                         } else {
                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
                         };
+                        if !q41 {
+                            let pl = _mm256_loadu_si256(p.add(256 + 32 * h) as *const __m256i);
+                            // bit l of each plane byte to bit 4 (16-bit shifts: the mask
+                            // drops what crosses a byte)
+                            let hb = match l {
+                                0 => _mm256_slli_epi16::<4>(pl),
+                                1 => _mm256_slli_epi16::<3>(pl),
+                                2 => _mm256_slli_epi16::<2>(pl),
+                                3 => _mm256_slli_epi16::<1>(pl),
+                                4 => pl,
+                                5 => _mm256_srli_epi16::<1>(pl),
+                                6 => _mm256_srli_epi16::<2>(pl),
+                                _ => _mm256_srli_epi16::<3>(pl),
+                            };
+                            q = _mm256_or_si256(q, _mm256_and_si256(hb, m10));
+                        }
                         let yl = _mm256_set1_epi32(yq.add(l).read_unaligned());
-                        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yl), ones);
+                        let mut s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yl), ones);
+                        if !q41 {
+                            s = _mm256_sub_epi32(s, _mm256_set1_epi32(off[l]));
+                        }
                         lanes[c][l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), lanes[c][l]);
                     }
                 }
             }
             for c in 0..C {
-                let v = crate::hsum::hsum_float_8_x8(&lanes[c]);
-                _mm256_storeu_ps(out.add(c * os + 8 * h), _mm256_add_ps(v, summs[c]));
+                // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order),
+                // Q5_0 nothing (not even 0.0, which would turn a -0.0 into +0.0).
+                let mut v = crate::hsum::hsum_float_8_x8(&lanes[c]);
+                if q41 {
+                    v = _mm256_add_ps(v, summs[c]);
+                }
+                _mm256_storeu_ps(out.add(c * os + 8 * h), v);
             }
         }
     }

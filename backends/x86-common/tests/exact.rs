@@ -479,7 +479,7 @@ fn prepared_legacy_weights_match_reference_bit_for_bit() {
             .prepare_weight
             .expect("CPU backends offer prepare_weight");
         let cases = [(576usize, 64usize), (96, 16), (1536, 48), (64, 24)];
-        for (dt, &(k, n)) in [DType::Q4_1, DType::Q8_0]
+        for (dt, &(k, n)) in [DType::Q4_1, DType::Q8_0, DType::Q5_0]
             .into_iter()
             .flat_map(|d| cases.iter().map(move |c| (d, c)))
         {
@@ -487,9 +487,9 @@ fn prepared_legacy_weights_match_reference_bit_for_bit() {
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
             let mut pd = wd;
             let st = Status::from_raw(prep(me.ctx, &wd, &mut pd));
-            // AVX2 repacks Q4_1 in whole 16-row groups only (Q8_0's stored codes need VNNI;
-            // AVX-512 copies what it does not repack).
-            if isa != Isa::Avx512 && (dt != DType::Q4_1 || n % 16 != 0) {
+            // AVX2 repacks Q4_1 and Q5_0 in whole 16-row groups only (Q8_0's stored codes
+            // need VNNI; AVX-512 copies what it does not repack).
+            if isa != Isa::Avx512 && (dt == DType::Q8_0 || n % 16 != 0) {
                 assert_eq!(st, Status::Unsupported, "{isa:?}");
                 continue;
             }
