@@ -1,7 +1,8 @@
-//! Q4_1 and Q8_0 weights repacked at load (`prepare_weight`, AVX-512) into groups of 16 rows,
-//! so that one `vpdpbusd` with four broadcast activation bytes gives one of ggml's eight lane
-//! sums for 16 rows at once: no per-row unpacking, scale conversion or broadcast, and one
-//! product `dx · dy` per 16 rows instead of one per row.
+//! Q4_1 and Q8_0 (AVX-512) or Q4_1 and Q5_0 (AVX2) weights repacked at load
+//! (`prepare_weight`) into groups of 16 rows, so that one `vpdpbusd` (AVX2: `vpmaddubsw` and
+//! `vpmaddwd`, 8 rows per register) with four broadcast activation bytes gives one of ggml's
+//! eight lane sums for 16 rows at once: no per-row unpacking, scale conversion or broadcast,
+//! and one product `dx · dy` per 16 rows instead of one per row.
 //!
 //! The chains are ggml's (x86 build; quant's reference and `simd::dot_q4_1` / `dot_q0`): per
 //! block the eight exact lane sums `s_l` (lane `l` covers elements `4l .. 4l + 4`),

@@ -11,7 +11,8 @@
 //! What is implemented: `mat_mul` with F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
 //! weights, every x86 kernel ggml picks for those formats (vec_dot, tinyBLAS, the Q4_0/Q4_K
 //! repack GEMV/GEMM, the tiled K-quant matmul), Q4_K weights repacked at load ([`q4k16`]),
-//! on AVX-512 Q4_1 / Q8_0 ([`legacy16`]) and mollm's formats ([`wr16`]) too;
+//! Q4_1 / Q8_0 on AVX-512 and Q4_1 / Q5_0 on AVX2 ([`legacy16`]), on AVX-512 mollm's
+//! formats ([`wr16`]) too;
 //! and, through `mollm_cpu_common::ops` in its AVX2/AVX-512 variants, bit-identical to the
 //! reference: attention (f32 caches), glu, rms_norm, rope (no YaRN), add, mul, scale,
 //! get_rows, set_rows (f32), softmax, argmax. Everything else (f16 caches, YaRN, other

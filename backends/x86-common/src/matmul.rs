@@ -78,15 +78,18 @@ pub const KIND_Q4K16: u32 = 1;
 pub const KIND_COPY: u32 = 2;
 /// Prepared layout: W4G32 / W4G128 / W8PC in 16-row groups ([`crate::wr16`]).
 pub const KIND_WR16: u32 = 3;
-/// Prepared layout: Q4_1 / Q8_0 in 16-row groups ([`crate::legacy16`]).
+/// Prepared layout: Q4_1 / Q8_0 (AVX-512) or Q4_1 / Q5_0 (AVX2) in 16-row groups
+/// ([`crate::legacy16`]).
 pub const KIND_LEGACY16: u32 = 4;
 /// Largest weight copied as it is (see [`prepare`]).
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
-/// kernels of [`crate::q4k16`] (AVX-512 and AVX2). On AVX-512 only, mollm-format weights are
-/// repacked for those of [`crate::wr16`] and other weights of formats with kernels here are
-/// copied as they are (into 2 MiB pages, see `mollm_cpu_common::Prepared`).
+/// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1 and Q5_0 (AVX2) or Q4_1 and Q8_0
+/// (AVX-512) ones for those of [`crate::legacy16`], up to [`MAX_COPY_BYTES`]. On AVX-512
+/// only, mollm-format weights are repacked for those of [`crate::wr16`] and other weights of
+/// formats with kernels here are copied as they are (into 2 MiB pages, see
+/// `mollm_cpu_common::Prepared`).
 ///
 /// # Safety
 /// `w` describes valid host memory.
