@@ -37,6 +37,17 @@ pub fn nll(logits: &[f32], tok: usize) -> f64 {
     -(f64::from(logits[tok] - max) - sum_exp.ln())
 }
 
+/// The index of the largest logit (the first of equals).
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
 pub fn ppl(a: PplArgs) -> CliResult {
     let bytes = std::fs::read(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
     let text = String::from_utf8(bytes).map_err(|e| {
@@ -86,6 +97,9 @@ pub fn ppl(a: PplArgs) -> CliResult {
     let t0 = Instant::now();
     let (mut sum, mut sum2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(n_chunk);
+    // The most likely next token at each scored position (teacher forcing: two backends
+    // agree on it at nearly every position, even where free-running text would drift apart).
+    let mut top1 = Vec::with_capacity(n_chunk * (n_ctx - 1 - first));
     let mut stdout = std::io::stdout().lock();
     for i in 0..n_chunk {
         let start = i * n_ctx;
@@ -99,6 +113,7 @@ pub fn ppl(a: PplArgs) -> CliResult {
         for j in first..n_ctx - 1 {
             let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
             let v = nll(row, tokens[start + j + 1] as usize);
+            top1.push(argmax(row));
             sum += v;
             sum2 += v * v;
         }
@@ -136,6 +151,7 @@ pub fn ppl(a: PplArgs) -> CliResult {
             "ppl": ppl,
             "ppl_stderr": err,
             "running": running,
+            "top1": top1,
             "backend": session.backend_names().join(","),
             "seconds": secs,
         });

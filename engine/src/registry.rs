@@ -660,8 +660,12 @@ pub fn gate_cache_dir() -> Option<PathBuf> {
     Some(base.join("mollm").join("gate"))
 }
 
+/// Environment variables whose values are part of a verdict's key: the metal backend's adapter
+/// (a verdict on lavapipe is not one on a Mac's GPU) and its deliberately broken kernel.
+pub const GATE_ENV_KEYS: &[&str] = &["MOLLM_METAL_ADAPTER", "MOLLM_METAL_BROKEN"];
+
 /// The cache file for `lib`'s verdict: keyed by the library's bytes, this host's ABI version,
-/// the case set (version, counts) and the CPU signature.
+/// the case set (version, counts), [`GATE_ENV_KEYS`] and the CPU signature.
 pub fn gate_cache_path(lib: &Path) -> Option<PathBuf> {
     let bytes = std::fs::read(lib).ok()?;
     let mut h = fnv1a(&bytes, 0xcbf2_9ce4_8422_2325);
@@ -679,6 +683,11 @@ pub fn gate_cache_path(lib: &Path) -> Option<PathBuf> {
         conformance::cases::CASES_VERSION
     );
     h = fnv1a(host.as_bytes(), h);
+    // Settings that change what a library computes: which device it opens, a test variant.
+    for key in GATE_ENV_KEYS {
+        let v = std::env::var(key).unwrap_or_default();
+        h = fnv1a(format!("{key}={v}").as_bytes(), h);
+    }
     Some(gate_cache_dir()?.join(format!("{h:016x}-{}.json", cpu_signature())))
 }
 

@@ -1,9 +1,14 @@
 //! mollm's CUDA backend (cdylib `mollm_cuda`), as far as it goes today: it finds out whether
-//! this machine could run CUDA (the driver library, `cuInit`, a device) and says why not. It
-//! has no kernels yet, so its score is 0 everywhere and the host never sends it work;
-//! `mollm devices` and `mollm ops --device cuda` show its reason (ABI 1.3's
-//! `unavailable_reason`). The driver is opened at run time, never linked, so the library
-//! builds and loads on machines without CUDA.
+//! this machine could run CUDA (the driver library, `cuInit`, a device) and says why not; its
+//! kernels (CUDA C in `kernels/`, the metal backend's ops) compile to PTX with NVRTC
+//! ([`nvrtc`]), tested wherever the library is (CI takes it from PyPI). Nothing launches them
+//! yet (the driver-side host code is the next step), so its score is 0 everywhere and the host
+//! never sends it work; `mollm devices` and `mollm ops --device cuda` show its reason (ABI
+//! 1.3's `unavailable_reason`). The driver and NVRTC are opened at run time, never linked, so
+//! the library builds and loads on machines without CUDA.
+
+pub mod kernels;
+pub mod nvrtc;
 
 use abi::{BackendHeader, BackendTable, DeviceKind, HostApi, OpCall, Status};
 use core::ffi::c_void;
@@ -63,7 +68,10 @@ pub fn reason() -> &'static str {
     WHY.get_or_init(|| match std::panic::catch_unwind(probe) {
         Ok(Err(why)) => why,
         Ok(Ok(n)) => {
-            format!("{n} CUDA device(s) found, but this build's cuda backend has no kernels yet")
+            format!(
+                "{n} CUDA device(s) found, but this build's cuda backend does not launch its \
+                 kernels yet"
+            )
         }
         Err(_) => "the CUDA driver probe panicked".into(),
     })
@@ -79,10 +87,10 @@ fn put(s: &str, buf: *mut u8, cap: usize) -> usize {
     s.len()
 }
 
-const NO_KERNELS: &str = "the cuda backend has no kernels yet";
+const NO_KERNELS: &str = "the cuda backend does not launch its kernels yet";
 
 extern "C" fn score() -> u32 {
-    // Always 0 until there are kernels; the probe runs here so that the reason is ready.
+    // Always 0 until kernels are launched; the probe runs here so that the reason is ready.
     let _ = reason();
     0
 }
@@ -150,7 +158,7 @@ mod tests {
         assert_eq!(name.to_str().unwrap(), "cuda");
         assert_eq!(h.device_kind, DeviceKind::Gpu as u32);
         let t = unsafe { &*h.table };
-        assert_eq!((t.score.unwrap())(), 0, "no kernels: never chosen");
+        assert_eq!((t.score.unwrap())(), 0, "no kernel launches: never chosen");
         let mut buf = [0u8; 8];
         let n = (t.unavailable_reason.unwrap())(buf.as_mut_ptr(), buf.len());
         assert_eq!(n, reason().len());
@@ -173,5 +181,49 @@ mod tests {
             (t.init)(core::ptr::null(), &mut ctx),
             Status::Unsupported as i32
         );
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+
+    /// Every kernel compiles with NVRTC for every architecture PTX is made for, and the PTX
+    /// defines each kernel the host will launch. Skipped (with a note) where NVRTC is missing,
+    /// unless MOLLM_REQUIRE_NVRTC=1 (CI, after scripts/install-nvrtc.sh).
+    #[test]
+    fn every_kernel_compiles_with_nvrtc() {
+        match nvrtc::describe() {
+            Ok(d) => eprintln!("{d}"),
+            Err(why) => {
+                assert!(
+                    std::env::var("MOLLM_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                    "MOLLM_REQUIRE_NVRTC=1 but {why}"
+                );
+                eprintln!("SKIPPED: {why} (scripts/install-nvrtc.sh fetches it)");
+                return;
+            }
+        }
+        for (file, _, entries) in kernels::FILES {
+            let src = kernels::source(file).unwrap();
+            for arch in kernels::ARCHS {
+                let ptx = nvrtc::ptx(file, &src, arch).unwrap_or_else(|e| panic!("{e}"));
+                assert!(ptx.contains(&format!(".target sm_{}", &arch[8..])), "{file} {arch}");
+                for e in *entries {
+                    assert!(ptx.contains(&format!(".entry {e}(")), "{file} {arch}: no {e}");
+                }
+            }
+        }
+    }
+
+    /// A kernel that does not compile is an error carrying NVRTC's log, not a panic.
+    #[test]
+    fn a_compile_error_comes_back_with_the_log() {
+        if nvrtc::describe().is_err() {
+            return;
+        }
+        let e = nvrtc::ptx("bad.cu", "extern \"C\" __global__ void f() { undefined_thing(); }", "compute_70")
+            .unwrap_err();
+        assert!(e.contains("bad.cu") && e.contains("undefined_thing"), "{e}");
     }
 }

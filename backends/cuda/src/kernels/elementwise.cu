@@ -1,0 +1,67 @@
+// One thread per element: rope (with the host's cos/sin cache, the reference's own), glu,
+// add / mul with broadcast / scale, and set_rows' conversion.
+
+struct RopeMeta {
+    u32 d, h, t, n_dims, neox, n;
+};
+
+extern "C" __global__ void rope(RopeMeta p, const float* x, const float* cs, float* out) {
+    u32 i = block_index() * 64 + threadIdx.x;
+    if (i >= p.n) return;
+    u32 e = i % p.d, head = i - e, t = (i / (p.d * p.h)) % p.t;
+    if (e >= p.n_dims) { out[i] = x[i]; return; }
+    u32 a, b, i0, half = p.n_dims / 2;
+    if (p.neox) {
+        u32 j = e >= half ? e - half : e;
+        a = j; b = j + half; i0 = 2 * j;
+    } else {
+        a = e & ~1u; b = a + 1; i0 = a;
+    }
+    float c = cs[(size_t)t * p.n_dims + i0], s = cs[(size_t)t * p.n_dims + i0 + 1];
+    float x0 = x[head + a], x1 = x[head + b];
+    out[i] = e == a ? fmaf(x0, c, -(x1 * s)) : fmaf(x0, s, x1 * c);
+}
+
+struct GluMeta {
+    u32 n, act;
+};
+
+extern "C" __global__ void glu(GluMeta p, const float* gate, const float* up, float* out) {
+    u32 i = block_index() * 64 + threadIdx.x;
+    if (i >= p.n) return;
+    float g = gate[i], a;
+    if (p.act == 0) {
+        a = g / (1.0f + expf(-g));
+    } else {
+        float z = fminf(fmaxf(0.7978845608028654f * (g + 0.044715f * g * g * g), -10.0f), 10.0f);
+        a = 0.5f * g * (1.0f + tanhf(z));
+    }
+    out[i] = a * up[i];
+}
+
+struct EltMeta {
+    u32 n, op;
+    float s;
+    u32 unused;
+    u32 a[4], b[4];
+};
+
+extern "C" __global__ void elementwise(EltMeta p, const float* a, const float* b, float* out) {
+    u32 i = block_index() * 64 + threadIdx.x;
+    if (i >= p.n) return;
+    if (p.op == 2) { out[i] = a[i] * p.s; return; }
+    u32 i0 = i % p.a[0], i1 = (i / p.a[0]) % p.a[1], i2 = (i / (p.a[0] * p.a[1])) % p.a[2];
+    u32 i3 = i / (p.a[0] * p.a[1] * p.a[2]);
+    u32 j = (i0 % p.b[0]) + p.b[0] * ((i1 % p.b[1]) + p.b[1] * ((i2 % p.b[2]) + p.b[2] * (i3 % p.b[3])));
+    out[i] = p.op == 0 ? a[i] + b[j] : a[i] * b[j];
+}
+
+struct SetRowsMeta {
+    u32 n, f16;
+};
+
+extern "C" __global__ void set_rows(SetRowsMeta p, const float* src, u32* out) {
+    u32 i = block_index() * 64 + threadIdx.x;
+    if (i >= p.n) return;
+    out[i] = p.f16 ? f16_bits(src[i]) : __float_as_uint(src[i]);
+}

@@ -1,0 +1,92 @@
+// Row-wise kernels, one 64-thread block per row: get_rows (grouped or f32 tables), rms_norm,
+// softmax, argmax.
+
+struct RowsMeta {
+    u32 k, rows, group, table_rows;
+};
+
+extern "C" __global__ void get_rows_q(RowsMeta p, const int* codes, const float2* scales,
+                                      const int* ids, float* out) {
+    u32 m = block_index();
+    if (m >= p.rows) return;
+    u32 r = (u32)ids[m], kw = p.k / 4, gpr = p.k / p.group;
+    for (u32 w = threadIdx.x; w < kw; w += 64) {
+        int word = codes[(size_t)r * kw + w];
+        float2 s = scales[(size_t)r * gpr + (w * 4) / p.group];
+        for (u32 j = 0; j < 4; j++)
+            out[(size_t)m * p.k + w * 4 + j] = (float)(signed char)((word >> (8 * j)) & 0xff) * s.x + s.y;
+    }
+}
+
+extern "C" __global__ void get_rows_f(RowsMeta p, const float* w, const int* ids, float* out) {
+    u32 m = block_index();
+    if (m >= p.rows) return;
+    u32 r = (u32)ids[m];
+    for (u32 k = threadIdx.x; k < p.k; k += 64) out[(size_t)m * p.k + k] = w[(size_t)r * p.k + k];
+}
+
+struct NormMeta {
+    u32 k, rows;
+    float eps;
+};
+
+extern "C" __global__ void rms_norm(NormMeta p, const float* x, const float* w, float* out) {
+    u32 r = block_index();
+    if (r >= p.rows) return;
+    const float* row = x + (size_t)r * p.k;
+    float s = 0;
+    for (u32 k = threadIdx.x; k < p.k; k += 64) s += row[k] * row[k];
+    float scale = 1.0f / sqrtf(block_reduce(s, false) / (float)p.k + p.eps);
+    for (u32 k = threadIdx.x; k < p.k; k += 64) out[(size_t)r * p.k + k] = (row[k] * scale) * w[k];
+}
+
+extern "C" __global__ void softmax(NormMeta p, const float* x, float* out) {
+    u32 r = block_index();
+    if (r >= p.rows) return;
+    const float* row = x + (size_t)r * p.k;
+    float* o = out + (size_t)r * p.k;
+    float scale = p.eps;  // the meta's float is softmax's scale
+    float mx = -3.4028235e38f;
+    for (u32 k = threadIdx.x; k < p.k; k += 64) mx = fmaxf(mx, row[k] * scale);
+    mx = block_reduce(mx, true);
+    float s = 0;
+    for (u32 k = threadIdx.x; k < p.k; k += 64) {
+        float e = expf(row[k] * scale - mx);
+        o[k] = e;
+        s += e;
+    }
+    float inv = 1.0f / block_reduce(s, false);
+    for (u32 k = threadIdx.x; k < p.k; k += 64) o[k] *= inv;
+}
+
+// NaN is never chosen (by its bits), the first index wins ties, a row of NaN gives 0.
+__device__ __forceinline__ bool beats(float v, u32 i, float bv, u32 bi) {
+    if (i == 0xffffffffu) return false;
+    if (bi == 0xffffffffu) return true;
+    return v > bv || (v == bv && i < bi);
+}
+
+extern "C" __global__ void argmax(NormMeta p, const float* x, int* out) {
+    __shared__ float bv[64];
+    __shared__ u32 bi[64];
+    u32 r = block_index(), li = threadIdx.x;
+    if (r >= p.rows) return;
+    float v0 = 0;
+    u32 i0 = 0xffffffffu;
+    for (u32 k = li; k < p.k; k += 64) {
+        float v = x[(size_t)r * p.k + k];
+        bool nan = (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
+        if (!nan && beats(v, k, v0, i0)) { v0 = v; i0 = k; }
+    }
+    bv[li] = v0;
+    bi[li] = i0;
+    __syncthreads();
+    for (u32 h = 32; h > 0; h >>= 1) {
+        if (li < h && beats(bv[li + h], bi[li + h], bv[li], bi[li])) {
+            bv[li] = bv[li + h];
+            bi[li] = bi[li + h];
+        }
+        __syncthreads();
+    }
+    if (li == 0) out[r] = bi[0] == 0xffffffffu ? 0 : (int)bi[0];
+}

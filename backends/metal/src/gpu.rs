@@ -1,0 +1,278 @@
+//! The device: which adapter this backend opens and why it may not, the compiled kernels, and
+//! the few things every op does with buffers (upload, dispatch, read back).
+//!
+//! Apple machines open their Metal device. Elsewhere there is none, unless
+//! `MOLLM_METAL_ADAPTER=vulkan` asks for a Vulkan adapter: the same WGSL kernels then run there
+//! (Mesa's lavapipe in CI), so that every kernel is checked on machines without a Mac.
+
+use crate::Error;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// `metal` (the default) or `vulkan`.
+pub const ADAPTER_ENV: &str = "MOLLM_METAL_ADAPTER";
+
+/// Workgroups per dispatch row; more work spreads over y (`wg_index` in common.wgsl).
+const MAX_GROUPS_X: u32 = 32768;
+
+pub struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    /// The adapter's name and API, for messages.
+    pub name: String,
+    /// Largest storage binding, in bytes (128 MiB on lavapipe; tensors larger than this are
+    /// split, or refused where they cannot be).
+    pub max_binding: u64,
+    /// Rows a subgroup-per-row kernel covers per workgroup of 64: 64 / the largest subgroup
+    /// size the adapter may use.
+    pub rows_per_group: u32,
+    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    /// The first error the device reported since the last check (validation, out of memory,
+    /// device lost): wgpu's default would panic.
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+/// Which wgpu backend to open, or why there is no device.
+pub fn requested(env: Option<&str>) -> Result<wgpu::Backends, String> {
+    match env {
+        Some("vulkan") => Ok(wgpu::Backends::VULKAN),
+        Some("metal") | Some("") | None => {
+            if cfg!(target_vendor = "apple") {
+                Ok(wgpu::Backends::METAL)
+            } else {
+                Err(format!(
+                    "no Metal device (Metal exists on Apple machines only; {ADAPTER_ENV}=vulkan \
+                     runs these kernels on a Vulkan adapter instead, for tests)"
+                ))
+            }
+        }
+        Some(other) => Err(format!("{ADAPTER_ENV}={other}: expected metal or vulkan")),
+    }
+}
+
+fn open() -> Result<Gpu, String> {
+    let backends = requested(std::env::var(ADAPTER_ENV).ok().as_deref())?;
+    let api = if backends == wgpu::Backends::VULKAN {
+        "Vulkan"
+    } else {
+        "Metal"
+    };
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    let instance = wgpu::Instance::new(desc);
+    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        ..Default::default()
+    }))
+    .map_err(|e| format!("no {api} device ({e})"))?;
+    let info = adapter.get_info();
+    let limits = adapter.limits();
+    // The matmul kernels reduce a row in one subgroup (Metal's SIMD-groups, Vulkan's
+    // subgroups).
+    if !adapter.features().contains(wgpu::Features::SUBGROUP) {
+        return Err(format!("{api} device {} has no subgroup operations", info.name));
+    }
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("mollm"),
+        required_limits: limits.clone(),
+        required_features: wgpu::Features::SUBGROUP,
+        ..Default::default()
+    }))
+    .map_err(|e| format!("{api} device {} refused to open: {e}", info.name))?;
+    let failure = Arc::new(Mutex::new(None::<String>));
+    let slot = failure.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+        s.get_or_insert_with(|| e.to_string());
+    }));
+    Ok(Gpu {
+        device,
+        queue,
+        name: format!("{} ({api})", info.name),
+        max_binding: limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),
+        rows_per_group: (64 / info.subgroup_max_size.clamp(1, 64)).max(1),
+        pipelines: Mutex::new(HashMap::new()),
+        failure,
+    })
+}
+
+/// The process's device, opened on first use; `Err` says why there is none.
+pub fn gpu() -> Result<&'static Gpu, &'static str> {
+    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
+    GPU.get_or_init(|| match std::panic::catch_unwind(open) {
+        Ok(r) => r,
+        Err(_) => Err("opening the GPU panicked".into()),
+    })
+    .as_ref()
+    .map_err(|e| e.as_str())
+}
+
+/// Rounds a byte size up to what a storage buffer may have (a multiple of 4, at least 4).
+fn padded(n: u64) -> u64 {
+    n.max(4).div_ceil(4) * 4
+}
+
+impl Gpu {
+    /// The kernel `name` (a file in `shaders/`), compiled once.
+    fn pipeline(&self, name: &'static str) -> Result<Arc<wgpu::ComputePipeline>, Error> {
+        let mut map = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = map.get(name) {
+            return Ok(p.clone());
+        }
+        let body = crate::shaders::source(name)
+            .ok_or_else(|| Error::Device(format!("no kernel named {name}")))?;
+        let src = format!("{}\n{}", crate::shaders::COMMON, body);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        self.check().map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
+        let p = Arc::new(p);
+        map.insert(name, p.clone());
+        Ok(p)
+    }
+
+    /// Compiles every kernel (tests).
+    #[cfg(test)]
+    pub fn compile_all(&self) -> Result<(), Error> {
+        for name in crate::shaders::names() {
+            self.pipeline(name)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the device's last reported error, if any.
+    pub fn check(&self) -> Result<(), String> {
+        match self.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// A storage buffer holding `bytes`, or refused when it would exceed a binding.
+    pub fn upload(&self, what: &str, bytes: &[u8]) -> Result<wgpu::Buffer, Error> {
+        let b = self.empty(what, bytes.len() as u64)?;
+        if !bytes.is_empty() {
+            let mut data = bytes.to_vec();
+            data.resize(padded(bytes.len() as u64) as usize, 0);
+            self.queue.write_buffer(&b, 0, &data);
+        }
+        Ok(b)
+    }
+
+    /// An uninitialised (zeroed) storage buffer of `size` bytes.
+    pub fn empty(&self, what: &str, size: u64) -> Result<wgpu::Buffer, Error> {
+        if size > self.max_binding {
+            return Err(Error::Unsupported(format!(
+                "{what}: {size} bytes exceed the device's {} MiB storage binding",
+                self.max_binding >> 20
+            )));
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: padded(size),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    pub fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&Default::default())
+    }
+
+    /// Records `groups` workgroups of kernel `name` with `bufs` at bindings 0, 1, ...
+    pub fn dispatch(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        name: &'static str,
+        bufs: &[&wgpu::Buffer],
+        groups: u32,
+    ) -> Result<(), Error> {
+        if groups == 0 {
+            return Ok(());
+        }
+        let pipe = self.pipeline(name)?;
+        let entries: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let x = groups.min(MAX_GROUPS_X);
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(x, groups.div_ceil(x), 1);
+        Ok(())
+    }
+
+    /// Submits `enc` and returns the first `size` bytes of `buf` once it has run: the one
+    /// synchronisation of an op.
+    pub fn finish(
+        &self,
+        mut enc: wgpu::CommandEncoder,
+        buf: &wgpu::Buffer,
+        size: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read back"),
+            size: padded(size),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, padded(size));
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;
+        self.check()
+            .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(Error::Device(format!(
+                    "{}: the result could not be read back",
+                    self.name
+                )))
+            }
+        }
+        let out = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;
+            view[..size as usize].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+}

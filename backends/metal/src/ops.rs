@@ -1,0 +1,337 @@
+//! One function per op: gather the host operands, run the kernel, scatter the result. Each op
+//! is one submission and one wait (the engine hands this backend host tensors; device-resident
+//! activations between ops are not there yet).
+
+use crate::gpu::Gpu;
+use crate::host::{self, bytes};
+use crate::weights::{DevWeight, Layout};
+use crate::{Ctx, Error};
+use abi::{DType, Op, OpParams, TensorDesc};
+use reference::ops::rope::{corr_dims, rope_cache, RopeParams};
+use std::sync::Arc;
+
+/// get_rows tables above this many bytes are refused (they would be decoded and uploaded on
+/// every call: only mat_mul weights are offered to `prepare_weight`).
+pub const GET_ROWS_MAX_BYTES: u64 = 16 << 20;
+
+fn dt(t: &TensorDesc) -> DType {
+    t.dtype().expect("validated")
+}
+
+fn n_el(t: &TensorDesc) -> usize {
+    t.numel().expect("validated") as usize
+}
+
+/// # Safety
+/// A validated call on valid host memory (and weights this context prepared).
+pub unsafe fn run(
+    ctx: &Ctx,
+    op: Op,
+    ins: &[TensorDesc],
+    outs: &[TensorDesc],
+    p: &OpParams,
+) -> Result<(), Error> {
+    let gpu = ctx.gpu;
+    match op {
+        Op::MatMul => mat_mul(ctx, &ins[0], &ins[1], &outs[0]),
+        Op::GetRows => get_rows(gpu, &ins[0], &ins[1], &outs[0]),
+        Op::RmsNorm => {
+            let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
+            let k = x.ne[0] as u32;
+            let rows = x.nrows() as u32;
+            let meta = [k, rows, p.f[0].to_bits()];
+            rowwise(gpu, "rms_norm", &meta, &[x, w], out, rows)
+        }
+        Op::Softmax => {
+            let (x, out) = (&ins[0], &outs[0]);
+            let rows = x.nrows() as u32;
+            let meta = [x.ne[0] as u32, rows, p.f[0].to_bits()];
+            rowwise(gpu, "softmax", &meta, &[x], out, rows)
+        }
+        Op::Argmax => {
+            let (x, out) = (&ins[0], &outs[0]);
+            let rows = x.nrows() as u32;
+            rowwise(gpu, "argmax", &[x.ne[0] as u32, rows], &[x], out, rows)
+        }
+        Op::Glu => {
+            let n = n_el(&ins[0]) as u32;
+            let meta = [n, p.i[0] as u32];
+            rowwise(gpu, "glu", &meta, &[&ins[0], &ins[1]], &outs[0], n.div_ceil(64))
+        }
+        Op::Add | Op::Mul | Op::Scale => elementwise(gpu, op, ins, &outs[0], p),
+        Op::Rope => rope(gpu, &ins[0], &ins[1], &outs[0], p),
+        Op::Attention => crate::attention::run(gpu, ins, &outs[0], p),
+        Op::SetRows => set_rows(gpu, &ins[0], &ins[1], &ins[2], &outs[0]),
+    }
+}
+
+/// Names a kernel whose results are made wrong on purpose, to test that the conformance gate
+/// refuses it (and the engine then runs that op on the CPU).
+pub const BROKEN_ENV: &str = "MOLLM_METAL_BROKEN";
+
+thread_local! {
+    /// The same for one thread (unit tests, which share a process).
+    pub static BROKEN: std::cell::RefCell<Option<&'static str>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Whether `kernel` is to be broken ([`BROKEN_ENV`]).
+fn broken(kernel: &str) -> bool {
+    BROKEN.with(|b| *b.borrow() == Some(kernel))
+        || std::env::var(BROKEN_ENV).is_ok_and(|v| v == kernel)
+}
+
+/// Kernels whose operands are the meta words, the inputs packed, and the output: `groups`
+/// workgroups.
+unsafe fn rowwise(
+    gpu: &Gpu,
+    kernel: &'static str,
+    meta: &[u32],
+    inputs: &[&TensorDesc],
+    out: &TensorDesc,
+    groups: u32,
+) -> Result<(), Error> {
+    let mb = gpu.upload("meta", bytes(meta))?;
+    let mut bufs = vec![mb];
+    for (i, t) in inputs.iter().enumerate() {
+        bufs.push(gpu.upload(&format!("input {i}"), &host::gather(t))?);
+    }
+    let size = (n_el(out) * 4) as u64;
+    let ob = gpu.empty("output", size)?;
+    bufs.push(ob);
+    let refs: Vec<&wgpu::Buffer> = bufs.iter().collect();
+    let mut enc = gpu.encoder();
+    gpu.dispatch(&mut enc, kernel, &refs, groups)?;
+    let mut r = gpu.finish(enc, refs[refs.len() - 1], size)?;
+    if broken(kernel) && r.len() >= 4 {
+        // A wrong kernel's result: the first element off by a quarter (and one more).
+        let x = f32::from_le_bytes(r[..4].try_into().unwrap());
+        r[..4].copy_from_slice(&(x * 1.25 + 1.0).to_le_bytes());
+    }
+    host::scatter(out, &r);
+    Ok(())
+}
+
+unsafe fn mat_mul(ctx: &Ctx, w: &TensorDesc, x: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
+    let gpu = ctx.gpu;
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    let dev: Arc<DevWeight> = if w.buffer != 0 {
+        ctx.weight(w.buffer)?
+    } else {
+        Arc::new(DevWeight::upload(gpu, dt(w), k, n, |r| host::row(w, r))?)
+    };
+    let group = match dev.layout {
+        Layout::Grouped { group } => group,
+        Layout::Dense => 0,
+    };
+    let (xs, sums) = dot_format(dt(w), k, group, &host::gather(x))?;
+    let r = product(gpu, &dev, bytes(&xs), bytes(&sums), x.nrows() as usize)?;
+    host::scatter(out, &r);
+    Ok(())
+}
+
+/// The activations as the reference sees them: each column converted to the weight's dot
+/// format (Q8_0, Q8_1, Q8_K, F16, ...: `quant::quantize_activations`, ggml's conversion) and
+/// decoded back to f32, so that the device's sums differ from the reference's in their order
+/// only; and for grouped weights each group's activation sum (`[cols][k / group]`), which the
+/// offsets multiply: for Q8_1 the f16 `s` of its blocks, as ggml's Q4_1/Q5_1 dot products use.
+/// (On the host for now; a device kernel is the next step.)
+fn dot_format(w: DType, k: usize, group: usize, x: &[u8]) -> Result<(Vec<f32>, Vec<f32>), Error> {
+    let xs = host::f32s(x);
+    let vt = quant::vec_dot_type(w);
+    let mut sums = Vec::new();
+    let group_sums = |col: &[f32], sums: &mut Vec<f32>| {
+        if group > 0 {
+            sums.extend(col.chunks_exact(group).map(|g| g.iter().map(|&v| v as f64).sum::<f64>() as f32));
+        }
+    };
+    if vt == DType::F32 {
+        for col in xs.chunks_exact(k) {
+            group_sums(col, &mut sums);
+        }
+        return Ok((xs, sums));
+    }
+    let rb = quant::row_bytes(vt, k)
+        .ok_or_else(|| Error::Unsupported(format!("{k} elements are not whole {vt} blocks")))?;
+    let mut q = vec![0u8; rb];
+    let mut out = vec![0f32; xs.len()];
+    for (col, o) in xs.chunks_exact(k).zip(out.chunks_exact_mut(k)) {
+        quant::quantize_activations(w, col, &mut q)
+            .and_then(|_| quant::dequantize_row(vt, &q, o))
+            .map_err(|e| Error::Unsupported(format!("activations as {vt}: {e}")))?;
+        if vt == DType::Q8_1 && group == 32 {
+            let bb = vt.info().block_bytes as usize;
+            sums.extend(q.chunks_exact(bb).map(|b| quant::fp16_to_f32(u16::from_le_bytes([b[2], b[3]]))));
+        } else {
+            group_sums(o, &mut sums);
+        }
+    }
+    Ok((out, sums))
+}
+
+/// `dev` times `cols` packed f32 columns `x` (with their group sums, see [`dot_format`]): the
+/// output's bytes, `[n, cols]`.
+pub fn product(gpu: &Gpu, dev: &DevWeight, x: &[u8], sums: &[u8], cols: usize) -> Result<Vec<u8>, Error> {
+    let (k, n) = (dev.k, dev.n);
+    let xb = gpu.upload("activations", x)?;
+    let sb = gpu.upload("activation sums", sums)?;
+    let size = (n * cols * 4) as u64;
+    let ob = gpu.empty("output", size)?;
+    let mut enc = gpu.encoder();
+    let mut metas = Vec::new();
+    for c in &dev.chunks {
+        let group = match dev.layout {
+            Layout::Grouped { group } => group as u32,
+            Layout::Dense => 0,
+        };
+        let meta = [k as u32, c.rows, cols as u32, group, n as u32, c.row0];
+        metas.push(gpu.upload("meta", bytes(&meta))?);
+    }
+    for (c, mb) in dev.chunks.iter().zip(&metas) {
+        let groups = c.rows.div_ceil(gpu.rows_per_group);
+        match (&dev.layout, &c.scales) {
+            (Layout::Grouped { .. }, Some(s)) => {
+                gpu.dispatch(&mut enc, "matmul_q", &[mb, &c.values, s, &xb, &sb, &ob], groups)?
+            }
+            _ => gpu.dispatch(&mut enc, "matmul_f", &[mb, &c.values, &xb, &ob], groups)?,
+        }
+    }
+    gpu.finish(enc, &ob, size)
+}
+
+unsafe fn get_rows(gpu: &Gpu, table: &TensorDesc, ids: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
+    let (k, v) = (table.ne[0] as usize, table.ne[1] as usize);
+    let id = host::i32s(&host::gather(ids));
+    if let Some((m, &bad)) = id.iter().enumerate().find(|(_, &i)| i < 0 || i as usize >= v) {
+        return Err(Error::Invalid(format!(
+            "get_rows: ids[{m}] = {bad} outside the table's {v} rows"
+        )));
+    }
+    let dev = DevWeight::upload(gpu, dt(table), k, v, |r| host::row(table, r))?;
+    let ib = gpu.upload("ids", bytes(&id))?;
+    let size = (k * id.len() * 4) as u64;
+    let ob = gpu.empty("output", size)?;
+    let mut enc = gpu.encoder();
+    let c = &dev.chunks[0];
+    if dev.chunks.len() != 1 {
+        return Err(Error::Unsupported(
+            "get_rows: a table larger than one storage binding".into(),
+        ));
+    }
+    match (dev.layout, &c.scales) {
+        (Layout::Grouped { group }, Some(s)) => {
+            let mb = gpu.upload("meta", bytes(&[k as u32, id.len() as u32, group as u32, v as u32]))?;
+            gpu.dispatch(&mut enc, "get_rows_q", &[&mb, &c.values, s, &ib, &ob], id.len() as u32)?
+        }
+        _ => {
+            let mb = gpu.upload("meta", bytes(&[k as u32, id.len() as u32, 0, v as u32]))?;
+            gpu.dispatch(&mut enc, "get_rows_f", &[&mb, &c.values, &ib, &ob], id.len() as u32)?
+        }
+    }
+    let r = gpu.finish(enc, &ob, size)?;
+    host::scatter(out, &r);
+    Ok(())
+}
+
+unsafe fn elementwise(
+    gpu: &Gpu,
+    op: Op,
+    ins: &[TensorDesc],
+    out: &TensorDesc,
+    p: &OpParams,
+) -> Result<(), Error> {
+    let a = &ins[0];
+    let b = ins.get(1).unwrap_or(a);
+    let n = n_el(a) as u32;
+    let code = match op {
+        Op::Add => 0u32,
+        Op::Mul => 1,
+        _ => 2,
+    };
+    let d = |t: &TensorDesc| t.ne.map(|x| x as u32);
+    let mut meta = vec![n, code, p.f[0].to_bits(), 0];
+    meta.extend(d(a));
+    meta.extend(d(b));
+    let inputs: Vec<&TensorDesc> = if op == Op::Scale { vec![a, a] } else { vec![a, b] };
+    rowwise(gpu, "elementwise", &meta, &inputs, out, n.div_ceil(64))
+}
+
+unsafe fn rope(gpu: &Gpu, x: &TensorDesc, pos: &TensorDesc, out: &TensorDesc, op: &OpParams) -> Result<(), Error> {
+    let p = RopeParams::from_op(op);
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+    let corr = corr_dims(&p);
+    let positions = host::i32s(&host::gather(pos));
+    let cache: Vec<f32> = positions
+        .iter()
+        .flat_map(|&t| rope_cache(t, &p, corr, theta_scale))
+        .collect();
+    let n = n_el(x) as u32;
+    let meta = [
+        x.ne[0] as u32,
+        x.ne[1] as u32,
+        x.ne[2] as u32,
+        p.n_dims as u32,
+        (p.mode == abi::ROPE_NEOX) as u32,
+        n,
+    ];
+    let mb = gpu.upload("meta", bytes(&meta))?;
+    let xb = gpu.upload("x", &host::gather(x))?;
+    let cb = gpu.upload("rope cache", bytes(&cache))?;
+    let size = n as u64 * 4;
+    let ob = gpu.empty("output", size)?;
+    let mut enc = gpu.encoder();
+    gpu.dispatch(&mut enc, "rope", &[&mb, &xb, &cb, &ob], n.div_ceil(64))?;
+    let r = gpu.finish(enc, &ob, size)?;
+    host::scatter(out, &r);
+    Ok(())
+}
+
+unsafe fn set_rows(
+    gpu: &Gpu,
+    src: &TensorDesc,
+    idx: &TensorDesc,
+    dst_in: &TensorDesc,
+    dst: &TensorDesc,
+) -> Result<(), Error> {
+    if dst_in.dtype != dst.dtype {
+        return Err(Error::Invalid("set_rows: dst input and output formats differ".into()));
+    }
+    let rows = host::i32s(&host::gather(idx));
+    if let Some((m, &r)) = rows.iter().enumerate().find(|(_, &r)| r < 0 || r as i64 >= dst.ne[1]) {
+        return Err(Error::Invalid(format!(
+            "set_rows: index {r} at {m} outside 0..{}",
+            dst.ne[1]
+        )));
+    }
+    let f16 = dt(dst) == DType::F16;
+    let n = n_el(src) as u32;
+    let mb = gpu.upload("meta", bytes(&[n, f16 as u32]))?;
+    let sb = gpu.upload("src", &host::gather(src))?;
+    let ob = gpu.empty("rows", n as u64 * 4)?;
+    let mut enc = gpu.encoder();
+    gpu.dispatch(&mut enc, "set_rows", &[&mb, &sb, &ob], n.div_ceil(64))?;
+    let words = host::i32s(&gpu.finish(enc, &ob, n as u64 * 4)?);
+    let es = if f16 { 2 } else { 4 };
+    if dst_in.data != dst.data || dst_in.nb != dst.nb {
+        // Distinct tensors: the output starts as a copy of the input cache.
+        for r in 0..dst.ne[1] {
+            for j in 0..dst.ne[0] {
+                let s = dst_in.data.offset((r * dst_in.nb[1] + j * dst_in.nb[0]) as isize);
+                let d = dst.data.offset((r * dst.nb[1] + j * dst.nb[0]) as isize);
+                core::ptr::copy(s, d, es);
+            }
+        }
+    }
+    let k = src.ne[0] as usize;
+    for (m, &r) in rows.iter().enumerate() {
+        for j in 0..k {
+            let d = dst.data.offset((r as i64 * dst.nb[1] + j as i64 * dst.nb[0]) as isize);
+            let w = words[m * k + j] as u32;
+            if f16 {
+                (d as *mut u16).write_unaligned(w as u16);
+            } else {
+                (d as *mut u32).write_unaligned(w);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The backend on a Vulkan adapter (lavapipe in CI: `MOLLM_REQUIRE_VULKAN=1` makes a missing
+//! adapter a failure instead of a skip), and what it says where there is no device.
+
+use super::*;
+
+/// Opens the Vulkan adapter for this test process; false (with a note) when there is none.
+fn device() -> bool {
+    if !cfg!(target_vendor = "apple") {
+        std::env::set_var(ADAPTER_ENV, "vulkan");
+    }
+    match gpu::gpu() {
+        Ok(_) => true,
+        Err(why) => {
+            assert!(
+                std::env::var("MOLLM_REQUIRE_VULKAN").as_deref() != Ok("1"),
+                "MOLLM_REQUIRE_VULKAN=1 but no adapter: {why}"
+            );
+            eprintln!("SKIPPED: no Vulkan adapter here ({why}); install mesa-vulkan-drivers");
+            false
+        }
+    }
+}
+
+#[test]
+fn header_and_the_reason_without_a_device() {
+    // SAFETY: a static header.
+    let h = unsafe { &*mollm_backend_entry() };
+    h.check_layout().unwrap();
+    let name = unsafe { core::ffi::CStr::from_ptr(h.name) };
+    assert_eq!(name.to_str().unwrap(), "metal");
+    assert_eq!(h.device_kind, DeviceKind::Gpu as u32);
+    if !cfg!(target_vendor = "apple") {
+        let why = gpu::requested(None).unwrap_err();
+        assert!(why.starts_with("no Metal device"), "{why}");
+        assert!(gpu::requested(Some("metal")).is_err());
+    }
+    assert_eq!(gpu::requested(Some("vulkan")), Ok(wgpu::Backends::VULKAN));
+    let bad = gpu::requested(Some("cuda")).unwrap_err();
+    assert!(bad.contains("expected metal or vulkan"), "{bad}");
+}
+
+#[test]
+fn every_kernel_compiles() {
+    if !device() {
+        return;
+    }
+    gpu::gpu().unwrap().compile_all().unwrap();
+}
+
+fn report(cases: u64) -> conformance::Report {
+    let host = reference::serial_host();
+    conformance::check_backend_report(&TABLE, &host, cases).unwrap()
+}
+
+/// Every op passes the gate (per-op tolerances) for every format the kernels take, on the
+/// prepared-weight path too; the formats it declines are skipped with the reason.
+#[test]
+fn conformance_on_the_device() {
+    if !device() {
+        return;
+    }
+    let r = report(abi::WEIGHT_DTYPES.len() as u64);
+    eprintln!("{r}");
+    assert!(r.ok(), "{r}");
+    for &op in Op::ALL {
+        assert!(r.passed.iter().any(|p| p.op == op), "{} never ran\n{r}", op.name());
+    }
+    use abi::DType::*;
+    for dt in [F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, W4G32, W4G128, W8PC] {
+        assert!(r.passed(Op::MatMul, dt), "mat_mul {dt} did not pass\n{r}");
+    }
+    for dt in [Q2_K, Q3_K] {
+        let why = r.skipped(Op::MatMul, dt);
+        assert!(
+            why.iter().any(|w| w.contains("not taken by metal")),
+            "{dt}: {why:?}"
+        );
+    }
+}
+
+/// A deliberately wrong kernel is refused by the gate, naming the op and the element.
+#[test]
+fn a_broken_kernel_is_refused() {
+    if !device() {
+        return;
+    }
+    ops::BROKEN.with(|b| *b.borrow_mut() = Some("rms_norm"));
+    let r = report(2);
+    ops::BROKEN.with(|b| *b.borrow_mut() = None);
+    let failed: Vec<_> = r.failed.iter().map(|(op, _)| *op).collect();
+    assert_eq!(failed, vec![Op::RmsNorm], "{r}");
+    assert!(r.failed[0].1.contains("element 0"), "{r}");
+}
+
+/// A weight too large for one storage binding runs in chunks of rows, with the same result.
+#[test]
+fn weights_split_into_chunks() {
+    if !device() {
+        return;
+    }
+    let gpu = gpu::gpu().unwrap();
+    let (k, n) = (64usize, 40usize);
+    let src: Vec<f32> = (0..k * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let row = quant::row_bytes(abi::DType::Q8_0, k).unwrap();
+    let mut w = vec![0u8; row * n];
+    for (r, d) in src.chunks(k).zip(w.chunks_mut(row)) {
+        quant::quantize_row(abi::DType::Q8_0, r, d).unwrap();
+    }
+    let whole = DevWeight::upload(gpu, abi::DType::Q8_0, k, n, |r| &w[r * row..(r + 1) * row]).unwrap();
+    assert_eq!(whole.chunks.len(), 1);
+    let split = weights::DevWeight::upload_chunked(gpu, abi::DType::Q8_0, k, n, 7, |r| {
+        &w[r * row..(r + 1) * row]
+    })
+    .unwrap();
+    assert_eq!(split.chunks.len(), 6);
+    assert_eq!(split.chunks[5].rows, 5);
+    let x: Vec<f32> = (0..k * 3).map(|i| (i as f32 * 0.37).sin()).collect();
+    let sums = vec![0f32; 3 * k / 32];
+    let a = ops::product(gpu, &whole, host::bytes(&x), host::bytes(&sums), 3).unwrap();
+    let b = ops::product(gpu, &split, host::bytes(&x), host::bytes(&sums), 3).unwrap();
+    assert_eq!(a, b, "the same rows, the same kernel: the same bits");
+    // And the values are the weight's: column 1, row 39 against the reference dequantization.
+    let mut deq = vec![0f32; k];
+    quant::dequantize_row(abi::DType::Q8_0, &w[39 * row..40 * row], &mut deq).unwrap();
+    let want: f32 = deq.iter().zip(&x[k..2 * k]).map(|(a, b)| a * b).sum();
+    let got = host::f32s(&a)[n + 39];
+    assert!((got - want).abs() < 1e-4 * want.abs().max(1.0), "{got} vs {want}");
+}
+
+/// How far the device's mat_mul is from the reference's, per format (printed; bounded).
+#[test]
+fn mat_mul_error_against_the_reference() {
+    if !device() {
+        return;
+    }
+    let host = reference::serial_host();
+    let mut inst = core::ptr::null_mut();
+    assert_eq!((TABLE.init)(&host, &mut inst), 0);
+    let (k, n, m) = (768usize, 256usize, 16usize);
+    let mut seed = 12345u64;
+    let mut rnd = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 2.0
+    };
+    let w: Vec<f32> = (0..k * n).map(|_| rnd() * 0.1).collect();
+    let mut x: Vec<f32> = (0..k * m).map(|_| rnd()).collect();
+    for v in x.iter_mut().step_by(97) {
+        *v *= 30.0;
+    }
+    use abi::DType::*;
+    for dt in [Q4_1, Q8_0, Q4_K, Q6_K, Q5_0] {
+        let rb = quant::row_bytes(dt, k).unwrap();
+        let mut wb = vec![0u8; rb * n];
+        for (r, d) in w.chunks(k).zip(wb.chunks_mut(rb)) {
+            quant::quantize_row(dt, r, d).unwrap();
+        }
+        let wd = TensorDesc::contiguous(wb.as_mut_ptr(), dt, &[k as i64, n as i64]);
+        let xd = TensorDesc::contiguous(x.as_mut_ptr() as *mut u8, F32, &[k as i64, m as i64]);
+        let mut got = vec![0f32; n * m];
+        let mut want = vec![0f32; n * m];
+        let od = TensorDesc::contiguous(got.as_mut_ptr() as *mut u8, F32, &[n as i64, m as i64]);
+        let rd = TensorDesc::contiguous(want.as_mut_ptr() as *mut u8, F32, &[n as i64, m as i64]);
+        let p = OpParams::default();
+        assert_eq!((TABLE.compute)(inst, &OpCall::new(Op::MatMul, &[wd, xd], &[od], p)), 0);
+        unsafe { reference::run(&host, Op::MatMul, &[wd, xd], &[rd], &p).unwrap() };
+        let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("{dt}: max |device - reference| = {err:e} ({:e} of the largest output)", err / scale);
+        assert!(err / scale < 1e-4, "{dt}: {err} of {scale}");
+    }
+    (TABLE.shutdown)(inst);
+}

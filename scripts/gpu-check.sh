@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU backends on a machine with an NVIDIA GPU, from prebuilt files (such a machine here has
+# no network and takes a few tens of MiB beside the source tree):
+#   DIR/mollm, DIR/libmollm_metal.so, DIR/libmollm_cuda.so (stripped release builds),
+#   DIR/model.gguf (scripts/make_small_model.py: SmolLM2's first 6 layers, 31 MB),
+#   DIR/lee-news-100.txt (scripts/fetch-ppl-text.sh).
+# What it runs: `mollm devices` (both GPU plugins, with their reasons), the conformance gate of
+# metal on the GPU's Vulkan driver (`mollm backends`), greedy generation on metal and on the
+# reference, teacher forcing (`mollm ppl --json`: top-1 agreement and perplexity, metal against
+# the reference) and `mollm bench` on metal and on the reference. Results go to OUT (default
+# ./gpu-out). The Vulkan loader comes from Debian packages unpacked first when the machine has
+# none (.gl/*.deb, see the device tool's notes).
+#
+#   scripts/gpu-check.sh DIR [OUT]    (CHUNKS=8 ppl windows, BENCH="-p 256 -n 64" bench rows)
+set -uo pipefail
+dir=${1:?usage: scripts/gpu-check.sh DIR [OUT]}
+out=${2:-gpu-out}
+mkdir -p "$out"
+if ! ldconfig -p | grep -q libvulkan.so.1 && ls .gl/*.deb >/dev/null 2>&1; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[[ -e $icd ]] && export VK_DRIVER_FILES=$icd
+export XDG_RUNTIME_DIR=/tmp XDG_CACHE_HOME=/tmp/mollm-gpu-cache MOLLM_METAL_ADAPTER=vulkan
+m=$dir/model.gguf
+t=$dir/lee-news-100.txt
+mollm=$dir/mollm
+step() { echo "== $*"; }
+{
+  step machine
+  nvidia-smi -L 2>&1; nproc
+  step devices; $mollm devices 2>&1
+  step gate; $mollm backends 2>&1 | grep -E '^(metal|  [a-z_]+ )' | head -40
+  for b in metal reference; do
+    step "run $b"
+    MOLLM_PROFILE=1 $mollm run -m "$m" --backend "$b" --prompt "The capital of France is" \
+      --max-tokens 16 --json 2>&1 | tail -30
+  done
+  for b in metal reference; do
+    step "ppl $b"
+    $mollm ppl -m "$m" -f "$t" --ctx 256 --chunks "${CHUNKS:-8}" --json --backend "$b" > "$out/ppl_$b.json" 2>&1
+    python3 -c "import json,sys; v=json.load(open('$out/ppl_$b.json')); print(v['ppl'], v['seconds'])" 2>&1
+  done
+  step "teacher forcing"
+  python3 - "$out" <<'PY'
+import json, sys
+o = sys.argv[1]
+a, b = (json.load(open(f"{o}/ppl_{k}.json")) for k in ("metal", "reference"))
+same = sum(x == y for x, y in zip(a["top1"], b["top1"]))
+print(f"top-1 agreement {same}/{len(b['top1'])} = {same / len(b['top1']):.4f}; "
+      f"ppl metal {a['ppl']:.4f} reference {b['ppl']:.4f} "
+      f"({abs(a['ppl'] - b['ppl']) / b['ppl']:.2e} relative)")
+PY
+  for b in metal reference; do
+    step "bench $b"
+    $mollm bench -m "$m" --backend "$b" ${BENCH:--p 256 -n 64} --warmup 1 -r 3 2>&1 | tail -4
+  done
+} 2>&1 | tee "$out/log.txt"
