@@ -7,6 +7,7 @@
 //! A weight larger than one storage binding is split into chunks of whole rows.
 
 use crate::gpu::Gpu;
+use crate::host::bytes;
 use crate::Error;
 use abi::DType;
 use quant::{bf16_to_f32, fp16_to_f32, scale_min_k4};
@@ -30,6 +31,10 @@ pub fn layout(dt: DType) -> Option<Layout> {
         W4G128 => Layout::Grouped { group: 128 },
         _ => return None,
     })
+}
+
+fn layout_of(dt: DType) -> Result<Layout, Error> {
+    layout(dt).ok_or_else(|| Error::Unsupported(format!("{dt} weights are not taken by metal")))
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -171,11 +176,6 @@ pub struct DevWeight {
     pub chunks: Vec<Chunk>,
 }
 
-fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: plain numbers (i8, f32, [f32; 2]) have no padding or invalid bit patterns.
-    unsafe { core::slice::from_raw_parts(v.as_ptr() as *const u8, core::mem::size_of_val(v)) }
-}
-
 impl DevWeight {
     /// Uploads `n` rows of `k` elements of `dt`, `row(i)` giving row `i`'s bytes.
     pub fn upload<'a>(
@@ -185,8 +185,7 @@ impl DevWeight {
         n: usize,
         row: impl Fn(usize) -> &'a [u8],
     ) -> Result<DevWeight, Error> {
-        let lay = layout(dt)
-            .ok_or_else(|| Error::Unsupported(format!("{dt} weights are not taken by metal")))?;
+        let lay = layout_of(dt)?;
         let row_bytes = match lay {
             Layout::Grouped { .. } => k as u64,
             Layout::Dense => 4 * k as u64,
@@ -209,8 +208,7 @@ impl DevWeight {
         per_chunk: usize,
         row: impl Fn(usize) -> &'a [u8],
     ) -> Result<DevWeight, Error> {
-        let lay = layout(dt)
-            .ok_or_else(|| Error::Unsupported(format!("{dt} weights are not taken by metal")))?;
+        let lay = layout_of(dt)?;
         let per_chunk = per_chunk.max(1);
         let mut chunks = Vec::new();
         let mut r0 = 0;
@@ -223,15 +221,15 @@ impl DevWeight {
                     for r in r0..r0 + rows {
                         decode_grouped(dt, row(r), &mut codes, &mut sc);
                     }
-                    let s = gpu.upload("weight scales", as_bytes(&sc))?;
-                    (gpu.upload("weight codes", as_bytes(&codes))?, Some(s))
+                    let s = gpu.upload("weight scales", bytes(&sc))?;
+                    (gpu.upload("weight codes", bytes(&codes))?, Some(s))
                 }
                 Layout::Dense => {
                     let mut v = Vec::with_capacity(rows * k);
                     for r in r0..r0 + rows {
                         decode_dense(dt, row(r), &mut v);
                     }
-                    (gpu.upload("weight", as_bytes(&v))?, None)
+                    (gpu.upload("weight", bytes(&v))?, None)
                 }
             };
             chunks.push(Chunk {
