@@ -3,11 +3,12 @@
 # no network and takes a few tens of MiB beside the source tree):
 #   DIR/mollm, DIR/libmollm_metal.so, DIR/libmollm_cuda.so (stripped release builds),
 #   DIR/model.gguf (scripts/make_small_model.py: SmolLM2's first 6 layers, 31 MB),
-#   DIR/lee-news-100.txt (scripts/fetch-ppl-text.sh).
+#   DIR/lee-news-100.txt (scripts/fetch-ppl-text.sh),
+#   DIR/cuda-ptx/ (scripts/build-cuda-ptx.sh: the machine has the driver but no NVRTC).
 # What it runs: `mollm devices` (both GPU plugins, with their reasons), the conformance gate of
-# metal on the GPU's Vulkan driver (`mollm backends`), greedy generation on metal and on the
-# reference, teacher forcing (`mollm ppl --json`: top-1 agreement and perplexity, metal against
-# the reference) and `mollm bench` on metal and on the reference. Results go to OUT (default
+# cuda and of metal on the GPU's Vulkan driver (`mollm backends`), greedy generation, teacher
+# forcing (`mollm ppl --json`: top-1 agreement and perplexity against the reference) and
+# `mollm bench`, on cuda, metal and the reference. Results go to OUT (default
 # ./gpu-out). The Vulkan loader comes from Debian packages unpacked first when the machine has
 # none (.gl/*.deb, see the device tool's notes).
 #
@@ -23,6 +24,7 @@ fi
 icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [[ -e $icd ]] && export VK_DRIVER_FILES=$icd
 export XDG_RUNTIME_DIR=/tmp XDG_CACHE_HOME=/tmp/mollm-gpu-cache MOLLM_METAL_ADAPTER=vulkan
+export MOLLM_CUDA_PTX=$dir/cuda-ptx
 m=$dir/model.gguf
 t=$dir/lee-news-100.txt
 mollm=$dir/mollm
@@ -31,13 +33,13 @@ step() { echo "== $*"; }
   step machine
   nvidia-smi -L 2>&1; nproc
   step devices; $mollm devices 2>&1
-  step gate; $mollm backends 2>&1 | grep -E '^(metal|  [a-z_]+ )' | head -40
-  for b in metal reference; do
+  step gate; $mollm backends 2>&1 | grep -E '^(cuda|metal|  [a-z_]+ )' | head -60
+  for b in cuda metal reference; do
     step "run $b"
     MOLLM_PROFILE=1 $mollm run -m "$m" --backend "$b" --prompt "The capital of France is" \
       --max-tokens 16 --json 2>&1 | tail -30
   done
-  for b in metal reference; do
+  for b in cuda metal reference; do
     step "ppl $b"
     $mollm ppl -m "$m" -f "$t" --ctx 256 --chunks "${CHUNKS:-8}" --json --backend "$b" > "$out/ppl_$b.json" 2>&1
     python3 -c "import json,sys; v=json.load(open('$out/ppl_$b.json')); print(v['ppl'], v['seconds'])" 2>&1
@@ -46,13 +48,19 @@ step() { echo "== $*"; }
   python3 - "$out" <<'PY'
 import json, sys
 o = sys.argv[1]
-a, b = (json.load(open(f"{o}/ppl_{k}.json")) for k in ("metal", "reference"))
-same = sum(x == y for x, y in zip(a["top1"], b["top1"]))
-print(f"top-1 agreement {same}/{len(b['top1'])} = {same / len(b['top1']):.4f}; "
-      f"ppl metal {a['ppl']:.4f} reference {b['ppl']:.4f} "
-      f"({abs(a['ppl'] - b['ppl']) / b['ppl']:.2e} relative)")
+b = json.load(open(f"{o}/ppl_reference.json"))
+for k in ("cuda", "metal"):
+    try:
+        a = json.load(open(f"{o}/ppl_{k}.json"))
+    except Exception as e:
+        print(f"{k}: no result ({e})")
+        continue
+    same = sum(x == y for x, y in zip(a["top1"], b["top1"]))
+    print(f"{k}: top-1 agreement {same}/{len(b['top1'])} = {same / len(b['top1']):.4f}; "
+          f"ppl {a['ppl']:.4f} reference {b['ppl']:.4f} "
+          f"({abs(a['ppl'] - b['ppl']) / b['ppl']:.2e} relative)")
 PY
-  for b in metal reference; do
+  for b in cuda metal reference; do
     step "bench $b"
     $mollm bench -m "$m" --backend "$b" ${BENCH:--p 256 -n 64} --warmup 1 -r 3 2>&1 | tail -4
   done

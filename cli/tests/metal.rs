@@ -23,7 +23,7 @@ fn mollm(args: &[&str], cache: &Path, adapter: Option<&str>, extra: &[(&str, &st
     c.args(args)
         .env("XDG_CACHE_HOME", cache)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .env_remove("MOLLM_METAL_BROKEN")
+        .env_remove("MOLLM_GPU_BROKEN")
         .env_remove("MOLLM_METAL_ADAPTER");
     if let Some(a) = adapter {
         c.env("MOLLM_METAL_ADAPTER", a);
@@ -112,7 +112,7 @@ fn a_broken_kernel_is_refused_and_its_op_runs_on_the_cpu() {
     if !vulkan(&cache) {
         return;
     }
-    let broken = [("MOLLM_METAL_BROKEN", "rms_norm")];
+    let broken = [("MOLLM_GPU_BROKEN", "rms_norm")];
     let b = out(&mollm(&["backends"], &cache, Some("vulkan"), &broken));
     assert!(b.contains("refused: rms_norm"), "{b}");
     let args = [

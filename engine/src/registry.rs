@@ -662,7 +662,7 @@ pub fn gate_cache_dir() -> Option<PathBuf> {
 
 /// Environment variables whose values are part of a verdict's key: the metal backend's adapter
 /// (a verdict on lavapipe is not one on a Mac's GPU) and its deliberately broken kernel.
-pub const GATE_ENV_KEYS: &[&str] = &["MOLLM_METAL_ADAPTER", "MOLLM_METAL_BROKEN"];
+pub const GATE_ENV_KEYS: &[&str] = &["MOLLM_METAL_ADAPTER", "MOLLM_GPU_BROKEN"];
 
 /// The cache file for `lib`'s verdict: keyed by the library's bytes, this host's ABI version,
 /// the case set (version, counts), [`GATE_ENV_KEYS`] and the CPU signature.

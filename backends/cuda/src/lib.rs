@@ -1,143 +1,34 @@
-//! mollm's CUDA backend (cdylib `mollm_cuda`), as far as it goes today: it finds out whether
-//! this machine could run CUDA (the driver library, `cuInit`, a device) and says why not; its
-//! kernels (CUDA C in `kernels/`, the metal backend's ops) compile to PTX with NVRTC
-//! ([`nvrtc`]), tested wherever the library is (CI takes it from PyPI). Nothing launches them
-//! yet (the driver-side host code is the next step), so its score is 0 everywhere and the host
-//! never sends it work; `mollm devices` and `mollm ops --device cuda` show its reason (ABI
-//! 1.3's `unavailable_reason`). The driver and NVRTC are opened at run time, never linked, so
-//! the library builds and loads on machines without CUDA.
+//! mollm's CUDA backend (cdylib `mollm_cuda`): the kernels are CUDA C (`kernels/`, the same op
+//! families and operand order as the metal backend's WGSL), compiled to PTX at run time by
+//! NVRTC ([`nvrtc`]) or taken prebuilt from `MOLLM_CUDA_PTX`, and launched through the driver
+//! API ([`driver`]); the host side of every op is `mollm-gpu-common`'s. The driver and NVRTC are
+//! opened at run time, never linked, so the library builds and loads on machines without
+//! CUDA, where `mollm devices` shows why it cannot run (ABI 1.3's `unavailable_reason`). The
+//! conformance gate checks its kernels wherever a GPU is; this repository's CI has none, so
+//! there it checks that every kernel compiles.
 
+pub mod driver;
 pub mod kernels;
 pub mod nvrtc;
 
-use abi::{BackendHeader, BackendTable, DeviceKind, HostApi, OpCall, Status};
-use core::ffi::c_void;
-use std::sync::OnceLock;
+use abi::{BackendHeader, BackendTable};
+use mollm_gpu_common::GpuBackend;
 
-/// Names the driver library goes by (the unversioned link comes with development packages
-/// only).
-const DRIVER_LIBS: &[&str] = &["libcuda.so.1", "libcuda.so"];
+/// The cuda backend for `mollm-gpu-common`.
+pub struct Cuda;
 
-/// `CUDA_ERROR_NO_DEVICE`.
-const NO_DEVICE: i32 = 100;
-
-/// The number of CUDA devices, or why there is none to use.
-fn probe() -> Result<i32, String> {
-    // SAFETY: loading the driver runs its initialisers, which is what opening it means.
-    let lib = DRIVER_LIBS
-        .iter()
-        .find_map(|n| unsafe { libloading::Library::new(n) }.ok())
-        .ok_or("no CUDA driver (libcuda.so.1 not found)")?;
-    type Init = unsafe extern "C" fn(u32) -> i32;
-    type Count = unsafe extern "C" fn(*mut i32) -> i32;
-    // SAFETY: the driver API's documented signatures; the library stays loaded (forgotten
-    // below: unloading a CUDA driver after cuInit is not supported).
-    let n = unsafe {
-        let init: libloading::Symbol<Init> = lib
-            .get(b"cuInit\0")
-            .map_err(|_| "the CUDA driver library has no cuInit")?;
-        let count: libloading::Symbol<Count> = lib
-            .get(b"cuDeviceGetCount\0")
-            .map_err(|_| "the CUDA driver library has no cuDeviceGetCount")?;
-        match init(0) {
-            0 => {}
-            NO_DEVICE => return Err("no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)".into()),
-            rc => {
-                return Err(format!(
-                    "the CUDA driver failed to initialise (cuInit: CUresult {rc})"
-                ))
-            }
-        }
-        let mut n = 0i32;
-        let rc = count(&mut n);
-        if rc != 0 {
-            return Err(format!("cuDeviceGetCount failed (CUresult {rc})"));
-        }
-        n
-    };
-    std::mem::forget(lib);
-    if n <= 0 {
-        return Err("no CUDA device".into());
+impl GpuBackend for Cuda {
+    type Dev = driver::Cuda;
+    const NAME: &'static str = "cuda";
+    // Above metal's 40: on a machine with both (Vulkan on an NVIDIA GPU), CUDA first.
+    const SCORE: u32 = 50;
+    fn device() -> Result<&'static driver::Cuda, &'static str> {
+        driver::cuda()
     }
-    Ok(n)
 }
 
-/// Why this backend cannot run here, found once per process.
-pub fn reason() -> &'static str {
-    static WHY: OnceLock<String> = OnceLock::new();
-    WHY.get_or_init(|| match std::panic::catch_unwind(probe) {
-        Ok(Err(why)) => why,
-        Ok(Ok(n)) => {
-            format!(
-                "{n} CUDA device(s) found, but this build's cuda backend does not launch its \
-                 kernels yet"
-            )
-        }
-        Err(_) => "the CUDA driver probe panicked".into(),
-    })
-}
-
-/// Copies `s` into `buf` (at most `cap` bytes) and returns its full length.
-fn put(s: &str, buf: *mut u8, cap: usize) -> usize {
-    if !buf.is_null() {
-        let n = s.len().min(cap);
-        // SAFETY: the caller lends `cap` writable bytes at `buf`.
-        unsafe { core::ptr::copy_nonoverlapping(s.as_ptr(), buf, n) };
-    }
-    s.len()
-}
-
-const NO_KERNELS: &str = "the cuda backend does not launch its kernels yet";
-
-extern "C" fn score() -> u32 {
-    // Always 0 until kernels are launched; the probe runs here so that the reason is ready.
-    let _ = reason();
-    0
-}
-
-extern "C" fn unavailable_reason(buf: *mut u8, cap: usize) -> usize {
-    put(reason(), buf, cap)
-}
-
-extern "C" fn init(_host: *const HostApi, out: *mut *mut c_void) -> i32 {
-    if !out.is_null() {
-        // SAFETY: the host passes a place for the context.
-        unsafe { *out = core::ptr::null_mut() };
-    }
-    Status::Unsupported as i32
-}
-
-extern "C" fn shutdown(_ctx: *mut c_void) {}
-
-extern "C" fn compute(_ctx: *mut c_void, _call: *const OpCall) -> i32 {
-    Status::Unsupported as i32
-}
-
-extern "C" fn supports(_ctx: *mut c_void, _call: *const OpCall) -> i32 {
-    Status::Unsupported as i32
-}
-
-extern "C" fn last_error(_ctx: *mut c_void, buf: *mut u8, cap: usize) -> usize {
-    put(NO_KERNELS, buf, cap)
-}
-
-static TABLE: BackendTable = BackendTable {
-    init,
-    shutdown,
-    compute,
-    last_error,
-    score: Some(score),
-    supports: Some(supports),
-    synchronize: None,
-    buffer_alloc: None,
-    buffer_free: None,
-    buffer_copy: None,
-    prepare_weight: None,
-    buffer_host_ptr: None,
-    unavailable_reason: Some(unavailable_reason),
-};
-
-static HEADER: BackendHeader = BackendHeader::layout(c"cuda".as_ptr(), DeviceKind::Gpu, 0, &TABLE);
+static TABLE: BackendTable = mollm_gpu_common::table::<Cuda>();
+static HEADER: BackendHeader = mollm_gpu_common::header(c"cuda", &TABLE);
 
 /// The backend entry symbol (`abi::ENTRY_SYMBOL`).
 #[no_mangle]
@@ -148,6 +39,7 @@ pub extern "C" fn mollm_backend_entry() -> *const BackendHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use abi::{DeviceKind, Status};
 
     #[test]
     fn header_is_well_formed_and_it_says_why_it_cannot_run() {
@@ -158,29 +50,38 @@ mod tests {
         assert_eq!(name.to_str().unwrap(), "cuda");
         assert_eq!(h.device_kind, DeviceKind::Gpu as u32);
         let t = unsafe { &*h.table };
-        assert_eq!((t.score.unwrap())(), 0, "no kernel launches: never chosen");
+        let Err(why) = driver::cuda() else {
+            eprintln!("a CUDA device opened: {}", driver::cuda().unwrap().name);
+            assert_eq!((t.score.unwrap())(), Cuda::SCORE);
+            return;
+        };
+        assert_eq!((t.score.unwrap())(), 0, "no device: never chosen");
         let mut buf = [0u8; 8];
         let n = (t.unavailable_reason.unwrap())(buf.as_mut_ptr(), buf.len());
-        assert_eq!(n, reason().len());
-        assert_eq!(
-            &buf[..],
-            &reason().as_bytes()[..8],
-            "truncated, not overrun"
-        );
-        let why = reason();
-        assert!(!why.is_empty());
+        assert_eq!(n, why.len());
+        assert_eq!(&buf[..], &why.as_bytes()[..8], "truncated, not overrun");
         // A machine without the driver library says so in those words.
-        if DRIVER_LIBS
+        if ["libcuda.so.1", "libcuda.so"]
             .iter()
             .all(|n| unsafe { libloading::Library::new(n) }.is_err())
         {
             assert!(why.starts_with("no CUDA driver"), "{why}");
         }
         let mut ctx = core::ptr::null_mut();
-        assert_eq!(
-            (t.init)(core::ptr::null(), &mut ctx),
-            Status::Unsupported as i32
-        );
+        let host = reference::serial_host();
+        assert_eq!((t.init)(&host, &mut ctx), Status::Unsupported as i32);
+    }
+
+    /// Where a device opens, every op passes the conformance gate.
+    #[test]
+    fn conformance_on_the_device() {
+        if driver::cuda().is_err() {
+            return;
+        }
+        let host = reference::serial_host();
+        let r = conformance::check_backend_report(&TABLE, &host, abi::WEIGHT_DTYPES.len() as u64).unwrap();
+        eprintln!("{r}");
+        assert!(r.ok(), "{r}");
     }
 }
 

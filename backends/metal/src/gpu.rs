@@ -5,7 +5,7 @@
 //! `MOLLM_METAL_ADAPTER=vulkan` asks for a Vulkan adapter: the same WGSL kernels then run there
 //! (Mesa's lavapipe in CI), so that every kernel is checked on machines without a Mac.
 
-use crate::Error;
+use mollm_gpu_common::{Device, Error, Launch};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -192,12 +192,50 @@ impl Gpu {
         }))
     }
 
-    pub fn encoder(&self) -> wgpu::CommandEncoder {
-        self.device.create_command_encoder(&Default::default())
+}
+
+impl Device for Gpu {
+    type Buf = wgpu::Buffer;
+
+    fn max_binding(&self) -> u64 {
+        self.max_binding
     }
 
+    fn matmul_rows_per_group(&self) -> u32 {
+        self.rows_per_group
+    }
+
+    fn upload(&self, what: &str, bytes: &[u8]) -> Result<wgpu::Buffer, Error> {
+        Gpu::upload(self, what, bytes)
+    }
+
+    fn empty(&self, what: &str, size: u64) -> Result<wgpu::Buffer, Error> {
+        Gpu::empty(self, what, size)
+    }
+
+    /// One command buffer: each launch's meta words as its binding 0, then its buffers; one
+    /// submission and one wait.
+    fn run(&self, launches: &[Launch<'_, wgpu::Buffer>], out: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, Error> {
+        let metas = launches
+            .iter()
+            .map(|l| {
+                let words: Vec<u8> = l.meta.iter().flat_map(|w| w.to_le_bytes()).collect();
+                self.upload("meta", &words)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        for (l, m) in launches.iter().zip(&metas) {
+            let mut bufs = vec![m];
+            bufs.extend(l.bufs.iter().copied());
+            self.dispatch(&mut enc, l.kernel, &bufs, l.groups)?;
+        }
+        self.finish(enc, out, size)
+    }
+}
+
+impl Gpu {
     /// Records `groups` workgroups of kernel `name` with `bufs` at bindings 0, 1, ...
-    pub fn dispatch(
+    fn dispatch(
         &self,
         enc: &mut wgpu::CommandEncoder,
         name: &'static str,
@@ -231,7 +269,7 @@ impl Gpu {
 
     /// Submits `enc` and returns the first `size` bytes of `buf` once it has run: the one
     /// synchronisation of an op.
-    pub fn finish(
+    fn finish(
         &self,
         mut enc: wgpu::CommandEncoder,
         buf: &wgpu::Buffer,

@@ -2,6 +2,8 @@
 //! adapter a failure instead of a skip), and what it says where there is no device.
 
 use super::*;
+use abi::{DeviceKind, Op, OpCall, OpParams, TensorDesc};
+use mollm_gpu_common::{host, ops, weights, weights::DevWeight};
 
 /// Opens the Vulkan adapter for this test process; false (with a note) when there is none.
 fn device() -> bool {

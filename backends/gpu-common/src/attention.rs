@@ -1,10 +1,9 @@
 //! attention: the host gathers each sequence's cache rows `0..n_kv` (through its block table
-//! when the cache is paged) into one packed K/V buffer, `[row][kv head][d]`, and the kernel
-//! (`shaders/attention.wgsl`) runs one workgroup per query and head over them.
+//! when the cache is paged) into one packed K/V buffer, `[row][kv head][d]`, and the kernel (metal's
+//! `attention.wgsl`, cuda's `attention.cu`) runs one workgroup per query and head over them.
 
-use crate::gpu::Gpu;
 use crate::host::{self, bytes};
-use crate::Error;
+use crate::{Device, Error, Launch};
 use abi::{DType, OpParams, TensorDesc};
 
 /// What each query reads: its position, first gathered row and row count (the kernel's
@@ -27,7 +26,7 @@ struct Seq {
 
 /// # Safety
 /// A validated attention call on valid host memory.
-pub unsafe fn run(gpu: &Gpu, ins: &[TensorDesc], out: &TensorDesc, p: &OpParams) -> Result<(), Error> {
+pub unsafe fn run<D: Device>(gpu: &D, ins: &[TensorDesc], out: &TensorDesc, p: &OpParams) -> Result<(), Error> {
     let (q, k, v, pos) = (&ins[0], &ins[1], &ins[2], &ins[3]);
     let (d, hq, t) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize);
     let hkv = k.ne[1] as usize;
@@ -136,16 +135,19 @@ pub unsafe fn run(gpu: &Gpu, ins: &[TensorDesc], out: &TensorDesc, p: &OpParams)
         p.f[0].to_bits(),
         p.f[1].to_bits(),
     ];
-    let mb = gpu.upload("meta", bytes(&meta))?;
     let qb = gpu.upload("q", &host::gather(q))?;
     let kvb = gpu.upload("k and v rows", &kb)?;
     let qsb = gpu.upload("queries", bytes(&queries))?;
     let sb = gpu.empty("scores", (t * hq * max_kv * 4) as u64)?;
     let size = (d * hq * t * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    let mut enc = gpu.encoder();
-    gpu.dispatch(&mut enc, "attention", &[&mb, &qb, &kvb, &qsb, &sb, &ob], (t * hq) as u32)?;
-    let r = gpu.finish(enc, &ob, size)?;
+    let launch = Launch {
+        kernel: "attention",
+        meta: meta.to_vec(),
+        bufs: vec![&qb, &kvb, &qsb, &sb, &ob],
+        groups: (t * hq) as u32,
+    };
+    let r = gpu.run(&[launch], &ob, size)?;
     host::scatter(out, &r);
     Ok(())
 }

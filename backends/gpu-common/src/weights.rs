@@ -6,9 +6,8 @@
 //! (twice the file's bytes): simple for every format, not yet the fastest a GPU could do.
 //! A weight larger than one storage binding is split into chunks of whole rows.
 
-use crate::gpu::Gpu;
 use crate::host::bytes;
-use crate::Error;
+use crate::{Device, Error};
 use abi::DType;
 use quant::{bf16_to_f32, fp16_to_f32, scale_min_k4};
 
@@ -34,7 +33,7 @@ pub fn layout(dt: DType) -> Option<Layout> {
 }
 
 fn layout_of(dt: DType) -> Result<Layout, Error> {
-    layout(dt).ok_or_else(|| Error::Unsupported(format!("{dt} weights are not taken by metal")))
+    layout(dt).ok_or_else(|| Error::Unsupported(format!("{dt} weights are not taken by the GPU backends")))
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -159,38 +158,38 @@ pub fn decode_dense(dt: DType, src: &[u8], out: &mut Vec<f32>) {
 }
 
 /// Rows `row0 .. row0 + rows` of a weight, on the device.
-pub struct Chunk {
+pub struct Chunk<B> {
     pub row0: u32,
     pub rows: u32,
     /// Codes (grouped) or f32 values (dense).
-    pub values: wgpu::Buffer,
+    pub values: B,
     /// (scale, offset) pairs; `None` for dense weights.
-    pub scales: Option<wgpu::Buffer>,
+    pub scales: Option<B>,
 }
 
 /// A weight `[k, n]` held on the device.
-pub struct DevWeight {
+pub struct DevWeight<B> {
     pub k: usize,
     pub n: usize,
     pub layout: Layout,
-    pub chunks: Vec<Chunk>,
+    pub chunks: Vec<Chunk<B>>,
 }
 
-impl DevWeight {
+impl<B> DevWeight<B> {
     /// Uploads `n` rows of `k` elements of `dt`, `row(i)` giving row `i`'s bytes.
-    pub fn upload<'a>(
-        gpu: &Gpu,
+    pub fn upload<'a, D: Device<Buf = B>>(
+        gpu: &D,
         dt: DType,
         k: usize,
         n: usize,
         row: impl Fn(usize) -> &'a [u8],
-    ) -> Result<DevWeight, Error> {
+    ) -> Result<DevWeight<B>, Error> {
         let lay = layout_of(dt)?;
         let row_bytes = match lay {
             Layout::Grouped { .. } => k as u64,
             Layout::Dense => 4 * k as u64,
         };
-        let per_chunk = (gpu.max_binding / row_bytes.max(1)).min(n as u64) as usize;
+        let per_chunk = (gpu.max_binding() / row_bytes.max(1)).min(n as u64) as usize;
         if per_chunk == 0 && n > 0 {
             return Err(Error::Unsupported(format!(
                 "one row of {k} elements exceeds the device's storage binding"
@@ -200,14 +199,14 @@ impl DevWeight {
     }
 
     /// [`DevWeight::upload`] in chunks of at most `per_chunk` rows.
-    pub fn upload_chunked<'a>(
-        gpu: &Gpu,
+    pub fn upload_chunked<'a, D: Device<Buf = B>>(
+        gpu: &D,
         dt: DType,
         k: usize,
         n: usize,
         per_chunk: usize,
         row: impl Fn(usize) -> &'a [u8],
-    ) -> Result<DevWeight, Error> {
+    ) -> Result<DevWeight<B>, Error> {
         let lay = layout_of(dt)?;
         let per_chunk = per_chunk.max(1);
         let mut chunks = Vec::new();

@@ -2,10 +2,9 @@
 //! is one submission and one wait (the engine hands this backend host tensors; device-resident
 //! activations between ops are not there yet).
 
-use crate::gpu::Gpu;
 use crate::host::{self, bytes};
 use crate::weights::{DevWeight, Layout};
-use crate::{Ctx, Error};
+use crate::{Ctx, Device, Error, Launch};
 use abi::{DType, Op, OpParams, TensorDesc};
 use reference::ops::rope::{corr_dims, rope_cache, RopeParams};
 use std::sync::Arc;
@@ -24,14 +23,14 @@ fn n_el(t: &TensorDesc) -> usize {
 
 /// # Safety
 /// A validated call on valid host memory (and weights this context prepared).
-pub unsafe fn run(
-    ctx: &Ctx,
+pub unsafe fn run<D: Device>(
+    ctx: &Ctx<D>,
     op: Op,
     ins: &[TensorDesc],
     outs: &[TensorDesc],
     p: &OpParams,
 ) -> Result<(), Error> {
-    let gpu = ctx.gpu;
+    let gpu = ctx.dev;
     match op {
         Op::MatMul => mat_mul(ctx, &ins[0], &ins[1], &outs[0]),
         Op::GetRows => get_rows(gpu, &ins[0], &ins[1], &outs[0]),
@@ -67,7 +66,7 @@ pub unsafe fn run(
 
 /// Names a kernel whose results are made wrong on purpose, to test that the conformance gate
 /// refuses it (and the engine then runs that op on the CPU).
-pub const BROKEN_ENV: &str = "MOLLM_METAL_BROKEN";
+pub const BROKEN_ENV: &str = "MOLLM_GPU_BROKEN";
 
 thread_local! {
     /// The same for one thread (unit tests, which share a process).
@@ -81,27 +80,25 @@ fn broken(kernel: &str) -> bool {
 }
 
 /// Kernels whose operands are the meta words, the inputs packed, and the output: `groups`
-/// workgroups.
-unsafe fn rowwise(
-    gpu: &Gpu,
+/// groups.
+unsafe fn rowwise<D: Device>(
+    gpu: &D,
     kernel: &'static str,
     meta: &[u32],
     inputs: &[&TensorDesc],
     out: &TensorDesc,
     groups: u32,
 ) -> Result<(), Error> {
-    let mb = gpu.upload("meta", bytes(meta))?;
-    let mut bufs = vec![mb];
+    let mut bufs = Vec::new();
     for (i, t) in inputs.iter().enumerate() {
         bufs.push(gpu.upload(&format!("input {i}"), &host::gather(t))?);
     }
     let size = (n_el(out) * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    bufs.push(ob);
-    let refs: Vec<&wgpu::Buffer> = bufs.iter().collect();
-    let mut enc = gpu.encoder();
-    gpu.dispatch(&mut enc, kernel, &refs, groups)?;
-    let mut r = gpu.finish(enc, refs[refs.len() - 1], size)?;
+    let mut refs: Vec<&D::Buf> = bufs.iter().collect();
+    refs.push(&ob);
+    let launch = Launch { kernel, meta: meta.to_vec(), bufs: refs, groups };
+    let mut r = gpu.run(&[launch], &ob, size)?;
     if broken(kernel) && r.len() >= 4 {
         // A wrong kernel's result: the first element off by a quarter (and one more).
         let x = f32::from_le_bytes(r[..4].try_into().unwrap());
@@ -111,10 +108,10 @@ unsafe fn rowwise(
     Ok(())
 }
 
-unsafe fn mat_mul(ctx: &Ctx, w: &TensorDesc, x: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
-    let gpu = ctx.gpu;
+unsafe fn mat_mul<D: Device>(ctx: &Ctx<D>, w: &TensorDesc, x: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
+    let gpu = ctx.dev;
     let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
-    let dev: Arc<DevWeight> = if w.buffer != 0 {
+    let dev: Arc<DevWeight<D::Buf>> = if w.buffer != 0 {
         ctx.weight(w.buffer)?
     } else {
         Arc::new(DevWeight::upload(gpu, dt(w), k, n, |r| host::row(w, r))?)
@@ -170,35 +167,32 @@ fn dot_format(w: DType, k: usize, group: usize, x: &[u8]) -> Result<(Vec<f32>, V
 
 /// `dev` times `cols` packed f32 columns `x` (with their group sums, see [`dot_format`]): the
 /// output's bytes, `[n, cols]`.
-pub fn product(gpu: &Gpu, dev: &DevWeight, x: &[u8], sums: &[u8], cols: usize) -> Result<Vec<u8>, Error> {
+pub fn product<D: Device>(gpu: &D, dev: &DevWeight<D::Buf>, x: &[u8], sums: &[u8], cols: usize) -> Result<Vec<u8>, Error> {
     let (k, n) = (dev.k, dev.n);
     let xb = gpu.upload("activations", x)?;
     let sb = gpu.upload("activation sums", sums)?;
     let size = (n * cols * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    let mut enc = gpu.encoder();
-    let mut metas = Vec::new();
-    for c in &dev.chunks {
-        let group = match dev.layout {
-            Layout::Grouped { group } => group as u32,
-            Layout::Dense => 0,
-        };
-        let meta = [k as u32, c.rows, cols as u32, group, n as u32, c.row0];
-        metas.push(gpu.upload("meta", bytes(&meta))?);
-    }
-    for (c, mb) in dev.chunks.iter().zip(&metas) {
-        let groups = c.rows.div_ceil(gpu.rows_per_group);
-        match (&dev.layout, &c.scales) {
-            (Layout::Grouped { .. }, Some(s)) => {
-                gpu.dispatch(&mut enc, "matmul_q", &[mb, &c.values, s, &xb, &sb, &ob], groups)?
+    let launches: Vec<_> = dev
+        .chunks
+        .iter()
+        .map(|c| {
+            let group = match dev.layout {
+                Layout::Grouped { group } => group as u32,
+                Layout::Dense => 0,
+            };
+            let groups = c.rows.div_ceil(gpu.matmul_rows_per_group());
+            let meta = vec![k as u32, c.rows, cols as u32, group, n as u32, c.row0];
+            match &c.scales {
+                Some(s) => Launch { kernel: "matmul_q", meta, bufs: vec![&c.values, s, &xb, &sb, &ob], groups },
+                None => Launch { kernel: "matmul_f", meta, bufs: vec![&c.values, &xb, &ob], groups },
             }
-            _ => gpu.dispatch(&mut enc, "matmul_f", &[mb, &c.values, &xb, &ob], groups)?,
-        }
-    }
-    gpu.finish(enc, &ob, size)
+        })
+        .collect();
+    gpu.run(&launches, &ob, size)
 }
 
-unsafe fn get_rows(gpu: &Gpu, table: &TensorDesc, ids: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
+unsafe fn get_rows<D: Device>(gpu: &D, table: &TensorDesc, ids: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
     let (k, v) = (table.ne[0] as usize, table.ne[1] as usize);
     let id = host::i32s(&host::gather(ids));
     if let Some((m, &bad)) = id.iter().enumerate().find(|(_, &i)| i < 0 || i as usize >= v) {
@@ -210,30 +204,34 @@ unsafe fn get_rows(gpu: &Gpu, table: &TensorDesc, ids: &TensorDesc, out: &Tensor
     let ib = gpu.upload("ids", bytes(&id))?;
     let size = (k * id.len() * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    let mut enc = gpu.encoder();
-    let c = &dev.chunks[0];
     if dev.chunks.len() != 1 {
         return Err(Error::Unsupported(
             "get_rows: a table larger than one storage binding".into(),
         ));
     }
-    match (dev.layout, &c.scales) {
-        (Layout::Grouped { group }, Some(s)) => {
-            let mb = gpu.upload("meta", bytes(&[k as u32, id.len() as u32, group as u32, v as u32]))?;
-            gpu.dispatch(&mut enc, "get_rows_q", &[&mb, &c.values, s, &ib, &ob], id.len() as u32)?
-        }
-        _ => {
-            let mb = gpu.upload("meta", bytes(&[k as u32, id.len() as u32, 0, v as u32]))?;
-            gpu.dispatch(&mut enc, "get_rows_f", &[&mb, &c.values, &ib, &ob], id.len() as u32)?
-        }
-    }
-    let r = gpu.finish(enc, &ob, size)?;
+    let c = &dev.chunks[0];
+    let (m, groups) = (id.len() as u32, id.len() as u32);
+    let launch = match (dev.layout, &c.scales) {
+        (Layout::Grouped { group }, Some(s)) => Launch {
+            kernel: "get_rows_q",
+            meta: vec![k as u32, m, group as u32, v as u32],
+            bufs: vec![&c.values, s, &ib, &ob],
+            groups,
+        },
+        _ => Launch {
+            kernel: "get_rows_f",
+            meta: vec![k as u32, m, 0, v as u32],
+            bufs: vec![&c.values, &ib, &ob],
+            groups,
+        },
+    };
+    let r = gpu.run(&[launch], &ob, size)?;
     host::scatter(out, &r);
     Ok(())
 }
 
-unsafe fn elementwise(
-    gpu: &Gpu,
+unsafe fn elementwise<D: Device>(
+    gpu: &D,
     op: Op,
     ins: &[TensorDesc],
     out: &TensorDesc,
@@ -255,7 +253,7 @@ unsafe fn elementwise(
     rowwise(gpu, "elementwise", &meta, &inputs, out, n.div_ceil(64))
 }
 
-unsafe fn rope(gpu: &Gpu, x: &TensorDesc, pos: &TensorDesc, out: &TensorDesc, op: &OpParams) -> Result<(), Error> {
+unsafe fn rope<D: Device>(gpu: &D, x: &TensorDesc, pos: &TensorDesc, out: &TensorDesc, op: &OpParams) -> Result<(), Error> {
     let p = RopeParams::from_op(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
@@ -273,20 +271,18 @@ unsafe fn rope(gpu: &Gpu, x: &TensorDesc, pos: &TensorDesc, out: &TensorDesc, op
         (p.mode == abi::ROPE_NEOX) as u32,
         n,
     ];
-    let mb = gpu.upload("meta", bytes(&meta))?;
     let xb = gpu.upload("x", &host::gather(x))?;
     let cb = gpu.upload("rope cache", bytes(&cache))?;
     let size = n as u64 * 4;
     let ob = gpu.empty("output", size)?;
-    let mut enc = gpu.encoder();
-    gpu.dispatch(&mut enc, "rope", &[&mb, &xb, &cb, &ob], n.div_ceil(64))?;
-    let r = gpu.finish(enc, &ob, size)?;
+    let launch = Launch { kernel: "rope", meta: meta.to_vec(), bufs: vec![&xb, &cb, &ob], groups: n.div_ceil(64) };
+    let r = gpu.run(&[launch], &ob, size)?;
     host::scatter(out, &r);
     Ok(())
 }
 
-unsafe fn set_rows(
-    gpu: &Gpu,
+unsafe fn set_rows<D: Device>(
+    gpu: &D,
     src: &TensorDesc,
     idx: &TensorDesc,
     dst_in: &TensorDesc,
@@ -304,12 +300,10 @@ unsafe fn set_rows(
     }
     let f16 = dt(dst) == DType::F16;
     let n = n_el(src) as u32;
-    let mb = gpu.upload("meta", bytes(&[n, f16 as u32]))?;
     let sb = gpu.upload("src", &host::gather(src))?;
     let ob = gpu.empty("rows", n as u64 * 4)?;
-    let mut enc = gpu.encoder();
-    gpu.dispatch(&mut enc, "set_rows", &[&mb, &sb, &ob], n.div_ceil(64))?;
-    let words = host::i32s(&gpu.finish(enc, &ob, n as u64 * 4)?);
+    let launch = Launch { kernel: "set_rows", meta: vec![n, f16 as u32], bufs: vec![&sb, &ob], groups: n.div_ceil(64) };
+    let words = host::i32s(&gpu.run(&[launch], &ob, n as u64 * 4)?);
     let es = if f16 { 2 } else { 4 };
     if dst_in.data != dst.data || dst_in.nb != dst.nb {
         // Distinct tensors: the output starts as a copy of the input cache.

@@ -1,0 +1,76 @@
+//! # What mollm's GPU backends share
+//!
+//! A GPU backend is a [`Device`] (buffers, kernels by name, one wait per op) and a
+//! [`GpuBackend`] (its name, score, how its device opens); [`table`] makes the ABI table of
+//! it. Everything else is here, once: the checks of a call ([`check`]), the host side of every
+//! op ([`ops`]: operands gathered into packed buffers, the weight layout every kernel reads
+//! ([`weights`]), activations in the weight's dot format, attention's rows gathered through
+//! block tables), `prepare_weight` into device buffers, and the panic guard. Kernels for each
+//! device take the same operands in the same order: a parameter struct (`meta`, `u32` words)
+//! and then the buffers of each [`Launch`].
+
+pub mod attention;
+pub mod host;
+pub mod ops;
+mod table;
+pub mod weights;
+
+pub use table::{check, header, table, Ctx, GpuBackend};
+
+/// Why a call does not run.
+#[derive(Debug)]
+pub enum Error {
+    Invalid(String),
+    Unsupported(String),
+    /// The device failed (validation, out of memory, lost).
+    Device(String),
+}
+
+impl Error {
+    pub fn status(&self) -> abi::Status {
+        match self {
+            Error::Invalid(_) => abi::Status::InvalidArgument,
+            Error::Unsupported(_) => abi::Status::Unsupported,
+            Error::Device(_) => abi::Status::Internal,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Error::Invalid(m) | Error::Unsupported(m) | Error::Device(m) => m,
+        }
+    }
+}
+
+impl From<reference::Error> for Error {
+    fn from(e: reference::Error) -> Error {
+        match e {
+            reference::Error::Invalid(m) => Error::Invalid(m),
+            reference::Error::Unsupported(m) => Error::Unsupported(m),
+        }
+    }
+}
+
+/// One kernel launch: `groups` groups of 64 threads of `kernel`, given `meta` (its parameter
+/// struct as `u32` words) and `bufs` in the kernel's order.
+pub struct Launch<'a, B> {
+    pub kernel: &'static str,
+    pub meta: Vec<u32>,
+    pub bufs: Vec<&'a B>,
+    pub groups: u32,
+}
+
+/// A GPU as the shared host code uses it.
+pub trait Device: Send + Sync + 'static {
+    type Buf;
+    /// The largest buffer one kernel operand may be, in bytes.
+    fn max_binding(&self) -> u64;
+    /// Output rows one 64-thread group of the matmul kernels covers.
+    fn matmul_rows_per_group(&self) -> u32;
+    /// A device buffer holding `bytes` (`what` names it in errors).
+    fn upload(&self, what: &str, bytes: &[u8]) -> Result<Self::Buf, Error>;
+    /// A device buffer of `size` bytes.
+    fn empty(&self, what: &str, size: u64) -> Result<Self::Buf, Error>;
+    /// Runs `launches` in order, waits, and returns the first `size` bytes of `out`.
+    fn run(&self, launches: &[Launch<'_, Self::Buf>], out: &Self::Buf, size: u64) -> Result<Vec<u8>, Error>;
+}
