@@ -12,6 +12,14 @@
 # ./gpu-out). The Vulkan loader comes from Debian packages unpacked first when the machine has
 # none (.gl/*.deb, see the device tool's notes).
 #
+# Preparing DIR here (it travels with the device call; 64 MiB with the tree):
+#   cargo build --release --workspace && mkdir -p .gpu && echo /.gpu/ >> .git/info/exclude
+#   cp target/release/{mollm,libmollm_metal.so,libmollm_cuda.so} .gpu/ && strip .gpu/*
+#   scripts/make_small_model.py .gpu/model.gguf && cp "$(scripts/fetch-ppl-text.sh)" .gpu/
+#   scripts/build-cuda-ptx.sh .gpu/cuda-ptx
+# (and the Vulkan loader's .deb files in .gl/, as the device tool's notes say), then run
+#   scripts/gpu-check.sh .gpu "$OUT"   with carry [".gl", ".gpu"].
+#
 #   scripts/gpu-check.sh DIR [OUT]    (CHUNKS=8 ppl windows, BENCH="-p 256 -n 64" bench rows)
 set -uo pipefail
 dir=${1:?usage: scripts/gpu-check.sh DIR [OUT]}
