@@ -70,15 +70,25 @@ fn without_a_device_it_says_why() {
     let cache = scratch("why");
     let d = out(&mollm(&["devices"], &cache, None, &[]));
     let l = metal_line(&d);
-    assert!(l.contains("gpu") && l.contains("unavailable: no Metal device"), "{l}");
-    let o = out(&mollm(&["ops", "--op", "gemm_w4", "--device", "metal"], &cache, None, &[]));
+    assert!(
+        l.contains("gpu") && l.contains("unavailable: no Metal device"),
+        "{l}"
+    );
+    let o = out(&mollm(
+        &["ops", "--op", "gemm_w4", "--device", "metal"],
+        &cache,
+        None,
+        &[],
+    ));
     assert!(o.starts_with("metal: unavailable: no Metal device"), "{o}");
 }
 
 #[test]
 fn on_vulkan_the_gate_passes_every_op_and_smollm2_generates() {
     let cache = scratch("gen");
-    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
     if !vulkan(&cache) {
         return;
     }
@@ -86,19 +96,29 @@ fn on_vulkan_the_gate_passes_every_op_and_smollm2_generates() {
     let l = metal_line(&d);
     assert!(l.contains("12/12") && l.contains("available"), "{l}");
     let args = [
-        "run", "-m", m.to_str().unwrap(), "--backend", "metal", "--prompt",
-        "The capital of France is", "--max-tokens", "6", "--json",
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--backend",
+        "metal",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "6",
+        "--json",
     ];
     let o = mollm(&args, &cache, Some("vulkan"), &[("MOLLM_PROFILE", "1")]);
     let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.lines().any(|l| l.contains("q4_1") && l.contains("metal")),
+        err.lines()
+            .any(|l| l.contains("q4_1") && l.contains("metal")),
         "the Q4_1 matmuls did not run on metal:\n{err}"
     );
     let mut reference = args.to_vec();
     reference[4] = "reference";
-    let r: serde_json::Value = serde_json::from_str(&out(&mollm(&reference, &cache, None, &[]))).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&out(&mollm(&reference, &cache, None, &[]))).unwrap();
     let (got, want) = (&v["tokens"], &r["tokens"]);
     assert_eq!(got.as_array().unwrap().len(), 6, "{v}");
     // The first token has a wide margin ("Paris"): the same on both; later ones may drift.
@@ -108,7 +128,9 @@ fn on_vulkan_the_gate_passes_every_op_and_smollm2_generates() {
 #[test]
 fn a_broken_kernel_is_refused_and_its_op_runs_on_the_cpu() {
     let cache = scratch("broken");
-    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
     if !vulkan(&cache) {
         return;
     }
@@ -116,14 +138,33 @@ fn a_broken_kernel_is_refused_and_its_op_runs_on_the_cpu() {
     let b = out(&mollm(&["backends"], &cache, Some("vulkan"), &broken));
     assert!(b.contains("refused: rms_norm"), "{b}");
     let args = [
-        "run", "-m", m.to_str().unwrap(), "--backend", "metal", "--prompt", "Hello",
-        "--max-tokens", "2",
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--backend",
+        "metal",
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "2",
     ];
-    let o = mollm(&args, &cache, Some("vulkan"), &[broken[0], ("MOLLM_PROFILE", "1")]);
+    let o = mollm(
+        &args,
+        &cache,
+        Some("vulkan"),
+        &[broken[0], ("MOLLM_PROFILE", "1")],
+    );
     out(&o);
     let err = String::from_utf8_lossy(&o.stderr);
-    let norm: Vec<&str> = err.lines().skip_while(|l| !l.starts_with("rms_norm")).take(2).collect();
-    assert!(norm.len() == 2 && norm[1].contains("reference"), "rms_norm not on the CPU:\n{err}");
+    let norm: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("rms_norm"))
+        .take(2)
+        .collect();
+    assert!(
+        norm.len() == 2 && norm[1].contains("reference"),
+        "rms_norm not on the CPU:\n{err}"
+    );
 }
 
 /// Teacher forcing over a text (`mollm ppl`, one window of 256 tokens, its second half
@@ -134,11 +175,15 @@ fn a_broken_kernel_is_refused_and_its_op_runs_on_the_cpu() {
 #[test]
 fn teacher_forcing_agrees_with_the_reference() {
     let cache = scratch("tf");
-    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
     if !vulkan(&cache) {
         return;
     }
-    let t = Command::new(repo().join("scripts/fetch-ppl-text.sh")).output().unwrap();
+    let t = Command::new(repo().join("scripts/fetch-ppl-text.sh"))
+        .output()
+        .unwrap();
     if !t.status.success() {
         assert!(!common::required(), "the ppl text could not be fetched");
         return;
@@ -146,10 +191,21 @@ fn teacher_forcing_agrees_with_the_reference() {
     let text = String::from_utf8(t.stdout).unwrap();
     let run = |backend: &str, adapter| {
         let args = [
-            "ppl", "-m", m.to_str().unwrap(), "-f", text.trim(), "--ctx", "256", "--chunks",
-            "1", "--json", "--backend", backend,
+            "ppl",
+            "-m",
+            m.to_str().unwrap(),
+            "-f",
+            text.trim(),
+            "--ctx",
+            "256",
+            "--chunks",
+            "1",
+            "--json",
+            "--backend",
+            backend,
         ];
-        serde_json::from_str::<serde_json::Value>(&out(&mollm(&args, &cache, adapter, &[]))).unwrap()
+        serde_json::from_str::<serde_json::Value>(&out(&mollm(&args, &cache, adapter, &[])))
+            .unwrap()
     };
     let (g, r) = (run("metal", Some("vulkan")), run("reference", None));
     let (a, b) = (g["top1"].as_array().unwrap(), r["top1"].as_array().unwrap());
@@ -157,7 +213,14 @@ fn teacher_forcing_agrees_with_the_reference() {
     let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
     let (pg, pr) = (g["ppl"].as_f64().unwrap(), r["ppl"].as_f64().unwrap());
     let rel = (pg - pr).abs() / pr;
-    eprintln!("top-1 agreement {same}/{}; ppl metal {pg:.4}, reference {pr:.4} ({rel:.2e})", a.len());
+    eprintln!(
+        "top-1 agreement {same}/{}; ppl metal {pg:.4}, reference {pr:.4} ({rel:.2e})",
+        a.len()
+    );
     assert!(rel < 0.01, "ppl metal {pg} vs reference {pr}");
-    assert!(same as f64 >= 0.95 * a.len() as f64, "top-1 agreement {same}/{}", a.len());
+    assert!(
+        same as f64 >= 0.95 * a.len() as f64,
+        "top-1 agreement {same}/{}",
+        a.len()
+    );
 }

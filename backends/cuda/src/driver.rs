@@ -97,7 +97,10 @@ fn load_api() -> Result<Api, String> {
         ($name:literal) => {
             // SAFETY: the driver API's documented C signatures, as declared in `Api`.
             *unsafe { lib.get($name) }.map_err(|_| {
-                format!("the CUDA driver has no {}", String::from_utf8_lossy(&$name[..$name.len() - 1]))
+                format!(
+                    "the CUDA driver has no {}",
+                    String::from_utf8_lossy(&$name[..$name.len() - 1])
+                )
             })?
         };
     }
@@ -134,7 +137,10 @@ impl Api {
             format!("CUresult {rc}")
         } else {
             // SAFETY: a static NUL-terminated string.
-            format!("{} (CUresult {rc})", unsafe { CStr::from_ptr(s) }.to_string_lossy())
+            format!(
+                "{} (CUresult {rc})",
+                unsafe { CStr::from_ptr(s) }.to_string_lossy()
+            )
         }
     }
 
@@ -171,7 +177,12 @@ fn open() -> Result<Cuda, String> {
         match (api.init)(0) {
             0 => {}
             NO_DEVICE => return Err("no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)".into()),
-            rc => return Err(format!("the CUDA driver failed to initialise (cuInit: {})", api.error(rc))),
+            rc => {
+                return Err(format!(
+                    "the CUDA driver failed to initialise (cuInit: {})",
+                    api.error(rc)
+                ))
+            }
         }
         api.ok("cuDeviceGetCount", (api.device_count)(&mut n))?;
         if n <= 0 {
@@ -180,16 +191,29 @@ fn open() -> Result<Cuda, String> {
         let mut dev = 0;
         api.ok("cuDeviceGet", (api.device_get)(&mut dev, 0))?;
         let mut name = [0 as c_char; 256];
-        api.ok("cuDeviceGetName", (api.device_name)(name.as_mut_ptr(), 256, dev))?;
+        api.ok(
+            "cuDeviceGetName",
+            (api.device_name)(name.as_mut_ptr(), 256, dev),
+        )?;
         let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
         let (mut major, mut minor) = (0, 0);
-        api.ok("cuDeviceGetAttribute", (api.device_attr)(&mut major, CC_MAJOR, dev))?;
-        api.ok("cuDeviceGetAttribute", (api.device_attr)(&mut minor, CC_MINOR, dev))?;
+        api.ok(
+            "cuDeviceGetAttribute",
+            (api.device_attr)(&mut major, CC_MAJOR, dev),
+        )?;
+        api.ok(
+            "cuDeviceGetAttribute",
+            (api.device_attr)(&mut minor, CC_MINOR, dev),
+        )?;
         let arch = match major {
             9.. => "compute_90",
             8 => "compute_80",
             7 => "compute_70",
-            _ => return Err(format!("{name}: compute capability {major}.{minor} (7.0 or later needed)")),
+            _ => {
+                return Err(format!(
+                    "{name}: compute capability {major}.{minor} (7.0 or later needed)"
+                ))
+            }
         };
         let mut ctx: CuCtx = core::ptr::null_mut();
         api.ok("cuDevicePrimaryCtxRetain", (api.retain)(&mut ctx, dev))?;
@@ -198,11 +222,17 @@ fn open() -> Result<Cuda, String> {
         for (file, _, entries) in kernels::FILES {
             let text = CString::new(ptx(file, arch)?).map_err(|_| format!("{file}: NUL in PTX"))?;
             let mut module: CuModule = core::ptr::null_mut();
-            api.ok(&format!("{file}: cuModuleLoadData"), (api.module_load)(&mut module, text.as_ptr() as *const c_void))?;
+            api.ok(
+                &format!("{file}: cuModuleLoadData"),
+                (api.module_load)(&mut module, text.as_ptr() as *const c_void),
+            )?;
             for e in *entries {
                 let cname = CString::new(*e).unwrap();
                 let mut f: CuFunction = core::ptr::null_mut();
-                api.ok(&format!("{e}: cuModuleGetFunction"), (api.get_function)(&mut f, module, cname.as_ptr()))?;
+                api.ok(
+                    &format!("{e}: cuModuleGetFunction"),
+                    (api.get_function)(&mut f, module, cname.as_ptr()),
+                )?;
                 functions.insert(*e, f);
             }
         }
@@ -247,7 +277,9 @@ impl Cuda {
                 self.name
             )));
         }
-        self.api.ok(&format!("{what}: cuMemAlloc"), rc).map_err(Error::Device)?;
+        self.api
+            .ok(&format!("{what}: cuMemAlloc"), rc)
+            .map_err(Error::Device)?;
         Ok(Buf { ptr })
     }
 }
@@ -268,8 +300,11 @@ impl Device for Cuda {
         let b = self.alloc(what, bytes.len() as u64)?;
         if !bytes.is_empty() {
             // SAFETY: `bytes` is readable for its length, the allocation at least as large.
-            let rc = unsafe { (self.api.htod)(b.ptr, bytes.as_ptr() as *const c_void, bytes.len()) };
-            self.api.ok(&format!("{what}: cuMemcpyHtoD"), rc).map_err(Error::Device)?;
+            let rc =
+                unsafe { (self.api.htod)(b.ptr, bytes.as_ptr() as *const c_void, bytes.len()) };
+            self.api
+                .ok(&format!("{what}: cuMemcpyHtoD"), rc)
+                .map_err(Error::Device)?;
         }
         Ok(b)
     }
@@ -319,7 +354,8 @@ impl Device for Cuda {
         }
         let mut host = vec![0u8; size as usize];
         // SAFETY: `host` holds `size` bytes; the copy waits for the launches before it.
-        let rc = unsafe { (self.api.dtoh)(host.as_mut_ptr() as *mut c_void, out.ptr, size as usize) };
+        let rc =
+            unsafe { (self.api.dtoh)(host.as_mut_ptr() as *mut c_void, out.ptr, size as usize) };
         self.api.ok("cuMemcpyDtoH", rc).map_err(Error::Device)?;
         // SAFETY: no arguments.
         let rc = unsafe { (self.api.synchronize)() };

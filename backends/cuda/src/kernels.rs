@@ -6,7 +6,11 @@ pub const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// (file, source, the `extern "C"` kernels it defines).
 pub const FILES: &[(&str, &str, &[&str])] = &[
-    ("matmul.cu", include_str!("kernels/matmul.cu"), &["matmul_q", "matmul_f"]),
+    (
+        "matmul.cu",
+        include_str!("kernels/matmul.cu"),
+        &["matmul_q", "matmul_f"],
+    ),
     (
         "rows.cu",
         include_str!("kernels/rows.cu"),
@@ -17,7 +21,11 @@ pub const FILES: &[(&str, &str, &[&str])] = &[
         include_str!("kernels/elementwise.cu"),
         &["rope", "glu", "elementwise", "set_rows"],
     ),
-    ("attention.cu", include_str!("kernels/attention.cu"), &["attention"]),
+    (
+        "attention.cu",
+        include_str!("kernels/attention.cu"),
+        &["attention"],
+    ),
 ];
 
 /// A file's whole source as NVRTC compiles it.

@@ -79,7 +79,8 @@ mod tests {
             return;
         }
         let host = reference::serial_host();
-        let r = conformance::check_backend_report(&TABLE, &host, abi::WEIGHT_DTYPES.len() as u64).unwrap();
+        let r = conformance::check_backend_report(&TABLE, &host, abi::WEIGHT_DTYPES.len() as u64)
+            .unwrap();
         eprintln!("{r}");
         assert!(r.ok(), "{r}");
     }
@@ -109,9 +110,15 @@ mod kernel_tests {
             let src = kernels::source(file).unwrap();
             for arch in kernels::ARCHS {
                 let ptx = nvrtc::ptx(file, &src, arch).unwrap_or_else(|e| panic!("{e}"));
-                assert!(ptx.contains(&format!(".target sm_{}", &arch[8..])), "{file} {arch}");
+                assert!(
+                    ptx.contains(&format!(".target sm_{}", &arch[8..])),
+                    "{file} {arch}"
+                );
                 for e in *entries {
-                    assert!(ptx.contains(&format!(".entry {e}(")), "{file} {arch}: no {e}");
+                    assert!(
+                        ptx.contains(&format!(".entry {e}(")),
+                        "{file} {arch}: no {e}"
+                    );
                 }
             }
         }
@@ -123,8 +130,12 @@ mod kernel_tests {
         if nvrtc::describe().is_err() {
             return;
         }
-        let e = nvrtc::ptx("bad.cu", "extern \"C\" __global__ void f() { undefined_thing(); }", "compute_70")
-            .unwrap_err();
+        let e = nvrtc::ptx(
+            "bad.cu",
+            "extern \"C\" __global__ void f() { undefined_thing(); }",
+            "compute_70",
+        )
+        .unwrap_err();
         assert!(e.contains("bad.cu") && e.contains("undefined_thing"), "{e}");
     }
 }

@@ -49,7 +49,11 @@ fn candidates() -> Vec<String> {
             let mut dirs: Vec<_> = rd.flatten().map(|e| e.path()).collect();
             dirs.sort();
             for d in dirs.iter().rev() {
-                v.push(d.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12").display().to_string());
+                v.push(
+                    d.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
+                        .display()
+                        .to_string(),
+                );
             }
         }
     }
@@ -61,13 +65,25 @@ fn open() -> Result<Api, String> {
     // SAFETY: opening NVRTC runs its initialisers, which is what opening it means.
     let (lib, path) = tried
         .iter()
-        .find_map(|n| unsafe { libloading::Library::new(n) }.ok().map(|l| (l, n.clone())))
-        .ok_or_else(|| format!("no NVRTC library (tried {}; {ENV} names one)", tried.join(", ")))?;
+        .find_map(|n| {
+            unsafe { libloading::Library::new(n) }
+                .ok()
+                .map(|l| (l, n.clone()))
+        })
+        .ok_or_else(|| {
+            format!(
+                "no NVRTC library (tried {}; {ENV} names one)",
+                tried.join(", ")
+            )
+        })?;
     macro_rules! sym {
         ($name:literal) => {
             // SAFETY: NVRTC's documented C signatures, as declared in `Api`.
             *unsafe { lib.get($name) }.map_err(|_| {
-                format!("{path}: no {}", String::from_utf8_lossy(&$name[..$name.len() - 1]))
+                format!(
+                    "{path}: no {}",
+                    String::from_utf8_lossy(&$name[..$name.len() - 1])
+                )
             })?
         };
     }
@@ -126,7 +142,10 @@ pub fn ptx(name: &str, src: &str, arch: &str) -> Result<String, String> {
     let a = api()?;
     let opts = [format!("--gpu-architecture={arch}")];
     let mut h = fnv1a(src.as_bytes(), 0xcbf2_9ce4_8422_2325);
-    h = fnv1a(format!("{opts:?} nvrtc {}.{}", a.ver.0, a.ver.1).as_bytes(), h);
+    h = fnv1a(
+        format!("{opts:?} nvrtc {}.{}", a.ver.0, a.ver.1).as_bytes(),
+        h,
+    );
     let cached = cache_dir().map(|d| d.join(format!("{name}-{arch}-{h:016x}.ptx")));
     if let Some(p) = &cached {
         if let Ok(s) = std::fs::read_to_string(p) {
@@ -157,13 +176,23 @@ fn compile(a: &Api, name: &str, src: &str, opts: &[String]) -> Result<String, St
     };
     let csrc = CString::new(src).map_err(|_| format!("{name}: NUL in the source"))?;
     let cname = CString::new(name).map_err(|_| format!("{name}: NUL in the name"))?;
-    let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).unwrap()).collect();
+    let copts: Vec<CString> = opts
+        .iter()
+        .map(|o| CString::new(o.as_str()).unwrap())
+        .collect();
     let popts: Vec<*const c_char> = copts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: Prog = core::ptr::null_mut();
     // SAFETY: NVRTC's API with valid C strings that outlive the calls; the program is
     // destroyed on every path below.
     unsafe {
-        let rc = (a.create)(&mut prog, csrc.as_ptr(), cname.as_ptr(), 0, core::ptr::null(), core::ptr::null());
+        let rc = (a.create)(
+            &mut prog,
+            csrc.as_ptr(),
+            cname.as_ptr(),
+            0,
+            core::ptr::null(),
+            core::ptr::null(),
+        );
         if rc != 0 {
             return Err(format!("{name}: nvrtcCreateProgram: {}", err(rc)));
         }

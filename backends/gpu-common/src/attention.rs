@@ -26,17 +26,26 @@ struct Seq {
 
 /// # Safety
 /// A validated attention call on valid host memory.
-pub unsafe fn run<D: Device>(gpu: &D, ins: &[TensorDesc], out: &TensorDesc, p: &OpParams) -> Result<(), Error> {
+pub unsafe fn run<D: Device>(
+    gpu: &D,
+    ins: &[TensorDesc],
+    out: &TensorDesc,
+    p: &OpParams,
+) -> Result<(), Error> {
     let (q, k, v, pos) = (&ins[0], &ins[1], &ins[2], &ins[3]);
     let (d, hq, t) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize);
     let hkv = k.ne[1] as usize;
     let (n_kv, window, page) = (p.i[0] as usize, p.i[1], p.i[2] as usize);
     let f16 = k.dtype() == Some(DType::F16);
     if v.dtype != k.dtype {
-        return Err(Error::Unsupported("attention: k and v caches of different formats".into()));
+        return Err(Error::Unsupported(
+            "attention: k and v caches of different formats".into(),
+        ));
     }
     let positions = host::i32s(&host::gather(pos));
-    let table = ins.get(4).map(|b| (host::i32s(&host::gather(b)), b.ne[0] as usize));
+    let table = ins
+        .get(4)
+        .map(|b| (host::i32s(&host::gather(b)), b.ne[0] as usize));
     let seqs: Vec<Seq> = match ins.get(5) {
         Some(s) => host::i32s(&host::gather(s))
             .chunks_exact(3)
@@ -94,7 +103,9 @@ pub unsafe fn run<D: Device>(gpu: &D, ins: &[TensorDesc], out: &TensorDesc, p: &
             };
             for (src, dst) in [(k, &mut kb), (v, &mut vb)] {
                 for h in 0..hkv {
-                    let at = src.data.offset((h as i64 * src.nb[1] + row * src.nb[2]) as isize);
+                    let at = src
+                        .data
+                        .offset((h as i64 * src.nb[1] + row * src.nb[2]) as isize);
                     if src.nb[0] as usize == es {
                         dst.extend_from_slice(core::slice::from_raw_parts(at, d * es));
                     } else {

@@ -72,5 +72,10 @@ pub trait Device: Send + Sync + 'static {
     /// A device buffer of `size` bytes.
     fn empty(&self, what: &str, size: u64) -> Result<Self::Buf, Error>;
     /// Runs `launches` in order, waits, and returns the first `size` bytes of `out`.
-    fn run(&self, launches: &[Launch<'_, Self::Buf>], out: &Self::Buf, size: u64) -> Result<Vec<u8>, Error>;
+    fn run(
+        &self,
+        launches: &[Launch<'_, Self::Buf>],
+        out: &Self::Buf,
+        size: u64,
+    ) -> Result<Vec<u8>, Error>;
 }

@@ -55,7 +55,14 @@ pub unsafe fn run<D: Device>(
         Op::Glu => {
             let n = n_el(&ins[0]) as u32;
             let meta = [n, p.i[0] as u32];
-            rowwise(gpu, "glu", &meta, &[&ins[0], &ins[1]], &outs[0], n.div_ceil(64))
+            rowwise(
+                gpu,
+                "glu",
+                &meta,
+                &[&ins[0], &ins[1]],
+                &outs[0],
+                n.div_ceil(64),
+            )
         }
         Op::Add | Op::Mul | Op::Scale => elementwise(gpu, op, ins, &outs[0], p),
         Op::Rope => rope(gpu, &ins[0], &ins[1], &outs[0], p),
@@ -97,7 +104,12 @@ unsafe fn rowwise<D: Device>(
     let ob = gpu.empty("output", size)?;
     let mut refs: Vec<&D::Buf> = bufs.iter().collect();
     refs.push(&ob);
-    let launch = Launch { kernel, meta: meta.to_vec(), bufs: refs, groups };
+    let launch = Launch {
+        kernel,
+        meta: meta.to_vec(),
+        bufs: refs,
+        groups,
+    };
     let mut r = gpu.run(&[launch], &ob, size)?;
     if broken(kernel) && r.len() >= 4 {
         // A wrong kernel's result: the first element off by a quarter (and one more).
@@ -108,7 +120,12 @@ unsafe fn rowwise<D: Device>(
     Ok(())
 }
 
-unsafe fn mat_mul<D: Device>(ctx: &Ctx<D>, w: &TensorDesc, x: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
+unsafe fn mat_mul<D: Device>(
+    ctx: &Ctx<D>,
+    w: &TensorDesc,
+    x: &TensorDesc,
+    out: &TensorDesc,
+) -> Result<(), Error> {
     let gpu = ctx.dev;
     let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
     let dev: Arc<DevWeight<D::Buf>> = if w.buffer != 0 {
@@ -138,7 +155,10 @@ fn dot_format(w: DType, k: usize, group: usize, x: &[u8]) -> Result<(Vec<f32>, V
     let mut sums = Vec::new();
     let group_sums = |col: &[f32], sums: &mut Vec<f32>| {
         if group > 0 {
-            sums.extend(col.chunks_exact(group).map(|g| g.iter().map(|&v| v as f64).sum::<f64>() as f32));
+            sums.extend(
+                col.chunks_exact(group)
+                    .map(|g| g.iter().map(|&v| v as f64).sum::<f64>() as f32),
+            );
         }
     };
     if vt == DType::F32 {
@@ -157,7 +177,10 @@ fn dot_format(w: DType, k: usize, group: usize, x: &[u8]) -> Result<(Vec<f32>, V
             .map_err(|e| Error::Unsupported(format!("activations as {vt}: {e}")))?;
         if vt == DType::Q8_1 && group == 32 {
             let bb = vt.info().block_bytes as usize;
-            sums.extend(q.chunks_exact(bb).map(|b| quant::fp16_to_f32(u16::from_le_bytes([b[2], b[3]]))));
+            sums.extend(
+                q.chunks_exact(bb)
+                    .map(|b| quant::fp16_to_f32(u16::from_le_bytes([b[2], b[3]]))),
+            );
         } else {
             group_sums(o, &mut sums);
         }
@@ -167,7 +190,13 @@ fn dot_format(w: DType, k: usize, group: usize, x: &[u8]) -> Result<(Vec<f32>, V
 
 /// `dev` times `cols` packed f32 columns `x` (with their group sums, see [`dot_format`]): the
 /// output's bytes, `[n, cols]`.
-pub fn product<D: Device>(gpu: &D, dev: &DevWeight<D::Buf>, x: &[u8], sums: &[u8], cols: usize) -> Result<Vec<u8>, Error> {
+pub fn product<D: Device>(
+    gpu: &D,
+    dev: &DevWeight<D::Buf>,
+    x: &[u8],
+    sums: &[u8],
+    cols: usize,
+) -> Result<Vec<u8>, Error> {
     let (k, n) = (dev.k, dev.n);
     let xb = gpu.upload("activations", x)?;
     let sb = gpu.upload("activation sums", sums)?;
@@ -184,18 +213,37 @@ pub fn product<D: Device>(gpu: &D, dev: &DevWeight<D::Buf>, x: &[u8], sums: &[u8
             let groups = c.rows.div_ceil(gpu.matmul_rows_per_group());
             let meta = vec![k as u32, c.rows, cols as u32, group, n as u32, c.row0];
             match &c.scales {
-                Some(s) => Launch { kernel: "matmul_q", meta, bufs: vec![&c.values, s, &xb, &sb, &ob], groups },
-                None => Launch { kernel: "matmul_f", meta, bufs: vec![&c.values, &xb, &ob], groups },
+                Some(s) => Launch {
+                    kernel: "matmul_q",
+                    meta,
+                    bufs: vec![&c.values, s, &xb, &sb, &ob],
+                    groups,
+                },
+                None => Launch {
+                    kernel: "matmul_f",
+                    meta,
+                    bufs: vec![&c.values, &xb, &ob],
+                    groups,
+                },
             }
         })
         .collect();
     gpu.run(&launches, &ob, size)
 }
 
-unsafe fn get_rows<D: Device>(gpu: &D, table: &TensorDesc, ids: &TensorDesc, out: &TensorDesc) -> Result<(), Error> {
+unsafe fn get_rows<D: Device>(
+    gpu: &D,
+    table: &TensorDesc,
+    ids: &TensorDesc,
+    out: &TensorDesc,
+) -> Result<(), Error> {
     let (k, v) = (table.ne[0] as usize, table.ne[1] as usize);
     let id = host::i32s(&host::gather(ids));
-    if let Some((m, &bad)) = id.iter().enumerate().find(|(_, &i)| i < 0 || i as usize >= v) {
+    if let Some((m, &bad)) = id
+        .iter()
+        .enumerate()
+        .find(|(_, &i)| i < 0 || i as usize >= v)
+    {
         return Err(Error::Invalid(format!(
             "get_rows: ids[{m}] = {bad} outside the table's {v} rows"
         )));
@@ -249,11 +297,21 @@ unsafe fn elementwise<D: Device>(
     let mut meta = vec![n, code, p.f[0].to_bits(), 0];
     meta.extend(d(a));
     meta.extend(d(b));
-    let inputs: Vec<&TensorDesc> = if op == Op::Scale { vec![a, a] } else { vec![a, b] };
+    let inputs: Vec<&TensorDesc> = if op == Op::Scale {
+        vec![a, a]
+    } else {
+        vec![a, b]
+    };
     rowwise(gpu, "elementwise", &meta, &inputs, out, n.div_ceil(64))
 }
 
-unsafe fn rope<D: Device>(gpu: &D, x: &TensorDesc, pos: &TensorDesc, out: &TensorDesc, op: &OpParams) -> Result<(), Error> {
+unsafe fn rope<D: Device>(
+    gpu: &D,
+    x: &TensorDesc,
+    pos: &TensorDesc,
+    out: &TensorDesc,
+    op: &OpParams,
+) -> Result<(), Error> {
     let p = RopeParams::from_op(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
@@ -275,7 +333,12 @@ unsafe fn rope<D: Device>(gpu: &D, x: &TensorDesc, pos: &TensorDesc, out: &Tenso
     let cb = gpu.upload("rope cache", bytes(&cache))?;
     let size = n as u64 * 4;
     let ob = gpu.empty("output", size)?;
-    let launch = Launch { kernel: "rope", meta: meta.to_vec(), bufs: vec![&xb, &cb, &ob], groups: n.div_ceil(64) };
+    let launch = Launch {
+        kernel: "rope",
+        meta: meta.to_vec(),
+        bufs: vec![&xb, &cb, &ob],
+        groups: n.div_ceil(64),
+    };
     let r = gpu.run(&[launch], &ob, size)?;
     host::scatter(out, &r);
     Ok(())
@@ -289,10 +352,16 @@ unsafe fn set_rows<D: Device>(
     dst: &TensorDesc,
 ) -> Result<(), Error> {
     if dst_in.dtype != dst.dtype {
-        return Err(Error::Invalid("set_rows: dst input and output formats differ".into()));
+        return Err(Error::Invalid(
+            "set_rows: dst input and output formats differ".into(),
+        ));
     }
     let rows = host::i32s(&host::gather(idx));
-    if let Some((m, &r)) = rows.iter().enumerate().find(|(_, &r)| r < 0 || r as i64 >= dst.ne[1]) {
+    if let Some((m, &r)) = rows
+        .iter()
+        .enumerate()
+        .find(|(_, &r)| r < 0 || r as i64 >= dst.ne[1])
+    {
         return Err(Error::Invalid(format!(
             "set_rows: index {r} at {m} outside 0..{}",
             dst.ne[1]
@@ -302,14 +371,21 @@ unsafe fn set_rows<D: Device>(
     let n = n_el(src) as u32;
     let sb = gpu.upload("src", &host::gather(src))?;
     let ob = gpu.empty("rows", n as u64 * 4)?;
-    let launch = Launch { kernel: "set_rows", meta: vec![n, f16 as u32], bufs: vec![&sb, &ob], groups: n.div_ceil(64) };
+    let launch = Launch {
+        kernel: "set_rows",
+        meta: vec![n, f16 as u32],
+        bufs: vec![&sb, &ob],
+        groups: n.div_ceil(64),
+    };
     let words = host::i32s(&gpu.run(&[launch], &ob, n as u64 * 4)?);
     let es = if f16 { 2 } else { 4 };
     if dst_in.data != dst.data || dst_in.nb != dst.nb {
         // Distinct tensors: the output starts as a copy of the input cache.
         for r in 0..dst.ne[1] {
             for j in 0..dst.ne[0] {
-                let s = dst_in.data.offset((r * dst_in.nb[1] + j * dst_in.nb[0]) as isize);
+                let s = dst_in
+                    .data
+                    .offset((r * dst_in.nb[1] + j * dst_in.nb[0]) as isize);
                 let d = dst.data.offset((r * dst.nb[1] + j * dst.nb[0]) as isize);
                 core::ptr::copy(s, d, es);
             }
@@ -318,7 +394,9 @@ unsafe fn set_rows<D: Device>(
     let k = src.ne[0] as usize;
     for (m, &r) in rows.iter().enumerate() {
         for j in 0..k {
-            let d = dst.data.offset((r as i64 * dst.nb[1] + j as i64 * dst.nb[0]) as isize);
+            let d = dst
+                .data
+                .offset((r as i64 * dst.nb[1] + j as i64 * dst.nb[0]) as isize);
             let w = words[m * k + j] as u32;
             if f16 {
                 (d as *mut u16).write_unaligned(w as u16);

@@ -3,7 +3,9 @@
 
 use crate::weights::{self, DevWeight};
 use crate::{host, ops, Device, Error};
-use abi::{BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc};
+use abi::{
+    BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,
+};
 use core::ffi::c_void;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,7 +49,9 @@ impl<D: Device> Ctx<D> {
             .unwrap_or_else(|p| p.into_inner())
             .get(&handle)
             .cloned()
-            .ok_or_else(|| Error::Invalid(format!("buffer {handle} is not a weight of this backend")))
+            .ok_or_else(|| {
+                Error::Invalid(format!("buffer {handle} is not a weight of this backend"))
+            })
     }
 
     fn set_error(&self, msg: &str) {
@@ -75,10 +79,14 @@ impl<D: Device> Ctx<D> {
     /// `w` is a host weight whose memory is readable for its shape.
     pub unsafe fn prepare(&self, w: &TensorDesc) -> Result<u64, Error> {
         if w.buffer != 0 || w.ndim > 2 || w.ne[2] * w.ne[3] != 1 {
-            return Err(Error::Unsupported("only 2-D host weights are prepared".into()));
+            return Err(Error::Unsupported(
+                "only 2-D host weights are prepared".into(),
+            ));
         }
         reference::tensor::check_layout(w, "weight")?;
-        let dt = w.dtype().ok_or_else(|| Error::Invalid("unknown weight format".into()))?;
+        let dt = w
+            .dtype()
+            .ok_or_else(|| Error::Invalid("unknown weight format".into()))?;
         let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
         let dev = DevWeight::upload(self.dev, dt, k, n, |r| host::row(w, r))?;
         let h = self.next.fetch_add(1, Ordering::Relaxed);
@@ -116,7 +124,10 @@ pub unsafe fn check<D: Device>(
         }
         reference::tensor::check_layout(t, op.name())?;
         // Weights are split into chunks; the caches are gathered to the rows a call reads.
-        let big = matches!((op, i), (Op::MatMul, 0) | (Op::Attention, 1) | (Op::Attention, 2));
+        let big = matches!(
+            (op, i),
+            (Op::MatMul, 0) | (Op::Attention, 1) | (Op::Attention, 2)
+        );
         let packed = t.numel().unwrap_or(0) as u64 * 4;
         if !big && packed > max {
             return Err(Error::Unsupported(format!(
@@ -129,10 +140,13 @@ pub unsafe fn check<D: Device>(
     if matches!(op, Op::MatMul | Op::GetRows) && ins[0].buffer == 0 {
         let dt = ins[0].dtype().expect("validated");
         if weights::layout(dt).is_none() {
-            return Err(Error::Unsupported(format!("{dt} weights are not taken by {} yet", c.name)));
+            return Err(Error::Unsupported(format!(
+                "{dt} weights are not taken by {} yet",
+                c.name
+            )));
         }
-        let bytes = quant::row_bytes(dt, ins[0].ne[0] as usize).unwrap_or(0) as u64
-            * ins[0].nrows() as u64;
+        let bytes =
+            quant::row_bytes(dt, ins[0].ne[0] as usize).unwrap_or(0) as u64 * ins[0].nrows() as u64;
         if op == Op::GetRows && bytes > ops::GET_ROWS_MAX_BYTES {
             return Err(Error::Unsupported(format!(
                 "get_rows: a {bytes}-byte table would be uploaded on every call (tables above {} \
@@ -233,8 +247,12 @@ extern "C" fn prepare_weight<B: GpuBackend>(
         return Status::InvalidArgument as i32;
     };
     c.guard(|| unsafe {
-        let w = w.as_ref().ok_or_else(|| Error::Invalid("null weight".into()))?;
-        let out = out.as_mut().ok_or_else(|| Error::Invalid("null output".into()))?;
+        let w = w
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("null weight".into()))?;
+        let out = out
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("null output".into()))?;
         let h = c.prepare(w)?;
         *out = *w;
         out.buffer = h;

@@ -33,7 +33,9 @@ pub fn layout(dt: DType) -> Option<Layout> {
 }
 
 fn layout_of(dt: DType) -> Result<Layout, Error> {
-    layout(dt).ok_or_else(|| Error::Unsupported(format!("{dt} weights are not taken by the GPU backends")))
+    layout(dt).ok_or_else(|| {
+        Error::Unsupported(format!("{dt} weights are not taken by the GPU backends"))
+    })
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -65,7 +67,11 @@ pub fn decode_grouped(dt: DType, src: &[u8], codes: &mut Vec<i8>, scales: &mut V
             }
             Q5_0 | Q5_1 => {
                 let d = f16_at(b, 0);
-                let (m, o) = if dt == Q5_1 { (f16_at(b, 2), 4) } else { (0.0, 2) };
+                let (m, o) = if dt == Q5_1 {
+                    (f16_at(b, 2), 4)
+                } else {
+                    (0.0, 2)
+                };
                 let qh = u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
                 let q = &b[o + 4..o + 20];
                 let bias = if dt == Q5_0 { 16 } else { 0 };

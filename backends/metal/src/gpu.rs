@@ -70,7 +70,10 @@ fn open() -> Result<Gpu, String> {
     // The matmul kernels reduce a row in one subgroup (Metal's SIMD-groups, Vulkan's
     // subgroups).
     if !adapter.features().contains(wgpu::Features::SUBGROUP) {
-        return Err(format!("{api} device {} has no subgroup operations", info.name));
+        return Err(format!(
+            "{api} device {} has no subgroup operations",
+            info.name
+        ));
     }
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("mollm"),
@@ -140,7 +143,8 @@ impl Gpu {
                 compilation_options: Default::default(),
                 cache: None,
             });
-        self.check().map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
+        self.check()
+            .map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
         let p = Arc::new(p);
         map.insert(name, p.clone());
         Ok(p)
@@ -157,7 +161,12 @@ impl Gpu {
 
     /// Takes the device's last reported error, if any.
     pub fn check(&self) -> Result<(), String> {
-        match self.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        match self
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -191,7 +200,6 @@ impl Gpu {
             mapped_at_creation: false,
         }))
     }
-
 }
 
 impl Device for Gpu {
@@ -215,7 +223,12 @@ impl Device for Gpu {
 
     /// One command buffer: each launch's meta words as its binding 0, then its buffers; one
     /// submission and one wait.
-    fn run(&self, launches: &[Launch<'_, wgpu::Buffer>], out: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, Error> {
+    fn run(
+        &self,
+        launches: &[Launch<'_, wgpu::Buffer>],
+        out: &wgpu::Buffer,
+        size: u64,
+    ) -> Result<Vec<u8>, Error> {
         let metas = launches
             .iter()
             .map(|l| {
@@ -284,11 +297,9 @@ impl Gpu {
         enc.copy_buffer_to_buffer(buf, 0, &staging, 0, padded(size));
         self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
-        staging
-            .slice(..)
-            .map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;

@@ -65,10 +65,16 @@ fn conformance_on_the_device() {
     eprintln!("{r}");
     assert!(r.ok(), "{r}");
     for &op in Op::ALL {
-        assert!(r.passed.iter().any(|p| p.op == op), "{} never ran\n{r}", op.name());
+        assert!(
+            r.passed.iter().any(|p| p.op == op),
+            "{} never ran\n{r}",
+            op.name()
+        );
     }
     use abi::DType::*;
-    for dt in [F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, W4G32, W4G128, W8PC] {
+    for dt in [
+        F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, W4G32, W4G128, W8PC,
+    ] {
         assert!(r.passed(Op::MatMul, dt), "mat_mul {dt} did not pass\n{r}");
     }
     for dt in [Q2_K, Q3_K] {
@@ -102,13 +108,16 @@ fn weights_split_into_chunks() {
     }
     let gpu = gpu::gpu().unwrap();
     let (k, n) = (64usize, 40usize);
-    let src: Vec<f32> = (0..k * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let src: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
     let row = quant::row_bytes(abi::DType::Q8_0, k).unwrap();
     let mut w = vec![0u8; row * n];
     for (r, d) in src.chunks(k).zip(w.chunks_mut(row)) {
         quant::quantize_row(abi::DType::Q8_0, r, d).unwrap();
     }
-    let whole = DevWeight::upload(gpu, abi::DType::Q8_0, k, n, |r| &w[r * row..(r + 1) * row]).unwrap();
+    let whole =
+        DevWeight::upload(gpu, abi::DType::Q8_0, k, n, |r| &w[r * row..(r + 1) * row]).unwrap();
     assert_eq!(whole.chunks.len(), 1);
     let split = weights::DevWeight::upload_chunked(gpu, abi::DType::Q8_0, k, n, 7, |r| {
         &w[r * row..(r + 1) * row]
@@ -126,7 +135,10 @@ fn weights_split_into_chunks() {
     quant::dequantize_row(abi::DType::Q8_0, &w[39 * row..40 * row], &mut deq).unwrap();
     let want: f32 = deq.iter().zip(&x[k..2 * k]).map(|(a, b)| a * b).sum();
     let got = host::f32s(&a)[n + 39];
-    assert!((got - want).abs() < 1e-4 * want.abs().max(1.0), "{got} vs {want}");
+    assert!(
+        (got - want).abs() < 1e-4 * want.abs().max(1.0),
+        "{got} vs {want}"
+    );
 }
 
 /// How far the device's mat_mul is from the reference's, per format (printed; bounded).
@@ -141,7 +153,9 @@ fn mat_mul_error_against_the_reference() {
     let (k, n, m) = (768usize, 256usize, 16usize);
     let mut seed = 12345u64;
     let mut rnd = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 2.0
     };
     let w: Vec<f32> = (0..k * n).map(|_| rnd() * 0.1).collect();
@@ -163,11 +177,21 @@ fn mat_mul_error_against_the_reference() {
         let od = TensorDesc::contiguous(got.as_mut_ptr() as *mut u8, F32, &[n as i64, m as i64]);
         let rd = TensorDesc::contiguous(want.as_mut_ptr() as *mut u8, F32, &[n as i64, m as i64]);
         let p = OpParams::default();
-        assert_eq!((TABLE.compute)(inst, &OpCall::new(Op::MatMul, &[wd, xd], &[od], p)), 0);
+        assert_eq!(
+            (TABLE.compute)(inst, &OpCall::new(Op::MatMul, &[wd, xd], &[od], p)),
+            0
+        );
         unsafe { reference::run(&host, Op::MatMul, &[wd, xd], &[rd], &p).unwrap() };
         let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
-        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        eprintln!("{dt}: max |device - reference| = {err:e} ({:e} of the largest output)", err / scale);
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!(
+            "{dt}: max |device - reference| = {err:e} ({:e} of the largest output)",
+            err / scale
+        );
         assert!(err / scale < 1e-4, "{dt}: {err} of {scale}");
     }
     (TABLE.shutdown)(inst);
