@@ -175,10 +175,15 @@ impl Gpu {
     /// A storage buffer holding `bytes`, or refused when it would exceed a binding.
     pub fn upload(&self, what: &str, bytes: &[u8]) -> Result<wgpu::Buffer, Error> {
         let b = self.empty(what, bytes.len() as u64)?;
-        if !bytes.is_empty() {
-            let mut data = bytes.to_vec();
-            data.resize(padded(bytes.len() as u64) as usize, 0);
-            self.queue.write_buffer(&b, 0, &data);
+        // Writes are whole words: only a ragged tail needs a padded copy (weights never do).
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(&b, 0, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(&b, whole as u64, &tail);
         }
         Ok(b)
     }
