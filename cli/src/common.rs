@@ -408,6 +408,7 @@ pub fn expert_json(
         "read_ms": d(|p| p.read_ms),
         "wait_ms": d(|p| p.wait_ms),
         "prefetch": now.prefetch,
+        "direct": now.direct,
         "prefetches": d(|p| p.prefetches as f64) as u64,
         "prefetch_bytes": d(|p| p.prefetch_bytes as f64) as u64,
         "prefetch_useful": useful as u64,

@@ -175,10 +175,11 @@ fn plan(src: &GgufFile, mode: Mode) -> Vec<PackTensor> {
 
 /// Tensor `t` of `src` in format `to`, row by row (dequantize, then quantize), on all cores.
 fn convert_tensor(src: &GgufFile, t: &TensorInfo, to: DType) -> CliResult<Vec<u8>> {
-    let data = src.tensor_data(t);
+    let packed = src.tensor_packed(t);
     if to == t.dtype {
-        return Ok(data.to_vec());
+        return Ok(packed.into_owned());
     }
+    let data: &[u8] = &packed;
     let k = t.shape[0] as usize;
     let rows = (t.n_elements() as usize) / k.max(1);
     let (irb, orb) = (

@@ -129,7 +129,7 @@ fn check_model(key: &str) {
             let r = if batched {
                 check_batched(key, &model, backend, cases, extra)
             } else {
-                check_case(key, &model, backend, short, extra)
+                check_case(key, &model, backend, short, extra).map(|_| ())
             };
             if let Err(e) = r {
                 failures.push(format!("{e} (with {extra:?})"));
@@ -236,7 +236,7 @@ fn check_case(
     backend: &str,
     case: &Value,
     extra: &[&str],
-) -> Result<(), String> {
+) -> Result<Value, String> {
     let name = case["name"].as_str().unwrap();
     let want = ids(&case["tokens"]);
     let out = Command::new(env!("CARGO_BIN_EXE_mollm"))
@@ -291,7 +291,7 @@ fn check_case(
             .as_f64()
             .unwrap_or(0.0)
     );
-    Ok(())
+    Ok(got)
 }
 
 #[test]
@@ -335,6 +335,69 @@ fn golden_smollm2_moe() {
             .unwrap();
         common::assert_clean_error(&o, "does not fit");
         prefetch_and_trace(&m);
+        package_of_moe(&m);
+    }
+}
+
+/// A `.mollm` package of the MoE file (`convert --quant keep`: the same bits) interleaves each
+/// expert's gate, up and down: resident (3-D weights whose experts are a block apart) and
+/// through the cache, the same tokens as llama.cpp, and one read fetches a whole expert where
+/// the GGUF takes one per matrix.
+fn package_of_moe(gguf: &std::path::Path) {
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(repo().join("fixtures/golden/smollm2-moe.json")).unwrap(),
+    )
+    .unwrap();
+    let short = &golden["cases"][0];
+    let pkg = std::env::temp_dir().join(format!("mollm-golden-moe-{}.mollm", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(["convert", "--quant", "keep"])
+        .arg(gguf)
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "convert: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mb = ((std::fs::metadata(gguf).unwrap().len() / 10) >> 20).to_string();
+    let cache = ["--expert-cache", mb.as_str(), "--no-prefetch"];
+    let native = backends().into_iter().find(|b| b != "reference");
+    let mut failures = Vec::new();
+    let mut reads = Vec::new();
+    for backend in native.iter().map(String::as_str).chain(["reference"]) {
+        for extra in [&[][..], &cache[..]] {
+            match check_case("smollm2-moe.mollm", &pkg, backend, short, extra) {
+                Ok(v) if !extra.is_empty() => reads.push((
+                    v["experts"]["reads"].as_u64().unwrap(),
+                    v["experts"]["misses"].as_u64().unwrap(),
+                )),
+                Ok(_) => {}
+                Err(e) => failures.push(format!("{e} (with {extra:?})")),
+            }
+        }
+    }
+    let gguf_run = check_case("smollm2-moe", gguf, "reference", short, &cache).unwrap();
+    let _ = std::fs::remove_file(&pkg);
+    assert!(
+        failures.is_empty(),
+        "the package differs from llama.cpp:\n{}",
+        failures.join("\n")
+    );
+    // Buffered reads (a file system without O_DIRECT) may merge neighbours: at most one each.
+    for (r, m) in reads {
+        assert!(
+            m > 0 && r <= m,
+            "package: {r} reads for {m} missed experts (want one each)"
+        );
+    }
+    let (r, m) = (
+        gguf_run["experts"]["reads"].as_u64().unwrap(),
+        gguf_run["experts"]["misses"].as_u64().unwrap(),
+    );
+    if gguf_run["experts"]["direct"] == true {
+        assert_eq!(r, 3 * m, "GGUF, direct: a read per matrix");
     }
 }
 

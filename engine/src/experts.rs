@@ -3,9 +3,10 @@
 //! Dense weights stay in the file's memory map. With a cache, a MoE layer's routed experts are
 //! never read through the map: each expert the router picks is read with `preadv` from the
 //! file into a slot of one cache shared by all layers (a slot holds one expert's gate, up and
-//! down matrices next to each other). Misses of one layer that lie next to each other in the
-//! file (experts `e`, `e + 1`, ... of one stacked tensor) are read with one call scattering
-//! into their slots, and the page cache is told to drop what was read (`POSIX_FADV_DONTNEED`),
+//! down matrices). A `.mollm` package stores the three next to each other, so one read fetches
+//! the expert; a GGUF stacks each matrix apart, one read each. Misses of one layer that lie
+//! next to each other in the file (experts `e`, `e + 1`, ... with nothing between them) are
+//! read with one call scattering into their slots, and the page cache is told to drop what was read (`POSIX_FADV_DONTNEED`),
 //! so it does not hold a second copy and the budget is the memory the experts really take.
 //!
 //! Reads run on a pool of I/O workers (`--io-workers`, see [`io`]); a layer's misses are
@@ -69,12 +70,14 @@ pub enum ExpertMemory {
 /// Memory kept free beside the model (activations, the process itself).
 pub const MARGIN: u64 = 512 << 20;
 
-/// One stacked expert tensor in the file: expert `e` is `stride` bytes at
-/// `offset + e * stride`, a `[ne[0], ne[1]]` matrix of `dtype`.
+/// One stacked expert tensor in the file: expert `e` is `bytes` at `offset + e * stride`, a
+/// `[ne[0], ne[1]]` matrix of `dtype`. In a GGUF file the matrices lie back to back (`stride`
+/// = `bytes`); a `.mollm` package interleaves gate, up and down, so each steps over all three.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Span {
     pub offset: u64,
     pub stride: u64,
+    pub bytes: u64,
     pub dtype: DType,
     pub ne: [i64; 2],
 }
@@ -92,8 +95,62 @@ pub struct LayerExperts {
 
 impl LayerExperts {
     fn bytes(&self) -> u64 {
-        self.parts.iter().map(|p| p.stride).sum()
+        self.parts.iter().map(|p| p.bytes).sum()
     }
+
+    /// What one read per expert fetches: one segment when the three parts of an expert lie
+    /// together inside one stride (a `.mollm` package), else one per part (GGUF); and for
+    /// each part, its segment and its distance from the segment's start.
+    fn segments(&self) -> (Vec<Seg>, [(usize, u64); 3]) {
+        let p = &self.parts;
+        let mut order = [0, 1, 2];
+        order.sort_by_key(|&i| p[i].offset);
+        let stride = p[0].stride;
+        let (first, last) = (p[order[0]], p[order[2]]);
+        let together = p.iter().all(|q| q.stride == stride)
+            && order
+                .windows(2)
+                .all(|w| p[w[0]].offset + p[w[0]].bytes <= p[w[1]].offset)
+            && last.offset + last.bytes - first.offset <= stride;
+        if together {
+            let seg = Seg {
+                offset: first.offset,
+                stride,
+                len: last.offset + last.bytes - first.offset,
+            };
+            (
+                vec![seg],
+                std::array::from_fn(|i| (0, p[i].offset - first.offset)),
+            )
+        } else {
+            let segs = p
+                .iter()
+                .map(|q| Seg {
+                    offset: q.offset,
+                    stride: q.stride,
+                    len: q.bytes,
+                })
+                .collect();
+            (segs, [(0, 0), (1, 0), (2, 0)])
+        }
+    }
+}
+
+/// Bytes read together for one expert: expert `e`'s are `len` bytes at `offset + e * stride`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Seg {
+    offset: u64,
+    stride: u64,
+    len: u64,
+}
+
+/// Where a layer's expert lies in a slot: each segment's region (from the slot's start), and
+/// each part's segment and distance into it.
+#[derive(Clone, Debug)]
+struct SlotLayout {
+    segs: Vec<Seg>,
+    region: Vec<usize>,
+    part: [(usize, u64); 3],
 }
 
 /// The MoE layers of `program` as the cache sees them (the experts' byte ranges in the
@@ -123,7 +180,8 @@ pub fn layers_of(
             n_expert = ne[2] as usize;
             parts.push(Span {
                 offset: t.offset,
-                stride: t.size / ne[2].max(1) as u64,
+                stride: t.matrix_stride(),
+                bytes: t.matrix_bytes(),
                 dtype: t.dtype,
                 ne: [ne[0], ne[1]],
             });
@@ -269,8 +327,8 @@ pub struct ExpertCache {
     file: std::sync::Arc<File>,
     path: String,
     layers: Vec<LayerExperts>,
-    /// Offsets of gate, up and down inside a slot, per layer.
-    part_off: Vec<[usize; 3]>,
+    /// Per layer: where its expert's reads go in a slot.
+    slot_layout: Vec<SlotLayout>,
     slot_bytes: usize,
     mem: SlotMem,
     slots: Vec<SlotState>,
@@ -315,22 +373,25 @@ impl ExpertCache {
             file: label.clone(),
             msg,
         })?;
-        // Each part in a region of its own, aligned, with room for a direct read's rounding.
-        let region = |p: &Span| (p.stride.next_multiple_of(io::ALIGN) + io::ALIGN) as usize;
-        let part_off: Vec<[usize; 3]> = layers
+        // Each segment in a region of its own, aligned, with room for a direct read's rounding.
+        let mut slot_bytes = io::ALIGN as usize;
+        let slot_layout: Vec<SlotLayout> = layers
             .iter()
             .map(|l| {
-                let o1 = region(&l.parts[0]);
-                [0, o1, o1 + region(&l.parts[1])]
+                let (segs, part) = l.segments();
+                let mut at = 0;
+                let region = segs
+                    .iter()
+                    .map(|s| {
+                        let r = at;
+                        at += (s.len.next_multiple_of(io::ALIGN) + io::ALIGN) as usize;
+                        r
+                    })
+                    .collect();
+                slot_bytes = slot_bytes.max(at);
+                SlotLayout { segs, region, part }
             })
             .collect();
-        let slot_bytes = layers
-            .iter()
-            .zip(&part_off)
-            .map(|(l, o)| o[2] + region(&l.parts[2]))
-            .max()
-            .unwrap_or(0)
-            .max(io::ALIGN as usize);
         let n_slots = (bytes / slot_bytes).max(1);
         let mem = SlotMem::new(n_slots * slot_bytes)?;
         let file = std::sync::Arc::new(file);
@@ -348,7 +409,7 @@ impl ExpertCache {
             },
             predicted: vec![Vec::new(); layers.len()],
             layers,
-            part_off,
+            slot_layout,
             slot_bytes,
             mem,
             slots: vec![SlotState::default(); n_slots],
@@ -373,10 +434,11 @@ impl ExpertCache {
         let mut ranges: Vec<(u64, u64)> = self
             .layers
             .iter()
-            .flat_map(|l| {
-                l.parts
+            .zip(&self.slot_layout)
+            .flat_map(|(l, sl)| {
+                sl.segs
                     .iter()
-                    .map(|p| (p.offset, p.offset + p.stride * l.n_expert as u64))
+                    .map(|s| (s.offset, s.offset + s.stride * l.n_expert as u64))
             })
             .collect();
         ranges.sort_unstable();
@@ -754,21 +816,23 @@ impl ExpertCache {
     /// Where part `p` of `expert` of `layer` starts in its region of a slot: its offset in
     /// the file modulo [`io::ALIGN`] (so that a direct read of the aligned range around it
     /// lands it there).
-    fn head(&self, layer: usize, expert: usize, p: usize) -> usize {
-        let s = self.layers[layer].parts[p];
+    fn head(&self, layer: usize, expert: usize, seg: usize) -> usize {
+        let s = self.slot_layout[layer].segs[seg];
         ((s.offset + expert as u64 * s.stride) % io::ALIGN) as usize
     }
 
-    /// Address of part `p`'s region in `slot`.
-    fn region(&self, layer: usize, slot: usize, p: usize) -> usize {
-        self.mem.ptr as usize + slot * self.slot_bytes + self.part_off[layer][p]
+    /// Address of segment `seg`'s region in `slot`.
+    fn region(&self, layer: usize, slot: usize, seg: usize) -> usize {
+        self.mem.ptr as usize + slot * self.slot_bytes + self.slot_layout[layer].region[seg]
     }
 
     fn weights(&self, layer: usize, expert: usize, slot: usize) -> [Weight; 3] {
         let l = &self.layers[layer];
         std::array::from_fn(|p| {
-            // Inside the slot: slot_bytes covers every part's region of every layer.
-            let ptr = (self.region(layer, slot, p) + self.head(layer, expert, p)) as *mut u8;
+            // Inside the slot: slot_bytes covers every segment's region of every layer.
+            let (seg, delta) = self.slot_layout[layer].part[p];
+            let ptr = (self.region(layer, slot, seg) + self.head(layer, expert, seg)) as *mut u8;
+            let ptr = ptr.wrapping_add(delta as usize);
             Weight {
                 desc: TensorDesc::contiguous(ptr, l.parts[p].dtype, &l.parts[p].ne),
                 file_mapped: false,
@@ -842,31 +906,38 @@ impl ExpertCache {
         let mut out = Vec::new();
         let mut i = 0;
         while i < misses.len() {
+            let segs = &self.slot_layout[layer].segs;
+            // Adjacent experts share a read where nothing lies between them.
+            let gapless = segs.iter().all(|s| s.stride == s.len);
             let mut j = i + 1;
-            while !direct && j < misses.len() && misses[j].0 == misses[j - 1].0 + 1 && j - i < 512 {
+            while !direct
+                && gapless
+                && j < misses.len()
+                && misses[j].0 == misses[j - 1].0 + 1
+                && j - i < 512
+            {
                 j += 1;
             }
             let run = &misses[i..j];
-            for p in 0..3 {
-                let span = self.layers[layer].parts[p];
-                let at = span.offset + run[0].0 as u64 * span.stride;
-                let stride = span.stride as usize;
+            for (p, seg) in segs.iter().enumerate() {
+                let at = seg.offset + run[0].0 as u64 * seg.stride;
+                let len = seg.len as usize;
                 let (job, need) = if direct {
                     let head = self.head(layer, run[0].0, p);
-                    let len = (head + stride).next_multiple_of(io::ALIGN as usize);
-                    let buf = (self.region(layer, run[0].1, p), len);
-                    ((at - head as u64, vec![buf]), head + stride)
+                    let n = (head + len).next_multiple_of(io::ALIGN as usize);
+                    let buf = (self.region(layer, run[0].1, p), n);
+                    ((at - head as u64, vec![buf]), head + len)
                 } else {
                     let bufs: Vec<(usize, usize)> = run
                         .iter()
-                        .map(|&(e, s)| (self.region(layer, s, p) + self.head(layer, e, p), stride))
+                        .map(|&(e, s)| (self.region(layer, s, p) + self.head(layer, e, p), len))
                         .collect();
-                    ((at, bufs), stride * run.len())
+                    ((at, bufs), len * run.len())
                 };
                 out.push(io::Req {
                     job,
                     need,
-                    bytes: stride * run.len(),
+                    bytes: len * run.len(),
                     direct,
                     slots: run.iter().map(|m| m.1).collect(),
                     what: (layer, run[0].0, p),
@@ -881,29 +952,34 @@ impl ExpertCache {
     }
 }
 
-/// Refuses expert ranges outside a file of `file_len` bytes, overlapping each other, or whose
-/// stride is not their matrix's size.
+/// Refuses expert ranges outside a file of `file_len` bytes, overlapping each other, whose
+/// size is not their matrix's, or closer together than one matrix.
 fn check_spans(layers: &[LayerExperts], file_len: u64) -> std::result::Result<(), String> {
     let mut ranges = Vec::new();
     for l in layers {
         for (pi, p) in l.parts.iter().enumerate() {
-            let end = (l.n_expert as u64)
-                .checked_mul(p.stride)
-                .and_then(|b| b.checked_add(p.offset));
             let want = p.dtype.row_bytes(p.ne[0] as u64);
             let mat = want.and_then(|r| r.checked_mul(p.ne[1] as u64));
-            if mat != Some(p.stride) {
+            if mat != Some(p.bytes) || p.stride < p.bytes {
                 return Err(format!(
-                    "{} part {pi}: experts of {} bytes for a {:?} {} matrix",
-                    l.name, p.stride, p.ne, p.dtype
+                    "{} part {pi}: experts of {} bytes, {} apart, for a {:?} {} matrix",
+                    l.name, p.bytes, p.stride, p.ne, p.dtype
                 ));
             }
+        }
+        // Each segment's experts from the first byte to the last.
+        for (si, s) in l.segments().0.iter().enumerate() {
+            let end = (l.n_expert as u64)
+                .saturating_sub(1)
+                .checked_mul(s.stride)
+                .and_then(|b| b.checked_add(s.len))
+                .and_then(|b| b.checked_add(s.offset));
             match end {
-                Some(e) if e <= file_len => ranges.push((p.offset, e, l.name.clone())),
+                Some(e) if e <= file_len => ranges.push((s.offset, e, l.name.clone())),
                 _ => {
                     return Err(format!(
-                        "{} part {pi}: experts at {}..+{}x{} lie past the end of the file ({file_len} bytes)",
-                        l.name, p.offset, l.n_expert, p.stride
+                        "{} part {si}: experts at {}..+{}x{} lie past the end of the file ({file_len} bytes)",
+                        l.name, s.offset, l.n_expert, s.stride
                     ))
                 }
             }

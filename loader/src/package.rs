@@ -17,9 +17,16 @@
 //! and for stacked MoE experts `experts`: one `[offset, bytes]` per expert, so that one expert
 //! can be read alone).
 //!
+//! Version 2 interleaves a layer's routed experts: where `blk.N.ffn_{gate,up,down}_exps` all
+//! stack the same number of experts, expert `e`'s gate, up and down matrices lie next to each
+//! other (each 64-aligned) in one 4096-aligned block, and the blocks follow each other. One
+//! read (one `O_DIRECT` read, aligned) then fetches a whole expert for the expert cache. Each
+//! of the three tensors' `experts` ranges step by the block size; `offset` is expert 0's
+//! matrix. A package with no such stack is written as version 1 (the same bytes as before).
+//!
 //! Loading checks the magic, the version, that every section and tensor lies inside the file,
-//! that each tensor's size matches its shape and format, and that expert ranges tile their
-//! tensor; every failure names the file and the field.
+//! that each tensor's size matches its shape and format, and that expert ranges are evenly
+//! spaced, no closer than one matrix; every failure names the file and the field.
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -31,7 +38,9 @@ use crate::gguf::{tensor_bytes, Array, GgufFile, StrArray, TensorInfo, Value};
 use crate::LoadError;
 
 pub const MAGIC: &[u8; 8] = b"MOLLMPKG";
-pub const VERSION: u32 = 1;
+/// The newest version this build reads and writes (2: interleaved experts; 1 is still read,
+/// and written when nothing is interleaved).
+pub const VERSION: u32 = 2;
 const HEADER: u64 = 64;
 const DATA_ALIGN: u64 = 4096;
 const TENSOR_ALIGN: u64 = 64;
@@ -210,7 +219,18 @@ pub struct Writer {
     tmp: PathBuf,
     out: PathBuf,
     data_offset: u64,
-    offsets: Vec<(u64, u64)>,
+    places: Vec<Place>,
+    data_len: u64,
+}
+
+/// Where a tensor goes in the data section: matrix `e` of `n` (`bytes / n` each) at
+/// `offset + e * stride` (`stride` is the matrix's size unless experts are interleaved).
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    offset: u64,
+    bytes: u64,
+    n: u64,
+    stride: u64,
 }
 
 /// Where everything goes: the encoded metadata and sections, the data offset, each tensor's
@@ -221,8 +241,29 @@ struct Layout {
     template: Option<Vec<u8>>,
     graph: Option<Vec<u8>>,
     data_offset: u64,
-    offsets: Vec<(u64, u64)>,
+    places: Vec<Place>,
+    version: u32,
     file_len: u64,
+}
+
+/// The routed-expert stacks of each layer to interleave: (gate, up, down) indices into
+/// `tensors`, where all three are 3-D with the same number of experts.
+fn expert_groups(tensors: &[PackTensor]) -> Vec<[usize; 3]> {
+    let find = |name: &str| tensors.iter().position(|t| t.name == name);
+    let mut groups = Vec::new();
+    for t in tensors {
+        let Some(prefix) = t.name.strip_suffix(".ffn_gate_exps.weight") else {
+            continue;
+        };
+        let ids = ["gate", "up", "down"].map(|p| find(&format!("{prefix}.ffn_{p}_exps.weight")));
+        if let [Some(g), Some(u), Some(d)] = ids {
+            let n = |i: usize| (tensors[i].shape.len() == 3).then(|| tensors[i].shape[2]);
+            if n(g).is_some() && n(g) == n(u) && n(g) == n(d) {
+                groups.push([g, u, d]);
+            }
+        }
+    }
+    groups
 }
 
 fn layout(
@@ -254,36 +295,84 @@ fn layout(
     let tok = Json::Array(tok).to_string().into_bytes();
     // The graph section rides behind the chat template in the same sections area.
     let template = template.map(String::into_bytes);
-    let mut offsets = Vec::with_capacity(tensors.len());
+    let sizes = tensors
+        .iter()
+        .map(|t| {
+            tensor_bytes(t.dtype, &t.shape).ok_or_else(|| {
+                format!(
+                    "tensor '{}': {:?} is not whole {} blocks",
+                    t.name, t.shape, t.dtype
+                )
+            })
+        })
+        .collect::<Result<Vec<u64>, String>>()?;
+    let groups = expert_groups(tensors);
+    let mut places: Vec<Option<Place>> = vec![None; tensors.len()];
     let mut off = 0u64;
+    for i in 0..tensors.len() {
+        if places[i].is_some() {
+            continue;
+        }
+        let n = if tensors[i].shape.len() == 3 {
+            tensors[i].shape[2]
+        } else {
+            1
+        };
+        match groups.iter().find(|g| g.contains(&i)) {
+            Some(g) => {
+                // One block per expert: gate | up | down, each 64-aligned, the block 4096-aligned.
+                off = off.next_multiple_of(DATA_ALIGN);
+                let mut at = 0u64;
+                let mut deltas = [0u64; 3];
+                for (k, &j) in g.iter().enumerate() {
+                    at = at.next_multiple_of(TENSOR_ALIGN);
+                    deltas[k] = at;
+                    at += sizes[j] / n;
+                }
+                let stride = at.next_multiple_of(DATA_ALIGN);
+                for (k, &j) in g.iter().enumerate() {
+                    places[j] = Some(Place {
+                        offset: off + deltas[k],
+                        bytes: sizes[j],
+                        n,
+                        stride,
+                    });
+                }
+                off += stride * n;
+            }
+            None => {
+                off = off.next_multiple_of(TENSOR_ALIGN);
+                places[i] = Some(Place {
+                    offset: off,
+                    bytes: sizes[i],
+                    n,
+                    stride: sizes[i] / n,
+                });
+                off += sizes[i];
+            }
+        }
+    }
+    let places: Vec<Place> = places.into_iter().map(|p| p.expect("placed")).collect();
     let mut entries = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let size = tensor_bytes(t.dtype, &t.shape).ok_or_else(|| {
-            format!(
-                "tensor '{}': {:?} is not whole {} blocks",
-                t.name, t.shape, t.dtype
-            )
-        })?;
-        off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
+    for (t, p) in tensors.iter().zip(&places) {
         let mut e = json!({"name": t.name, "dtype": t.dtype.name(), "shape": t.shape,
-                           "offset": off, "bytes": size});
+                           "offset": p.offset, "bytes": p.bytes});
         if t.shape.len() == 3 && t.name.contains("_exps") {
-            let per = size / t.shape[2];
+            let per = p.bytes / p.n;
             e["experts"] = Json::Array(
-                (0..t.shape[2])
-                    .map(|x| json!([off + x * per, per]))
+                (0..p.n)
+                    .map(|x| json!([p.offset + x * p.stride, per]))
                     .collect(),
             );
         }
         entries.push(e);
-        offsets.push((off, size));
-        off += size;
     }
+    let version = if groups.is_empty() { 1 } else { VERSION };
     let data_len = off;
     // The metadata holds section offsets that depend on its own length: iterate to a fixed
     // point (the offsets' digits settle in a step or two).
     let mut doc = json!({
-        "format": "mollm-package", "version": VERSION, "architecture": architecture,
+        "format": "mollm-package", "version": version, "architecture": architecture,
         "quant": quant, "source": source, "metadata": meta,
         "tokenizer": {"offset": 0u64, "bytes": tok.len()},
         "chat_template": template.as_ref().map(|t| json!({"offset": 0u64, "bytes": t.len()})),
@@ -321,7 +410,8 @@ fn layout(
         template,
         graph,
         data_offset,
-        offsets,
+        places,
+        version,
         file_len: data_offset + data_len,
     })
 }
@@ -352,7 +442,8 @@ impl Writer {
             template,
             graph,
             data_offset,
-            offsets,
+            places,
+            version,
             file_len,
         } = layout(architecture, quant, source, metadata, tensors)?;
         let meta_len = bytes.len() as u64;
@@ -362,7 +453,7 @@ impl Writer {
         let mut file = std::fs::File::create(&tmp).map_err(io)?;
         let mut h = Vec::with_capacity(HEADER as usize);
         h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&version.to_le_bytes());
         h.extend_from_slice(&(HEADER as u32).to_le_bytes());
         for v in [HEADER, meta_len, data_offset, data_len, file_len, 0] {
             h.extend_from_slice(&v.to_le_bytes());
@@ -382,29 +473,44 @@ impl Writer {
             tmp,
             out: out.to_path_buf(),
             data_offset,
-            offsets,
+            places,
+            data_len,
         })
     }
 
-    /// Writes tensor `i` (in the order given to [`Writer::create`]); `bytes` must be its size.
+    /// Writes tensor `i` (in the order given to [`Writer::create`]); `bytes` must be its size
+    /// (its matrices back to back; interleaved experts are spread out here).
     pub fn tensor(&mut self, i: usize, bytes: &[u8]) -> Result<(), String> {
-        let (off, size) = self.offsets[i];
-        if bytes.len() as u64 != size {
+        let p = self.places[i];
+        if bytes.len() as u64 != p.bytes {
             return Err(format!(
-                "tensor {i}: {} bytes, expected {size}",
-                bytes.len()
+                "tensor {i}: {} bytes, expected {}",
+                bytes.len(),
+                p.bytes
             ));
         }
         let io = |e: std::io::Error| format!("{}: {e}", self.tmp.display());
-        self.file
-            .seek(SeekFrom::Start(self.data_offset + off))
-            .map_err(io)?;
-        self.file.write_all(bytes).map_err(io)
+        let per = (p.bytes / p.n.max(1)) as usize;
+        if per as u64 == p.stride || per == 0 {
+            self.file
+                .seek(SeekFrom::Start(self.data_offset + p.offset))
+                .map_err(io)?;
+            return self.file.write_all(bytes).map_err(io);
+        }
+        for (e, m) in bytes.chunks(per).enumerate() {
+            self.file
+                .seek(SeekFrom::Start(
+                    self.data_offset + p.offset + e as u64 * p.stride,
+                ))
+                .map_err(io)?;
+            self.file.write_all(m).map_err(io)?;
+        }
+        Ok(())
     }
 
     /// Total bytes of the package.
     pub fn file_len(&self) -> u64 {
-        self.data_offset + self.offsets.last().map_or(0, |(o, s)| o + s)
+        self.data_offset + self.data_len
     }
 
     pub fn finish(self) -> Result<(), String> {
@@ -454,9 +560,9 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
     let version = u32_at(8);
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(err(format!(
-            "package version {version} is not supported (this build reads version {VERSION})"
+            "package version {version} is not supported (this build reads versions 1 to {VERSION})"
         )));
     }
     let len = b.len() as u64;
@@ -566,7 +672,44 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
                 want.map_or("an impossible size".into(), |w| w.to_string())
             )));
         }
-        match off.checked_add(size) {
+        let n = if shape.len() == 3 { shape[2] } else { 1 };
+        let per = size / n;
+        // Expert ranges: n evenly spaced [offset, per] pairs starting at the tensor's offset,
+        // no closer than one matrix (1 apart = back to back).
+        let mut stride = per;
+        if let Some(ex) = t.get("experts") {
+            let ex = ex
+                .as_array()
+                .ok_or_else(|| terr("experts is not a list".into()))?;
+            let pair = |r: &Json| {
+                r.as_array()
+                    .filter(|p| p.len() == 2)
+                    .and_then(|p| Some((p[0].as_u64()?, p[1].as_u64()?)))
+            };
+            if n > 1 {
+                if let Some((o1, _)) = ex.get(1).and_then(pair) {
+                    stride = o1.wrapping_sub(off);
+                }
+            }
+            let ok = ex.len() as u64 == n
+                && stride >= per
+                && ex.iter().enumerate().all(|(x, r)| {
+                    pair(r).is_some_and(|(o, b)| {
+                        b == per
+                            && (x as u64)
+                                .checked_mul(stride)
+                                .and_then(|d| d.checked_add(off))
+                                == Some(o)
+                    })
+                });
+            if !ok {
+                return Err(terr(format!(
+                    "expert ranges must be {n} evenly spaced [offset, bytes] pairs of {per} bytes from offset {off}, no closer than {per} bytes"
+                )));
+            }
+        }
+        let span = (n - 1).checked_mul(stride).and_then(|d| d.checked_add(per));
+        match span.and_then(|s| off.checked_add(s)) {
             Some(end) if end <= data.len() as u64 && off % TENSOR_ALIGN == 0 => {}
             _ => {
                 return Err(terr(format!(
@@ -575,32 +718,13 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
                 )))
             }
         }
-        if let Some(ex) = t.get("experts") {
-            let ex = ex
-                .as_array()
-                .ok_or_else(|| terr("experts is not a list".into()))?;
-            let n = *shape.get(2).unwrap_or(&1);
-            let per = size / n;
-            let ok = ex.len() as u64 == n
-                && ex.iter().enumerate().all(|(x, r)| {
-                    r.as_array().is_some_and(|p| {
-                        p.len() == 2
-                            && p[0].as_u64() == Some(off + x as u64 * per)
-                            && p[1].as_u64() == Some(per)
-                    })
-                });
-            if !ok {
-                return Err(terr(format!(
-                    "expert ranges must be {n} consecutive [offset, bytes] pairs of {per} bytes"
-                )));
-            }
-        }
         tensors.push(TensorInfo {
             name: name.to_string(),
             dtype,
             shape,
             offset: data_off + off,
             size,
+            expert_stride: if stride == per { 0 } else { stride },
         });
     }
     Ok((metadata, tensors))

@@ -64,6 +64,17 @@ fn sample_tensors() -> (Vec<PackTensor>, Vec<Vec<u8>>) {
             dtype: DType::Q8_0,
             shape: vec![32, 2],
         },
+        // With the up stack above, a layer's three expert stacks: interleaved per expert.
+        PackTensor {
+            name: "blk.0.ffn_gate_exps.weight".into(),
+            dtype: DType::F16,
+            shape: vec![4, 2, 3],
+        },
+        PackTensor {
+            name: "blk.0.ffn_down_exps.weight".into(),
+            dtype: DType::F32,
+            shape: vec![2, 4, 3],
+        },
     ];
     let data = t
         .iter()
@@ -116,9 +127,31 @@ fn a_written_package_reads_back_exactly() {
     for (p, d) in t.iter().zip(&data) {
         let info = g.tensor(&p.name).unwrap();
         assert_eq!((info.dtype, &info.shape), (p.dtype, &p.shape));
-        assert_eq!(g.tensor_data(info), &d[..], "{}", p.name);
+        assert_eq!(&g.tensor_packed(info)[..], &d[..], "{}", p.name);
         assert_eq!(info.offset % TENSOR_ALIGN, 0);
     }
+    // Interleaved: expert e's gate, up and down next to each other in a 4096-aligned block.
+    assert_eq!(
+        u32::from_le_bytes(std::fs::read(&path).unwrap()[8..12].try_into().unwrap()),
+        2
+    );
+    let part = |n: &str| {
+        g.tensor(&format!("blk.0.ffn_{n}_exps.weight"))
+            .unwrap()
+            .clone()
+    };
+    let (gate, up, down) = (part("gate"), part("up"), part("down"));
+    for t in [&gate, &up, &down] {
+        assert_eq!(t.expert_stride, 4096, "{}", t.name);
+    }
+    assert_eq!(gate.offset % 4096, 0);
+    assert_eq!(
+        (up.offset - gate.offset, down.offset - gate.offset),
+        (64, 128)
+    );
+    // The strided stack runs as a 3-D weight whose matrices are 4096 apart.
+    assert_eq!(g.tensor_data(&down).len() as u64, 2 * 4096 + 32);
+    assert_eq!(&g.tensor_data(&down)[4096..4096 + 32], &data[4][32..64]);
     assert!(g.is_file_mapped());
     // One expert alone: its range is a third of the stack.
     let doc = {
@@ -167,8 +200,8 @@ fn damaged_packages_are_refused_with_clear_errors() {
     refused("magic.mollm", |b| b[0] = b'X', &["not a mollm package"]);
     refused(
         "version.mollm",
-        |b| b[8] = 2,
-        &["version 2", "reads version 1"],
+        |b| b[8] = 3,
+        &["version 3", "reads versions 1 to 2"],
     );
     refused(
         "truncated.mollm",
@@ -269,8 +302,26 @@ fn random_corruption_never_panics() {
         // Ok or Err, but never a panic; an Ok image must describe in-bounds tensors.
         if let Ok((_, tensors)) = parse(&b, "fuzz") {
             for t in tensors {
-                assert!(t.offset + t.size <= b.len() as u64);
+                assert!(t.offset + t.span().unwrap() <= b.len() as u64);
+                assert!(t.expert_stride == 0 || t.expert_stride >= t.matrix_bytes());
             }
         }
     }
+}
+
+#[test]
+fn a_package_without_expert_stacks_is_version_1() {
+    let path = scratch("v1.mollm");
+    let (t, data) = sample_tensors();
+    let keep = [0, 2];
+    let t: Vec<PackTensor> = keep.iter().map(|&i| t[i].clone()).collect();
+    let mut w = Writer::create(&path, "llama", "keep", "src.gguf", &sample_metadata(), &t).unwrap();
+    for (j, &i) in keep.iter().enumerate() {
+        w.tensor(j, &data[i]).unwrap();
+    }
+    w.finish().unwrap();
+    let b = std::fs::read(&path).unwrap();
+    assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 1);
+    let g = open(&path).unwrap();
+    assert_eq!(g.tensor_data(g.tensor("b.weight").unwrap()), &data[2][..]);
 }

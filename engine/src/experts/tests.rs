@@ -24,6 +24,7 @@ fn fixture(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixt
             let s = Span {
                 offset: at,
                 stride,
+                bytes: stride,
                 dtype: DType::F32,
                 ne: [k, n],
             };
@@ -37,12 +38,48 @@ fn fixture(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixt
             router: 0,
         });
     }
+    write_fixture(name, at, layers)
+}
+
+fn write_fixture(name: &str, len: u64, layers: Vec<LayerExperts>) -> Fixture {
     let dir = std::env::temp_dir().join(format!("mollm-experts-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
-    let bytes: Vec<u8> = (0..at).map(byte).collect();
+    let bytes: Vec<u8> = (0..len).map(byte).collect();
     std::fs::write(&path, bytes).unwrap();
     Fixture { path, layers }
+}
+
+/// As a `.mollm` package lays experts out: per expert one 4096-aligned block holding its gate,
+/// up and down (each 64-aligned, of `[k, n]`, `[k, n]` and `[n, k]` F32), blocks one after
+/// the other.
+fn interleaved(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixture {
+    let m = (k * n * 4) as u64;
+    let deltas = [
+        0,
+        m.next_multiple_of(64),
+        (2 * m.next_multiple_of(64)).next_multiple_of(64),
+    ];
+    let block = (deltas[2] + m).next_multiple_of(4096);
+    let mut layers = Vec::new();
+    let mut at = 4096u64;
+    for l in 0..n_layers {
+        let parts = std::array::from_fn(|p| Span {
+            offset: at + deltas[p],
+            stride: block,
+            bytes: m,
+            dtype: DType::F32,
+            ne: if p == 2 { [n, k] } else { [k, n] },
+        });
+        layers.push(LayerExperts {
+            name: format!("blk.{l}.ffn_gate_exps.weight"),
+            parts,
+            n_expert,
+            router: 0,
+        });
+        at += block * n_expert as u64;
+    }
+    write_fixture(name, at, layers)
 }
 
 fn slot_bytes(w: &Weight) -> &[u8] {
@@ -55,7 +92,7 @@ fn check_expert(f: &Fixture, layer: usize, e: usize, w: &[Weight; 3]) {
     #[allow(clippy::needless_range_loop)]
     for p in 0..3 {
         let s = f.layers[layer].parts[p];
-        let want: Vec<u8> = (0..s.stride)
+        let want: Vec<u8> = (0..s.bytes)
             .map(|i| byte(s.offset + e as u64 * s.stride + i))
             .collect();
         assert_eq!(
@@ -241,12 +278,53 @@ fn spans_outside_the_file_or_overlapping_are_refused() {
         .to_string();
     assert!(e.contains("overlap"), "{e}");
     let mut wrong = f.layers.clone();
-    wrong[0].parts[1].stride += 4;
+    wrong[0].parts[1].bytes += 4;
     let e = ExpertCache::new(&f.path, wrong, 1 << 20, Policy::Lru)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("part 1"), "{e}");
+    // Experts closer together than one matrix.
+    let mut close = f.layers.clone();
+    close[0].parts[2].stride -= 4;
+    let e = ExpertCache::new(&f.path, close, 1 << 20, Policy::Lru)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("part 2") && e.contains("apart"), "{e}");
+}
+
+/// Interleaved experts (a `.mollm` package): one read fetches an expert's gate, up and down,
+/// direct or buffered, and the bytes of each part are exact.
+#[test]
+fn an_interleaved_expert_is_one_read() {
+    for direct in [false, true] {
+        let f = interleaved(&format!("inter-{direct}"), 2, 6, 16, 24);
+        let mut c = cache(&f, 4, Policy::LeastStale);
+        c.set_direct(direct);
+        c.begin_layer(0, false);
+        let got = c.acquire(0, &[1, 2, 5]).unwrap();
+        for (e, w) in &got {
+            check_expert(&f, 0, *e, w);
+        }
+        let st = c.stats().prefill.clone();
+        // Blocks have gaps (alignment), so adjacent experts are not merged: one read each.
+        assert_eq!((st.misses, st.reads), (3, 3), "direct {direct}");
+        c.release();
+        c.begin_layer(1, false);
+        let got = c.acquire(1, &[0, 5]).unwrap();
+        for (e, w) in &got {
+            check_expert(&f, 1, *e, w);
+        }
+        c.release();
+    }
+    // The same experts stored part by part take a read per part.
+    let f = fixture("inter-gguf", 1, 6, 16, 24);
+    let mut c = cache(&f, 4, Policy::LeastStale);
+    c.set_direct(false);
+    c.begin_layer(0, false);
+    c.acquire(0, &[1, 5]).unwrap();
+    assert_eq!(c.stats().prefill.reads, 6);
 }
 
 #[test]

@@ -96,8 +96,15 @@ pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
         return None;
     }
     let data = gguf.tensor_data(info);
+    let mut desc = abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, &shape);
+    if info.expert_stride != 0 {
+        // Interleaved experts (a `.mollm` package): matrix e at e * stride; only 3-D stacks
+        // are strided, so the fourth dimension (1) steps over all of them.
+        desc.nb[2] = info.expert_stride as i64;
+        desc.nb[3] = desc.nb[2] * desc.ne[2];
+    }
     Some(Weight {
-        desc: abi::TensorDesc::contiguous(data.as_ptr() as *mut u8, info.dtype, &shape),
+        desc,
         file_mapped: gguf.is_file_mapped(),
         cache_slot: false,
     })

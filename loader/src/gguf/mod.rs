@@ -35,14 +35,44 @@ pub struct TensorInfo {
     pub shape: Vec<u64>,
     /// Absolute offset of the tensor's first byte in the file.
     pub offset: u64,
-    /// Bytes the tensor occupies.
+    /// Bytes of the tensor's data (its shape in its format).
     pub size: u64,
+    /// A stack of experts (`shape[2]` matrices) stored apart: matrix `e` starts at
+    /// `offset + e * expert_stride` (a `.mollm` package interleaves each expert's gate, up and
+    /// down so that one read fetches the expert). 0: the matrices lie back to back.
+    pub expert_stride: u64,
 }
 
 impl TensorInfo {
     pub fn n_elements(&self) -> u64 {
         // Cannot overflow: checked when the file was parsed.
         self.shape.iter().product()
+    }
+
+    /// Bytes of one matrix of the third dimension (one expert of a stack).
+    pub fn matrix_bytes(&self) -> u64 {
+        self.size / self.shape.get(2).copied().unwrap_or(1).max(1)
+    }
+
+    /// Bytes between consecutive matrices of the third dimension.
+    pub fn matrix_stride(&self) -> u64 {
+        if self.expert_stride == 0 {
+            self.matrix_bytes()
+        } else {
+            self.expert_stride
+        }
+    }
+
+    /// Bytes from the tensor's first byte to its last (with the gaps of a strided stack);
+    /// `None` on overflow.
+    pub fn span(&self) -> Option<u64> {
+        if self.expert_stride == 0 {
+            return Some(self.size);
+        }
+        let n = self.shape.get(2).copied().unwrap_or(1).max(1);
+        (n - 1)
+            .checked_mul(self.expert_stride)?
+            .checked_add(self.matrix_bytes())
     }
 }
 
@@ -136,7 +166,7 @@ impl GgufFile {
         let data = storage.bytes();
         for t in &tensors {
             let want = tensor_bytes(t.dtype, &t.shape);
-            let end = t.offset.checked_add(t.size);
+            let end = t.span().and_then(|s| t.offset.checked_add(s));
             if want != Some(t.size) || end.is_none_or(|e| e > data.len() as u64) {
                 return Err(LoadError::Format {
                     file: file_label(&path),
@@ -292,11 +322,30 @@ impl GgufFile {
         matches!(self.storage, Storage::Mmap(_))
     }
 
+    /// The bytes from the tensor's first to its last: a strided expert stack
+    /// ([`TensorInfo::expert_stride`]) includes the other tensors' bytes between its matrices.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         let bytes = self.bytes();
         let start = (t.offset as usize).min(bytes.len());
-        let end = (t.offset.saturating_add(t.size) as usize).min(bytes.len());
+        let span = t.span().unwrap_or(t.size);
+        let end = (t.offset.saturating_add(span) as usize).min(bytes.len());
         &bytes[start..end]
+    }
+
+    /// The tensor's data alone, its matrices back to back (gathered from a strided stack).
+    pub fn tensor_packed(&self, t: &TensorInfo) -> std::borrow::Cow<'_, [u8]> {
+        let data = self.tensor_data(t);
+        if t.expert_stride == 0 {
+            return std::borrow::Cow::Borrowed(data);
+        }
+        let (per, stride) = (t.matrix_bytes() as usize, t.expert_stride as usize);
+        let n = t.shape.get(2).copied().unwrap_or(1) as usize;
+        let mut out = Vec::with_capacity(per * n);
+        for e in 0..n {
+            let at = (e * stride).min(data.len());
+            out.extend_from_slice(&data[at..(at + per).min(data.len())]);
+        }
+        std::borrow::Cow::Owned(out)
     }
 }
 
@@ -442,7 +491,14 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
         let end = offset.and_then(|o| o.checked_add(size));
         match (offset, end) {
             (Some(offset), Some(end)) if end <= file_len => {
-                tensors.push(TensorInfo { name, dtype, shape, offset, size })
+                tensors.push(TensorInfo {
+                    name,
+                    dtype,
+                    shape,
+                    offset,
+                    size,
+                    expert_stride: 0,
+                })
             }
             _ => {
                 return Err(r.err(format!(

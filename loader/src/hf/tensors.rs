@@ -257,6 +257,7 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
             shape: e.shape.clone(),
             offset,
             size,
+            expert_stride: 0,
         });
         offset = offset.checked_add(size).ok_or_else(|| LoadError::Format {
             file: dir.display().to_string(),
