@@ -17,7 +17,7 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 4;
+pub const ABI_MINOR: u16 = 5;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
@@ -25,6 +25,8 @@ pub const ABI_MINOR: u16 = 4;
 // Minor 3: the table's `unavailable_reason` (why `score` is 0, for device backends).
 // Minor 4: attention's optional `seqs` operand (several sequences in one call, each its
 // own queries, n_kv and block-table column; a backend of minor < 4 is not sent such calls).
+// Minor 5: the table's `prepare_weight_into` (a repack into the caller's memory: the expert
+// cache's slots).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 
@@ -164,6 +166,20 @@ pub struct BackendTable {
     /// reason into `buf` (UTF-8, not terminated, truncated to `cap`) and returns its full
     /// length (0: no reason given). Absent: the host names the CPU features the library lacks.
     pub unavailable_reason: Option<extern "C" fn(buf: *mut u8, cap: usize) -> usize>,
+    /// ABI 1.5. As `prepare_weight`, into the caller's `cap` bytes at `dst` (64-byte aligned;
+    /// they may hold the weight itself, which the backend reads whole before it writes any).
+    /// `out.buffer` is a handle the caller passes to `buffer_free` before it reuses the memory
+    /// (which frees nothing at `dst`). Unsupported: no layout for this weight, or one larger
+    /// than `cap` (and then `dst` is untouched).
+    pub prepare_weight_into: Option<
+        extern "C" fn(
+            ctx: *mut c_void,
+            weight: *const TensorDesc,
+            dst: *mut u8,
+            cap: usize,
+            out: *mut TensorDesc,
+        ) -> i32,
+    >,
 }
 
 impl BackendTable {

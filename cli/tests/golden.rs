@@ -339,6 +339,57 @@ fn golden_smollm2_moe() {
     }
 }
 
+/// Matmul calls per weight format, repacked or not (`MOLLM_PROFILE=1`'s table).
+fn profile_formats(model: &std::path::Path, backend: &str, extra: &[&str]) -> Vec<(String, u64)> {
+    let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .env("MOLLM_PROFILE", "1")
+        .args([
+            "run",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+            "--threads",
+            "2",
+        ])
+        .args(["--prompt", "The capital of France is", "--backend", backend])
+        .arg("--model")
+        .arg(model)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stderr);
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("mat_mul"));
+    lines.next();
+    lines
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| {
+            let (fmt, rest) = l.trim().split_once(&format!(" {backend}"))?;
+            let calls = rest.split_whitespace().next()?.parse().ok()?;
+            Some((fmt.trim().to_string(), calls))
+        })
+        .collect()
+}
+
+/// Experts in cache slots are repacked wherever their resident copies are: every format the
+/// resident run multiplies only repacked, the cached run does too.
+fn slot_repacks(model: &std::path::Path, backend: &str, cache: &[&str]) {
+    let resident = profile_formats(model, backend, &[]);
+    let cached = profile_formats(model, backend, cache);
+    assert!(!resident.is_empty(), "no mat_mul profile");
+    for (fmt, _) in resident.iter().filter(|(f, _)| f.ends_with("(repacked)")) {
+        let raw = fmt.trim_end_matches("(repacked)").trim();
+        let raw_calls =
+            |p: &[(String, u64)]| p.iter().filter(|(f, _)| f == raw).map(|x| x.1).sum::<u64>();
+        assert_eq!(
+            raw_calls(&cached),
+            raw_calls(&resident),
+            "{backend}: {raw} weights in cache slots not repacked: resident {resident:?}, cached {cached:?}"
+        );
+    }
+}
+
 /// A `.mollm` package of the MoE file (`convert --quant keep`: the same bits) interleaves each
 /// expert's gate, up and down: resident (3-D weights whose experts are a block apart) and
 /// through the cache, the same tokens as llama.cpp, and one read fetches a whole expert where
@@ -363,11 +414,14 @@ fn package_of_moe(gguf: &std::path::Path) {
     );
     let mb = ((std::fs::metadata(gguf).unwrap().len() / 10) >> 20).to_string();
     let cache = ["--expert-cache", mb.as_str(), "--no-prefetch"];
+    // One slot: every expert lands at the same address (a package's experts all start
+    // 4096-aligned), so a repack kept from the slot's last tenant would run on the next.
+    let one_slot = ["--expert-cache", "1", "--no-prefetch"];
     let native = backends().into_iter().find(|b| b != "reference");
     let mut failures = Vec::new();
     let mut reads = Vec::new();
     for backend in native.iter().map(String::as_str).chain(["reference"]) {
-        for extra in [&[][..], &cache[..]] {
+        for extra in [&[][..], &cache[..], &one_slot[..]] {
             match check_case("smollm2-moe.mollm", &pkg, backend, short, extra) {
                 Ok(v) if !extra.is_empty() => reads.push((
                     v["experts"]["reads"].as_u64().unwrap(),
@@ -379,6 +433,9 @@ fn package_of_moe(gguf: &std::path::Path) {
         }
     }
     let gguf_run = check_case("smollm2-moe", gguf, "reference", short, &cache).unwrap();
+    if let Some(b) = &native {
+        slot_repacks(&pkg, b, &cache);
+    }
     let _ = std::fs::remove_file(&pkg);
     assert!(
         failures.is_empty(),

@@ -42,6 +42,7 @@ const fn copy_reference() -> BackendTable {
         prepare_weight: reference::TABLE.prepare_weight,
         buffer_host_ptr: reference::TABLE.buffer_host_ptr,
         unavailable_reason: None,
+        prepare_weight_into: None,
     }
 }
 

@@ -189,6 +189,20 @@ impl Backend {
         (Status::from_raw(f(self.ctx, w, &mut out)) == Status::Ok && out.buffer != 0).then_some(out)
     }
 
+    /// `prepare_weight_into` (ABI 1.5): the weight repacked into `cap` bytes at `dst` (which
+    /// may hold the weight itself), or `None` where the backend has no layout for it that fits.
+    pub fn prepare_weight_into(
+        &self,
+        w: &TensorDesc,
+        dst: *mut u8,
+        cap: usize,
+    ) -> Option<TensorDesc> {
+        let f = self.table.prepare_weight_into?;
+        let mut out = *w;
+        (Status::from_raw(f(self.ctx, w, dst, cap, &mut out)) == Status::Ok && out.buffer != 0)
+            .then_some(out)
+    }
+
     /// `size` bytes of host memory lent by the backend (`buffer_alloc`, `buffer_host_ptr`):
     /// its handle and 64-byte aligned address, or `None` if it lends none.
     pub fn host_buffer(&self, size: usize) -> Option<(u64, *mut u8)> {

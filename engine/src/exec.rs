@@ -86,6 +86,12 @@ pub struct Exec {
     trace: bool,
     /// Weights prepared by a backend, by data address: (backend index, descriptor).
     prepared: std::cell::RefCell<std::collections::HashMap<usize, Option<(usize, TensorDesc)>>>,
+    /// Expert-cache slot weights a backend repacked in place, by data address (`None`: none
+    /// would); an entry goes when its slot gets another expert.
+    slot_prepared:
+        std::cell::RefCell<std::collections::HashMap<usize, Option<(usize, TensorDesc)>>>,
+    /// The expert cache's slots that changed tenant (their repacks are stale).
+    retired: crate::experts::Retired,
     /// Offer weights to `prepare_weight` (off with MOLLM_REPACK=0).
     repack: bool,
     /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`];
@@ -184,6 +190,9 @@ impl Drop for Exec {
         for (bi, d) in self.prepared.get_mut().values().flatten() {
             self.backends[*bi].free_buffer(d.buffer);
         }
+        for (bi, d) in self.slot_prepared.get_mut().values().flatten() {
+            self.backends[*bi].free_buffer(d.buffer);
+        }
         let a = std::mem::replace(self.arena.get_mut(), ArenaMem::None);
         self.free_arena(a);
     }
@@ -210,6 +219,8 @@ impl Exec {
             stats: Default::default(),
             trace,
             prepared: Default::default(),
+            slot_prepared: Default::default(),
+            retired: Default::default(),
             repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
             experts: Default::default(),
             expert_layers: Default::default(),
@@ -409,6 +420,11 @@ impl Exec {
         cache: crate::experts::ExpertCache,
         layers: std::collections::HashMap<usize, usize>,
     ) {
+        // Repacks in the slots of a cache this one replaces are gone with it.
+        for (bi, d) in self.slot_prepared.get_mut().drain().filter_map(|(_, p)| p) {
+            self.backends[bi].free_buffer(d.buffer);
+        }
+        self.retired = cache.retired();
         self.experts = std::cell::RefCell::new(Some(cache));
         self.expert_layers = layers;
     }
@@ -443,14 +459,65 @@ impl Exec {
         params: OpParams,
     ) -> Result<()> {
         let prepared = self.prepared(w);
+        if let (Some((bi, d)), true) = (prepared, w.cache_slot) {
+            // Repacked in place: the file's layout is gone, so no other backend can take the
+            // call (the one that repacked it takes every call it prepared for).
+            let (t0, b) = (std::time::Instant::now(), &self.backends[bi]);
+            let ins = [d, x];
+            if b.try_compute(Op::MatMul, &ins, &[out], params)? {
+                self.record(Op::MatMul, &ins, &[out], b, t0);
+                return Ok(());
+            }
+            return Err(EngineError::Invalid(format!(
+                "an expert repacked in its cache slot by backend {} is refused by it: {} (MOLLM_REPACK=0 runs the file's layout)",
+                b.name(),
+                b.last_error()
+            )));
+        }
         let ins = prepared.map(|(_, d)| [d, x]);
         let first = prepared.zip(ins.as_ref()).map(|((bi, _), i)| (bi, &i[..]));
         self.call_with(Op::MatMul, &[w.desc, x], &[out], params, first)
     }
 
+    /// A cache slot's weight repacked in place by the first backend that has a layout for it
+    /// in the room the slot leaves (once per tenant of the slot: repacks of slots that got
+    /// another expert are dropped first).
+    fn slot_prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
+        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut map = self.slot_prepared.borrow_mut();
+        for range in retired {
+            map.retain(|&addr, p| {
+                let stale = range.contains(&addr);
+                if let (true, Some((bi, d))) = (stale, p) {
+                    self.backends[*bi].free_buffer(d.buffer);
+                }
+                !stale
+            });
+        }
+        let key = w.desc.data as usize;
+        if let Some(p) = map.get(&key) {
+            return *p;
+        }
+        // The repack starts at the next 64-byte boundary (a GGUF's experts are 32-aligned).
+        let dst = key.next_multiple_of(64);
+        let cap = w.room.saturating_sub(dst - key);
+        let p = self.backends.iter().enumerate().find_map(|(i, b)| {
+            if b.is_refused(Op::MatMul) || cap == 0 {
+                return None;
+            }
+            b.prepare_weight_into(&w.desc, dst as *mut u8, cap)
+                .map(|d| (i, d))
+        });
+        map.insert(key, p);
+        p
+    }
+
     fn prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
-        if !self.repack || w.cache_slot {
+        if !self.repack {
             return None;
+        }
+        if w.cache_slot {
+            return self.slot_prepared(w);
         }
         let key = w.desc.data as usize;
         if let Some(p) = self.prepared.borrow().get(&key) {

@@ -29,8 +29,11 @@
 //! oldest use breaks ties. [`Policy::Lru`] evicts the least recently used (for comparisons:
 //! on a cycle of layers larger than the cache it misses every time).
 //!
-//! Slot weights are never offered to a backend's `prepare_weight` (the next tenant of the slot
-//! would run a stale repack): the kernels run on the file's layout, bit for bit the same.
+//! Repacks live in the slots: a backend with a private layout for a slot's matrix (ABI 1.5
+//! `prepare_weight_into`) repacks it in place when it first computes with it, into the room
+//! the slot leaves it (a region has a margin of 1/32 of its K-quant matrices, whose layouts
+//! are a little larger than the file's), and the executor drops that repack when the slot gets another expert
+//! ([`ExpertCache::retired`]): a reused slot never runs a stale repack.
 
 use crate::error::{EngineError, Result};
 use crate::tensor::Weight;
@@ -150,7 +153,19 @@ struct Seg {
 struct SlotLayout {
     segs: Vec<Seg>,
     region: Vec<usize>,
+    /// Each region's bytes.
+    region_len: Vec<usize>,
     part: [(usize, u64); 3],
+}
+
+/// Room a region leaves past segment `seg` of `l` for repacks larger than the file's layout:
+/// 1/32 of each K-quant matrix in it (Q4_K's 16-row groups take 2.8% more); the 32-element
+/// formats' layouts keep their size, and their slots stay as small as the file's bytes.
+fn repack_margin(l: &LayerExperts, part: &[(usize, u64); 3], seg: usize) -> u64 {
+    (0..3)
+        .filter(|&p| part[p].0 == seg && l.parts[p].dtype.info().block_len == 256)
+        .map(|p| (l.parts[p].bytes / 32).next_multiple_of(64))
+        .sum()
 }
 
 /// The MoE layers of `program` as the cache sees them (the experts' byte ranges in the
@@ -349,7 +364,12 @@ pub struct ExpertCache {
     decode: bool,
     warned_small: bool,
     stats: ExpertStats,
+    /// Slots whose tenant changed, for the executor ([`ExpertCache::retired`]).
+    retired: Retired,
 }
+
+/// Address ranges of slots whose bytes changed tenant (see [`ExpertCache::retired`]).
+pub type Retired = std::sync::Arc<std::sync::Mutex<Vec<std::ops::Range<usize>>>>;
 
 // SAFETY: the slot memory is owned by the cache and only handed out as weights while pinned.
 unsafe impl Send for ExpertCache {}
@@ -380,16 +400,29 @@ impl ExpertCache {
             .map(|l| {
                 let (segs, part) = l.segments();
                 let mut at = 0;
-                let region = segs
+                let region_len: Vec<usize> = segs
                     .iter()
-                    .map(|s| {
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let len = s.len + repack_margin(l, &part, i);
+                        (len.next_multiple_of(io::ALIGN) + io::ALIGN) as usize
+                    })
+                    .collect();
+                let region = region_len
+                    .iter()
+                    .map(|n| {
                         let r = at;
-                        at += (s.len.next_multiple_of(io::ALIGN) + io::ALIGN) as usize;
+                        at += n;
                         r
                     })
                     .collect();
                 slot_bytes = slot_bytes.max(at);
-                SlotLayout { segs, region, part }
+                SlotLayout {
+                    segs,
+                    region,
+                    region_len,
+                    part,
+                }
             })
             .collect();
         let n_slots = (bytes / slot_bytes).max(1);
@@ -424,6 +457,7 @@ impl ExpertCache {
             ranks: Vec::new(),
             decode: false,
             warned_small: false,
+            retired: Default::default(),
         })
     }
 
@@ -782,6 +816,7 @@ impl ExpertCache {
 
     /// Gives slot `s` to expert `e` of `layer` (its data arrives with the read queued next).
     fn assign(&mut self, s: usize, layer: usize, e: usize) {
+        self.retire(s);
         if let Some(old) = self.slots[s].owner.take() {
             self.map.remove(&old);
             if self.slots[s].prefetched {
@@ -797,6 +832,7 @@ impl ExpertCache {
 
     /// Slot `s` goes back empty.
     fn free(&mut self, s: usize) {
+        self.retire(s);
         if let Some(old) = self.slots[s].owner.take() {
             self.map.remove(&old);
         }
@@ -828,17 +864,49 @@ impl ExpertCache {
 
     fn weights(&self, layer: usize, expert: usize, slot: usize) -> [Weight; 3] {
         let l = &self.layers[layer];
+        let sl = &self.slot_layout[layer];
         std::array::from_fn(|p| {
             // Inside the slot: slot_bytes covers every segment's region of every layer.
-            let (seg, delta) = self.slot_layout[layer].part[p];
-            let ptr = (self.region(layer, slot, seg) + self.head(layer, expert, seg)) as *mut u8;
-            let ptr = ptr.wrapping_add(delta as usize);
+            let (seg, delta) = sl.part[p];
+            let head = self.head(layer, expert, seg);
+            let ptr = (self.region(layer, slot, seg) + head + delta as usize) as *mut u8;
+            // A repack may take the bytes up to the next part of the segment, or to the end
+            // of the region.
+            let next = sl
+                .part
+                .iter()
+                .filter(|&&(s, d)| s == seg && d > delta)
+                .map(|&(_, d)| head + d as usize)
+                .min()
+                .unwrap_or(sl.region_len[seg]);
             Weight {
                 desc: TensorDesc::contiguous(ptr, l.parts[p].dtype, &l.parts[p].ne),
                 file_mapped: false,
                 cache_slot: true,
+                room: next - head - delta as usize,
             }
         })
+    }
+
+    /// Address range of slot `s`.
+    pub fn slot_range(&self, s: usize) -> std::ops::Range<usize> {
+        let base = self.mem.ptr as usize + s * self.slot_bytes;
+        base..base + self.slot_bytes
+    }
+
+    /// Where the cache lists the address ranges of slots that got another expert (or went
+    /// empty): whatever was made of their bytes (a backend's repack) is stale. The executor
+    /// drains it before it looks a slot's repack up.
+    pub fn retired(&self) -> Retired {
+        self.retired.clone()
+    }
+
+    fn retire(&mut self, s: usize) {
+        let r = self.slot_range(s);
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
     }
 
     /// The slot to fill for an expert of `layer`: a free one, else the policy's victim among

@@ -84,8 +84,11 @@ pub struct Weight {
     /// back from the file), e.g. once a backend has repacked the weight.
     pub file_mapped: bool,
     /// The data is a slot of the expert cache, which the next expert to use the slot
-    /// overwrites: never prepared (repacked) by a backend.
+    /// overwrites: prepared (repacked) only into the slot itself, in `room` bytes from the
+    /// data, and that repack is dropped when the slot gets another expert.
     pub cache_slot: bool,
+    /// Bytes from `data` a repack may take (cache slots; 0 otherwise).
+    pub room: usize,
 }
 
 // SAFETY: weights are read-only views into memory the model owns for its whole life.
@@ -112,6 +115,7 @@ impl Weight {
             desc: TensorDesc::contiguous(data, self.dtype(), &[d.ne[0], d.ne[1]]),
             file_mapped: self.file_mapped,
             cache_slot: self.cache_slot,
+            room: 0,
         }
     }
 }

@@ -93,6 +93,7 @@ pub static TABLE: BackendTable = BackendTable {
     prepare_weight: None,
     buffer_host_ptr: None,
     unavailable_reason: None,
+    prepare_weight_into: None,
 };
 
 /// The header `mollm_backend_entry` returns.

@@ -136,8 +136,9 @@ impl Prepared {
     }
 }
 
-/// Owned zeroed bytes, 64-byte aligned; large ones are their own anonymous mapping with
-/// transparent huge pages requested (Linux).
+/// Zeroed bytes, 64-byte aligned; large ones are their own anonymous mapping with
+/// transparent huge pages requested (Linux). Or the caller's memory (`prepare_weight_into`),
+/// which is never freed here.
 struct AlignedBytes {
     ptr: *mut u8,
     len: usize,
@@ -147,6 +148,7 @@ struct AlignedBytes {
 
 enum Origin {
     Heap(std::alloc::Layout),
+    Borrowed,
     #[cfg(target_os = "linux")]
     Map {
         base: *mut libc::c_void,
@@ -225,6 +227,7 @@ impl Drop for AlignedBytes {
         match self.origin {
             // SAFETY: allocated in `zeroed` with this layout.
             Origin::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            Origin::Borrowed => {}
             #[cfg(target_os = "linux")]
             // SAFETY: the mapping made in `zeroed`.
             Origin::Map { base, size } => unsafe {
@@ -389,6 +392,56 @@ extern "C" fn prepare_weight<B: CpuBackend>(
     })
 }
 
+/// `prepare_weight_into`: the backend's own repack (into memory of its own), copied to the
+/// caller's memory and registered there; the copy runs after the repack has read the weight,
+/// so `dst` may be the weight's own bytes.
+extern "C" fn prepare_weight_into<B: CpuBackend>(
+    ctx: *mut c_void,
+    weight: *const TensorDesc,
+    dst: *mut u8,
+    cap: usize,
+    out: *mut TensorDesc,
+) -> i32 {
+    if ctx.is_null() || weight.is_null() || out.is_null() || dst.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: ctx came from init; the pointers are non-null and valid per the contract.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let w = unsafe { *weight };
+    if w.buffer != 0 || dst as usize % 64 != 0 {
+        cx.last_error.set(
+            "prepare_weight_into: the weight is not in host memory, or dst is not 64-byte aligned"
+                .into(),
+        );
+        return Status::InvalidArgument as i32;
+    }
+    cx.last_error.guard(|| unsafe {
+        let p = B::prepare(&w)?;
+        if p.buf.len > cap {
+            return Err(Error::Unsupported(format!(
+                "prepare_weight_into: the layout takes {} bytes, {cap} given",
+                p.buf.len
+            )));
+        }
+        // SAFETY: `cap` writable bytes at `dst` (the contract); `p` is memory of its own.
+        core::ptr::copy_nonoverlapping(p.as_ptr(), dst, p.buf.len);
+        let kept = Prepared {
+            kind: p.kind,
+            buf: AlignedBytes {
+                ptr: dst,
+                len: p.buf.len,
+                origin: Origin::Borrowed,
+            },
+        };
+        let mut desc = w;
+        desc.data = dst;
+        desc.buffer = cx.keep(kept);
+        // SAFETY: `out` is valid for a write.
+        *out = desc;
+        Ok(())
+    })
+}
+
 extern "C" fn buffer_free(ctx: *mut c_void, buffer: u64) {
     if ctx.is_null() {
         return;
@@ -467,6 +520,7 @@ pub const fn table<B: CpuBackend>() -> BackendTable {
         prepare_weight: Some(prepare_weight::<B>),
         buffer_host_ptr: Some(buffer_host_ptr),
         unavailable_reason: None,
+        prepare_weight_into: Some(prepare_weight_into::<B>),
     }
 }
 

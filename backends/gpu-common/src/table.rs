@@ -286,6 +286,7 @@ pub const fn table<B: GpuBackend>() -> BackendTable {
         prepare_weight: Some(prepare_weight::<B>),
         buffer_host_ptr: None,
         unavailable_reason: Some(unavailable_reason::<B>),
+        prepare_weight_into: None,
     }
 }
 

@@ -157,6 +157,7 @@ static TABLE: BackendTable = BackendTable {
     prepare_weight: None,
     buffer_host_ptr: None,
     unavailable_reason: None,
+    prepare_weight_into: None,
 };
 
 static HEADER: BackendHeader = BackendHeader::layout(

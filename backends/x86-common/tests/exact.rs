@@ -521,6 +521,57 @@ fn prepared_legacy_weights_match_reference_bit_for_bit() {
     }
 }
 
+/// `prepare_weight_into` (the expert cache's slots): repacked in place, over the weight's own
+/// bytes, it computes what the reference computes on the original; a layout larger than the
+/// room given is declined with the memory untouched; a misaligned destination is refused.
+#[test]
+fn weights_repacked_in_place_match_the_reference() {
+    let host = reference::serial_host();
+    let refi = Instance::new(&reference::TABLE, &host);
+    let mut rng = Rng::new(14);
+    for (isa, table) in tables() {
+        let me = Instance::new(table, &host);
+        let into = table
+            .prepare_weight_into
+            .expect("CPU backends offer prepare_weight_into");
+        for (dt, k, n) in [(DType::Q4_1, 576usize, 64usize), (DType::Q4_K, 512, 32)] {
+            let mut orig = weights(&mut rng, dt, k, n);
+            let od = TensorDesc::contiguous(orig.as_mut_ptr(), dt, &[k as i64, n as i64]);
+            // A 64-aligned slot with room to spare, holding the weight.
+            let room = orig.len() + 4096;
+            let mut slot = vec![0u64; room / 8 + 8];
+            let base = (slot.as_mut_ptr() as usize).next_multiple_of(64) as *mut u8;
+            // SAFETY: `room` bytes from `base` lie in `slot`.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(base, room) };
+            bytes[..orig.len()].copy_from_slice(&orig);
+            let wd = TensorDesc::contiguous(base, dt, &[k as i64, n as i64]);
+            let mut pd = wd;
+            // Too little room: declined, nothing written.
+            let st = Status::from_raw(into(me.ctx, &wd, base, 64, &mut pd));
+            assert_eq!(st, Status::Unsupported, "{isa:?} {dt}");
+            assert_eq!(&bytes[..orig.len()], &orig[..]);
+            let st = Status::from_raw(into(me.ctx, &wd, base.wrapping_add(8), room - 8, &mut pd));
+            assert_eq!(st, Status::InvalidArgument, "{isa:?} {dt} misaligned");
+            let st = Status::from_raw(into(me.ctx, &wd, base, room, &mut pd));
+            assert_eq!(
+                st,
+                Status::Ok,
+                "{isa:?} {dt}: {}",
+                mollm_x86_common::last_error_string(table, me.ctx)
+            );
+            assert_eq!((pd.data, pd.buffer != 0), (base, true));
+            for cols in [1usize, 2, 5, 16, 17] {
+                let mut x = rng.data(k * cols, 1.0);
+                let l = format!("{dt} repacked in place");
+                check_mat_mul(&refi, &me, od, pd, &mut x, (k, n, cols), &l);
+            }
+            // Freeing the handle frees nothing of the caller's memory.
+            (table.buffer_free.unwrap())(me.ctx, pd.buffer);
+            bytes[0] ^= 1;
+        }
+    }
+}
+
 /// Weights of `dt` quantized row by row (as the converter and `Owned::quantized` do), each
 /// case checked on every tier against the reference for every column count in `cols`.
 fn check_row_quantized(

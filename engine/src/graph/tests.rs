@@ -53,6 +53,7 @@ fn weight(name: &str) -> Option<Weight> {
         desc: TensorDesc::contiguous(core::ptr::null_mut(), dt, shape),
         file_mapped: false,
         cache_slot: false,
+        room: 0,
     })
 }
 

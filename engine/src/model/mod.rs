@@ -107,6 +107,7 @@ pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
         desc,
         file_mapped: gguf.is_file_mapped(),
         cache_slot: false,
+        room: 0,
     })
 }
 
