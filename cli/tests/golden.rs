@@ -356,7 +356,7 @@ fn golden_smollm2_moe() {
 fn profile_formats(model: &std::path::Path, backend: &str, extra: &[&str]) -> Vec<(String, u64)> {
     let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
         .env("MOLLM_PROFILE", "1")
-        .env("MOLLM_SLOT_REPACK", "1")
+        .env("MOLLM_SLOT_REPACK_AFTER", "0")
         .args([
             "run",
             "--temperature",
@@ -440,8 +440,8 @@ fn package_of_moe(gguf: &std::path::Path) {
     let mut reads = Vec::new();
     for backend in native.iter().map(String::as_str).chain(["reference"]) {
         for extra in [&[][..], &cache[..], &one_slot[..]] {
-            // Slot repacks on (MOLLM_SLOT_REPACK=1; the reference has none to make).
-            let slot = [("MOLLM_SLOT_REPACK", "1")];
+            // Slot repacks at an expert's first use (the reference has none to make).
+            let slot = [("MOLLM_SLOT_REPACK_AFTER", "0")];
             match check_case_env("smollm2-moe.mollm", &pkg, backend, short, extra, &slot) {
                 Ok(v) if !extra.is_empty() => reads.push((
                     v["experts"]["reads"].as_u64().unwrap(),

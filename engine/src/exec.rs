@@ -90,13 +90,13 @@ pub struct Exec {
     /// would); an entry goes when its slot gets another expert.
     slot_prepared:
         std::cell::RefCell<std::collections::HashMap<usize, Option<(usize, TensorDesc)>>>,
-    /// Repack experts in their cache slots (MOLLM_SLOT_REPACK=1). Off by default: the repack
-    /// runs on the engine thread, and where experts are evicted after a few uses it costs
-    /// more than it saves (SmolLM2-MoE, 200 MB cache: decode 0.73x); with the working set
-    /// cached it saves (Q4_1 matmul time 0.6-0.8x).
-    slot_repack: bool,
-    /// Slot weights computed once on the file's layout: the next use repacks them.
-    slot_seen: std::cell::RefCell<std::collections::HashSet<usize>>,
+    /// Uses of a cache slot's matrix on the file's layout before it is repacked in place
+    /// (MOLLM_SLOT_REPACK_AFTER, default [`SLOT_REPACK_AFTER`]); `None`: never
+    /// (MOLLM_SLOT_REPACK=0).
+    slot_repack_after: Option<u32>,
+    /// Uses of slot weights on the file's layout so far (a repack comes after
+    /// [`SLOT_REPACK_AFTER`]).
+    slot_seen: std::cell::RefCell<std::collections::HashMap<usize, u32>>,
     /// The expert cache's slots that changed tenant (their repacks are stale).
     retired: crate::experts::Retired,
     /// Offer weights to `prepare_weight` (off with MOLLM_REPACK=0).
@@ -205,6 +205,11 @@ impl Drop for Exec {
     }
 }
 
+/// Calls a cache slot's matrix makes on the file's layout before it is repacked in place: a
+/// repack on the engine thread costs about seven one-token GEMVs (SmolLM2-MoE: 0.47 ms a
+/// 0.66 MB matrix), so only an expert that stays in its slot long enough earns it back.
+const SLOT_REPACK_AFTER: u32 = 8;
+
 /// A call's inputs, outputs and attributes.
 pub(crate) type Call<'a> = (&'a [TensorDesc], &'a [TensorDesc], &'a OpParams);
 
@@ -228,7 +233,14 @@ impl Exec {
             prepared: Default::default(),
             slot_prepared: Default::default(),
             slot_seen: Default::default(),
-            slot_repack: std::env::var("MOLLM_SLOT_REPACK").is_ok_and(|v| v == "1"),
+            slot_repack_after: (std::env::var("MOLLM_SLOT_REPACK").as_deref() != Ok("0")).then(
+                || {
+                    std::env::var("MOLLM_SLOT_REPACK_AFTER")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(SLOT_REPACK_AFTER)
+                },
+            ),
             retired: Default::default(),
             repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
             experts: Default::default(),
@@ -490,17 +502,15 @@ impl Exec {
     }
 
     /// A cache slot's weight repacked in place by the first backend that has a layout for it
-    /// in the room the slot leaves (once per tenant of the slot: repacks of slots that got
-    /// another expert are dropped first). Not on its first use: an expert read for one token
-    /// and evicted before another uses it would pay for a repack it never reuses (measured on
-    /// SmolLM2-MoE with 40% of the experts cached: decode 17 -> 13 tokens/s when every miss
-    /// was repacked); both layouts compute the same bits.
-    fn slot_prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
+    /// in the room the slot leaves, once it has made `after` calls on the file's layout (both
+    /// layouts compute the same bits; see [`SLOT_REPACK_AFTER`]); once per tenant of the slot:
+    /// repacks of slots that got another expert are dropped first.
+    fn slot_prepared(&self, w: &Weight, after: u32) -> Option<(usize, TensorDesc)> {
         let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
         let mut map = self.slot_prepared.borrow_mut();
         let mut seen = self.slot_seen.borrow_mut();
         for range in retired {
-            seen.retain(|addr| !range.contains(addr));
+            seen.retain(|addr, _| !range.contains(addr));
             map.retain(|&addr, p| {
                 let stale = range.contains(&addr);
                 if let (true, Some((bi, d))) = (stale, p) {
@@ -513,7 +523,9 @@ impl Exec {
         if let Some(p) = map.get(&key) {
             return *p;
         }
-        if seen.insert(key) {
+        let uses = seen.entry(key).or_insert(0);
+        *uses += 1;
+        if *uses <= after {
             return None;
         }
         // The repack starts at the next 64-byte boundary (a GGUF's experts are 32-aligned).
@@ -535,7 +547,7 @@ impl Exec {
             return None;
         }
         if w.cache_slot {
-            return self.slot_repack.then(|| self.slot_prepared(w)).flatten();
+            return self.slot_prepared(w, self.slot_repack_after?);
         }
         let key = w.desc.data as usize;
         if let Some(p) = self.prepared.borrow().get(&key) {

@@ -29,11 +29,11 @@
 //! oldest use breaks ties. [`Policy::Lru`] evicts the least recently used (for comparisons:
 //! on a cycle of layers larger than the cache it misses every time).
 //!
-//! Repacks live in the slots (opt-in, `MOLLM_SLOT_REPACK=1`, see the executor): a backend
-//! with a private layout for a slot's matrix (ABI 1.5 `prepare_weight_into`) repacks it in
-//! place when it computes with it again, into the room
-//! the slot leaves it (a region has a margin of 1/32 of its K-quant matrices, whose layouts
-//! are a little larger than the file's), and the executor drops that repack when the slot gets another expert
+//! Repacks live in the slots: a backend with a private layout for a slot's matrix (ABI 1.5
+//! `prepare_weight_into`) repacks it in place once the matrix has made a few calls on the
+//! file's layout (see the executor's `SLOT_REPACK_AFTER`), into the room the slot leaves it
+//! (a region has a margin of 1/32 of its K-quant matrices, whose layouts are a little larger
+//! than the file's), and the executor drops that repack when the slot gets another expert
 //! ([`ExpertCache::retired`]): a reused slot never runs a stale repack.
 
 use crate::error::{EngineError, Result};
