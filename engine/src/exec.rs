@@ -506,19 +506,8 @@ impl Exec {
     /// layouts compute the same bits; see [`SLOT_REPACK_AFTER`]); once per tenant of the slot:
     /// repacks of slots that got another expert are dropped first.
     fn slot_prepared(&self, w: &Weight, after: u32) -> Option<(usize, TensorDesc)> {
-        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
         let mut map = self.slot_prepared.borrow_mut();
         let mut seen = self.slot_seen.borrow_mut();
-        for range in retired {
-            seen.retain(|addr, _| !range.contains(addr));
-            map.retain(|&addr, p| {
-                let stale = range.contains(&addr);
-                if let (true, Some((bi, d))) = (stale, p) {
-                    self.backends[*bi].free_buffer(d.buffer);
-                }
-                !stale
-            });
-        }
         let key = w.desc.data as usize;
         if let Some(p) = map.get(&key) {
             return *p;
@@ -542,12 +531,37 @@ impl Exec {
         p
     }
 
+    /// Forgets what was made of the bytes of slots that changed tenant (always, so that the
+    /// cache's list stays short whether or not slots are repacked).
+    fn drop_retired(&self) {
+        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
+        if retired.is_empty() {
+            return;
+        }
+        let mut map = self.slot_prepared.borrow_mut();
+        let mut seen = self.slot_seen.borrow_mut();
+        for range in retired {
+            seen.retain(|addr, _| !range.contains(addr));
+            map.retain(|&addr, p| {
+                let stale = range.contains(&addr);
+                if let (true, Some((bi, d))) = (stale, p) {
+                    self.backends[*bi].free_buffer(d.buffer);
+                }
+                !stale
+            });
+        }
+    }
+
     fn prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
+        if w.cache_slot {
+            self.drop_retired();
+            if !self.repack {
+                return None;
+            }
+            return self.slot_prepared(w, self.slot_repack_after?);
+        }
         if !self.repack {
             return None;
-        }
-        if w.cache_slot {
-            return self.slot_prepared(w, self.slot_repack_after?);
         }
         let key = w.desc.data as usize;
         if let Some(p) = self.prepared.borrow().get(&key) {
