@@ -17,7 +17,7 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 5;
+pub const ABI_MINOR: u16 = 6;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
@@ -27,6 +27,8 @@ pub const ABI_MINOR: u16 = 5;
 // own queries, n_kv and block-table column; a backend of minor < 4 is not sent such calls).
 // Minor 5: the table's `prepare_weight_into` (a repack into the caller's memory: the expert
 // cache's slots).
+// Minor 6: the table's `prepare_weight_ex` (`prepare_weight` with flags: a source the backend
+// may drop from memory as it reads it, `PREPARE_SOURCE_MAPPED`).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 
@@ -180,7 +182,22 @@ pub struct BackendTable {
             out: *mut TensorDesc,
         ) -> i32,
     >,
+    /// ABI 1.6. As `prepare_weight`, with `flags` (`PREPARE_*`; unknown bits are ignored).
+    pub prepare_weight_ex: Option<
+        extern "C" fn(
+            ctx: *mut c_void,
+            weight: *const TensorDesc,
+            flags: u32,
+            out: *mut TensorDesc,
+        ) -> i32,
+    >,
 }
+
+/// `prepare_weight_ex` flag: the weight lies in a read-only private file mapping, which the
+/// host reads again only through page faults. The backend may drop its pages
+/// (`MADV_DONTNEED`) once it has read them, so that repacking a large weight never holds the
+/// whole source in memory beside its copy.
+pub const PREPARE_SOURCE_MAPPED: u32 = 1;
 
 impl BackendTable {
     /// What `unavailable_reason` (ABI 1.3) says, as one line, if the table has it and it gives

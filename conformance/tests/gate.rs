@@ -43,6 +43,7 @@ const fn copy_reference() -> BackendTable {
         buffer_host_ptr: reference::TABLE.buffer_host_ptr,
         unavailable_reason: None,
         prepare_weight_into: None,
+        prepare_weight_ex: None,
     }
 }
 

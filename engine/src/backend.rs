@@ -183,10 +183,23 @@ impl Backend {
 
     /// The weight repacked into this backend's private layout (`prepare_weight`), if the
     /// backend wants it; the descriptor's `buffer` is the handle to free.
-    pub fn prepare_weight(&self, w: &TensorDesc) -> Option<TensorDesc> {
-        let f = self.table.prepare_weight?;
+    /// `mapped`: `w` lies in the model file's read-only mapping, so a backend of ABI 1.6 may
+    /// drop its pages as its repack reads them (`PREPARE_SOURCE_MAPPED`).
+    pub fn prepare_weight(&self, w: &TensorDesc, mapped: bool) -> Option<TensorDesc> {
         let mut out = *w;
-        (Status::from_raw(f(self.ctx, w, &mut out)) == Status::Ok && out.buffer != 0).then_some(out)
+        let st = match (self.table.prepare_weight_ex, self.table.prepare_weight) {
+            (Some(f), _) if self.abi_minor >= 6 => {
+                let flags = if mapped {
+                    abi::PREPARE_SOURCE_MAPPED
+                } else {
+                    0
+                };
+                f(self.ctx, w, flags, &mut out)
+            }
+            (_, Some(f)) => f(self.ctx, w, &mut out),
+            _ => return None,
+        };
+        (Status::from_raw(st) == Status::Ok && out.buffer != 0).then_some(out)
     }
 
     /// `prepare_weight_into` (ABI 1.5): the weight repacked into `cap` bytes at `dst` (which

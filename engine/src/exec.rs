@@ -501,6 +501,35 @@ impl Exec {
         self.call_with(Op::MatMul, &[w.desc, x], &[out], params, first)
     }
 
+    /// `get_rows` on a weight table. A table a backend repacked for `mat_mul` (a tied
+    /// embedding) is read from the repack where that backend takes the call: the file's pages
+    /// of it were dropped ([`release_pages`]), and reading rows there would map them back in,
+    /// 64 KiB around each row. Elsewhere, from the file.
+    pub(crate) fn table_rows(
+        &self,
+        w: &Weight,
+        ins: &[TensorDesc],
+        out: TensorDesc,
+        params: OpParams,
+    ) -> Result<()> {
+        let prepared = match w.cache_slot {
+            true => None,
+            false => self
+                .prepared
+                .borrow()
+                .get(&(w.desc.data as usize))
+                .copied()
+                .flatten(),
+        };
+        let mut with = [ins[0]; 4];
+        let first = prepared.filter(|_| ins.len() <= with.len()).map(|(bi, d)| {
+            with[..ins.len()].copy_from_slice(ins);
+            with[0] = d;
+            (bi, &with[..ins.len()])
+        });
+        self.call_with(Op::GetRows, ins, &[out], params, first)
+    }
+
     /// A cache slot's weight repacked in place by the first backend that has a layout for it
     /// in the room the slot leaves, once it has made `after` calls on the file's layout (both
     /// layouts compute the same bits; see [`SLOT_REPACK_AFTER`]); once per tenant of the slot:
@@ -571,7 +600,7 @@ impl Exec {
             if b.is_refused(Op::MatMul) {
                 return None;
             }
-            b.prepare_weight(&w.desc).map(|d| (i, d))
+            b.prepare_weight(&w.desc, w.file_mapped).map(|d| (i, d))
         });
         if p.is_some() && w.file_mapped {
             release_pages(&w.desc);

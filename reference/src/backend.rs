@@ -94,6 +94,7 @@ pub static TABLE: BackendTable = BackendTable {
     buffer_host_ptr: None,
     unavailable_reason: None,
     prepare_weight_into: None,
+    prepare_weight_ex: None,
 };
 
 /// The header `mollm_backend_entry` returns.

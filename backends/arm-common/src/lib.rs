@@ -164,7 +164,11 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
         }
     }
 
-    unsafe fn prepare(w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
+    unsafe fn prepare(
+        w: &TensorDesc,
+        _src: &mollm_cpu_common::SourcePages,
+    ) -> Result<mollm_cpu_common::Prepared, Error> {
+        // Q4_K matrices of a few MiB: a mapped source's pages are dropped when it is done.
         if Self::path() == IntPath::Scalar {
             return Err(Error::Unsupported("prepare_weight: not an ARM CPU".into()));
         }

@@ -55,12 +55,14 @@ pub trait CpuBackend: 'static {
     ) -> Result<(), Error>;
 
     /// `prepare_weight`: the weight `w` (host memory) repacked into one of this backend's
-    /// private layouts, or why not (`Unsupported`: the host keeps using `w` as it is).
+    /// private layouts, or why not (`Unsupported`: the host keeps using `w` as it is). A
+    /// repack that reads `w` front to back tells `src` how far it has read (large ones must:
+    /// see [`SourcePages`]).
     ///
     /// # Safety
     /// `w` describes valid host memory.
-    unsafe fn prepare(w: &TensorDesc) -> Result<Prepared, Error> {
-        let _ = w;
+    unsafe fn prepare(w: &TensorDesc, src: &SourcePages) -> Result<Prepared, Error> {
+        let _ = (w, src);
         Err(Error::Unsupported("no prepared weight layouts".into()))
     }
 
@@ -98,6 +100,76 @@ pub trait CpuBackend: 'static {
     ) -> Result<(), Error> {
         let _ = host;
         Self::check_prepared(kind, op, inputs, outputs, params)
+    }
+}
+
+/// The weight a repack reads ([`CpuBackend::prepare`]). When the host says it lies in a
+/// read-only file mapping (`prepare_weight_ex` with `abi::PREPARE_SOURCE_MAPPED`), the pages
+/// the repack has read are dropped as it goes (the host faults back in any it reads later),
+/// so repacking a 200 MB embedding table holds a few MiB of it beside the copy, not all of it.
+pub struct SourcePages {
+    /// The end of the last page that lies wholly inside the weight.
+    end: usize,
+    /// Where the repack started: offsets passed to [`SourcePages::read_upto`] count from here.
+    base: usize,
+    /// Pages below this are dropped (at first: the first page wholly inside the weight).
+    dropped: core::cell::Cell<usize>,
+    drop_pages: bool,
+}
+
+/// Bytes of read source dropped at a time (one `madvise` per this much).
+const DROP_STEP: usize = 4 << 20;
+
+impl SourcePages {
+    /// A source whose pages stay (heap memory, or a host that did not say).
+    pub fn keep() -> SourcePages {
+        SourcePages {
+            end: 0,
+            base: 0,
+            dropped: core::cell::Cell::new(0),
+            drop_pages: false,
+        }
+    }
+
+    /// The `bytes` at `data`, a read-only file mapping whose pages may be dropped.
+    fn mapped(data: *const u8, bytes: usize) -> SourcePages {
+        const PAGE: usize = 4096;
+        let (a, b) = (data as usize, data as usize + bytes);
+        let start = a.next_multiple_of(PAGE);
+        SourcePages {
+            end: b / PAGE * PAGE,
+            base: a,
+            dropped: core::cell::Cell::new(start),
+            drop_pages: cfg!(unix),
+        }
+    }
+
+    /// The repack has read the weight's first `offset` bytes and reads none of them again.
+    pub fn read_upto(&self, offset: usize) {
+        self.drop_below(self.base.saturating_add(offset), DROP_STEP);
+    }
+
+    /// Drops every page read (the repack is done).
+    fn finish(&self) {
+        self.drop_below(self.end, 0);
+    }
+
+    fn drop_below(&self, addr: usize, step: usize) {
+        if !self.drop_pages {
+            return;
+        }
+        let (from, to) = (self.dropped.get(), (addr / 4096 * 4096).min(self.end));
+        if to <= from || to - from < step.max(1) {
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: whole pages inside the weight's read-only file mapping (the host's word,
+        // `PREPARE_SOURCE_MAPPED`): MADV_DONTNEED only drops them, and a later read faults
+        // the same bytes back in from the file.
+        unsafe {
+            libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED);
+        }
+        self.dropped.set(to);
     }
 }
 
@@ -382,7 +454,7 @@ extern "C" fn prepare_weight<B: CpuBackend>(
         return Status::Unsupported as i32;
     }
     cx.last_error.guard(|| unsafe {
-        let p = B::prepare(&w)?;
+        let p = B::prepare(&w, &SourcePages::keep())?;
         let mut desc = w;
         desc.data = p.as_ptr() as *mut u8;
         desc.buffer = cx.keep(p);
@@ -390,6 +462,59 @@ extern "C" fn prepare_weight<B: CpuBackend>(
         *out = desc;
         Ok(())
     })
+}
+
+/// `prepare_weight_ex` (ABI 1.6): `prepare_weight`, dropping a mapped source's pages as the
+/// repack reads them (`PREPARE_SOURCE_MAPPED`).
+extern "C" fn prepare_weight_ex<B: CpuBackend>(
+    ctx: *mut c_void,
+    weight: *const TensorDesc,
+    flags: u32,
+    out: *mut TensorDesc,
+) -> i32 {
+    if ctx.is_null() || weight.is_null() || out.is_null() {
+        return Status::InvalidArgument as i32;
+    }
+    // SAFETY: ctx came from init; the pointers are non-null and valid per the contract.
+    let cx = unsafe { &*(ctx as *const Context) };
+    let w = unsafe { *weight };
+    if w.buffer != 0 {
+        cx.last_error
+            .set("prepare_weight_ex: the weight is not in host memory".into());
+        return Status::Unsupported as i32;
+    }
+    let src = match (flags & abi::PREPARE_SOURCE_MAPPED != 0, span_bytes(&w)) {
+        (true, Some(bytes)) => SourcePages::mapped(w.data, bytes),
+        _ => SourcePages::keep(),
+    };
+    cx.last_error.guard(|| unsafe {
+        let p = B::prepare(&w, &src)?;
+        src.finish();
+        let mut desc = w;
+        desc.data = p.as_ptr() as *mut u8;
+        desc.buffer = cx.keep(p);
+        // SAFETY: `out` is valid for a write.
+        *out = desc;
+        Ok(())
+    })
+}
+
+/// Bytes from a host tensor's first byte past its last (non-negative strides), if its
+/// format is known.
+fn span_bytes(w: &TensorDesc) -> Option<usize> {
+    let info = w.dtype()?.info();
+    let row = (w.ne[0] as usize / info.block_len as usize) * info.block_bytes as usize;
+    let mut last = 0usize;
+    for d in 1..abi::MAX_DIMS {
+        if w.ne[d] > 1 {
+            let (n, nb) = (
+                usize::try_from(w.ne[d]).ok()?,
+                usize::try_from(w.nb[d]).ok()?,
+            );
+            last = last.checked_add((n - 1).checked_mul(nb)?)?;
+        }
+    }
+    last.checked_add(row)
 }
 
 /// `prepare_weight_into`: the backend's own repack (into memory of its own), copied to the
@@ -416,7 +541,7 @@ extern "C" fn prepare_weight_into<B: CpuBackend>(
         return Status::InvalidArgument as i32;
     }
     cx.last_error.guard(|| unsafe {
-        let p = B::prepare(&w)?;
+        let p = B::prepare(&w, &SourcePages::keep())?;
         if p.buf.len > cap {
             return Err(Error::Unsupported(format!(
                 "prepare_weight_into: the layout takes {} bytes, {cap} given",
@@ -521,6 +646,7 @@ pub const fn table<B: CpuBackend>() -> BackendTable {
         buffer_host_ptr: Some(buffer_host_ptr),
         unavailable_reason: None,
         prepare_weight_into: Some(prepare_weight_into::<B>),
+        prepare_weight_ex: Some(prepare_weight_ex::<B>),
     }
 }
 

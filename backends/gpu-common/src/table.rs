@@ -287,6 +287,7 @@ pub const fn table<B: GpuBackend>() -> BackendTable {
         buffer_host_ptr: None,
         unavailable_reason: Some(unavailable_reason::<B>),
         prepare_weight_into: None,
+        prepare_weight_ex: None,
     }
 }
 

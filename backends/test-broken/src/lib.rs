@@ -158,6 +158,7 @@ static TABLE: BackendTable = BackendTable {
     buffer_host_ptr: None,
     unavailable_reason: None,
     prepare_weight_into: None,
+    prepare_weight_ex: None,
 };
 
 static HEADER: BackendHeader = BackendHeader::layout(

@@ -1,4 +1,4 @@
-//! Q4_1 and Q8_0 (AVX-512) or Q4_1 and Q5_0 (AVX2) weights repacked at load
+//! Q4_1, Q5_0 and Q8_0 (AVX-512) or Q4_1 and Q5_0 (AVX2) weights repacked at load
 //! (`prepare_weight`) into groups of 16 rows, so that one `vpdpbusd` (AVX2: `vpmaddubsw` and
 //! `vpmaddwd`, 8 rows per register) with four broadcast activation bytes gives one of ggml's
 //! eight lane sums for 16 rows at once: no per-row unpacking, scale conversion or broadcast,
@@ -17,8 +17,8 @@
 //! `t` holding code bytes `4t .. 4t + 4` of each row (rows in order), then the 16 rows' `d`
 //! (f16). Q4_1: four lines (the low nibbles are lane `t`, the high nibbles lane `t + 4`), then
 //! `d` and the 16 rows' `m` (f16). Q8_0: eight lines of `q + 128` (unsigned, as `vpdpbusd`
-//! wants them; the activations' lane sums times 128 come off exactly), then `d`. Q5_0 (AVX2
-//! only so far): Q4_1's four nibble lines, then 64 bytes of fifth bits, byte `4r + e` holding
+//! wants them; the activations' lane sums times 128 come off exactly), then `d`. Q5_0:
+//! Q4_1's four nibble lines, then 64 bytes of fifth bits, byte `4r + e` holding
 //! in bit `k` the fifth bit of row `r`'s element `4k + e` (lane `k`, so one shift and one
 //! mask bring a lane's bits to bit 4 of its code bytes), then `d`. Groups follow each other,
 //! so a weight streams front to back, and the size is the original's.
@@ -28,8 +28,8 @@ use abi::DType;
 /// Rows per group.
 pub const ROWS: usize = 16;
 
-/// Formats with this layout.
-pub const FORMATS: &[DType] = &[DType::Q4_1, DType::Q8_0];
+/// Formats the AVX-512 kernels take in this layout.
+pub const FORMATS: &[DType] = &[DType::Q4_1, DType::Q5_0, DType::Q8_0];
 
 /// Formats the AVX2 kernels take in this layout (Q8_0's codes are stored `+ 128` for
 /// `vpdpbusd`: without VNNI its products would saturate `vpmaddubsw`).
@@ -58,13 +58,31 @@ pub fn avx2_fits(dt: DType, k: usize, n: usize) -> bool {
     AVX2_FORMATS.contains(&dt) && shape_fits(k, n)
 }
 
+/// Whether the `x86-avx512` backend (`avx512`) or `x86-avx2` repacks an `n x k` weight of `dt`
+/// into this layout.
+pub fn fits_isa(avx512: bool, dt: DType, k: usize, n: usize) -> bool {
+    match avx512 {
+        true => fits(dt, k, n),
+        false => avx2_fits(dt, k, n),
+    }
+}
+
 /// Bytes of a repacked `n x k` weight.
 pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
     n / ROWS * (k / 32) * block_bytes(dt)
 }
 
-/// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`.
-pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u8]) {
+/// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`, telling `from`
+/// after each group how far it has read.
+pub fn repack(
+    dt: DType,
+    src: &[u8],
+    rs: usize,
+    k: usize,
+    n: usize,
+    dst: &mut [u8],
+    from: &mollm_cpu_common::SourcePages,
+) {
     assert!(fits(dt, k, n) || avx2_fits(dt, k, n));
     let nb = k / 32;
     let (bb, ob) = (dt.info().block_bytes as usize, block_bytes(dt));
@@ -105,7 +123,107 @@ pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u
                 }
             }
         }
+        from.read_upto((g + 1) * ROWS * rs);
     }
+}
+
+/// Row `r` of a repacked `n x k` weight of `dt` (at `w`) in the original layout, into `row`
+/// (`k / 32` blocks of `dt`): [`repack`] undone, for `get_rows` on a repacked table.
+pub fn unpack_row(dt: DType, w: &[u8], k: usize, r: usize, row: &mut [u8]) {
+    let nb = k / 32;
+    let (bb, ob) = (dt.info().block_bytes as usize, block_bytes(dt));
+    let (g, rr) = (r / ROWS, r % ROWS);
+    let (q8, q5) = (dt == DType::Q8_0, dt == DType::Q5_0);
+    let (codes, lines) = match dt {
+        DType::Q8_0 => (2, 8),
+        DType::Q5_0 => (6, 4),
+        _ => (4, 4),
+    };
+    for i in 0..nb {
+        let src = &w[(g * nb + i) * ob..][..ob];
+        let b = &mut row[i * bb..][..bb];
+        for t in 0..lines {
+            for j in 0..4 {
+                let c = src[64 * t + 4 * rr + j];
+                b[codes + 4 * t + j] = if q8 { c ^ 0x80 } else { c };
+            }
+        }
+        let mut s = 64 * lines;
+        if q5 {
+            let mut qh = 0u32;
+            for e in 0..4 {
+                let plane = src[s + 4 * rr + e];
+                for kk in 0..8 {
+                    qh |= (((plane >> kk) & 1) as u32) << (4 * kk + e);
+                }
+            }
+            b[2..6].copy_from_slice(&qh.to_le_bytes());
+            s += 64;
+        }
+        b[..2].copy_from_slice(&src[s + 2 * rr..][..2]);
+        if dt == DType::Q4_1 {
+            b[2..4].copy_from_slice(&src[s + 32 + 2 * rr..][..2]);
+        }
+    }
+}
+
+/// Whether [`get_rows`] takes this (validated) call: ids in one packed row, rows out packed.
+pub fn check_get_rows(
+    inputs: &[abi::TensorDesc],
+    outputs: &[abi::TensorDesc],
+) -> Result<(), crate::Error> {
+    let (w, ids, out) = (inputs[0], inputs[1], outputs[0]);
+    let dt = w.dtype().unwrap_or(DType::F32);
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    let plain = w.ndim <= 2
+        && ids.dtype() == Some(DType::I32)
+        && ids.nb[0] == 4
+        && ids.ne[1..].iter().all(|&e| e == 1)
+        && out.dtype() == Some(DType::F32)
+        && out.is_contiguous()
+        && out.ne[0] as usize == k
+        && out.ne[1] == ids.ne[0];
+    match (fits(dt, k, n) || avx2_fits(dt, k, n)) && plain {
+        true => Ok(()),
+        false => Err(crate::Error::Unsupported(
+            "get_rows: not a plain call on a 16-row table".into(),
+        )),
+    }
+}
+
+/// `get_rows` on a repacked table (`inputs[0]`: its shape, `data` at the repacked bytes):
+/// each row unpacked ([`unpack_row`]) and widened by quant's `dequantize_row`, the reference's
+/// own, so the values are the table's bit for bit.
+///
+/// # Safety
+/// A get_rows call [`check_get_rows`] takes, on valid host memory, whose table the x86
+/// `prepare` repacked into this layout.
+pub unsafe fn get_rows(
+    inputs: &[abi::TensorDesc],
+    outputs: &[abi::TensorDesc],
+) -> Result<(), crate::Error> {
+    use crate::Error;
+    check_get_rows(inputs, outputs)?;
+    let (w, ids, out) = (inputs[0], inputs[1], outputs[0]);
+    let dt = w.dtype().unwrap_or(DType::F32);
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    let m = ids.ne[0] as usize;
+    // SAFETY: the repacked table (the caller's contract) and the call's own operands.
+    let table = core::slice::from_raw_parts(w.data as *const u8, repacked_bytes(dt, k, n));
+    let mut row = vec![0u8; k / 32 * dt.info().block_bytes as usize];
+    for i in 0..m {
+        let id = (ids.data as *const i32).add(i).read_unaligned();
+        if id < 0 || id as usize >= n {
+            return Err(Error::Invalid(format!(
+                "get_rows: id {id} at {i} outside 0..{n}"
+            )));
+        }
+        unpack_row(dt, table, k, id as usize, &mut row);
+        let dst = core::slice::from_raw_parts_mut((out.data as *mut f32).add(i * k), k);
+        quant::dequantize_row(dt, &row, dst)
+            .map_err(|e| Error::Unsupported(format!("get_rows: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Columns `0..cols` (activation rows of `dt`'s `vec_dot` type, column `c` at `a + c * as_`)
@@ -166,8 +284,9 @@ pub unsafe fn columns(
                 while c + $n <= cols {
                     let (a, o) = (a.add(c * as_), o.add(c * os));
                     match dt {
-                        DType::Q4_1 => x86::group::<true, $n>(wg, nb, a, as_, o, os),
-                        _ => x86::group::<false, $n>(wg, nb, a, as_, o, os),
+                        DType::Q4_1 => x86::group::<1, $n>(wg, nb, a, as_, o, os),
+                        DType::Q5_0 => x86::group::<5, $n>(wg, nb, a, as_, o, os),
+                        _ => x86::group::<8, $n>(wg, nb, a, as_, o, os),
                     }
                     c += $n;
                 }
@@ -310,12 +429,13 @@ pub mod x86 {
         }
     }
 
-    /// 16 rows x `C` columns of one row group of Q4_1 (`Q41`) or Q8_0: `out[c * os + r]`.
+    /// 16 rows x `C` columns of one row group of Q4_1 (`FMT` 1), Q5_0 (5) or Q8_0 (8):
+    /// `out[c * os + r]`.
     ///
     /// # Safety
     /// As [`super::columns`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn group<const Q41: bool, const C: usize>(
+    pub unsafe fn group<const FMT: u8, const C: usize>(
         w: *const u8,
         nb: usize,
         a: *const u8,
@@ -323,14 +443,17 @@ pub mod x86 {
         out: *mut f32,
         os: usize,
     ) {
-        let (bb, lines) = if Q41 {
-            (block_bytes(DType::Q4_1), 4)
-        } else {
-            (block_bytes(DType::Q8_0), 8)
+        #[allow(non_snake_case)]
+        let (Q41, Q50) = (FMT == 1, FMT == 5);
+        let (bb, lines) = match FMT {
+            1 => (block_bytes(DType::Q4_1), 4),
+            5 => (block_bytes(DType::Q5_0), 5),
+            _ => (block_bytes(DType::Q8_0), 8),
         };
         // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
         let (yb, yq0) = if Q41 { (36, 4) } else { (34, 2) };
         let m4 = _mm512_set1_epi8(0x0F);
+        let m10 = _mm512_set1_epi8(0x10);
         let mut lanes = [[_mm512_setzero_ps(); 8]; C];
         let mut summs = [_mm512_setzero_ps(); C];
         for i in 0..nb {
@@ -348,13 +471,31 @@ pub mod x86 {
                 _mm512_setzero_ps()
             };
             let mut q = [_mm512_setzero_si512(); 8];
-            if Q41 {
+            if Q41 || Q50 {
                 for t in 0..4 {
                     let v = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
                     q[t] = _mm512_and_si512(v, m4);
                     q[t + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
                 }
-            } else {
+            }
+            if Q50 {
+                // Fifth bits: bit l of each plane byte to bit 4 of lane l's codes (16-bit
+                // shifts: the mask drops what crosses a byte); the codes are then q + 16.
+                let pl = _mm512_loadu_si512(p.add(256) as *const __m512i);
+                let hb = [
+                    _mm512_slli_epi16::<4>(pl),
+                    _mm512_slli_epi16::<3>(pl),
+                    _mm512_slli_epi16::<2>(pl),
+                    _mm512_slli_epi16::<1>(pl),
+                    pl,
+                    _mm512_srli_epi16::<1>(pl),
+                    _mm512_srli_epi16::<2>(pl),
+                    _mm512_srli_epi16::<3>(pl),
+                ];
+                for l in 0..8 {
+                    q[l] = _mm512_or_si512(q[l], _mm512_and_si512(hb[l], m10));
+                }
+            } else if !Q41 {
                 for (t, q) in q.iter_mut().enumerate() {
                     *q = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
                 }
@@ -362,8 +503,8 @@ pub mod x86 {
             for c in 0..C {
                 let y = a.add(c * as_ + i * yb);
                 let yq = y.add(yq0) as *const i32;
-                // Q8_0's codes are stored + 128: each lane starts at -128 x its activations'
-                // sum, so that it ends at the exact signed sum.
+                // Q8_0's codes are stored + 128 (Q5_0's are q + 16): each lane starts at
+                // -128 (-16) x its activations' sum, so that it ends at the exact signed sum.
                 let mut init = [0i32; 8];
                 if Q41 {
                     summs[c] = _mm512_fmadd_ps(mx, _mm512_set1_ps(h16(y.add(2))), summs[c]);
@@ -373,7 +514,12 @@ pub mod x86 {
                         _mm256_set1_epi8(1),
                         _mm256_loadu_si256(yq as *const __m256i),
                     );
-                    let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(ys));
+                    let off = if Q50 {
+                        _mm256_slli_epi32::<4>(ys)
+                    } else {
+                        _mm256_slli_epi32::<7>(ys)
+                    };
+                    let neg = _mm256_sub_epi32(_mm256_setzero_si256(), off);
                     _mm256_storeu_si256(init.as_mut_ptr() as *mut __m256i, neg);
                 }
                 let d = _mm512_mul_ps(dx, _mm512_set1_ps(h16(y)));
@@ -388,8 +534,8 @@ pub mod x86 {
             }
         }
         for c in 0..C {
-            // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order), Q8_0
-            // nothing (not even 0.0, which would turn a -0.0 into +0.0).
+            // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order), Q5_0
+            // and Q8_0 nothing (not even 0.0, which would turn a -0.0 into +0.0).
             let mut v = crate::hsum::hsum_float_8_x16(&lanes[c]);
             if Q41 {
                 v = _mm512_add_ps(v, summs[c]);

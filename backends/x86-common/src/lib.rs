@@ -277,8 +277,11 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         compute_op(Isa::from_u8(ISA), host, op, inputs, outputs, params)
     }
 
-    unsafe fn prepare(w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
-        matmul::prepare(Isa::from_u8(ISA), w)
+    unsafe fn prepare(
+        w: &TensorDesc,
+        src: &mollm_cpu_common::SourcePages,
+    ) -> Result<mollm_cpu_common::Prepared, Error> {
+        matmul::prepare(Isa::from_u8(ISA), w, src)
     }
 
     unsafe fn check_prepared(
@@ -289,6 +292,10 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         params: &OpParams,
     ) -> Result<(), Error> {
         abi::validate(op, inputs, outputs, params).map_err(Error::Invalid)?;
+        if op == Op::GetRows && kind == matmul::KIND_LEGACY16 {
+            // A tied embedding table, read from its repack.
+            return legacy16::check_get_rows(inputs, outputs);
+        }
         if op != Op::MatMul {
             return Err(Error::Unsupported(format!(
                 "{}: no prepared-weight kernels",
@@ -313,7 +320,9 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         params: &OpParams,
     ) -> Result<(), Error> {
         // The table's `compute` ran `check_prepared` on this call already.
-        let _ = op;
+        if op == Op::GetRows {
+            return legacy16::get_rows(inputs, outputs);
+        }
         if kind == matmul::KIND_WR16 {
             return wr16::run(host, inputs, outputs);
         }

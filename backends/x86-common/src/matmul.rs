@@ -86,14 +86,20 @@ pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
 /// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1 and Q5_0 (AVX2) or Q4_1 and Q8_0
-/// (AVX-512) ones for those of [`crate::legacy16`], up to [`MAX_COPY_BYTES`]. On AVX-512
-/// only, mollm-format weights are repacked for those of [`crate::wr16`] and other weights of
-/// formats with kernels here are copied as they are (into 2 MiB pages, see
+/// (AVX-512) ones for those of [`crate::legacy16`], whatever their size (a 200 MB Q8_0
+/// embedding table too: its mapped source is dropped as the repack reads it, see
+/// `mollm_cpu_common::SourcePages`). On AVX-512 only, mollm-format weights are repacked for
+/// those of [`crate::wr16`] and other weights of formats with kernels here up to
+/// [`MAX_COPY_BYTES`] are copied as they are (into 2 MiB pages, see
 /// `mollm_cpu_common::Prepared`).
 ///
 /// # Safety
 /// `w` describes valid host memory.
-pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prepared, Error> {
+pub unsafe fn prepare(
+    isa: Isa,
+    w: &TensorDesc,
+    from: &mollm_cpu_common::SourcePages,
+) -> Result<mollm_cpu_common::Prepared, Error> {
     let no = |why: &str| Err(Error::Unsupported(format!("prepare_weight: {why}")));
     if !cfg!(target_arch = "x86_64") || !isa.detected() {
         return no("not an x86-64 CPU with this backend's features");
@@ -117,24 +123,20 @@ pub unsafe fn prepare(isa: Isa, w: &TensorDesc) -> Result<mollm_cpu_common::Prep
         crate::q4k16::repack(src, rb, k, n, p.bytes_mut());
         return Ok(p);
     }
-    if isa != Isa::Avx512 {
-        // AVX2 has 256-bit kernels for the Q4_K and Q4_1 layouts only (the others' 16-row
-        // groups are AVX-512 code).
-        if crate::legacy16::avx2_fits(dt, k, n) && n * rb <= MAX_COPY_BYTES {
-            let bytes = crate::legacy16::repacked_bytes(dt, k, n);
-            let mut p = mollm_cpu_common::Prepared::zeroed(KIND_LEGACY16, bytes);
-            crate::legacy16::repack(dt, src, rb, k, n, p.bytes_mut());
-            return Ok(p);
-        }
-        return no("the AVX2 backend repacks Q4_K and Q4_1 weights of 16k rows only");
-    }
-    // Not the largest matrices, as for copies below (a tied embedding table stays resident
-    // for `get_rows` beside its repacked copy).
-    if crate::legacy16::fits(dt, k, n) && n * rb <= MAX_COPY_BYTES {
+    // The largest matrices too: Gemma 3's and Qwen2.5-0.5B's tied Q8_0 embedding tables
+    // (178 and 145 MB) are most of their decode's bytes, row-wise at about half the read
+    // bandwidth (Gemma 3 decode 2.2x in 16-row groups); `get_rows` reads their rows from the
+    // repack (see `legacy16::get_rows`).
+    if crate::legacy16::fits_isa(isa == Isa::Avx512, dt, k, n) {
         let bytes = crate::legacy16::repacked_bytes(dt, k, n);
         let mut p = mollm_cpu_common::Prepared::zeroed(KIND_LEGACY16, bytes);
-        crate::legacy16::repack(dt, src, rb, k, n, p.bytes_mut());
+        crate::legacy16::repack(dt, src, rb, k, n, p.bytes_mut(), from);
         return Ok(p);
+    }
+    if isa != Isa::Avx512 {
+        // AVX2 has 256-bit kernels for the Q4_K, Q4_1 and Q5_0 layouts only (the others'
+        // 16-row groups are AVX-512 code).
+        return no("the AVX2 backend repacks Q4_K, Q4_1 and Q5_0 weights of 16k rows only");
     }
     if crate::wr16::fits(dt, k, n) {
         let bytes = crate::wr16::repacked_bytes(dt, k, n);
@@ -165,18 +167,12 @@ pub fn check_prepared(
     if kind == KIND_COPY && isa == Isa::Avx512 {
         return Ok(());
     }
-    // The AVX-512 16-row layouts of mollm's formats and of Q4_1 / Q8_0.
-    let fits: Option<fn(DType, usize, usize) -> bool> = match kind {
-        KIND_WR16 => Some(crate::wr16::fits),
-        KIND_LEGACY16 => Some(crate::legacy16::fits),
+    // The 16-row layouts: mollm's formats (AVX-512) and the legacy ones (each ISA its own).
+    let fits: Option<fn(DType, usize, usize) -> bool> = match (kind, isa) {
+        (KIND_LEGACY16, Isa::Avx2) => Some(crate::legacy16::avx2_fits),
+        (KIND_LEGACY16, _) => Some(|dt, k, n| crate::legacy16::fits_isa(true, dt, k, n)),
+        (KIND_WR16, Isa::Avx512) => Some(crate::wr16::fits),
         _ => None,
-    };
-    let fits = match (kind, isa) {
-        (KIND_LEGACY16, Isa::Avx2) => {
-            Some(crate::legacy16::avx2_fits as fn(DType, usize, usize) -> bool)
-        }
-        (_, Isa::Avx2) => None,
-        _ => fits,
     };
     if let Some(fits) = fits {
         let w = &inputs[0];

@@ -516,9 +516,73 @@ fn prepared_legacy_weights_match_reference_bit_for_bit() {
                 let l = &format!("prepared {dt}, chain_cols 1");
                 check_mat_mul_chain(&refi, &me, wd, pd, &mut x, (k, n, cols), l, 1);
             }
+            // Whole 16-row groups are repacked (AVX-512 copies the rest).
+            check_get_rows(&refi, &me, wd, pd, (k, n), &mut rng, n % 16 == 0);
             (table.buffer_free.unwrap())(me.ctx, pd.buffer);
         }
     }
+}
+
+/// `get_rows` on a prepared table (a tied embedding read from its repack): the reference's
+/// rows of the original bit for bit where `repacked` (16-row groups), declined otherwise; an
+/// id past the table is an error, not a read out of bounds.
+fn check_get_rows(
+    refi: &Instance,
+    me: &Instance,
+    wd: TensorDesc,
+    pd: TensorDesc,
+    (k, n): (usize, usize),
+    rng: &mut Rng,
+    repacked: bool,
+) {
+    let mut ids: Vec<i32> = (0..7)
+        .map(|_| (rng.data(1, 1.0)[0].abs() * 1e4) as i32 % n as i32)
+        .collect();
+    ids.extend([0, n as i32 - 1]);
+    let idd = TensorDesc::contiguous(ids.as_mut_ptr() as *mut u8, DType::I32, &[ids.len() as i64]);
+    let mut want = vec![0f32; k * ids.len()];
+    let mut got = vec![f32::NAN; k * ids.len()];
+    let shape = [k as i64, ids.len() as i64];
+    let (od_ref, od) = (f32_desc(&mut want, &shape), f32_desc(&mut got, &shape));
+    let p = OpParams::default();
+    let (ins_ref, ins) = ([wd, idd], [pd, idd]);
+    let (outs_ref, outs) = ([od_ref], [od]);
+    assert_eq!(
+        refi.run(&OpCall::new(Op::GetRows, &ins_ref, &outs_ref, p)),
+        Status::Ok
+    );
+    let st = me.run(&OpCall::new(Op::GetRows, &ins, &outs, p));
+    if !repacked {
+        assert_eq!(
+            st,
+            Status::Unsupported,
+            "get_rows on a prepared {:?} table",
+            wd.dtype()
+        );
+        return;
+    }
+    assert_eq!(
+        st,
+        Status::Ok,
+        "get_rows on a prepared {:?} table",
+        wd.dtype()
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "get_rows on a prepared {:?} {k}x{n} table",
+        wd.dtype()
+    );
+    let mut bad = [n as i32];
+    let badd = TensorDesc::contiguous(bad.as_mut_ptr() as *mut u8, DType::I32, &[1]);
+    let od1 = f32_desc(&mut got[..k], &[k as i64, 1]);
+    let st = me.run(&OpCall::new(Op::GetRows, &[pd, badd], &[od1], p));
+    assert_eq!(
+        st,
+        Status::InvalidArgument,
+        "get_rows: id {n} of a {n}-row table"
+    );
 }
 
 /// `prepare_weight_into` (the expert cache's slots): repacked in place, over the weight's own

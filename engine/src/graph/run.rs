@@ -238,6 +238,12 @@ impl Runner {
                         groups.map(|g| &g[..]),
                     )
                 }
+                Kind::Abi(Op::GetRows, params) if matches!(node.inputs[0], Src::Weight(_)) => {
+                    let Src::Weight(wi) = node.inputs[0] else {
+                        unreachable!("matched above")
+                    };
+                    ex.table_rows(&p.weights[wi], ins, out, params)
+                }
                 Kind::Abi(op, params) => ex.call_desc(op, ins, &[out], params),
                 Kind::Reshape => Ok(()),
                 Kind::KvAttention {
