@@ -442,26 +442,7 @@ extern "C" fn prepare_weight<B: CpuBackend>(
     weight: *const TensorDesc,
     out: *mut TensorDesc,
 ) -> i32 {
-    if ctx.is_null() || weight.is_null() || out.is_null() {
-        return Status::InvalidArgument as i32;
-    }
-    // SAFETY: ctx came from init; the pointers are non-null and valid per the contract.
-    let cx = unsafe { &*(ctx as *const Context) };
-    let w = unsafe { *weight };
-    if w.buffer != 0 {
-        cx.last_error
-            .set("prepare_weight: the weight is not in host memory".into());
-        return Status::Unsupported as i32;
-    }
-    cx.last_error.guard(|| unsafe {
-        let p = B::prepare(&w, &SourcePages::keep())?;
-        let mut desc = w;
-        desc.data = p.as_ptr() as *mut u8;
-        desc.buffer = cx.keep(p);
-        // SAFETY: `out` is valid for a write.
-        *out = desc;
-        Ok(())
-    })
+    prepare_weight_ex::<B>(ctx, weight, 0, out)
 }
 
 /// `prepare_weight_ex` (ABI 1.6): `prepare_weight`, dropping a mapped source's pages as the
@@ -480,7 +461,7 @@ extern "C" fn prepare_weight_ex<B: CpuBackend>(
     let w = unsafe { *weight };
     if w.buffer != 0 {
         cx.last_error
-            .set("prepare_weight_ex: the weight is not in host memory".into());
+            .set("prepare_weight: the weight is not in host memory".into());
         return Status::Unsupported as i32;
     }
     let src = match (flags & abi::PREPARE_SOURCE_MAPPED != 0, span_bytes(&w)) {
