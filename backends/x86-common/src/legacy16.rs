@@ -356,7 +356,7 @@ pub mod x86 {
                 if C == 1 {
                     for l in (0..nl).skip(h * nl.div_ceil(2)).take(nl.div_ceil(2)) {
                         let q = p.wrapping_add(nb * bb + 64 * l);
-                        _mm_prefetch::<_MM_HINT_T1>(q as *const i8);
+                        crate::kq512::prefetch(q);
                     }
                 }
                 let s = p.add(if q41 { 256 } else { 320 });
@@ -460,7 +460,7 @@ pub mod x86 {
             let p = w.add(i * bb);
             if C == 1 {
                 for l in 0..bb.div_ceil(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l + PREFETCH) as *const i8);
+                    crate::kq512::prefetch(p.wrapping_add(64 * l + PREFETCH));
                 }
             }
             let s = p.add(64 * lines);

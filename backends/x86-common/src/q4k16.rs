@@ -122,14 +122,17 @@ mod kernels {
         os: usize,
     ) {
         let m4 = _mm512_set1_epi8(0x0F);
+        let pf = crate::kq512::q4k16_prefetch();
         for g in 0..n_groups {
             let gw = w.add(g * nb * GROUP_BLOCK);
             let mut acc = [_mm512_setzero_ps(); C];
             let mut accm = [_mm512_setzero_ps(); C];
             for i in 0..nb {
                 let p = gw.add(i * GROUP_BLOCK);
-                for l in 0..GROUP_BLOCK / 64 {
-                    crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                if pf {
+                    for l in 0..GROUP_BLOCK / 64 {
+                        crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                    }
                 }
                 // d·yd and dmin·yd of a column, formed where they are used (kept live for
                 // four columns they would spill).

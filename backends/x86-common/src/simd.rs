@@ -345,8 +345,8 @@ unsafe fn dot_q0_row_pairs<const FMT: u8, const P: usize>(
             let x1 = x0.add(ws);
             // Two row groups ahead (never faults): without it the 136 MB Q8_0 output layer
             // of Qwen2.5-0.5B took 1.5x as long.
-            _mm_prefetch::<_MM_HINT_T0>(x0.wrapping_add(4 * P * ws) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(x1.wrapping_add(4 * P * ws) as *const i8);
+            prefetch_l1(x0, 4 * P * ws);
+            prefetch_l1(x1, 4 * P * ws);
             // Both rows' scales converted in one instruction (exact, as the scalar one).
             let dx = _mm512_cvtph_ps(_mm256_set_m128i(
                 _mm_set1_epi16((x1 as *const i16).read_unaligned()),

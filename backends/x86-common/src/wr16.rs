@@ -386,7 +386,7 @@ pub mod x86 {
         for t in 0..lines(F) {
             let v = _mm512_load_si512(code.add(64 * t) as *const __m512i);
             if C == 1 {
-                _mm_prefetch::<_MM_HINT_T1>(code.add(64 * t + PREFETCH) as *const i8);
+                crate::kq512::prefetch(code.add(64 * t + PREFETCH));
             }
             let act = |c: usize, e: usize| {
                 _mm512_set1_epi32((a[c].add(e0 + e) as *const i32).read_unaligned())
