@@ -521,12 +521,9 @@ impl Exec {
                 .copied()
                 .flatten(),
         };
-        let mut with = [ins[0]; 4];
-        let first = prepared.filter(|_| ins.len() <= with.len()).map(|(bi, d)| {
-            with[..ins.len()].copy_from_slice(ins);
-            with[0] = d;
-            (bi, &with[..ins.len()])
-        });
+        // get_rows takes the table and the ids (its schema).
+        let with = prepared.map(|(bi, d)| (bi, [d, ins[1]]));
+        let first = with.as_ref().map(|(bi, i)| (*bi, &i[..]));
         self.call_with(Op::GetRows, ins, &[out], params, first)
     }
 

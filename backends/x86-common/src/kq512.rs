@@ -60,35 +60,19 @@ pub unsafe fn prefetch(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
 }
 
-/// 0: not decided yet, 1: off, 2: on.
-static Q4K16_PREFETCH: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
-
 /// Whether the 16-row Q4_K GEMV ([`crate::q4k16`]) prefetches its weights 16 KiB ahead. Not
 /// on AMD's cores: on Zen 4 (2 threads, Qwen2.5-1.5B decode, four interleaved rounds) it
 /// ran at 28-33 t/s with, 34-40 without; the hardware prefetchers keep that stream ahead
 /// themselves. (Turning off every kernel's prefetch there cost a third instead: the row-wise
 /// Q6_K and the legacy 16-row kernels need theirs.) `MOLLM_Q4K_PREFETCH=0|1` decides
 /// instead of the vendor.
-#[inline(always)]
 pub fn q4k16_prefetch() -> bool {
-    match Q4K16_PREFETCH.load(core::sync::atomic::Ordering::Relaxed) {
-        0 => decide_q4k16_prefetch(),
-        v => v == 2,
-    }
-}
-
-#[cold]
-fn decide_q4k16_prefetch() -> bool {
-    let on = match std::env::var("MOLLM_Q4K_PREFETCH").as_deref() {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("MOLLM_Q4K_PREFETCH").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
         _ => !amd(),
-    };
-    Q4K16_PREFETCH.store(
-        if on { 2 } else { 1 },
-        core::sync::atomic::Ordering::Relaxed,
-    );
-    on
+    })
 }
 
 /// Whether the CPU's vendor string is AMD's.

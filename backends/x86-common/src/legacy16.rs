@@ -67,6 +67,16 @@ pub fn fits_isa(avx512: bool, dt: DType, k: usize, n: usize) -> bool {
     }
 }
 
+/// Where a block's codes start in `dt`'s own layout, and how many 64-byte code lines a
+/// 16-row group's block has.
+fn code_lines(dt: DType) -> (usize, usize) {
+    match dt {
+        DType::Q8_0 => (2, 8),
+        DType::Q5_0 => (6, 4),
+        _ => (4, 4),
+    }
+}
+
 /// Bytes of a repacked `n x k` weight.
 pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
     n / ROWS * (k / 32) * block_bytes(dt)
@@ -89,11 +99,7 @@ pub fn repack(
     assert!(dst.len() >= repacked_bytes(dt, k, n));
     assert!(src.len() >= (n - 1) * rs + nb * bb);
     let (q8, q5) = (dt == DType::Q8_0, dt == DType::Q5_0);
-    let (codes, lines) = match dt {
-        DType::Q8_0 => (2, 8),
-        DType::Q5_0 => (6, 4),
-        _ => (4, 4),
-    };
+    let (codes, lines) = code_lines(dt);
     for g in 0..n / ROWS {
         for i in 0..nb {
             let out = &mut dst[(g * nb + i) * ob..][..ob];
@@ -134,11 +140,7 @@ pub fn unpack_row(dt: DType, w: &[u8], k: usize, r: usize, row: &mut [u8]) {
     let (bb, ob) = (dt.info().block_bytes as usize, block_bytes(dt));
     let (g, rr) = (r / ROWS, r % ROWS);
     let (q8, q5) = (dt == DType::Q8_0, dt == DType::Q5_0);
-    let (codes, lines) = match dt {
-        DType::Q8_0 => (2, 8),
-        DType::Q5_0 => (6, 4),
-        _ => (4, 4),
-    };
+    let (codes, lines) = code_lines(dt);
     for i in 0..nb {
         let src = &w[(g * nb + i) * ob..][..ob];
         let b = &mut row[i * bb..][..bb];
@@ -203,7 +205,6 @@ pub unsafe fn get_rows(
     outputs: &[abi::TensorDesc],
 ) -> Result<(), crate::Error> {
     use crate::Error;
-    check_get_rows(inputs, outputs)?;
     let (w, ids, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().unwrap_or(DType::F32);
     let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);

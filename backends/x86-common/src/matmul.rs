@@ -85,8 +85,8 @@ pub const KIND_LEGACY16: u32 = 4;
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
-/// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1 and Q5_0 (AVX2) or Q4_1 and Q8_0
-/// (AVX-512) ones for those of [`crate::legacy16`], whatever their size (a 200 MB Q8_0
+/// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1 and Q5_0 (AVX2) or Q4_1, Q5_0 and
+/// Q8_0 (AVX-512) ones for those of [`crate::legacy16`], whatever their size (a 200 MB Q8_0
 /// embedding table too: its mapped source is dropped as the repack reads it, see
 /// `mollm_cpu_common::SourcePages`). On AVX-512 only, mollm-format weights are repacked for
 /// those of [`crate::wr16`] and other weights of formats with kernels here up to
@@ -170,7 +170,7 @@ pub fn check_prepared(
     // The 16-row layouts: mollm's formats (AVX-512) and the legacy ones (each ISA its own).
     let fits: Option<fn(DType, usize, usize) -> bool> = match (kind, isa) {
         (KIND_LEGACY16, Isa::Avx2) => Some(crate::legacy16::avx2_fits),
-        (KIND_LEGACY16, _) => Some(|dt, k, n| crate::legacy16::fits_isa(true, dt, k, n)),
+        (KIND_LEGACY16, _) => Some(crate::legacy16::fits),
         (KIND_WR16, Isa::Avx512) => Some(crate::wr16::fits),
         _ => None,
     };
