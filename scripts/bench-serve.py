@@ -3,7 +3,8 @@
 `llama-server`, on the same GGUF, the same machine, in one run.
 
 For each concurrency level (interleaved: mollm, llama-server, next level, ...) it keeps C
-streaming chat clients busy until R = max(2*C, 4) requests have finished, each with the same
+streaming chat clients busy until R = max(2*C, 4) requests have finished (after one untimed
+warm-up pass per server at the highest level), each with the same
 prompt length and exactly --max-tokens output tokens (ignore_eos; greedy), and reports
 requests/s, aggregate output tokens/s, time to first token and inter-token latency (median,
 p90, p99) as a Markdown table. The servers are started here, both with --parallel P and 2
@@ -132,6 +133,14 @@ def main():
             procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         for name, (url, _) in servers.items():
             wait_ready(url, procs[name])
+        # Warm-up, untimed: each server once at the highest level, so that no measured level
+        # pays for first use (mollm maps its KV pool lazily: a page's first write faults it
+        # in, which on a VM can cost ~20 us per 4 KiB; llama-server clears its whole cache at
+        # start-up).
+        for name, (url, _) in servers.items():
+            for other, p in procs.items():
+                p.send_signal(signal.SIGCONT if other == name else signal.SIGSTOP)
+            asyncio.run(level(url, max(levels), max(levels), a.max_tokens, prompt))
         rows = {}
         for r in range(a.rounds):
             for c in levels:

@@ -63,6 +63,9 @@ pub struct BenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
+    /// K/V cache format (as `run --kv-type`; llama-bench's `-ctk`/`-ctv`).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_type: crate::common::KvType,
     #[command(flatten)]
     pub experts: crate::common::ExpertArgs,
     /// No progress display.
@@ -247,7 +250,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         libs: a.libs.clone(),
         threads: 0,
         batch: 512,
-        kv_type: crate::common::KvType::F32,
+        kv_type: a.kv_type,
         experts: a.experts.clone(),
         quiet: a.quiet,
     };

@@ -29,7 +29,7 @@ pub(super) unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
     use core::arch::x86_64::*;
     let np = n & !63;
     let mut acc = [0f32; 16];
-    _mm512_storeu_ps(acc.as_mut_ptr(), lanes512(x, y, np));
+    _mm512_storeu_ps(acc.as_mut_ptr(), lanes512::<false>(x as *const u8, y, np));
     let mut sumf = reduce16(&acc);
     for i in np..n {
         sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
@@ -37,19 +37,49 @@ pub(super) unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
     sumf
 }
 
-/// `ggml_vec_dot_f32`'s 16 lanes over the first `np` (a multiple of 64) elements: four
-/// 16-lane FMA accumulators from zero over 64-element steps, then `(a0 + a2) + (a1 + a3)`.
+/// Elements `i .. i + 16` of a cache row at `p`: f32, or f16 widened exactly (`H`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn lanes512(x: *const f32, y: *const f32, np: usize) -> core::arch::x86_64::__m512 {
+unsafe fn load16<const H: bool>(p: *const u8, i: usize) -> core::arch::x86_64::__m512 {
+    use core::arch::x86_64::*;
+    match H {
+        true => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i)),
+        false => _mm512_loadu_ps((p as *const f32).add(i)),
+    }
+}
+
+/// [`load16`] with 256-bit registers: elements `i .. i + 8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8<const H: bool>(p: *const u8, i: usize) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    match H {
+        true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i)),
+        false => _mm256_loadu_ps((p as *const f32).add(i)),
+    }
+}
+
+/// `ggml_vec_dot_f32`'s 16 lanes over the first `np` (a multiple of 64) elements: four
+/// 16-lane FMA accumulators from zero over 64-element steps, then `(a0 + a2) + (a1 + a3)`.
+/// `x` is an f32 row, or (`H`) an f16 one: `ggml_vec_dot_f16` sums the widened elements in
+/// the same lanes and order (its f64 tail is empty when `np` is the whole row).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn lanes512<const H: bool>(
+    x: *const u8,
+    y: *const f32,
+    np: usize,
+) -> core::arch::x86_64::__m512 {
     use core::arch::x86_64::*;
     let mut a = [_mm512_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
         for j in 0..4 {
             a[j] = _mm512_fmadd_ps(
-                _mm512_loadu_ps(x.add(i + 16 * j)),
+                load16::<H>(x, i + 16 * j),
                 _mm512_loadu_ps(y.add(i + 16 * j)),
                 a[j],
             );
@@ -220,16 +250,23 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     };
     let simd_end = span.min(np);
     let mut res = vec![0f32; du * nh];
-    // The scores 16 rows at a time where that kernel applies, else row by row below.
+    // The scores 16 rows at a time where that kernel applies, else row by row below: f32 K,
+    // or f16 K with ggml_vec_dot_f16's chain (not tinyBLAS's), whose lanes are the f32 ones
+    // on the widened rows.
     #[cfg(target_arch = "x86_64")]
-    let rows16 = matches!(a.isa, Isa::Avx512 | Isa::Avx2) && !a.k_f16 && du % 64 == 0 && last >= 0;
+    let rows16 = matches!(a.isa, Isa::Avx512 | Isa::Avx2)
+        && !(a.k_f16 && a.kq_tile)
+        && du % 64 == 0
+        && last >= 0;
     #[cfg(not(target_arch = "x86_64"))]
     let rows16 = false;
     #[cfg(target_arch = "x86_64")]
-    if rows16 && a.isa == Isa::Avx512 {
-        scores_rows16(a, hk, pt, lo, last, &qv, nh, len, &mut w);
-    } else if rows16 {
-        scores_rows8(a, hk, pt, lo, last, &qv, nh, len, &mut w);
+    match (rows16, a.isa == Isa::Avx512, a.k_f16) {
+        (true, true, false) => scores_rows16::<false>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
+        (true, true, true) => scores_rows16::<true>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
+        (true, false, false) => scores_rows8::<false>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
+        (true, false, true) => scores_rows8::<true>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
+        _ => {}
     }
     for j in 0..=if rows16 { -1 } else { last } {
         if !visible(j) {
@@ -280,7 +317,11 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         }
     }
     let v_end = simd_end.min(len);
-    if !a.v_f16 && du % 16 == 0 {
+    // f16 V in registers on x86 only (widened as loaded; the other ISAs' register path
+    // reads f32 rows).
+    let pv_f16 = cfg!(target_arch = "x86_64")
+        && (a.isa == Isa::Avx512 || (a.isa == Isa::Avx2 && du % 64 == 0));
+    if du % 16 == 0 && (!a.v_f16 || pv_f16) {
         pv_in_registers(a, hk, &w, len, nh, lanes, lo, v_end, &mut res);
     } else {
         pv_in_memory(a, hk, &w, len, nh, lanes, v_end, &mut vrow, &mut res);
@@ -339,7 +380,7 @@ isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn scores_rows16(
+unsafe fn scores_rows16<const H: bool>(
     a: &Attn,
     hk: i64,
     pt: i64,
@@ -354,16 +395,25 @@ unsafe fn scores_rows16(
     let du = a.q.ne[0] as usize;
     // Final lane 4k + e holds row 4e + k (see `reduce_rows16`).
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    let mut rows = [core::ptr::null::<f32>(); 16];
+    let mut rows = [core::ptr::null::<u8>(); 16];
     let mut b = [_mm512_setzero_ps(); 16];
     let mut j0 = (lo & !15) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(16) as usize;
         for (r, p) in rows.iter_mut().enumerate().take(n) {
-            *p = row_ptr(&a.k, hk, a.rows.get(j0 + r as i64), 0) as *const f32;
+            let jr = a.rows.get(j0 + r as i64);
+            *p = row_ptr(&a.k, hk, jr, 0);
+            // p·V visits V rows in lane order (rows l, l + 16, .. for each l), too scattered
+            // for the hardware prefetcher: ask for them into L2 now. (Zen 4, SmolLM2, 16
+            // sequences decoding: attention 663-811 -> 544-576 ms.)
+            let v = row_ptr(&a.v, hk, jr, 0);
+            for off in (0..du * if a.v_f16 { 2 } else { 4 }).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off) as *const i8);
+            }
         }
-        // No software prefetch of the next block: measured equal or slower (each prefetch
-        // instruction costs about a nanosecond here, 128 of them per block).
+        // No software prefetch of the next block's K rows: measured equal or slower (each
+        // prefetch instruction costs about a nanosecond here, 64 of them per block; Zen 4,
+        // 16 sequences: 20-40% slower).
         for g in 0..nh {
             let q = qv.as_ptr().add(g * du);
             for r in 0..16 {
@@ -371,7 +421,7 @@ unsafe fn scores_rows16(
                     b[r] = _mm512_setzero_ps();
                     continue;
                 }
-                b[r] = lanes512(rows[r], q, du);
+                b[r] = lanes512::<H>(rows[r], q, du);
             }
             let sums = _mm512_permutexvar_ps(order, reduce_rows16(&b));
             let mut s = [0f32; 16];
@@ -400,9 +450,9 @@ unsafe fn scores_rows16(
 /// `ggml_vec_dot_f32` lanes as [`dot256`] builds them (the 16 lanes as two halves), then the
 /// 8 rows' `reduce16` trees at once ([`reduce_rows8`]): the same operand pairs, the same bits.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn scores_rows8(
+unsafe fn scores_rows8<const H: bool>(
     a: &Attn,
     hk: i64,
     pt: i64,
@@ -415,29 +465,27 @@ unsafe fn scores_rows8(
 ) {
     use core::arch::x86_64::*;
     let du = a.q.ne[0] as usize;
-    let mut rows = [core::ptr::null::<f32>(); 8];
+    let mut rows = [core::ptr::null::<u8>(); 8];
     let mut b = [_mm256_setzero_ps(); 8];
     let mut j0 = (lo & !7) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(8) as usize;
         for (r, p) in rows.iter_mut().enumerate().take(n) {
             let jr = a.rows.get(j0 + r as i64);
-            *p = row_ptr(&a.k, hk, jr, 0) as *const f32;
-            if !a.v_f16 {
-                // p·V visits V rows in lane order, too scattered for the hardware
-                // prefetcher: ask for them into L2 now (the row loop's L1 prefetch, which
-                // this kernel replaces, did the same).
-                let v = row_ptr(&a.v, hk, jr, 0);
-                for off in (0..du * 4).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off) as *const i8);
-                }
+            *p = row_ptr(&a.k, hk, jr, 0);
+            // p·V visits V rows in lane order, too scattered for the hardware prefetcher:
+            // ask for them into L2 now (the row loop's L1 prefetch, which this kernel
+            // replaces, did the same).
+            let v = row_ptr(&a.v, hk, jr, 0);
+            for off in (0..du * if a.v_f16 { 2 } else { 4 }).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off) as *const i8);
             }
         }
         for g in 0..nh {
             let q = qv.as_ptr().add(g * du);
             for r in 0..8 {
                 b[r] = if r < n {
-                    lanes256_t8(rows[r], q, du)
+                    lanes256_t8::<H>(rows[r], q, du)
                 } else {
                     _mm256_setzero_ps()
                 };
@@ -468,16 +516,20 @@ unsafe fn scores_rows8(
 /// [`dot256`]'s lanes over `np` (a multiple of 64) elements, as the first step of `reduce16`:
 /// `t8[i] = v[i + 8] + v[i]`, one vector.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn lanes256_t8(x: *const f32, y: *const f32, np: usize) -> core::arch::x86_64::__m256 {
+unsafe fn lanes256_t8<const H: bool>(
+    x: *const u8,
+    y: *const f32,
+    np: usize,
+) -> core::arch::x86_64::__m256 {
     use core::arch::x86_64::*;
     let mut a = [_mm256_setzero_ps(); 8];
     let mut i = 0;
     while i < np {
         for j in 0..8 {
             a[j] = _mm256_fmadd_ps(
-                _mm256_loadu_ps(x.add(i + 8 * j)),
+                load8::<H>(x, i + 8 * j),
                 _mm256_loadu_ps(y.add(i + 8 * j)),
                 a[j],
             );
@@ -658,12 +710,12 @@ unsafe fn pv_in_registers(
     let du = a.q.ne[0] as usize;
     // Each row's address once (a paged row is a division away), not once per head and block.
     // Rows before `lo` (outside a sliding window) are never read.
-    let vp: Vec<*const f32> = (0..v_end)
+    let vp: Vec<*const u8> = (0..v_end)
         .map(|j| {
             if j < lo {
                 core::ptr::null()
             } else {
-                row_ptr(v, hk, a.rows.get(j as i64), 0) as *const f32
+                row_ptr(v, hk, a.rows.get(j as i64), 0)
             }
         })
         .collect();
@@ -676,19 +728,29 @@ unsafe fn pv_in_registers(
             let wg = &w[g * len..(g + 1) * len];
             for c0 in (0..du).step_by(step) {
                 let out = &mut res[g * du + c0..];
+                macro_rules! chunk {
+                    ($nc:literal, $m:literal, $mm:literal) => {
+                        match a.v_f16 {
+                            true => pv_chunk512::<$nc, $m, $mm, true>(&vp, wg, c0, lo, v_end, out),
+                            false => {
+                                pv_chunk512::<$nc, $m, $mm, false>(&vp, wg, c0, lo, v_end, out)
+                            }
+                        }
+                    };
+                }
                 match ((du - c0).min(step) / 16, lanes) {
-                    (16, 64) => pv_chunk512::<16, 4, 1>(&vp, wg, c0, lo, v_end, out),
-                    (8, 64) => pv_chunk512::<8, 4, 2>(&vp, wg, c0, lo, v_end, out),
-                    (16, _) => pv_chunk512::<16, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                    (8, _) => pv_chunk512::<8, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                    (1, 64) => pv_chunk512::<1, 4, 4>(&vp, wg, c0, lo, v_end, out),
-                    (2, 64) => pv_chunk512::<2, 4, 4>(&vp, wg, c0, lo, v_end, out),
-                    (3, 64) => pv_chunk512::<3, 4, 4>(&vp, wg, c0, lo, v_end, out),
-                    (_, 64) => pv_chunk512::<4, 4, 4>(&vp, wg, c0, lo, v_end, out),
-                    (1, _) => pv_chunk512::<1, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                    (2, _) => pv_chunk512::<2, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                    (3, _) => pv_chunk512::<3, 1, 1>(&vp, wg, c0, lo, v_end, out),
-                    _ => pv_chunk512::<4, 1, 1>(&vp, wg, c0, lo, v_end, out),
+                    (16, 64) => chunk!(16, 4, 1),
+                    (8, 64) => chunk!(8, 4, 2),
+                    (16, _) => chunk!(16, 1, 1),
+                    (8, _) => chunk!(8, 1, 1),
+                    (1, 64) => chunk!(1, 4, 4),
+                    (2, 64) => chunk!(2, 4, 4),
+                    (3, 64) => chunk!(3, 4, 4),
+                    (_, 64) => chunk!(4, 4, 4),
+                    (1, _) => chunk!(1, 1, 1),
+                    (2, _) => chunk!(2, 1, 1),
+                    (3, _) => chunk!(3, 1, 1),
+                    _ => chunk!(4, 1, 1),
                 }
             }
         }
@@ -701,9 +763,11 @@ unsafe fn pv_in_registers(
             let wg = &w[g * len..(g + 1) * len];
             for c0 in (0..du).step_by(64) {
                 let out = &mut res[g * du + c0..];
-                match lanes {
-                    64 => pv_chunk256::<4>(&vp, wg, c0, lo, v_end, out),
-                    _ => pv_chunk256::<1>(&vp, wg, c0, lo, v_end, out),
+                match (lanes, a.v_f16) {
+                    (64, false) => pv_chunk256::<4, false>(&vp, wg, c0, lo, v_end, out),
+                    (64, true) => pv_chunk256::<4, true>(&vp, wg, c0, lo, v_end, out),
+                    (_, false) => pv_chunk256::<1, false>(&vp, wg, c0, lo, v_end, out),
+                    (_, true) => pv_chunk256::<1, true>(&vp, wg, c0, lo, v_end, out),
                 }
             }
         }
@@ -720,7 +784,7 @@ unsafe fn pv_in_registers(
                 while j < v_end {
                     let pj = wg[j];
                     if pj != 0.0 {
-                        let vr = vp[j].add(c);
+                        let vr = (vp[j] as *const f32).add(c);
                         for i in 0..16 {
                             acc[i] = (*vr.add(i)).mul_add(pj, acc[i]);
                         }
@@ -767,10 +831,10 @@ unsafe fn pv_in_registers(
 /// eight 256-bit accumulators), so each row visit reads 256 contiguous bytes once, instead
 /// of the generic loop's four passes of 64 bytes over every row. `M` = lanes / 16.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn pv_chunk256<const M: usize>(
-    vp: &[*const f32],
+unsafe fn pv_chunk256<const M: usize, const H: bool>(
+    vp: &[*const u8],
     wg: &[f32],
     c0: usize,
     lo: usize,
@@ -788,10 +852,10 @@ unsafe fn pv_chunk256<const M: usize>(
             while j < v_end {
                 let pj = *wg.get_unchecked(j);
                 if pj != 0.0 {
-                    let vr = vp.get_unchecked(j).add(c0);
+                    let vr = *vp.get_unchecked(j);
                     let p = _mm256_set1_ps(pj);
                     for c in 0..8 {
-                        acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(vr.add(8 * c)), p, acc[c]);
+                        acc[c] = _mm256_fmadd_ps(load8::<H>(vr, c0 + 8 * c), p, acc[c]);
                     }
                 }
                 j += 16 * M;
@@ -837,8 +901,8 @@ unsafe fn pv_chunk256<const M: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn pv_chunk512<const NC: usize, const M: usize, const MM: usize>(
-    vp: &[*const f32],
+unsafe fn pv_chunk512<const NC: usize, const M: usize, const MM: usize, const H: bool>(
+    vp: &[*const u8],
     wg: &[f32],
     c0: usize,
     lo: usize,
@@ -861,11 +925,11 @@ unsafe fn pv_chunk512<const NC: usize, const M: usize, const MM: usize>(
                     }
                     let pj = *wg.get_unchecked(jm);
                     if pj != 0.0 {
-                        let vr = vp.get_unchecked(jm).add(c0);
+                        let vr = *vp.get_unchecked(jm);
                         let p = _mm512_set1_ps(pj);
                         for c in 0..NC {
-                            acc[mm][c] =
-                                _mm512_fmadd_ps(_mm512_loadu_ps(vr.add(16 * c)), p, acc[mm][c]);
+                            let x = load16::<H>(vr, c0 + 16 * c);
+                            acc[mm][c] = _mm512_fmadd_ps(x, p, acc[mm][c]);
                         }
                     }
                 }
