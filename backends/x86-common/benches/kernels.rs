@@ -330,11 +330,11 @@ fn q4_1_r16(c: &mut Criterion) {
                             unsafe {
                                 use legacy16::x86::group as f;
                                 match run {
-                                    1 => f::<1, 1>(w, k / 32, a, cs.ab, o, n),
-                                    2 => f::<1, 2>(w, k / 32, a, cs.ab, o, n),
-                                    4 => f::<1, 4>(w, k / 32, a, cs.ab, o, n),
-                                    8 => f::<1, 8>(w, k / 32, a, cs.ab, o, n),
-                                    _ => f::<1, 16>(w, k / 32, a, cs.ab, o, n),
+                                    1 => f::<1, 1>(w, k / 32, a, cs.ab, o, n, c0 == 0),
+                                    2 => f::<1, 2>(w, k / 32, a, cs.ab, o, n, c0 == 0),
+                                    4 => f::<1, 4>(w, k / 32, a, cs.ab, o, n, c0 == 0),
+                                    8 => f::<1, 8>(w, k / 32, a, cs.ab, o, n, c0 == 0),
+                                    _ => f::<1, 16>(w, k / 32, a, cs.ab, o, n, c0 == 0),
                                 }
                             }
                         }
