@@ -21,7 +21,9 @@ is not timed on either side).
 
 Usage: scripts/bench_compare.py --model A.gguf [--model B.gguf ...] [--prompt-tokens 256]
        [--gen 64] [--reps 5] [--warmup 1] [--threads 2] [--backend auto] [--llama-bench PATH]
-       [--depth 2048] [--convert w4g128] [--baseline OLD/mollm] [--rounds 3]
+       [--depth 2048] [--convert w4g128] [--baseline OLD/mollm] [--rounds 3] [--kv-type f16]
+With --kv-type f16 mollm runs an F16 KV cache (half the bytes per row: what llama.cpp keeps by
+default; mollm still computes llama.cpp's non-flash chain on it).
 With --rounds R mollm and llama.cpp (or the two builds) alternate R times: figures are medians
 over the rounds, and the per-round ratios are printed in a comment under each model.
 mollm is target/release/mollm (or $CARGO_TARGET_DIR/release/mollm); llama-bench is --llama-bench,
@@ -55,7 +57,7 @@ def gen_row(rows):
 def mollm_bench(a, model, args, exe=None):
     return bench_json([exe or mollm_exe(), "bench", "-m", model, *args, "--warmup", str(a.warmup),
                        "--reps", str(a.reps), "--threads", str(a.threads), "--backend", a.backend,
-                       "--json", "--quiet"])
+                       "--kv-type", a.kv_type, "--json", "--quiet"])
 
 
 def llama_bench(a, model, args):
@@ -102,6 +104,8 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-bench")
+    p.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
+                   help="mollm's K/V cache format (f16: the same bytes per row as llama-bench's default cache)")
     p.add_argument("--depth", type=int, default=0,
                    help="also tg --gen with this many tokens already in the cache (llama-bench -d)")
     p.add_argument("--convert")
@@ -110,7 +114,7 @@ def main():
     p.add_argument("--rounds", type=int, default=1, help="alternate mollm and llama.cpp (or, with --baseline, the two builds) this many times")
     a = p.parse_args()
     print(f"pp{a.prompt_tokens} and tg{a.gen} from an empty context, random token ids, {a.threads} threads, "
-          f"warm-up then {a.reps} runs, median tokens/s, {a.rounds} interleaved round(s), median over rounds; mollm --backend {a.backend} (F32 KV cache), "
+          f"warm-up then {a.reps} runs, median tokens/s, {a.rounds} interleaved round(s), median over rounds; mollm --backend {a.backend} ({a.kv_type.upper()} KV cache), "
           f"llama-bench defaults (F16 KV cache, flash attention auto)")
     print()
     if a.convert:

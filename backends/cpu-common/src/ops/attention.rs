@@ -196,6 +196,31 @@ pub(super) unsafe fn widen_f16(p: *const u8, dst: &mut [f32]) {
 
 use reference::ggml::round_f16;
 
+/// A task's working rows, kept per thread between tasks: a decode step runs one task per
+/// sequence and KV head in every layer (1440 for 16 SmolLM2 sequences), each of which
+/// allocated and freed six of these.
+#[derive(Default)]
+pub(super) struct Scratch {
+    qv: Vec<f32>,
+    krow: Vec<f32>,
+    vrow: Vec<f32>,
+    w: Vec<f32>,
+    res: Vec<f32>,
+    src: Vec<f32>,
+    vp: Vec<*const u8>,
+}
+
+thread_local! {
+    static SCRATCH: core::cell::Cell<Scratch> = core::cell::Cell::new(Scratch::default());
+}
+
+/// `v` as `n` copies of `x`.
+fn filled(v: &mut Vec<f32>, n: usize, x: f32) -> &mut [f32] {
+    v.clear();
+    v.resize(n, x);
+    v
+}
+
 /// Output rows `(h, t)` for `h` in `h0..h1` (heads of one KV head) of attention, as
 /// `reference::ops::attention::run` computes each for f32 caches (same kernels, lanes and
 /// order), with the `p·V` accumulators stored lane-major (`acc[lane][i]`) so the per-row
@@ -219,7 +244,17 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         0
     };
     let last = (n_kv - 1).min(pt);
-    let mut qv = vec![0f32; du * nh];
+    let mut sc = SCRATCH.with(|c| c.take());
+    let Scratch {
+        qv,
+        krow,
+        vrow,
+        w,
+        res,
+        src,
+        vp,
+    } = &mut sc;
+    let qv = filled(qv, du * nh, 0.0);
     for g in 0..nh {
         read_into(q, h0 + g as i64, t, 0, &mut qv[g * du..(g + 1) * du]);
     }
@@ -229,14 +264,14 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         }
     }
     // Widened rows of f16 caches.
-    let mut krow = vec![0f32; if a.k_f16 { du } else { 0 }];
-    let mut vrow = vec![0f32; if a.v_f16 { du } else { 0 }];
+    let krow = filled(krow, if a.k_f16 { du } else { 0 }, 0.0);
+    let vrow = filled(vrow, if a.v_f16 { du } else { 0 }, 0.0);
     let len = if last < 0 {
         n_eff.min(16)
     } else {
         round_up(last + 1, 16).min(n_eff)
     } as usize;
-    let mut w = vec![f32::NEG_INFINITY; len * nh];
+    let w = filled(w, len * nh, f32::NEG_INFINITY);
     let lanes: usize = if a.kqv_tile { 16 } else { 64 };
     let np = if a.kqv_tile {
         n_eff as usize
@@ -249,7 +284,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         (round_up(last + 1, lanes as i64) as usize).min(n_eff as usize)
     };
     let simd_end = span.min(np);
-    let mut res = vec![0f32; du * nh];
+    let res = filled(res, du * nh, 0.0);
     // The scores 16 rows at a time where that kernel applies, else row by row below: f32 K,
     // or f16 K with ggml_vec_dot_f16's chain (not tinyBLAS's), whose lanes are the f32 ones
     // on the widened rows.
@@ -262,10 +297,10 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let rows16 = false;
     #[cfg(target_arch = "x86_64")]
     match (rows16, a.isa == Isa::Avx512, a.k_f16) {
-        (true, true, false) => scores_rows16::<false>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
-        (true, true, true) => scores_rows16::<true>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
-        (true, false, false) => scores_rows8::<false>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
-        (true, false, true) => scores_rows8::<true>(a, hk, pt, lo, last, &qv, nh, len, &mut w),
+        (true, true, false) => scores_rows16::<false>(a, hk, pt, lo, last, qv, nh, len, w),
+        (true, true, true) => scores_rows16::<true>(a, hk, pt, lo, last, qv, nh, len, w),
+        (true, false, false) => scores_rows8::<false>(a, hk, pt, lo, last, qv, nh, len, w),
+        (true, false, true) => scores_rows8::<true>(a, hk, pt, lo, last, qv, nh, len, w),
         _ => {}
     }
     for j in 0..=if rows16 { -1 } else { last } {
@@ -284,7 +319,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         }
         let kr = row_ptr(k, hk, a.rows.get(j), 0) as *const f32;
         if a.k_f16 {
-            widen_f16(kr as *const u8, &mut krow);
+            widen_f16(kr as *const u8, krow);
         }
         for g in 0..nh {
             let s = if !a.k_f16 {
@@ -302,7 +337,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             w[g * len + j as usize] = s;
         }
     }
-    let mut src = vec![0f32; len];
+    let src = filled(src, len, 0.0);
     for g in 0..nh {
         let wg = &mut w[g * len..(g + 1) * len];
         let max = wg.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
@@ -322,9 +357,9 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let pv_f16 = cfg!(target_arch = "x86_64")
         && (a.isa == Isa::Avx512 || (a.isa == Isa::Avx2 && du % 64 == 0));
     if du % 16 == 0 && (!a.v_f16 || pv_f16) {
-        pv_in_registers(a, hk, &w, len, nh, lanes, lo, v_end, &mut res);
+        pv_in_registers(a, hk, w, len, nh, lanes, lo, v_end, vp, res);
     } else {
-        pv_in_memory(a, hk, &w, len, nh, lanes, v_end, &mut vrow, &mut res);
+        pv_in_memory(a, hk, w, len, nh, lanes, v_end, vrow, res);
     }
     // ggml_vec_dot leftovers (rows past the last 64-step): f32 FMA (f32 V), or products
     // summed in f64 (f16 V, ggml_vec_dot_f16's tail).
@@ -338,7 +373,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             if j as i64 >= n_kv {
                 continue; // padding: v treated as zero
             }
-            let vr = v_row(v, hk, a.rows.get(j as i64), du, &mut vrow, a.v_f16);
+            let vr = v_row(v, hk, a.rows.get(j as i64), du, vrow, a.v_f16);
             for g in 0..nh {
                 let pj = if j < len { w[g * len + j] } else { 0.0 };
                 if a.v_f16 {
@@ -368,6 +403,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             (out.data.wrapping_offset(off as isize) as *mut f32).write(x);
         }
     }
+    SCRATCH.with(|c| c.set(sc));
 }
 isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 
@@ -704,21 +740,22 @@ unsafe fn pv_in_registers(
     lanes: usize,
     lo: usize,
     v_end: usize,
+    vp: &mut Vec<*const u8>,
     res: &mut [f32],
 ) {
     let v = &a.v;
     let du = a.q.ne[0] as usize;
     // Each row's address once (a paged row is a division away), not once per head and block.
     // Rows before `lo` (outside a sliding window) are never read.
-    let vp: Vec<*const u8> = (0..v_end)
-        .map(|j| {
-            if j < lo {
-                core::ptr::null()
-            } else {
-                row_ptr(v, hk, a.rows.get(j as i64), 0)
-            }
-        })
-        .collect();
+    vp.clear();
+    vp.extend((0..v_end).map(|j| {
+        if j < lo {
+            core::ptr::null()
+        } else {
+            row_ptr(v, hk, a.rows.get(j as i64), 0)
+        }
+    }));
+    let vp = &vp[..];
     #[cfg(target_arch = "x86_64")]
     if a.isa == Isa::Avx512 {
         // Wide heads (128, 256) take whole rows per visit, narrow ones 64 outputs per pass
