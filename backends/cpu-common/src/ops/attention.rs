@@ -29,7 +29,10 @@ pub(super) unsafe fn dot512(x: *const f32, y: *const f32, n: usize) -> f32 {
     use core::arch::x86_64::*;
     let np = n & !63;
     let mut acc = [0f32; 16];
-    _mm512_storeu_ps(acc.as_mut_ptr(), lanes512::<false>(x as *const u8, y, np));
+    _mm512_storeu_ps(
+        acc.as_mut_ptr(),
+        lanes512::<false, false>(x as *const u8, y, np),
+    );
     let mut sumf = reduce16(&acc);
     for i in np..n {
         sumf = (*x.add(i)).mul_add(*y.add(i), sumf);
@@ -64,16 +67,26 @@ unsafe fn load8<const H: bool>(p: *const u8, i: usize) -> core::arch::x86_64::__
 /// `ggml_vec_dot_f32`'s 16 lanes over the first `np` (a multiple of 64) elements: four
 /// 16-lane FMA accumulators from zero over 64-element steps, then `(a0 + a2) + (a1 + a3)`.
 /// `x` is an f32 row, or (`H`) an f16 one: `ggml_vec_dot_f16` sums the widened elements in
-/// the same lanes and order (its f64 tail is empty when `np` is the whole row).
+/// the same lanes and order (its f64 tail is empty when `np` is the whole row). `T`: the 16
+/// lanes of tinyBLAS's f16 chain instead (`reference::ggml::dot_tile`, `np` a multiple of 16),
+/// which `reduce16` ends the same way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn lanes512<const H: bool>(
+unsafe fn lanes512<const H: bool, const T: bool>(
     x: *const u8,
     y: *const f32,
     np: usize,
 ) -> core::arch::x86_64::__m512 {
     use core::arch::x86_64::*;
+    if T {
+        // tinyBLAS's chain (`dot_tile`): one 16-lane accumulator over 16-element steps.
+        let mut acc = _mm512_setzero_ps();
+        for i in (0..np).step_by(16) {
+            acc = _mm512_fmadd_ps(load16::<H>(x, i), _mm512_loadu_ps(y.add(i)), acc);
+        }
+        return acc;
+    }
     let mut a = [_mm512_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
@@ -285,23 +298,31 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     };
     let simd_end = span.min(np);
     let res = filled(res, du * nh, 0.0);
-    // The scores 16 rows at a time where that kernel applies, else row by row below: f32 K,
-    // or f16 K with ggml_vec_dot_f16's chain (not tinyBLAS's), whose lanes are the f32 ones
-    // on the widened rows.
+    // The scores 16 rows at a time where that kernel applies, else row by row below: f32 K
+    // (ggml_vec_dot_f32), f16 K for one query (ggml_vec_dot_f16, whose lanes are the f32 ones
+    // on the widened rows) or a prompt chunk (tinyBLAS's 16 lanes).
+    let tile = a.k_f16 && a.kq_tile;
     #[cfg(target_arch = "x86_64")]
     let rows16 = matches!(a.isa, Isa::Avx512 | Isa::Avx2)
-        && !(a.k_f16 && a.kq_tile)
-        && du % 64 == 0
+        && du % if tile { 16 } else { 64 } == 0
         && last >= 0;
     #[cfg(not(target_arch = "x86_64"))]
     let rows16 = false;
     #[cfg(target_arch = "x86_64")]
-    match (rows16, a.isa == Isa::Avx512, a.k_f16) {
-        (true, true, false) => scores_rows16::<false>(a, hk, pt, lo, last, qv, nh, len, w),
-        (true, true, true) => scores_rows16::<true>(a, hk, pt, lo, last, qv, nh, len, w),
-        (true, false, false) => scores_rows8::<false>(a, hk, pt, lo, last, qv, nh, len, w),
-        (true, false, true) => scores_rows8::<true>(a, hk, pt, lo, last, qv, nh, len, w),
-        _ => {}
+    if rows16 {
+        macro_rules! scores {
+            ($f:ident) => {
+                match (a.k_f16, tile) {
+                    (false, _) => $f::<false, false>(a, hk, pt, lo, last, qv, nh, len, w),
+                    (true, false) => $f::<true, false>(a, hk, pt, lo, last, qv, nh, len, w),
+                    (true, true) => $f::<true, true>(a, hk, pt, lo, last, qv, nh, len, w),
+                }
+            };
+        }
+        match a.isa {
+            Isa::Avx512 => scores!(scores_rows16),
+            _ => scores!(scores_rows8),
+        }
     }
     for j in 0..=if rows16 { -1 } else { last } {
         if !visible(j) {
@@ -411,12 +432,13 @@ isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 /// `lo & !15 ..= last` into `w` (`len` per head; invisible rows keep -inf), 16 rows at a time:
 /// each row's `ggml_vec_dot_f32` lanes as [`dot512`] builds them ([`lanes512`]), then the 16
 /// rows' `reduce16` trees at once, each addition of a tree one lane of a vector addition (the
-/// same operand pairs: the same bits), instead of 15 scalar additions per score. f32 K,
-/// `du % 64 == 0` (no scalar leftovers).
+/// same operand pairs: the same bits), instead of 15 scalar additions per score. f32 K, or
+/// f16 (`H`) widened as loaded; `du % 64 == 0` (no scalar leftovers), or with tinyBLAS's
+/// lanes (`T`, see [`lanes512`]) `du % 16 == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn scores_rows16<const H: bool>(
+unsafe fn scores_rows16<const H: bool, const T: bool>(
     a: &Attn,
     hk: i64,
     pt: i64,
@@ -457,7 +479,7 @@ unsafe fn scores_rows16<const H: bool>(
                     b[r] = _mm512_setzero_ps();
                     continue;
                 }
-                b[r] = lanes512::<H>(rows[r], q, du);
+                b[r] = lanes512::<H, T>(rows[r], q, du);
             }
             let sums = _mm512_permutexvar_ps(order, reduce_rows16(&b));
             let mut s = [0f32; 16];
@@ -485,10 +507,11 @@ unsafe fn scores_rows16<const H: bool>(
 /// [`scores_rows16`] with 256-bit registers (AVX2): 8 K rows at a time, each row's
 /// `ggml_vec_dot_f32` lanes as [`dot256`] builds them (the 16 lanes as two halves), then the
 /// 8 rows' `reduce16` trees at once ([`reduce_rows8`]): the same operand pairs, the same bits.
+/// `H` and `T` as there.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn scores_rows8<const H: bool>(
+unsafe fn scores_rows8<const H: bool, const T: bool>(
     a: &Attn,
     hk: i64,
     pt: i64,
@@ -521,7 +544,7 @@ unsafe fn scores_rows8<const H: bool>(
             let q = qv.as_ptr().add(g * du);
             for r in 0..8 {
                 b[r] = if r < n {
-                    lanes256_t8::<H>(rows[r], q, du)
+                    lanes256_t8::<H, T>(rows[r], q, du)
                 } else {
                     _mm256_setzero_ps()
                 };
@@ -554,12 +577,21 @@ unsafe fn scores_rows8<const H: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn lanes256_t8<const H: bool>(
+unsafe fn lanes256_t8<const H: bool, const T: bool>(
     x: *const u8,
     y: *const f32,
     np: usize,
 ) -> core::arch::x86_64::__m256 {
     use core::arch::x86_64::*;
+    if T {
+        // tinyBLAS's chain: one 16-lane accumulator (two halves) over 16-element steps.
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for i in (0..np).step_by(16) {
+            lo = _mm256_fmadd_ps(load8::<H>(x, i), _mm256_loadu_ps(y.add(i)), lo);
+            hi = _mm256_fmadd_ps(load8::<H>(x, i + 8), _mm256_loadu_ps(y.add(i + 8)), hi);
+        }
+        return _mm256_add_ps(hi, lo);
+    }
     let mut a = [_mm256_setzero_ps(); 8];
     let mut i = 0;
     while i < np {
