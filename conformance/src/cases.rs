@@ -164,7 +164,10 @@ pub const ATTENTION_FIXED: &[AttentionShape] = &[
     // A cache that is not a multiple of the padding: n_eff = C = 300.
     (64, 3, 3, 300, 1, 290, 0, 0.0, DType::F32),    // decode: 4 lane steps + leftover rows 256..290
     (64, 2, 1, 300, 4, 290, 0, 0.0, DType::F32),    // prompt, n_eff % 16 != 0: 64-lane path + leftovers
+    // One query over a longer cache, 3 KV heads.
+    (64, 9, 3, 1024, 1, 1000, 0, 0.0, DType::F32),  // decode 1000 deep, n_eff 1024
     // f16 caches (the reference's f16 paths; backends that do not declare them skip these).
+    (64, 9, 3, 1024, 1, 700, 0, 0.0, DType::F16),   // decode 700 deep
     (64, 8, 2, 256, 1, 200, 0, 0.0, DType::F16),    // decode: f16 vec_dot
     (256, 2, 1, 512, 3, 300, 0, 0.0, DType::F16),   // prompt: f16 score tiles, 16-lane p·V
     (128, 2, 2, 512, 1, 512, 64, 0.0, DType::F16),  // decode, n_kv = C, sliding window

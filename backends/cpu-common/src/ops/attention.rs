@@ -310,12 +310,13 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     let rows16 = false;
     #[cfg(target_arch = "x86_64")]
     if rows16 {
+        let wp = w.as_mut_ptr();
         macro_rules! scores {
             ($f:ident) => {
                 match (a.k_f16, tile) {
-                    (false, _) => $f::<false, false>(a, hk, pt, lo, last, qv, nh, len, w),
-                    (true, false) => $f::<true, false>(a, hk, pt, lo, last, qv, nh, len, w),
-                    (true, true) => $f::<true, true>(a, hk, pt, lo, last, qv, nh, len, w),
+                    (false, _) => $f::<false, false>(a, hk, pt, lo, last, qv, nh, len, wp),
+                    (true, false) => $f::<true, false>(a, hk, pt, lo, last, qv, nh, len, wp),
+                    (true, true) => $f::<true, true>(a, hk, pt, lo, last, qv, nh, len, wp),
                 }
             };
         }
@@ -358,19 +359,8 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
             w[g * len + j as usize] = s;
         }
     }
-    let src = filled(src, len, 0.0);
     for g in 0..nh {
-        let wg = &mut w[g * len..(g + 1) * len];
-        let max = wg.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
-        src.copy_from_slice(wg);
-        let sum = soft_max_f32(a.isa, &src, wg, max);
-        let inv = (1.0 / sum) as f32;
-        for x in wg.iter_mut() {
-            *x *= inv;
-            if a.v_f16 {
-                *x = round_f16(*x);
-            }
-        }
+        probabilities(a, &mut w[g * len..(g + 1) * len], src);
     }
     let v_end = simd_end.min(len);
     // f16 V in registers on x86 only (widened as loaded; the other ISAs' register path
@@ -428,8 +418,27 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
 }
 isa_dispatch!(attn_task => attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64));
 
+/// One head's scaled scores `wg` into probabilities, as ggml's soft_max: the max, the
+/// exponentials and their sum (`soft_max_f32`), times `1 / sum`; rounded to f16 for an f16
+/// V (its `vec_dot` type). `src`: scratch.
+#[inline(always)]
+unsafe fn probabilities(a: &Attn, wg: &mut [f32], src: &mut Vec<f32>) {
+    let max = wg.iter().fold(f32::NEG_INFINITY, |m, &x| ggml_max(m, x));
+    src.clear();
+    src.extend_from_slice(wg);
+    let sum = soft_max_f32(a.isa, src, wg, max);
+    let inv = (1.0 / sum) as f32;
+    for x in wg.iter_mut() {
+        *x *= inv;
+        if a.v_f16 {
+            *x = round_f16(*x);
+        }
+    }
+}
+
 /// The scaled scores of heads `h0..h0 + nh` (queries `qv`, `du` each) against K rows
-/// `lo & !15 ..= last` into `w` (`len` per head; invisible rows keep -inf), 16 rows at a time:
+/// `lo & !15 ..= last` into `w` (`len` per head, each of those rows written once, nothing
+/// else; invisible rows keep -inf), 16 rows at a time:
 /// each row's `ggml_vec_dot_f32` lanes as [`dot512`] builds them ([`lanes512`]), then the 16
 /// rows' `reduce16` trees at once, each addition of a tree one lane of a vector addition (the
 /// same operand pairs: the same bits), instead of 15 scalar additions per score. f32 K, or
@@ -447,7 +456,7 @@ unsafe fn scores_rows16<const H: bool, const T: bool>(
     qv: &[f32],
     nh: usize,
     len: usize,
-    w: &mut [f32],
+    w: *mut f32,
 ) {
     use core::arch::x86_64::*;
     let du = a.q.ne[0] as usize;
@@ -491,12 +500,11 @@ unsafe fn scores_rows16<const H: bool, const T: bool>(
             } else {
                 _mm512_storeu_ps(s.as_mut_ptr(), _mm512_mul_ps(sums, _mm512_set1_ps(a.scale)));
             }
-            let wg = &mut w[g * len..];
             for r in 0..n {
                 let j = j0 + r as i64;
                 // j <= last <= pt: only the window hides a row here.
                 if a.window == 0 || pt - j < a.window {
-                    wg[j as usize] = s[r];
+                    *w.add(g * len + j as usize) = s[r];
                 }
             }
         }
@@ -520,7 +528,7 @@ unsafe fn scores_rows8<const H: bool, const T: bool>(
     qv: &[f32],
     nh: usize,
     len: usize,
-    w: &mut [f32],
+    w: *mut f32,
 ) {
     use core::arch::x86_64::*;
     let du = a.q.ne[0] as usize;
@@ -559,12 +567,11 @@ unsafe fn scores_rows8<const H: bool, const T: bool>(
             } else {
                 _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(sums, _mm256_set1_ps(a.scale)));
             }
-            let wg = &mut w[g * len..];
             for r in 0..n {
                 let j = j0 + r as i64;
                 // j <= last <= pt: only the window hides a row here.
                 if a.window == 0 || pt - j < a.window {
-                    wg[j as usize] = s[r];
+                    *w.add(g * len + j as usize) = s[r];
                 }
             }
         }
