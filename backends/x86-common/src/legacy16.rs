@@ -227,6 +227,27 @@ pub unsafe fn get_rows(
     Ok(())
 }
 
+/// Q5_0's lane offsets of `cols` Q8_0 activation rows (row `c` at `act[c * rb..]`, `nb`
+/// blocks): `-16 x` each lane quad's activation sum, `[column][block][lane]`. Its codes are
+/// stored `q + 16`, so a lane's `vpdpbusd` started there ends at the exact signed sum
+/// (see [`x86::group_q5_halves`]); computed once per call for every row group.
+pub fn q5_offsets(act: &[u8], rb: usize, cols: usize, nb: usize) -> Vec<i32> {
+    let mut offs = vec![0i32; cols * nb * 8];
+    for (c, o) in offs.chunks_exact_mut(nb * 8).enumerate() {
+        for (i, o) in o.chunks_exact_mut(8).enumerate() {
+            let q = &act[c * rb + i * 34 + 2..][..32];
+            for (l, o) in o.iter_mut().enumerate() {
+                *o = -16
+                    * q[4 * l..4 * l + 4]
+                        .iter()
+                        .map(|&v| v as i8 as i32)
+                        .sum::<i32>();
+            }
+        }
+    }
+    offs
+}
+
 /// Columns `0..cols` (activation rows of `dt`'s `vec_dot` type, column `c` at `a + c * as_`)
 /// of the `ng` row groups at `w` (group `g` at `w + g * nb * block_bytes(dt)`):
 /// `out[c * os + 16 g + r]`.
@@ -244,6 +265,7 @@ pub unsafe fn columns(
     a: *const u8,
     as_: usize,
     cols: usize,
+    q5_offs: &[i32],
     out: *mut f32,
     os: usize,
 ) {
@@ -293,12 +315,22 @@ pub unsafe fn columns(
                 }
             };
         }
+        // Q5_0 prompts: runs of four columns in two passes of four lanes each (unpacking
+        // shared by twice the columns; its offsets computed once per call).
+        if dt == DType::Q5_0 && q5_offs.len() >= cols * nb * 8 {
+            while c + 4 <= cols {
+                let (a, o) = (a.add(c * as_), o.add(c * os));
+                let offs = q5_offs[c * nb * 8..].as_ptr();
+                x86::group_q5_halves::<4>(wg, nb, a, as_, offs, o, os, c == 0);
+                c += 4;
+            }
+        }
         run!(2);
         run!(1);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (avx512, dt, w, ng, nb, a, as_, cols, out, os);
+        let _ = (avx512, dt, w, ng, nb, a, as_, cols, q5_offs, out, os);
         unreachable!("repacked weights are x86-64 only")
     }
 }
@@ -552,6 +584,94 @@ pub mod x86 {
             if Q41 {
                 v = _mm512_add_ps(v, summs[c]);
             }
+            _mm512_storeu_ps(out.add(c * os), v);
+        }
+    }
+
+    /// Bit `l` of each fifth-bit plane byte at bit 4 (other bits: whatever crossed in; the
+    /// caller masks), as in [`group`].
+    #[inline(always)]
+    unsafe fn fifth(pl: __m512i, l: usize) -> __m512i {
+        match l {
+            0 => _mm512_slli_epi16::<4>(pl),
+            1 => _mm512_slli_epi16::<3>(pl),
+            2 => _mm512_slli_epi16::<2>(pl),
+            3 => _mm512_slli_epi16::<1>(pl),
+            4 => pl,
+            5 => _mm512_srli_epi16::<1>(pl),
+            6 => _mm512_srli_epi16::<2>(pl),
+            _ => _mm512_srli_epi16::<3>(pl),
+        }
+    }
+
+    /// [`group::<5, C>`] in two passes over the group's blocks, lanes 0-3 then lanes 4-7
+    /// (each lane's chain runs alone, so the split changes no result): a pass unpacks only
+    /// its four lanes' codes and keeps `4 C` lanes in registers, so runs of four columns
+    /// share each unpacking where [`group`] fits two. `offs`: the run's first column's
+    /// [`super::q5_offsets`] (columns `nb * 8` apart).
+    ///
+    /// # Safety
+    /// As [`super::columns`]; `offs` covers the run's columns.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn group_q5_halves<const C: usize>(
+        w: *const u8,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        offs: *const i32,
+        out: *mut f32,
+        os: usize,
+        first: bool,
+    ) {
+        let bb = block_bytes(DType::Q5_0);
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m10 = _mm512_set1_epi8(0x10);
+        let mut lanes = [[_mm512_setzero_ps(); 8]; C];
+        for h in 0..2 {
+            let mut acc = [[_mm512_setzero_ps(); 4]; C];
+            for i in 0..nb {
+                let p = w.add(i * bb);
+                if first && h == 0 {
+                    // As `group`: the first run reads the group from memory and asks for
+                    // the next group's block.
+                    for l in 0..bb.div_ceil(64) {
+                        crate::kq512::prefetch(p.wrapping_add(64 * l + nb * bb));
+                    }
+                }
+                let pl = _mm512_loadu_si512(p.add(256) as *const __m512i);
+                let mut q = [_mm512_setzero_si512(); 4];
+                for (t, q) in q.iter_mut().enumerate() {
+                    let v = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
+                    let nib = match h {
+                        0 => _mm512_and_si512(v, m4),
+                        _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
+                    };
+                    *q = _mm512_or_si512(nib, _mm512_and_si512(fifth(pl, 4 * h + t), m10));
+                }
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(320) as *const __m256i));
+                for c in 0..C {
+                    let y = a.add(c * as_ + i * 34);
+                    let yq = y.add(2) as *const i32;
+                    let off = offs.add((c * nb + i) * 8 + 4 * h);
+                    let d = _mm512_mul_ps(dx, _mm512_set1_ps(h16(y)));
+                    for t in 0..4 {
+                        let s = _mm512_dpbusd_epi32(
+                            _mm512_set1_epi32(off.add(t).read()),
+                            q[t],
+                            _mm512_set1_epi32(yq.add(4 * h + t).read_unaligned()),
+                        );
+                        acc[c][t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[c][t]);
+                    }
+                }
+            }
+            for c in 0..C {
+                lanes[c][4 * h..4 * h + 4].copy_from_slice(&acc[c]);
+            }
+        }
+        for c in 0..C {
+            // As `group`: hsum_float_8 lane by lane, nothing added.
+            let v = crate::hsum::hsum_float_8_x16(&lanes[c]);
             _mm512_storeu_ps(out.add(c * os), v);
         }
     }

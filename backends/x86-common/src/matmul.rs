@@ -303,6 +303,11 @@ pub unsafe fn run_weights(
     // Repacked Q4_K on AMX: its own packing of the tiles.
     let amx = repacked && n16 > 0 && crate::amx::available();
     let packed = pack_tiles(host, amx, n16, nb, &act, rb);
+    // Q5_0's lane offsets, once for every row group (its AVX-512 runs of four columns).
+    let q5_offs = match legacy && dt == DType::Q5_0 && isa == Isa::Avx512 && cols >= 4 {
+        true => crate::legacy16::q5_offsets(&act, rb, cols, k / 32),
+        false => Vec::new(),
+    };
 
     // Prompt-sized calls: 32 weight rows per task (they stay in L1 while the columns stream
     // by). Decode-sized calls (one column, or one per sequence of a batched step): bigger
@@ -354,6 +359,7 @@ pub unsafe fn run_weights(
                         a,
                         rb,
                         c1 - c0,
+                        q5_offs.get(c0 * nb32 * 8..).unwrap_or(&[]),
                         buf.as_mut_ptr(),
                         nr,
                     )
