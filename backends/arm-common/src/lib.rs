@@ -165,6 +165,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
     }
 
     unsafe fn prepare(
+        _host: &HostApi,
         w: &TensorDesc,
         _src: &mollm_cpu_common::SourcePages,
     ) -> Result<mollm_cpu_common::Prepared, Error> {

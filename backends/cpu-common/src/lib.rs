@@ -61,8 +61,12 @@ pub trait CpuBackend: 'static {
     ///
     /// # Safety
     /// `w` describes valid host memory.
-    unsafe fn prepare(w: &TensorDesc, src: &SourcePages) -> Result<Prepared, Error> {
-        let _ = (w, src);
+    unsafe fn prepare(
+        host: &HostApi,
+        w: &TensorDesc,
+        src: &SourcePages,
+    ) -> Result<Prepared, Error> {
+        let _ = (host, w, src);
         Err(Error::Unsupported("no prepared weight layouts".into()))
     }
 
@@ -469,7 +473,7 @@ extern "C" fn prepare_weight_ex<B: CpuBackend>(
         _ => SourcePages::keep(),
     };
     cx.last_error.guard(|| unsafe {
-        let p = B::prepare(&w, &src)?;
+        let p = B::prepare(&cx.host, &w, &src)?;
         src.finish();
         let mut desc = w;
         desc.data = p.as_ptr() as *mut u8;
@@ -522,7 +526,7 @@ extern "C" fn prepare_weight_into<B: CpuBackend>(
         return Status::InvalidArgument as i32;
     }
     cx.last_error.guard(|| unsafe {
-        let p = B::prepare(&w, &SourcePages::keep())?;
+        let p = B::prepare(&cx.host, &w, &SourcePages::keep())?;
         if p.buf.len > cap {
             return Err(Error::Unsupported(format!(
                 "prepare_weight_into: the layout takes {} bytes, {cap} given",

@@ -278,10 +278,11 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
     }
 
     unsafe fn prepare(
+        host: &HostApi,
         w: &TensorDesc,
         src: &mollm_cpu_common::SourcePages,
     ) -> Result<mollm_cpu_common::Prepared, Error> {
-        matmul::prepare(Isa::from_u8(ISA), w, src)
+        matmul::prepare(Isa::from_u8(ISA), host, w, src)
     }
 
     unsafe fn check_prepared(

@@ -97,6 +97,7 @@ pub const MAX_COPY_BYTES: usize = 64 << 20;
 /// `w` describes valid host memory.
 pub unsafe fn prepare(
     isa: Isa,
+    host: &HostApi,
     w: &TensorDesc,
     from: &mollm_cpu_common::SourcePages,
 ) -> Result<mollm_cpu_common::Prepared, Error> {
@@ -117,10 +118,16 @@ pub unsafe fn prepare(
     }
     // SAFETY: a valid packed n x rb weight (checked above).
     let src = core::slice::from_raw_parts(w.data as *const u8, n * rb);
+    let keep = mollm_cpu_common::SourcePages::keep();
     if dt == DType::Q4_K && n % crate::q4k16::ROWS == 0 {
         let bytes = crate::q4k16::repacked_bytes(k, n);
         let mut p = mollm_cpu_common::Prepared::zeroed(KIND_Q4K16, bytes);
-        crate::q4k16::repack(src, rb, k, n, p.bytes_mut());
+        let (dst, gb) = (SyncPtr(p.bytes_mut().as_mut_ptr()), bytes / (n / 16));
+        rows_parallel(host, n, 16, rb, from, |r0, r1| {
+            // SAFETY: groups r0/16..r1/16 of the repack, written by this range only.
+            let d = core::slice::from_raw_parts_mut(dst.0.add(r0 / 16 * gb), (r1 - r0) / 16 * gb);
+            crate::q4k16::repack(&src[r0 * rb..], rb, k, r1 - r0, d)
+        });
         return Ok(p);
     }
     // The largest matrices too: Gemma 3's and Qwen2.5-0.5B's tied Q8_0 embedding tables
@@ -130,7 +137,12 @@ pub unsafe fn prepare(
     if crate::legacy16::fits_isa(isa == Isa::Avx512, dt, k, n) {
         let bytes = crate::legacy16::repacked_bytes(dt, k, n);
         let mut p = mollm_cpu_common::Prepared::zeroed(KIND_LEGACY16, bytes);
-        crate::legacy16::repack(dt, src, rb, k, n, p.bytes_mut(), from);
+        let (dst, gb) = (SyncPtr(p.bytes_mut().as_mut_ptr()), bytes / (n / 16));
+        rows_parallel(host, n, 16, rb, from, |r0, r1| {
+            // SAFETY: groups r0/16..r1/16 of the repack, written by this range only.
+            let d = core::slice::from_raw_parts_mut(dst.0.add(r0 / 16 * gb), (r1 - r0) / 16 * gb);
+            crate::legacy16::repack(dt, &src[r0 * rb..], rb, k, r1 - r0, d, &keep)
+        });
         return Ok(p);
     }
     if isa != Isa::Avx512 {
@@ -151,8 +163,50 @@ pub unsafe fn prepare(
         return no("large weights stay where they are");
     }
     let mut p = mollm_cpu_common::Prepared::zeroed(KIND_COPY, n * rb);
-    p.bytes_mut()[..n * rb].copy_from_slice(src);
+    let dst = SyncPtr(p.bytes_mut().as_mut_ptr());
+    rows_parallel(host, n, 16, rb, &keep, |r0, r1| {
+        // SAFETY: rows r0..r1 of the copy, written by this range only.
+        core::ptr::copy_nonoverlapping(
+            src.as_ptr().add(r0 * rb),
+            dst.0.add(r0 * rb),
+            (r1 - r0) * rb,
+        )
+    });
     Ok(p)
+}
+
+/// Runs `f(r0, r1)` on row ranges that cover `0..n` (multiples of `unit` rows but the last)
+/// on the host's threads, a round of about 1 MiB of source (`rs` bytes a row) at a time, and
+/// tells `from` after each round how far the source has been read. A model's load repacks or
+/// copies most of its weights: both threads fault in the new pages and move the bytes.
+///
+/// # Safety
+/// `f` may run on several threads at once, on disjoint ranges: what it writes for one range
+/// must not overlap another's.
+unsafe fn rows_parallel(
+    host: &HostApi,
+    n: usize,
+    unit: usize,
+    rs: usize,
+    from: &mollm_cpu_common::SourcePages,
+    f: impl Fn(usize, usize),
+) {
+    let t = host.n_threads.max(1) as usize;
+    let units = n.div_ceil(unit);
+    let per_round = ((1usize << 20) / (rs * unit).max(1)).max(t);
+    let mut u0 = 0;
+    while u0 < units {
+        let u1 = (u0 + per_round).min(units);
+        let share = (u1 - u0).div_ceil(t);
+        let f = &f;
+        parallel_for(host, (u1 - u0).div_ceil(share) as u32, |i| {
+            let a = u0 + i as usize * share;
+            let b = (a + share).min(u1);
+            f(a * unit, (b * unit).min(n))
+        });
+        from.read_upto((u1 * unit).min(n) * rs);
+        u0 = u1;
+    }
 }
 
 /// Whether this backend computes this mat_mul on a prepared weight of `kind`.
