@@ -87,6 +87,7 @@ pub fn build(
         .ok_or_else(|| vocab.err("gpt2 vocabulary without tokenizer.ggml.merges"))?;
 
     let mut hf_vocab = HfVocab::default();
+    hf_vocab.reserve(vocab.n_tokens());
     for i in 0..vocab.n_tokens() {
         // Byte-level BPE vocabularies are ASCII-mapped, so entries are always UTF-8.
         if let Ok(s) = std::str::from_utf8(vocab.text(i as u32)) {
@@ -98,7 +99,13 @@ pub fn build(
     // in the vocabulary; such merges can never produce a token in llama.cpp either, so they
     // are dropped here.
     let mut merges = Vec::with_capacity(merges_arr.len());
-    let mut seen = std::collections::HashSet::new();
+    // (151k merges for Qwen2.5: a fast hash and one reused buffer for the joined pair keep
+    // this to a few ms of a model's load.)
+    let mut seen = std::collections::HashSet::with_capacity_and_hasher(
+        merges_arr.len(),
+        std::hash::BuildHasherDefault::<Fnv>::default(),
+    );
+    let mut joined = String::new();
     for m in merges_arr.iter_bytes() {
         let Ok(m) = std::str::from_utf8(m) else {
             continue;
@@ -108,10 +115,12 @@ pub fn build(
             continue;
         };
         let (a, b) = (&m[..pos], &m[pos + 1..]);
-        let joined = format!("{a}{b}");
+        joined.clear();
+        joined.push_str(a);
+        joined.push_str(b);
         if hf_vocab.contains_key(a)
             && hf_vocab.contains_key(b)
-            && hf_vocab.contains_key(&joined)
+            && hf_vocab.contains_key(joined.as_str())
             && seen.insert((a, b))
         {
             merges.push((a.to_string(), b.to_string()));
@@ -137,6 +146,28 @@ pub fn build(
     let mut tk = tokenizers::Tokenizer::new(bpe);
     tk.with_pre_tokenizer(Some(Sequence::new(steps)));
     Ok(tk)
+}
+
+/// FNV-1a, for the merge de-duplication set (its keys are short strings it hashes once).
+#[derive(Default)]
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// The `tokenizer.ggml.pre` name llama.cpp gives a Hugging Face `pre_tokenizer` (from
