@@ -28,10 +28,65 @@ pub struct Model {
     pub load_ms: f64,
 }
 
+/// Cold starts: asks the kernel, from a thread of its own, to read the dense weights' bytes
+/// now, while the tokenizer and the graph are built (the repacks would otherwise fault them in
+/// one readahead window at a time, the disk idle in between). Routed experts (`*_exps`) are
+/// left to the expert cache, and nothing is asked when the dense bytes would take more than
+/// half the memory available.
+fn read_ahead(gguf: &GgufFile) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        if !gguf.path.is_file() {
+            return;
+        }
+        let mut ranges: Vec<(u64, u64)> = (gguf.tensors.iter())
+            .filter(|t| !t.name.contains("_exps"))
+            .map(|t| (t.offset, t.offset + t.size))
+            .collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in ranges {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 + (1 << 20) => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        let total: u64 = merged.iter().map(|(a, b)| b - a).sum();
+        if total == 0 || crate::experts::mem_available().is_none_or(|m| total > m / 2) {
+            return;
+        }
+        let path = gguf.path.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mollm-readahead".into())
+            .spawn(move || {
+                let Ok(f) = std::fs::File::open(&path) else {
+                    return;
+                };
+                for (a, b) in merged {
+                    // SAFETY: advice on a file this thread opened; it changes no data.
+                    unsafe {
+                        libc::posix_fadvise(
+                            f.as_raw_fd(),
+                            a as libc::off_t,
+                            (b - a) as libc::off_t,
+                            libc::POSIX_FADV_WILLNEED,
+                        )
+                    };
+                }
+            });
+        // Advice only: a load without the thread reads the same bytes, later.
+        drop(spawned);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = gguf;
+}
+
 impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let t0 = Instant::now();
         let gguf = loader::open_model(path)?;
+        read_ahead(&gguf);
         // A package carries its graph: it runs as written, whatever its architecture string
         // (provenance only). Other files get theirs from the architecture's builder.
         let (hp, graph) = match gguf.get_str(loader::package::GRAPH_KEY)? {
