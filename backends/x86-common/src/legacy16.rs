@@ -234,25 +234,34 @@ pub unsafe fn get_rows(
     Ok(())
 }
 
-/// Q5_0's lane offsets of `cols` Q8_0 activation rows (row `c` at `act[c * rb..]`, `nb`
-/// blocks): `-16 x` each lane quad's activation sum, `[column][block][lane]`. Its codes are
-/// stored `q + 16`, so a lane's `vpdpbusd` started there ends at the exact signed sum
-/// (see [`x86::group_q5_halves`]); computed once per call for every row group.
-pub fn q5_offsets(act: &[u8], rb: usize, cols: usize, nb: usize) -> Vec<i32> {
-    let mut offs = vec![0i32; cols * nb * 8];
-    for (c, o) in offs.chunks_exact_mut(nb * 8).enumerate() {
-        for (i, o) in o.chunks_exact_mut(8).enumerate() {
-            let q = &act[c * rb + i * 34 + 2..][..32];
-            for (l, o) in o.iter_mut().enumerate() {
-                *o = -16
-                    * q[4 * l..4 * l + 4]
-                        .iter()
-                        .map(|&v| v as i8 as i32)
-                        .sum::<i32>();
+/// Per-block terms of a Q5_0 call's activation columns, one 64-byte line per column and
+/// block, `[column][block]`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Default)]
+pub struct Q5Terms {
+    /// `-16 x` each lane quad's activation sum: Q5_0's codes are stored `q + 16`, so a lane's
+    /// `vpdpbusd` started there ends at the exact signed sum.
+    pub offs: [i32; 8],
+    /// The activation block's `d`, widened from f16.
+    pub dy: f32,
+    _pad: [f32; 7],
+}
+
+/// [`Q5Terms`] of `cols` Q8_0 activation rows (row `c` at `act[c * rb..]`, `nb` blocks),
+/// computed once per call for every row group (see [`x86::group_q5_halves`]).
+pub fn q5_terms(act: &[u8], rb: usize, cols: usize, nb: usize) -> Vec<Q5Terms> {
+    let mut terms = vec![Q5Terms::default(); cols * nb];
+    for (c, t) in terms.chunks_exact_mut(nb).enumerate() {
+        for (i, t) in t.iter_mut().enumerate() {
+            let y = &act[c * rb + i * 34..][..34];
+            for (l, o) in t.offs.iter_mut().enumerate() {
+                let q = &y[2 + 4 * l..][..4];
+                *o = -16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
             }
+            t.dy = quant::fp16_to_f32(u16::from_le_bytes([y[0], y[1]]));
         }
     }
-    offs
+    terms
 }
 
 /// Columns `0..cols` (activation rows of `dt`'s `vec_dot` type, column `c` at `a + c * as_`)
@@ -272,7 +281,7 @@ pub unsafe fn columns(
     a: *const u8,
     as_: usize,
     cols: usize,
-    q5_offs: &[i32],
+    q5_terms: &[Q5Terms],
     out: *mut f32,
     os: usize,
 ) {
@@ -324,11 +333,11 @@ pub unsafe fn columns(
         }
         // Q5_0 prompts: runs of four columns in two passes of four lanes each (unpacking
         // shared by twice the columns; its offsets computed once per call).
-        if dt == DType::Q5_0 && q5_offs.len() >= cols * nb * 8 {
+        if dt == DType::Q5_0 && q5_terms.len() >= cols * nb {
             while c + 4 <= cols {
                 let (a, o) = (a.add(c * as_), o.add(c * os));
-                let offs = q5_offs[c * nb * 8..].as_ptr();
-                x86::group_q5_halves::<4>(wg, nb, a, as_, offs, o, os, c == 0);
+                let terms = q5_terms[c * nb..].as_ptr();
+                x86::group_q5_halves::<4>(wg, nb, a, as_, terms, o, os, c == 0);
                 c += 4;
             }
         }
@@ -337,7 +346,7 @@ pub unsafe fn columns(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (avx512, dt, w, ng, nb, a, as_, cols, q5_offs, out, os);
+        let _ = (avx512, dt, w, ng, nb, a, as_, cols, q5_terms, out, os);
         unreachable!("repacked weights are x86-64 only")
     }
 }
@@ -614,11 +623,12 @@ pub mod x86 {
     /// [`group::<5, C>`] in two passes over the group's blocks, lanes 0-3 then lanes 4-7
     /// (each lane's chain runs alone, so the split changes no result): a pass unpacks only
     /// its four lanes' codes and keeps `4 C` lanes in registers, so runs of four columns
-    /// share each unpacking where [`group`] fits two. `offs`: the run's first column's
-    /// [`super::q5_offsets`] (columns `nb * 8` apart).
+    /// share each unpacking where [`group`] fits two. `terms`: the run's first column's
+    /// [`super::q5_terms`] (columns `nb` apart), so that a block's offsets and `d` come from
+    /// one line, with no f16 conversion per row group.
     ///
     /// # Safety
-    /// As [`super::columns`]; `offs` covers the run's columns.
+    /// As [`super::columns`]; `terms` covers the run's columns.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn group_q5_halves<const C: usize>(
@@ -626,7 +636,7 @@ pub mod x86 {
         nb: usize,
         a: *const u8,
         as_: usize,
-        offs: *const i32,
+        terms: *const super::Q5Terms,
         out: *mut f32,
         os: usize,
         first: bool,
@@ -658,10 +668,10 @@ pub mod x86 {
                 }
                 let dx = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(320) as *const __m256i));
                 for c in 0..C {
-                    let y = a.add(c * as_ + i * 34);
-                    let yq = y.add(2) as *const i32;
-                    let off = offs.add((c * nb + i) * 8 + 4 * h);
-                    let d = _mm512_mul_ps(dx, _mm512_set1_ps(h16(y)));
+                    let yq = a.add(c * as_ + i * 34 + 2) as *const i32;
+                    let tm = &*terms.add(c * nb + i);
+                    let off = tm.offs.as_ptr().add(4 * h);
+                    let d = _mm512_mul_ps(dx, _mm512_set1_ps(tm.dy));
                     for t in 0..4 {
                         let s = _mm512_dpbusd_epi32(
                             _mm512_set1_epi32(off.add(t).read()),

@@ -357,9 +357,9 @@ pub unsafe fn run_weights(
     // Repacked Q4_K on AMX: its own packing of the tiles.
     let amx = repacked && n16 > 0 && crate::amx::available();
     let packed = pack_tiles(host, amx, n16, nb, &act, rb);
-    // Q5_0's lane offsets, once for every row group (its AVX-512 runs of four columns).
-    let q5_offs = match legacy && dt == DType::Q5_0 && isa == Isa::Avx512 && cols >= 4 {
-        true => crate::legacy16::q5_offsets(&act, rb, cols, k / 32),
+    // Q5_0's per-block activation terms, once for every row group (its AVX-512 runs of four columns).
+    let q5_terms = match legacy && dt == DType::Q5_0 && isa == Isa::Avx512 && cols >= 4 {
+        true => crate::legacy16::q5_terms(&act, rb, cols, k / 32),
         false => Vec::new(),
     };
 
@@ -413,7 +413,7 @@ pub unsafe fn run_weights(
                         a,
                         rb,
                         c1 - c0,
-                        q5_offs.get(c0 * nb32 * 8..).unwrap_or(&[]),
+                        q5_terms.get(c0 * nb32..).unwrap_or(&[]),
                         buf.as_mut_ptr(),
                         nr,
                     )
