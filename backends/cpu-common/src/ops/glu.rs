@@ -162,6 +162,23 @@ pub(super) unsafe fn glu(
     };
     for_rows(host, gate.nrows(), gate.ne[0], |r| {
         let (i1, i2, i3) = split_row(&gate, r);
+        // The gate row copied into the output row and worked on there, `up` read in place,
+        // unless the output row overlaps `up`'s (then through buffers, as written below).
+        let (up_p, op) = (
+            row_ptr(&up, i1, i2, i3) as *const f32,
+            row_ptr(&out, i1, i2, i3) as *mut f32,
+        );
+        let apart = (op as usize + 4 * k <= up_p as usize) || (up_p as usize + 4 * k <= op as usize);
+        if apart {
+            core::ptr::copy(row_ptr(&gate, i1, i2, i3) as *const f32, op, k);
+            let x = core::slice::from_raw_parts_mut(op, k);
+            let g = core::slice::from_raw_parts(up_p, k);
+            match table {
+                None => swiglu_row(isa, isa, x, g),
+                Some(t) => geglu_row(isa, isa, x, g, t),
+            }
+            return;
+        }
         let mut x = vec![0f32; k];
         let mut g = vec![0f32; k];
         read_into(&gate, i1, i2, i3, &mut x);
