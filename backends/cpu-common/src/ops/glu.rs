@@ -77,7 +77,12 @@ unsafe fn swiglu_avx2(x: &mut [f32], g: &[f32]) -> usize {
 /// ggml's f16 GELU table widened to f32 (exact), for the SIMD rows' gathers.
 fn gelu_table_f32() -> &'static [f32] {
     static T: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
-    T.get_or_init(|| gelu_table().iter().map(|&h| quant::fp16_to_f32(h)).collect())
+    T.get_or_init(|| {
+        gelu_table()
+            .iter()
+            .map(|&h| quant::fp16_to_f32(h))
+            .collect()
+    })
 }
 
 /// GeGLU row through ggml's f16 GELU table.
@@ -122,7 +127,10 @@ unsafe fn geglu_avx512(x: &mut [f32], g: &[f32], t: &[f32]) -> usize {
         let gl = _mm512_mask_blend_ps(hi, tv, v);
         let r = _mm512_mul_ps(gl, _mm512_loadu_ps(g.as_ptr().add(i)));
         let lo = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, _mm512_set1_ps(-10.0));
-        _mm512_storeu_ps(x.as_mut_ptr().add(i), _mm512_mask_blend_ps(lo, r, _mm512_setzero_ps()));
+        _mm512_storeu_ps(
+            x.as_mut_ptr().add(i),
+            _mm512_mask_blend_ps(lo, r, _mm512_setzero_ps()),
+        );
     }
     full
 }
@@ -141,7 +149,10 @@ unsafe fn geglu_avx2(x: &mut [f32], g: &[f32], t: &[f32]) -> usize {
         let gl = _mm256_blendv_ps(tv, v, hi);
         let r = _mm256_mul_ps(gl, _mm256_loadu_ps(g.as_ptr().add(i)));
         let lo = _mm256_cmp_ps::<_CMP_LE_OQ>(v, _mm256_set1_ps(-10.0));
-        _mm256_storeu_ps(x.as_mut_ptr().add(i), _mm256_blendv_ps(r, _mm256_setzero_ps(), lo));
+        _mm256_storeu_ps(
+            x.as_mut_ptr().add(i),
+            _mm256_blendv_ps(r, _mm256_setzero_ps(), lo),
+        );
     }
     full
 }
@@ -168,7 +179,8 @@ pub(super) unsafe fn glu(
             row_ptr(&up, i1, i2, i3) as *const f32,
             row_ptr(&out, i1, i2, i3) as *mut f32,
         );
-        let apart = (op as usize + 4 * k <= up_p as usize) || (up_p as usize + 4 * k <= op as usize);
+        let apart =
+            (op as usize + 4 * k <= up_p as usize) || (up_p as usize + 4 * k <= op as usize);
         if apart {
             core::ptr::copy(row_ptr(&gate, i1, i2, i3) as *const f32, op, k);
             let x = core::slice::from_raw_parts_mut(op, k);
@@ -253,7 +265,14 @@ mod tests {
             }
             for k in [16usize, 40, 69, 1536] {
                 let mut x: Vec<f32> = (0..k).map(|_| rnd(30.0)).collect();
-                let edges = [10.0f32, -10.0, 9.999, -9.999, f32::INFINITY, f32::NEG_INFINITY];
+                let edges = [
+                    10.0f32,
+                    -10.0,
+                    9.999,
+                    -9.999,
+                    f32::INFINITY,
+                    f32::NEG_INFINITY,
+                ];
                 for (j, e) in edges.iter().enumerate() {
                     x[(7 * j) % k] = *e;
                 }
@@ -265,7 +284,13 @@ mod tests {
                 let mut got = x.clone();
                 unsafe { geglu_row(isa, isa, &mut got, &g, t) };
                 for i in 0..k {
-                    assert_eq!(got[i].to_bits(), want[i].to_bits(), "{isa:?} x={} g={}", x[i], g[i]);
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "{isa:?} x={} g={}",
+                        x[i],
+                        g[i]
+                    );
                 }
             }
         }
