@@ -284,7 +284,6 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     } else {
         round_up(last + 1, 16).min(n_eff)
     } as usize;
-    let w = filled(w, len * nh, f32::NEG_INFINITY);
     let lanes: usize = if a.kqv_tile { 16 } else { 64 };
     let np = if a.kqv_tile {
         n_eff as usize
@@ -308,6 +307,21 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
         && last >= 0;
     #[cfg(not(target_arch = "x86_64"))]
     let rows16 = false;
+    // The scores: -inf where no kernel below writes one. The 16-row kernels write every
+    // visible row from `lo` through `last` (a prompt's later queries see a thousand rows: a
+    // full fill per query was a tenth of attention's time there), the row-by-row loop only
+    // visible rows.
+    let w = if rows16 {
+        w.resize(len * nh, 0.0);
+        for g in 0..nh {
+            let hw = &mut w[g * len..(g + 1) * len];
+            hw[..lo.min(len)].fill(f32::NEG_INFINITY);
+            hw[(last + 1) as usize..].fill(f32::NEG_INFINITY);
+        }
+        &mut w[..]
+    } else {
+        filled(w, len * nh, f32::NEG_INFINITY)
+    };
     #[cfg(target_arch = "x86_64")]
     if rows16 {
         let wp = w.as_mut_ptr();
