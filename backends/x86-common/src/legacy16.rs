@@ -542,18 +542,8 @@ pub mod x86 {
                 // Fifth bits: bit l of each plane byte to bit 4 of lane l's codes (16-bit
                 // shifts: the mask drops what crosses a byte); the codes are then q + 16.
                 let pl = _mm512_loadu_si512(p.add(256) as *const __m512i);
-                let hb = [
-                    _mm512_slli_epi16::<4>(pl),
-                    _mm512_slli_epi16::<3>(pl),
-                    _mm512_slli_epi16::<2>(pl),
-                    _mm512_slli_epi16::<1>(pl),
-                    pl,
-                    _mm512_srli_epi16::<1>(pl),
-                    _mm512_srli_epi16::<2>(pl),
-                    _mm512_srli_epi16::<3>(pl),
-                ];
                 for l in 0..8 {
-                    q[l] = _mm512_or_si512(q[l], _mm512_and_si512(hb[l], m10));
+                    q[l] = _mm512_or_si512(q[l], _mm512_and_si512(fifth(pl, l), m10));
                 }
             } else if !Q41 {
                 for (t, q) in q.iter_mut().enumerate() {
