@@ -300,6 +300,7 @@ pub(super) unsafe fn attn_task_body(a: &Attn, h0: i64, h1: i64, t: i64) {
     // The scores 16 rows at a time where that kernel applies, else row by row below: f32 K
     // (ggml_vec_dot_f32), f16 K for one query (ggml_vec_dot_f16, whose lanes are the f32 ones
     // on the widened rows) or a prompt chunk (tinyBLAS's 16 lanes).
+    #[cfg(target_arch = "x86_64")]
     let tile = a.k_f16 && a.kq_tile;
     #[cfg(target_arch = "x86_64")]
     let rows16 = matches!(a.isa, Isa::Avx512 | Isa::Avx2)

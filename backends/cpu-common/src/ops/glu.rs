@@ -75,6 +75,7 @@ unsafe fn swiglu_avx2(x: &mut [f32], g: &[f32]) -> usize {
 }
 
 /// ggml's f16 GELU table widened to f32 (exact), for the SIMD rows' gathers.
+#[cfg(target_arch = "x86_64")]
 fn gelu_table_f32() -> &'static [f32] {
     static T: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     T.get_or_init(|| {
@@ -88,7 +89,10 @@ fn gelu_table_f32() -> &'static [f32] {
 /// GeGLU row through ggml's f16 GELU table.
 #[inline(always)]
 pub(super) unsafe fn geglu_row_body(isa_: Isa, x: &mut [f32], g: &[f32], t: &[u16]) {
+    #[allow(unused_mut)]
     let mut i0 = 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa_;
     #[cfg(target_arch = "x86_64")]
     match isa_ {
         Isa::Avx512 => i0 = geglu_avx512(x, g, gelu_table_f32()),

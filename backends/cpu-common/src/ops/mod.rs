@@ -128,6 +128,7 @@ use rope::*;
 use set_rows::*;
 use softmax::*;
 
+#[allow(unused_imports)] // x86 kernels only
 pub(crate) use numerics::reduce16;
 
 // ---------------------------------------------------------------- checks

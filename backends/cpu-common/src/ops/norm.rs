@@ -69,7 +69,8 @@ pub(super) unsafe fn rms_norm(
     for_rows(host, (nrows + group - 1) / group, x.ne[0] * group, |gi| {
         let r0 = gi * group;
         let rows: Vec<i64> = (r0..(r0 + group).min(nrows)).collect();
-        let mut sums = None;
+        #[allow(unused_mut)]
+        let mut sums: Option<[f64; 8]> = None;
         #[cfg(target_arch = "x86_64")]
         if rows.len() == 8 {
             let base = row_ptr(&x, 0, 0, 0) as *const f32;
