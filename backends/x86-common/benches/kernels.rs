@@ -287,15 +287,7 @@ fn q4_1_r16(c: &mut Criterion) {
     let mut rp = vec![[0u8; 64]; legacy16::repacked_bytes(DType::Q4_1, k, n) / 64];
     // SAFETY: plain bytes, 64-byte lines.
     let dst = unsafe { std::slice::from_raw_parts_mut(rp.as_mut_ptr() as *mut u8, rp.len() * 64) };
-    legacy16::repack(
-        DType::Q4_1,
-        &cs.w,
-        rb,
-        k,
-        n,
-        dst,
-        &mollm_cpu_common::SourcePages::keep(),
-    );
+    legacy16::repack(DType::Q4_1, &cs.w, rb, k, n, dst);
     let mut out = vec![0f32; n * 16];
     for cols in [1usize, 16] {
         g.throughput(Throughput::Elements((k * n * cols) as u64));

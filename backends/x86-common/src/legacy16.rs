@@ -82,17 +82,10 @@ pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
     n / ROWS * (k / 32) * block_bytes(dt)
 }
 
-/// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst`, telling `from`
-/// after each group how far it has read.
-pub fn repack(
-    dt: DType,
-    src: &[u8],
-    rs: usize,
-    k: usize,
-    n: usize,
-    dst: &mut [u8],
-    from: &mollm_cpu_common::SourcePages,
-) {
+/// Repacks `n` rows of `k` elements (row `r` at `src[r * rs..]`) into `dst` (the caller
+/// splits a weight into row ranges and drops a mapped source's pages as it goes, see
+/// `matmul::prepare`).
+pub fn repack(dt: DType, src: &[u8], rs: usize, k: usize, n: usize, dst: &mut [u8]) {
     assert!(fits(dt, k, n) || avx2_fits(dt, k, n));
     let nb = k / 32;
     let (bb, ob) = (dt.info().block_bytes as usize, block_bytes(dt));
@@ -125,7 +118,6 @@ pub fn repack(
                 }
             }
         }
-        from.read_upto((g + 1) * ROWS * rs);
     }
 }
 

@@ -141,7 +141,7 @@ pub unsafe fn prepare(
         rows_parallel(host, n, 16, rb, from, |r0, r1| {
             // SAFETY: groups r0/16..r1/16 of the repack, written by this range only.
             let d = core::slice::from_raw_parts_mut(dst.0.add(r0 / 16 * gb), (r1 - r0) / 16 * gb);
-            crate::legacy16::repack(dt, &src[r0 * rb..], rb, k, r1 - r0, d, &keep)
+            crate::legacy16::repack(dt, &src[r0 * rb..], rb, k, r1 - r0, d)
         });
         return Ok(p);
     }
