@@ -49,30 +49,18 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Asks the kernel to back `data` (fresh zeroed memory, untouched) with 2 MiB pages where
-/// they fit whole. A decode step reads a few hundred bytes from each of thousands of 4 KiB
-/// pages of the pool (each sequence's rows of each head, layer, K and V): with small pages
-/// nearly every row pays a TLB walk. The pages still come only as rows are written.
-fn huge_pages(data: &[u8]) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = (data.as_ptr() as usize).next_multiple_of(HUGE);
-        let end = (data.as_ptr() as usize + data.len()) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: advice on memory `data` owns; it changes no contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    let _ = data;
-}
-
 impl CacheTensor {
     fn new(dtype: DType, head_dim: usize, n_heads: usize, rows: usize) -> CacheTensor {
-        // Zeroed memory from the allocator is mapped lazily: unused pages cost nothing.
+        // Zeroed memory from the allocator is mapped lazily: unused pages cost nothing. In
+        // 4 KiB pages, not 2 MiB ones (MADV_HUGEPAGE): a decode step reads a few hundred bytes
+        // from each of thousands of pages, so huge pages save TLB walks, but only 2-3% there
+        // (SmolLM2, 16 sequences 512 deep: 312-319 against 305-311 t/s; Qwen2.5-1.5B at a
+        // depth of 2048: equal). Their first touch is where rows are written, inside set_rows,
+        // while the other threads wait, and on a VM it can cost ~20 ms per 2 MiB page: a
+        // 2000-token prompt on Qwen2.5-1.5B spent 1.2-1.5 s in set_rows with them, 44 ms
+        // without (Sapphire Rapids-class KVM guest, 2026-12-05).
         let len = head_dim * n_heads * rows * dtype.info().block_bytes as usize;
         let data = vec![0u8; len + 63];
-        huge_pages(&data);
         let off = (data.as_ptr() as usize).next_multiple_of(64) - data.as_ptr() as usize;
         CacheTensor {
             data,

@@ -1,7 +1,7 @@
 //! Op micro-benchmarks (criterion) for the non-matmul kernel families, through each native
 //! backend's function table as the engine calls it: attention (decode against a deep cache,
 //! a prompt chunk, a sliding window), rms_norm, rope, glu (SiLU and GELU), softmax, on the
-//! shapes of SmolLM2-135M / Qwen2.5-1.5B, 2 threads. The reference backend runs beside them
+//! shapes of SmolLM2-135M / Qwen2.5-1.5B, 2 threads of the engine's pool. The reference backend runs beside them
 //! on the small shapes (it is the spec, not a contender).
 //! `cargo bench -p mollm-x86-common --bench ops [-- FILTER]`
 
@@ -52,6 +52,8 @@ fn cases() -> Vec<(&'static str, Case, u64, bool)> {
         (64, 9, 3, 512, 1, 512, 0, true),
         (64, 9, 3, 2048, 1, 2048, 0, false),
         (128, 12, 2, 2048, 1, 2048, 0, false),
+        (128, 12, 2, 256, 1, 256, 0, false),
+        (128, 12, 2, 512, 1, 512, 0, false),
         (64, 9, 3, 512, 64, 512, 0, false),
         (64, 9, 3, 2048, 1, 2048, 512, false),
         (256, 4, 1, 2048, 1, 2048, 0, false),
@@ -105,7 +107,11 @@ fn cases() -> Vec<(&'static str, Case, u64, bool)> {
 }
 
 fn ops(c: &mut Criterion) {
-    let host = reference::scoped_threads_host(2);
+    // The engine's pool, as a model runs: its workers and their per-thread scratch persist
+    // between calls (scoped threads would spawn two threads and fault in fresh scratch pages
+    // per call, more than a decode step's attention takes).
+    let pool = engine::pool::Pool::new(2);
+    let host = pool.host_api();
     let backends: Vec<_> = tables()
         .into_iter()
         .map(|(n, t)| (n, Instance::open(t, &host).expect("init")))

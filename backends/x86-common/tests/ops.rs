@@ -221,6 +221,12 @@ fn attention_edge_shapes_match_reference_bit_for_bit() {
         (256, 1, 4, 512, 6, 90, 0, 0.0),      // prompt, d = 256: whole-row 16-lane p·V
         (384, 1, 2, 256, 1, 100, 0, 0.0),     // d = 384: a 256 and a 128 piece per row
         (384, 1, 2, 256, 3, 100, 0, 0.0),     // the same for a prompt
+        // Heads per KV head in passes of at most six (scores and p·V share K and V loads):
+        (64, 2, 7, 512, 1, 300, 0, 0.0), // 7 (Qwen2.5-0.5B): passes of 4 and 3
+        (64, 1, 5, 512, 3, 100, 0, 0.0), // 5 in one pass
+        (64, 1, 8, 512, 1, 100, 0, 0.0), // 8: two passes of 4
+        (128, 1, 12, 512, 2, 150, 0, 0.0), // 12: two passes of 6
+        (112, 1, 6, 512, 1, 200, 0, 0.0), // 7 16-blocks: a chunk of 4, then three of 1
     ];
     for &(d, hkv, g, c, t, n, w, sc) in shapes {
         let cs = attention_case(&mut r, d, hkv, g, c, t, n, w, sc);
