@@ -496,7 +496,12 @@ unsafe fn scores_rows16<const H: bool, const T: bool>(
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mut rows = [core::ptr::null::<u8>(); 16];
     let mut b = [_mm512_setzero_ps(); 16];
-    let decode = a.q.ne[2] == 1;
+    // V bytes per row to prefetch (see below): none for a prompt chunk.
+    let vb = if a.q.ne[2] == 1 {
+        du * if a.v_f16 { 2 } else { 4 }
+    } else {
+        0
+    };
     let mut j0 = (lo & !15) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(16) as usize;
@@ -510,11 +515,6 @@ unsafe fn scores_rows16<const H: bool, const T: bool>(
             // prefetches were a fifth of its scores' time (64 queries 2048 deep, Qwen2.5-1.5B's
             // heads: 145 -> 118 us a task).
             let v = row_ptr(&a.v, hk, jr, 0);
-            let vb = if decode {
-                du * if a.v_f16 { 2 } else { 4 }
-            } else {
-                0
-            };
             for off in (0..vb).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off) as *const i8);
             }
@@ -575,7 +575,12 @@ unsafe fn scores_rows8<const H: bool, const T: bool>(
     let du = a.q.ne[0] as usize;
     let mut rows = [core::ptr::null::<u8>(); 8];
     let mut b = [_mm256_setzero_ps(); 8];
-    let decode = a.q.ne[2] == 1;
+    // V bytes per row to prefetch (see below): none for a prompt chunk.
+    let vb = if a.q.ne[2] == 1 {
+        du * if a.v_f16 { 2 } else { 4 }
+    } else {
+        0
+    };
     let mut j0 = (lo & !7) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(8) as usize;
@@ -586,11 +591,6 @@ unsafe fn scores_rows8<const H: bool, const T: bool>(
             // ask for them into L2 now (the row loop's L1 prefetch, which this kernel
             // replaces, did the same); not for a prompt chunk (see scores_rows16).
             let v = row_ptr(&a.v, hk, jr, 0);
-            let vb = if decode {
-                du * if a.v_f16 { 2 } else { 4 }
-            } else {
-                0
-            };
             for off in (0..vb).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off) as *const i8);
             }
