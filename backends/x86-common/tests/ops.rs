@@ -300,3 +300,44 @@ fn fixed_attention_cases_match_reference_bit_for_bit() {
         assert!(same(&c, &host, &label), "{label}: not supported natively");
     }
 }
+
+/// Prompt chunks of 8 queries or more on AVX-512 run on K and V copied into transposed
+/// 16-row blocks (`cpu-common/src/ops/attention/tposed.rs`): f32 and f16 caches, head sizes
+/// with and without a compile-time kernel, odd head groups, windows, a soft-cap, paged caches
+/// and several sequences in one call, bit for bit.
+#[test]
+fn prompt_chunks_on_transposed_blocks_match_reference_bit_for_bit() {
+    use conformance::cases::{attention, attention_seqs, SeqsShape};
+    let host = reference::scoped_threads_host(2);
+    let mut r = Rng::new(11);
+    // (d, hq, hkv, cache, t, n_kv, window, softcap)
+    #[rustfmt::skip]
+    let shapes: &[(i64, i64, i64, i64, i64, i64, i64, f32)] = &[
+        (64, 14, 2, 512, 40, 300, 0, 0.0),     // Qwen2.5-0.5B: 7 heads a KV head (pairs, a single)
+        (64, 9, 3, 1024, 8, 8, 0, 0.0),        // the fewest queries, from row 0
+        (128, 12, 2, 2048, 24, 1500, 0, 0.0),  // several p·V stretches
+        (256, 4, 1, 2560, 24, 2048, 512, 0.0), // Gemma 3's window deep in the cache
+        (192, 3, 1, 512, 16, 100, 0, 0.0),     // a head size without a compile-time kernel
+        (64, 4, 1, 256, 9, 200, 0, 30.0),      // soft-cap
+        (64, 4, 2, 512, 17, 450, 37, 0.0),     // a window starting mid-block
+        (64, 4, 2, 600, 17, 550, 0, 0.0),      // n_eff = 600, not whole blocks: row kernels
+    ];
+    for dt in [DType::F32, DType::F16] {
+        for &(d, hq, hkv, c, t, n, w, sc) in shapes {
+            let cs = attention(&mut r, d, hq, hkv, c, t, n, w, sc, dt);
+            let label = cs.label.clone();
+            assert!(same(&cs, &host, &label), "{label}: not supported natively");
+        }
+    }
+    // Several sequences in one call on a paged cache: two prompt chunks and a decode step.
+    #[rustfmt::skip]
+    let seqs: [SeqsShape; 2] = [
+        (64, 8, 2, 6, 256, &[(&[1, 4], 12, 400), (&[3], 1, 100), (&[5, 0], 9, 270)], 0, DType::F32),
+        (128, 6, 2, 6, 256, &[(&[2, 5], 20, 300), (&[0], 16, 16)], 64, DType::F16),
+    ];
+    for s in &seqs {
+        let cs = attention_seqs(&mut r, s);
+        let label = cs.label.clone();
+        assert!(same(&cs, &host, &label), "{label}: not supported natively");
+    }
+}

@@ -6,6 +6,7 @@
 use super::*;
 
 mod pv;
+mod tposed;
 use pv::*;
 
 /// `ggml_vec_dot_f32` (AVX-512 build): 4 x 16 FMA accumulators over 64-element steps,
@@ -180,6 +181,11 @@ pub(super) struct Attn {
     positions: Vec<i64>,
     /// The pool row of each of the sequence's rows (paged caches).
     rows: abi::PagedRows,
+    /// K and V copied into transposed 16-row blocks for this call (`tposed`), `tblocks` per
+    /// KV head; null where the call runs on the cache rows.
+    kt: *mut tposed::Line,
+    vt: *mut tposed::Line,
+    tblocks: usize,
 }
 
 /// V row `(hk, j)` as f32: in place for an f32 cache, widened into `buf` for f16.
@@ -698,46 +704,6 @@ unsafe fn reduce_rows8(b: &[core::arch::x86_64::__m256; 8]) -> core::arch::x86_6
     _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
-/// `reduce16` of each of 16 vectors (a row's 16 lanes each), as one vector whose lane
-/// `4k + e` is row `4e + k`'s sum: t8 = v[8 + i] + v[i], t4 = t8[4 + i] + t8[i],
-/// (t4[0] + t4[2]) + (t4[1] + t4[3]), two rows per vector addition at first, 16 at the end.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn reduce_rows16(b: &[core::arch::x86_64::__m512; 16]) -> core::arch::x86_64::__m512 {
-    use core::arch::x86_64::*;
-    // t8: quarters [r.q0 + r.q2, r.q1 + r.q3, r'.q0 + r'.q2, r'.q1 + r'.q3].
-    let mut u = [_mm512_setzero_ps(); 8];
-    for p in 0..8 {
-        let (x, y) = (b[2 * p], b[2 * p + 1]);
-        u[p] = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
-            _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
-        );
-    }
-    // t4: one row per quarter, rows 4q .. 4q + 3.
-    let mut t = [_mm512_setzero_ps(); 4];
-    for q in 0..4 {
-        let (x, y) = (u[2 * q], u[2 * q + 1]);
-        t[q] = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
-        );
-    }
-    // Per quarter: [t0 + t2, t1 + t3] of two rows, then their sum.
-    let pair = |x: __m512, y: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
-            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
-        )
-    };
-    let (s0, s1) = (pair(t[0], t[1]), pair(t[2], t[3]));
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0b10_00_10_00>(s0, s1),
-        _mm512_shuffle_ps::<0b11_01_11_01>(s0, s1),
-    )
-}
-
 pub(super) unsafe fn attention(
     isa: Isa,
     host: &HostApi,
@@ -753,27 +719,35 @@ pub(super) unsafe fn attention(
     for c in &calls {
         parts.push(attention_call(isa, c.inputs(), &c.out, &c.params)?);
     }
+    tposed::with_transposed(host, &mut parts, |parts| run_tasks(isa, host, parts));
+    Ok(())
+}
+
+/// The tasks of a call's sequences, all in one parallel_for.
+unsafe fn run_tasks(isa: Isa, host: &HostApi, parts: &[Attn]) {
     // Tasks: (sequence, token, KV head, piece of its query heads). Whole groups share K/V
     // loads best; they are split only when there would be fewer tasks than threads: every
     // piece reads its KV head's whole cache. (Zen 4, 2 threads, one sequence 2048 deep:
     // SmolLM2, 3 KV heads, 3 tasks instead of 6: 60-61 -> 67-71 t/s with an f32 cache;
     // Qwen2.5-0.5B and Gemma 3 within noise.)
     let want = host.n_threads.max(1) as usize;
-    let (hq, hkv) = (inputs[0].ne[1], inputs[1].ne[1]);
+    let (hq, hkv) = (parts[0].q.ne[1], parts[0].k.ne[1]);
+    let nt: i64 = parts.iter().map(|a| a.q.ne[2]).sum();
     let group = hq / hkv;
-    let (g, kt) = (
-        group.max(1) as usize,
-        (hkv * inputs[0].ne[2]).max(1) as usize,
-    );
+    let (g, kt) = (group.max(1) as usize, (hkv * nt).max(1) as usize);
     let pieces = want.div_ceil(kt).clamp(1, g);
     let per = g.div_ceil(pieces);
     let (per, pieces) = (per as i64, g.div_ceil(per) as i64);
     // The first task of each sequence, then the total.
+    // A call on transposed K and V (`tposed`) has tasks of (query group, KV head) instead.
     let mut first = Vec::with_capacity(parts.len() + 1);
     let mut n_tasks = 0i64;
-    for a in &parts {
+    for a in parts {
         first.push(n_tasks);
-        n_tasks += hkv * pieces * a.q.ne[2];
+        n_tasks += match a.kt.is_null() {
+            true => hkv * pieces * a.q.ne[2],
+            false => hkv * tposed::groups(a),
+        };
     }
     first.push(n_tasks);
     let shared = SyncPtr(parts.as_ptr() as *mut u8);
@@ -785,13 +759,16 @@ pub(super) unsafe fn attention(
         // SAFETY: `parts` outlives parallel_for; tasks write disjoint output rows.
         let a = &*(shared.0 as *const Attn).add(s);
         let task = task - first[s];
+        if !a.kt.is_null() {
+            tposed::task(a, task % hkv, task / hkv);
+            return;
+        }
         let (piece, t) = (task % (hkv * pieces), task / (hkv * pieces));
         let (hk, pc) = (piece / pieces, piece % pieces);
         let h0 = hk * group + pc * per;
         let h1 = (h0 + per).min((hk + 1) * group);
         attn_task(isa, a, h0, h1, t);
     });
-    Ok(())
 }
 
 /// The shared state of one sequence's attention (a one-sequence call's inputs).
@@ -830,5 +807,8 @@ pub(super) unsafe fn attention_call(
         kq_tile: k.dtype() == Some(DType::F16) && nt >= 2 && d % 16 == 0 && n_eff % 4 == 0,
         positions: (0..nt).map(|t| read_i32(&pos, t) as i64).collect(),
         rows,
+        kt: core::ptr::null_mut(),
+        vt: core::ptr::null_mut(),
+        tblocks: 0,
     })
 }

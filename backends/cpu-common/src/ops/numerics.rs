@@ -19,6 +19,15 @@ pub(super) unsafe fn soft_max_f32(isa: Isa, x: &[f32], y: &mut [f32], max: f32) 
     let n = x.len();
     let mut sum = 0f64;
     let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        while i + 255 < n {
+            for s in exp_sums256(x.as_ptr().add(i), max, y.as_mut_ptr().add(i)) {
+                sum += s as f64;
+            }
+            i += 256;
+        }
+    }
     while i + 15 < n {
         let mut v = [0f32; 16];
         expf16(isa, x[i..i + 16].try_into().unwrap(), max, &mut v);
@@ -33,6 +42,73 @@ pub(super) unsafe fn soft_max_f32(isa: Isa, x: &[f32], y: &mut [f32], max: f32) 
         i += 1;
     }
     sum
+}
+
+/// `reduce16` of each of 16 vectors (a row's 16 lanes each), as one vector whose lane
+/// `4k + e` is row `4e + k`'s sum: t8 = v[8 + i] + v[i], t4 = t8[4 + i] + t8[i],
+/// (t4[0] + t4[2]) + (t4[1] + t4[3]), two rows per vector addition at first, 16 at the end.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn reduce_rows16(
+    b: &[core::arch::x86_64::__m512; 16],
+) -> core::arch::x86_64::__m512 {
+    use core::arch::x86_64::*;
+    // t8: quarters [r.q0 + r.q2, r.q1 + r.q3, r'.q0 + r'.q2, r'.q1 + r'.q3].
+    let mut u = [_mm512_setzero_ps(); 8];
+    for p in 0..8 {
+        let (x, y) = (b[2 * p], b[2 * p + 1]);
+        u[p] = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+        );
+    }
+    // t4: one row per quarter, rows 4q .. 4q + 3.
+    let mut t = [_mm512_setzero_ps(); 4];
+    for q in 0..4 {
+        let (x, y) = (u[2 * q], u[2 * q + 1]);
+        t[q] = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        );
+    }
+    // Per quarter: [t0 + t2, t1 + t3] of two rows, then their sum.
+    let pair = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    };
+    let (s0, s1) = (pair(t[0], t[1]), pair(t[2], t[3]));
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(s0, s1),
+        _mm512_shuffle_ps::<0b11_01_11_01>(s0, s1),
+    )
+}
+
+/// [`soft_max_f32`]'s exps of 256 elements at `x` into `y`, and each 16-element step's
+/// `reduce16` sum (in step order): the same exps, and the same additions per step as there,
+/// for 16 steps at once ([`reduce_rows16`]) instead of 15 scalar additions per step.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn exp_sums256(x: *const f32, max: f32, y: *mut f32) -> [f32; 16] {
+    use core::arch::x86_64::*;
+    let mut v = [_mm512_setzero_ps(); 16];
+    for (k, v) in v.iter_mut().enumerate() {
+        let mut e = [0f32; 16];
+        expf16_avx512(&*(x.add(16 * k) as *const [f32; 16]), max, &mut e);
+        *v = _mm512_loadu_ps(e.as_ptr());
+        _mm512_storeu_ps(y.add(16 * k), *v);
+    }
+    // Lane 4k + e of the reduction is step 4e + k.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let mut s = [0f32; 16];
+    _mm512_storeu_ps(
+        s.as_mut_ptr(),
+        _mm512_permutexvar_ps(order, reduce_rows16(&v)),
+    );
+    s
 }
 
 /// `out[l] = v_expf(x[l] - max)` for 16 lanes.
