@@ -28,6 +28,7 @@ const QG: i64 = 8;
 
 /// Row blocks per p·V stretch: a stretch of V (16 KiB for 16 outputs) is used by every query
 /// and head of the task before the next.
+#[cfg(target_arch = "x86_64")]
 const SB: usize = 16;
 
 /// One 64-byte line: one element of 16 consecutive rows.
@@ -154,6 +155,7 @@ unsafe fn copy_block(a: &Attn, hk: usize, b: usize) {
 }
 
 /// `v` at least `n` long (what it held stays).
+#[cfg(target_arch = "x86_64")]
 fn grow<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
     if v.len() < n {
         v.resize(n, x);
@@ -162,6 +164,7 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
 
 /// One query of a task: its position, first and last visible rows, and its score row length
 /// (through the last visible row, rounded up to 16).
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Query {
     pt: i64,
@@ -171,6 +174,7 @@ struct Query {
 }
 
 /// A task's working memory, kept per thread between tasks.
+#[cfg(target_arch = "x86_64")]
 #[derive(Default)]
 struct Scratch {
     qv: Vec<f32>,
@@ -180,6 +184,7 @@ struct Scratch {
     res: Vec<f32>,
 }
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     static SCRATCH: core::cell::Cell<Scratch> = core::cell::Cell::new(Scratch::default());
 }
