@@ -69,23 +69,23 @@ pub use tiles::*;
 mod tiles {
     use core::arch::asm;
 
-    /// The one tile configuration (palette 1): tiles 0 and 1 are 16 x 16 i32 accumulators,
-    /// 2 and 3 hold 16 rows of 32 signed bytes (K = 32: one 32-element sub-block of 16
-    /// activation columns), 4 and 5 hold 8 rows of 64 unsigned bytes (the same K as 8 quads
-    /// of 16 weight rows, the VNNI layout).
+    /// A tile configuration (palette 1).
     #[repr(C, align(64))]
     struct Config([u8; 64]);
 
-    const CONFIG: Config = {
+    /// Palette 1 with tiles 0 and 1 of 16 x 16 i32 (the accumulators), 2 and 3 of 16 rows of
+    /// `k` bytes (A: 16 activation columns of `k` signed bytes), 4 and 5 of `k / 4` rows of
+    /// 64 bytes (B: `k / 4` quads of 16 weight rows, the VNNI layout).
+    const fn config(k: u16) -> Config {
         let mut c = [0u8; 64];
         c[0] = 1;
         let shapes: [(usize, u8, u16); 6] = [
             (0, 16, 64),
             (1, 16, 64),
-            (2, 16, 32),
-            (3, 16, 32),
-            (4, 8, 64),
-            (5, 8, 64),
+            (2, 16, k),
+            (3, 16, k),
+            (4, (k / 4) as u8, 64),
+            (5, (k / 4) as u8, 64),
         ];
         let mut i = 0;
         while i < shapes.len() {
@@ -96,7 +96,22 @@ mod tiles {
             i += 1;
         }
         Config(c)
-    };
+    }
+
+    /// K = 32: one 32-element sub-block per product (Q4_K).
+    const CONFIG: Config = config(32);
+    /// K = 16: one 16-element sub-block per product (Q6_K).
+    const CONFIG_K16: Config = config(16);
+
+    /// Loads the K = 16 configuration ([`dot2`] then takes A rows of 16 bytes and B tiles
+    /// of 4 rows).
+    ///
+    /// # Safety
+    /// [`super::available`] returned true.
+    #[inline(always)]
+    pub unsafe fn configure_k16() {
+        asm!("ldtilecfg [{p}]", p = in(reg) CONFIG_K16.0.as_ptr(), options(nostack, readonly));
+    }
 
     /// Loads the configuration on this thread (zeroing its tiles).
     ///
@@ -125,9 +140,9 @@ mod tiles {
         asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
     }
 
-    /// `C0 += A0 · B0`, `C1 += A1 · B1` (tiles 0/2/4 and 1/3/5): `A` is 16 rows of 32 signed
-    /// bytes at `a0`/`a1` (row stride `sa`), `B` 8 rows of 64 unsigned bytes at `b0`/`b1` (row
-    /// stride 64); `C[m][n] += Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, exact in i32.
+    /// `C0 += A0 · B0`, `C1 += A1 · B1` (tiles 0/2/4 and 1/3/5): `A` is 16 rows of K (32, or
+    /// 16 after [`configure_k16`]) signed bytes at `a0`/`a1` (row stride `sa`), `B` K / 4 rows
+    /// of 64 unsigned bytes at `b0`/`b1` (row stride 64); `C[m][n] += Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, exact in i32.
     ///
     /// # Safety
     /// [`configure`] ran on this thread; the pointers cover the rows read.

@@ -35,6 +35,8 @@ pub mod matmul;
 pub mod par;
 pub mod q4k16;
 #[cfg(target_arch = "x86_64")]
+pub mod q6kamx;
+#[cfg(target_arch = "x86_64")]
 pub mod simd;
 pub mod wr16;
 

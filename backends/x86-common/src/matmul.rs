@@ -25,6 +25,8 @@ thread_local! {
     /// The calling thread's activation rows and Q5_0 terms, kept between calls: fresh zeroed
     /// vectors per call were a memset (and, when glibc handed back the pages, their first
     /// touch) of up to 2.6 MB a call, ~6% of Qwen2.5-0.5B's prompt time.
+    /// A task's Q6_K rows packed for AMX (`q6kamx::pack_rows`), kept per thread.
+    static ROWS_BUF: core::cell::Cell<Vec<u8>> = const { core::cell::Cell::new(Vec::new()) };
     static ACT_BUF: core::cell::Cell<Vec<u8>> = const { core::cell::Cell::new(Vec::new()) };
     static TERMS_BUF: core::cell::Cell<Vec<crate::legacy16::Q5Terms>> =
         const { core::cell::Cell::new(Vec::new()) };
@@ -367,7 +369,19 @@ pub unsafe fn run_weights(
     let nb = k / 256;
     // Repacked Q4_K on AMX: its own packing of the tiles.
     let amx = repacked && n16 > 0 && crate::amx::available();
-    let packed = pack_tiles(host, amx, n16, nb, act, rb);
+    // Row-major Q6_K on AMX: the tiles of each task's 16-row groups, packed by the task.
+    let q6amx = !repacked
+        && !legacy
+        && dt == DType::Q6_K
+        && n16 > 0
+        && n % 16 == 0
+        && crate::amx::available();
+    let pack = match (amx, q6amx) {
+        (true, _) => Pack::AmxQ4K,
+        (_, true) => Pack::AmxQ6K,
+        _ => Pack::Vnni,
+    };
+    let packed = pack_tiles(host, pack, n16, nb, act, rb);
     // Q5_0's per-block activation terms, once for every row group (its AVX-512 runs of four columns).
     let mut terms_buf = TERMS_BUF.with(|b| b.take());
     let q5_terms = match legacy && dt == DType::Q5_0 && isa == Isa::Avx512 && cols >= 4 {
@@ -399,6 +413,27 @@ pub unsafe fn run_weights(
         let mut buf = TASK_BUF.with(|b| b.take());
         buf.resize(TASK_OUT, 0.0);
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
+        #[allow(unused_mut)] // assigned on x86-64 only
+        let mut rows = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        if q6amx {
+            // The task's rows as AMX tiles, once for all its columns (nr is whole groups:
+            // n and the task size are multiples of 16).
+            use crate::q6kamx::{pack_rows, ROW_BLOCK};
+            rows = ROWS_BUF.with(|b| b.take());
+            rows.resize(nr / 16 * nb * ROW_BLOCK, 0);
+            for g in 0..nr / 16 {
+                // SAFETY: AVX-512 (packed_tiles checked); rows r0 + 16g .. + 16 of nb blocks.
+                unsafe {
+                    pack_rows(
+                        wrow.add(16 * g * w_stride),
+                        w_stride,
+                        nb,
+                        rows.as_mut_ptr().add(g * nb * ROW_BLOCK),
+                    )
+                };
+            }
+        }
         let mut c0 = 0;
         while c0 < cols {
             let c1 = if c0 < n16 * PACKED_COLS {
@@ -437,6 +472,18 @@ pub unsafe fn run_weights(
                         isa, amx, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
                     )
                 };
+            } else if c0 < n16 * PACKED_COLS && q6amx {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    use crate::q6kamx::{tile, ACT_BLOCK, ROW_BLOCK};
+                    let p = packed[c0 / PACKED_COLS * nb * ACT_BLOCK..].as_ptr();
+                    for g in 0..nr / 16 {
+                        let w = rows[g * nb * ROW_BLOCK..].as_ptr();
+                        // SAFETY: AMX (checked); w and p hold nb packed blocks; buf holds
+                        // nr x 16 floats, group g's rows at 16 g.
+                        unsafe { tile(w, nb, p, buf.as_mut_ptr().add(16 * g), nr) };
+                    }
+                }
             } else if c0 < n16 * PACKED_COLS {
                 let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
                 // SAFETY: AVX-512 (packed_tiles checked); rows r0..r1 of nb blocks; the tile
@@ -470,6 +517,9 @@ pub unsafe fn run_weights(
             c0 = c1;
         }
         TASK_BUF.with(|b| b.set(buf));
+        if q6amx {
+            ROWS_BUF.with(|b| b.set(rows));
+        }
     });
     ACT_BUF.with(|b| b.set(act_buf));
     TERMS_BUF.with(|b| b.set(terms_buf));
@@ -639,14 +689,25 @@ fn packed_tiles(isa: Isa, dt: DType, kernels: &[quant::Kernel]) -> usize {
     }
 }
 
+/// How prompt columns of Q4_K/Q6_K are packed into 16-column tiles.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pack {
+    /// For the VNNI kernels (`kq512::pack_q8k_t16`).
+    Vnni,
+    /// For repacked Q4_K on AMX (`q4k16::pack_amx`).
+    AmxQ4K,
+    /// For row-major Q6_K on AMX (`q6kamx::pack_act`).
+    AmxQ6K,
+}
+
 /// The packed tiles of the first `n16 * 16` activation rows (each `rb` bytes of Q8_K), for
-/// the AMX kernel where `amx`.
-fn pack_tiles(host: &HostApi, amx: bool, n16: usize, nb: usize, act: &[u8], rb: usize) -> Vec<u8> {
+/// the kernels `pack` names.
+fn pack_tiles(host: &HostApi, pack: Pack, n16: usize, nb: usize, act: &[u8], rb: usize) -> Vec<u8> {
     #[cfg(target_arch = "x86_64")]
-    let block = if amx {
-        crate::q4k16::AMX_BLOCK
-    } else {
-        PACKED_BLOCK
+    let block = match pack {
+        Pack::AmxQ4K => crate::q4k16::AMX_BLOCK,
+        Pack::AmxQ6K => crate::q6kamx::ACT_BLOCK,
+        Pack::Vnni => PACKED_BLOCK,
     };
     #[cfg(not(target_arch = "x86_64"))]
     let block = PACKED_BLOCK;
@@ -661,15 +722,15 @@ fn pack_tiles(host: &HostApi, amx: bool, n16: usize, nb: usize, act: &[u8], rb: 
             parallel_for(host, n16 as u32, |t| {
                 let t = t as usize;
                 let (a, d) = (src.0.add(t * PACKED_COLS * rb), dst.0.add(t * nb * block));
-                if amx {
-                    crate::q4k16::pack_amx(a, rb, nb, d)
-                } else {
-                    crate::kq512::pack_q8k_t16(a, rb, nb, d)
+                match pack {
+                    Pack::AmxQ4K => crate::q4k16::pack_amx(a, rb, nb, d),
+                    Pack::AmxQ6K => crate::q6kamx::pack_act(a, rb, nb, d),
+                    Pack::Vnni => crate::kq512::pack_q8k_t16(a, rb, nb, d),
                 }
             })
         };
     }
-    let _ = (host, amx, act, rb);
+    let _ = (host, pack, act, rb);
     packed
 }
 

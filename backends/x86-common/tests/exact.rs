@@ -348,6 +348,7 @@ fn mat_mul_matches_reference_backend_bit_for_bit() {
         (DType::Q8_0, 576, 64),
         (DType::Q5_0, 896, 40),
         (DType::Q6_K, 512, 72),
+        (DType::Q6_K, 768, 48), // whole 16-row groups: AMX tiles where the CPU has them
         (DType::Q4_K, 512, 64), // repacked (rows % 8 == 0): GEMV / GEMM
         (DType::Q4_K, 768, 36), // not repacked: vec_dot / tiled
         (DType::Q4_0, 576, 64), // repacked (rows % 8 == 0): ggml's repack chain
@@ -908,6 +909,71 @@ fn amx_q4_k_tile_matches_vnni_tile_and_the_gemm_chain() {
                 );
                 let (v, t) = (vnni[c * rows + r], tiles[c * rows + r]);
                 assert_eq!(v.to_bits(), want.to_bits(), "{label}: VNNI row {r} col {c}");
+                assert_eq!(t.to_bits(), want.to_bits(), "{label}: AMX row {r} col {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn amx_q6_k_tile_matches_the_tiled_chain() {
+    use mollm_x86_common::{amx, q6kamx};
+    if !Isa::Avx512.detected() || !amx::available() {
+        eprintln!("no AMX int8 here (or MOLLM_AMX=0): the AMX Q6_K tile is not tested");
+        return;
+    }
+    let (k, rows, cols) = (768usize, 16usize, 16usize);
+    let nb = k / 256;
+    let (rb, ab) = (quant::row_bytes(DType::Q6_K, k).unwrap(), 292 * nb);
+    let mut rng = Rng::new(37);
+    let acts = |rng: &mut Rng| -> Vec<u8> {
+        (0..cols)
+            .flat_map(|_| {
+                let x = rng.data(k, 1.0);
+                let mut a = vec![0u8; ab];
+                quant::quantize_activations_for(Kernel::Tiled, DType::Q6_K, &x, &mut a).unwrap();
+                a
+            })
+            .collect()
+    };
+    let random = (weights(&mut rng, DType::Q6_K, k, rows), acts(&mut rng));
+    // Extremes: every code 0 (q - 32 = -32), every scale -128, d = 1.0; activations d = 1.0,
+    // every quant -128 (their 16-element sums -2048): the largest |sum| the chain can meet.
+    let mut wx = vec![0u8; rb * rows];
+    for b in wx.chunks_exact_mut(210) {
+        b[..192].fill(0);
+        b[192..208].fill(0x80);
+        b[208..].copy_from_slice(&[0x00, 0x3C]);
+    }
+    let mut ax = vec![0u8; ab * cols];
+    for b in ax.chunks_exact_mut(292) {
+        b[..4].copy_from_slice(&1f32.to_le_bytes());
+        b[4..260].fill(0x80);
+        for s in b[260..].chunks_exact_mut(2) {
+            s.copy_from_slice(&(-2048i16).to_le_bytes());
+        }
+    }
+    for (label, (w, a)) in [("random", random), ("extremes", (wx, ax))] {
+        let mut prow = vec![0u8; nb * q6kamx::ROW_BLOCK];
+        let mut pact = vec![0u8; nb * q6kamx::ACT_BLOCK];
+        let mut out = vec![0f32; rows * cols];
+        // SAFETY: AVX-512 and AMX checked above; the buffers hold what each call reads and
+        // writes (16 rows, 16 columns of nb blocks, outputs of stride `rows`).
+        unsafe {
+            q6kamx::pack_rows(w.as_ptr(), rb, nb, prow.as_mut_ptr());
+            q6kamx::pack_act(a.as_ptr(), ab, nb, pact.as_mut_ptr());
+            q6kamx::tile(prow.as_ptr(), nb, pact.as_ptr(), out.as_mut_ptr(), rows);
+        }
+        for c in 0..cols {
+            for r in 0..rows {
+                let want = quant::dot_with(
+                    Kernel::Tiled,
+                    DType::Q6_K,
+                    k,
+                    &w[r * rb..(r + 1) * rb],
+                    &a[c * ab..(c + 1) * ab],
+                );
+                let t = out[c * rows + r];
                 assert_eq!(t.to_bits(), want.to_bits(), "{label}: AMX row {r} col {c}");
             }
         }
