@@ -45,6 +45,8 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--backend", default="auto")
     p.add_argument("--llama-bench")
+    p.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
+                   help="mollm's K/V cache format (as in bench_compare.py)")
     a = p.parse_args()
     exe = candle_exe()
     print(f"pp{a.prompt_tokens} / tg{a.gen}, random ids, empty cache, {a.threads} threads, "
