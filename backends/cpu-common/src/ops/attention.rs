@@ -538,24 +538,41 @@ unsafe fn scores_rows16<const H: bool, const T: bool>(
                 b[r] = lanes512::<H, T>(rows[r], q, du);
             }
             let sums = _mm512_permutexvar_ps(order, reduce_rows16(&b));
-            let mut s = [0f32; 16];
-            if a.softcap > 0.0 {
-                _mm512_storeu_ps(s.as_mut_ptr(), sums);
-                for x in s.iter_mut() {
-                    *x = ((*x * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale;
-                }
-            } else {
-                _mm512_storeu_ps(s.as_mut_ptr(), _mm512_mul_ps(sums, _mm512_set1_ps(a.scale)));
-            }
-            for r in 0..n {
-                let j = j0 + r as i64;
-                // j <= last <= pt: only the window hides a row here.
-                if a.window == 0 || pt - j < a.window {
-                    *w.add(g * len + j as usize) = s[r];
-                }
-            }
+            store_scores(a, sums, pt, j0 as usize, n, w.add(g * len));
         }
         j0 += 16;
+    }
+}
+
+/// Scaled scores (soft-capped where the model says so) of rows `j0 .. j0 + n` into `hw`
+/// (rows a sliding window hides keep their -inf).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) unsafe fn store_scores(
+    a: &Attn,
+    sums: core::arch::x86_64::__m512,
+    pt: i64,
+    j0: usize,
+    n: usize,
+    hw: *mut f32,
+) {
+    use core::arch::x86_64::*;
+    let mut s = [0f32; 16];
+    if a.softcap > 0.0 {
+        _mm512_storeu_ps(s.as_mut_ptr(), sums);
+        for x in s.iter_mut() {
+            *x = ((*x * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale;
+        }
+    } else {
+        _mm512_storeu_ps(s.as_mut_ptr(), _mm512_mul_ps(sums, _mm512_set1_ps(a.scale)));
+    }
+    for r in 0..n {
+        let j = j0 + r;
+        // j <= last <= pt: only the window hides a row here.
+        if a.window == 0 || pt - (j as i64) < a.window {
+            *hw.add(j) = s[r];
+        }
     }
 }
 
@@ -740,25 +757,13 @@ unsafe fn run_tasks(isa: Isa, host: &HostApi, parts: &[Attn]) {
     let (per, pieces) = (per as i64, g.div_ceil(per) as i64);
     // The first task of each sequence, then the total.
     // A call on transposed K and V (`tposed`) has tasks of (query group, KV head) instead.
-    let mut first = Vec::with_capacity(parts.len() + 1);
-    let mut n_tasks = 0i64;
-    for a in parts {
-        first.push(n_tasks);
-        n_tasks += match a.kt.is_null() {
-            true => hkv * pieces * a.q.ne[2],
-            false => hkv * tposed::groups(a),
-        };
-    }
-    first.push(n_tasks);
-    let shared = SyncPtr(parts.as_ptr() as *mut u8);
-    let first = &first;
-    parallel_for(host, n_tasks as u32, |task| {
-        let _ = &shared;
+    let count = |a: &Attn| match a.kt.is_null() {
+        true => hkv * pieces * a.q.ne[2],
+        false => hkv * tposed::groups(a),
+    } as usize;
+    // Tasks write disjoint output rows.
+    part_tasks(host, parts, count, |a, task| {
         let task = task as i64;
-        let s = first.partition_point(|&f| f <= task) - 1;
-        // SAFETY: `parts` outlives parallel_for; tasks write disjoint output rows.
-        let a = &*(shared.0 as *const Attn).add(s);
-        let task = task - first[s];
         if !a.kt.is_null() {
             tposed::task(a, task % hkv, task / hkv);
             return;
@@ -768,6 +773,35 @@ unsafe fn run_tasks(isa: Isa, host: &HostApi, parts: &[Attn]) {
         let h0 = hk * group + pc * per;
         let h1 = (h0 + per).min((hk + 1) * group);
         attn_task(isa, a, h0, h1, t);
+    });
+}
+
+/// Runs `f(part, i)` for `i` in `0..count(part)` of every part, all in one parallel_for.
+///
+/// # Safety
+/// As `parallel_for_shared`: tasks may run at once, so what `f` writes is disjoint per task.
+pub(super) unsafe fn part_tasks(
+    host: &HostApi,
+    parts: &[Attn],
+    count: impl Fn(&Attn) -> usize,
+    f: impl Fn(&Attn, usize),
+) {
+    let mut first = Vec::with_capacity(parts.len() + 1);
+    let mut n = 0usize;
+    for a in parts {
+        first.push(n);
+        n += count(a);
+    }
+    first.push(n);
+    let shared = SyncPtr(parts.as_ptr() as *mut u8);
+    let first = &first;
+    parallel_for(host, n as u32, |task| {
+        let _ = &shared;
+        let task = task as usize;
+        let s = first.partition_point(|&f| f <= task) - 1;
+        // SAFETY: `parts` outlives parallel_for.
+        let a = &*(shared.0 as *const Attn).add(s);
+        f(a, task - first[s]);
     });
 }
 

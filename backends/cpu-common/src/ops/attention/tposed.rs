@@ -95,24 +95,10 @@ pub(super) unsafe fn with_transposed(host: &HostApi, parts: &mut [Attn], f: impl
                 a.tblocks = nb;
             }
         }
-        // Tasks: (call, KV head, block).
-        let mut first = Vec::with_capacity(parts.len() + 1);
-        let mut n = 0usize;
-        for (a, &(_, nb)) in parts.iter().zip(&spans) {
-            first.push(n);
-            n += a.k.ne[1] as usize * nb;
-        }
-        first.push(n);
-        let shared = SyncPtr(parts.as_ptr() as *mut u8);
-        let first = &first;
-        parallel_for(host, n as u32, |task| {
-            let _ = &shared;
-            let task = task as usize;
-            let s = first.partition_point(|&f| f <= task) - 1;
-            // SAFETY: `parts` outlives parallel_for; each task writes its own block's lines.
-            let a = &*(shared.0 as *const Attn).add(s);
-            let t = task - first[s];
-            copy_block(a, t / a.tblocks, t % a.tblocks);
+        // Tasks: (call, KV head, block), each writing its own block's lines.
+        let count = |a: &Attn| a.k.ne[1] as usize * a.tblocks;
+        part_tasks(host, parts, count, |a, t| {
+            copy_block(a, t / a.tblocks, t % a.tblocks)
         });
     }
     f(parts);
@@ -399,38 +385,6 @@ unsafe fn pv_stretch(
     }
     for (i, c) in c.iter().enumerate() {
         _mm512_store_ps((*acc.add(i)).0.as_mut_ptr(), *c);
-    }
-}
-
-/// Scaled scores (soft-capped where the model says so) of rows `j0 .. j0 + n` into `hw`
-/// (rows a sliding window hides keep their -inf).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[inline]
-unsafe fn store_scores(
-    a: &Attn,
-    sums: core::arch::x86_64::__m512,
-    pt: i64,
-    j0: usize,
-    n: usize,
-    hw: *mut f32,
-) {
-    use core::arch::x86_64::*;
-    let mut s = [0f32; 16];
-    if a.softcap > 0.0 {
-        _mm512_storeu_ps(s.as_mut_ptr(), sums);
-        for x in s.iter_mut() {
-            *x = ((*x * (1.0 / a.softcap)).tanh() * a.softcap) * a.scale;
-        }
-    } else {
-        _mm512_storeu_ps(s.as_mut_ptr(), _mm512_mul_ps(sums, _mm512_set1_ps(a.scale)));
-    }
-    for r in 0..n {
-        let j = j0 + r;
-        // j <= last <= pt: only the window hides a row here.
-        if a.window == 0 || pt - (j as i64) < a.window {
-            *hw.add(j) = s[r];
-        }
     }
 }
 
