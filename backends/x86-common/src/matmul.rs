@@ -22,11 +22,11 @@ const TASK_OUT: usize = 4096;
 thread_local! {
     /// Each compute thread's task output buffer ([`TASK_OUT`] floats once first used).
     static TASK_BUF: core::cell::Cell<Vec<f32>> = const { core::cell::Cell::new(Vec::new()) };
+    /// A task's Q6_K rows packed for AMX (`q6kamx::pack_rows`), kept per thread.
+    static ROWS_BUF: core::cell::Cell<Vec<u8>> = const { core::cell::Cell::new(Vec::new()) };
     /// The calling thread's activation rows and Q5_0 terms, kept between calls: fresh zeroed
     /// vectors per call were a memset (and, when glibc handed back the pages, their first
     /// touch) of up to 2.6 MB a call, ~6% of Qwen2.5-0.5B's prompt time.
-    /// A task's Q6_K rows packed for AMX (`q6kamx::pack_rows`), kept per thread.
-    static ROWS_BUF: core::cell::Cell<Vec<u8>> = const { core::cell::Cell::new(Vec::new()) };
     static ACT_BUF: core::cell::Cell<Vec<u8>> = const { core::cell::Cell::new(Vec::new()) };
     static TERMS_BUF: core::cell::Cell<Vec<crate::legacy16::Q5Terms>> =
         const { core::cell::Cell::new(Vec::new()) };
