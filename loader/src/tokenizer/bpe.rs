@@ -1,4 +1,4 @@
-//! Byte-level BPE ("gpt2" vocabularies) built with the `tokenizers` crate.
+//! Byte-level BPE ("gpt2" vocabularies): `tokenizers`' pre-tokenizers, merges by rank here.
 //!
 //! The pre-tokenizer is a sequence of regex splits (isolated matches, unmatched text kept as its
 //! own piece, each regex applied to the pieces of the previous one), then the GPT-2 byte-to-
@@ -7,13 +7,18 @@
 //! same `tokenizer.ggml.pre` names. Unknown names are refused rather than guessed: a wrong
 //! pre-tokenizer silently changes token ids.
 
-use tokenizers::models::bpe::{Vocab as HfVocab, BPE};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::SplitDelimiterBehavior;
+use tokenizers::{
+    OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
+};
 
+use super::idmap::Merges;
 use super::vocab::Vocab;
 use crate::gguf::GgufFile;
 use crate::LoadError;
@@ -76,61 +81,42 @@ pub fn pre_config(pre: &str) -> Option<PreConfig> {
     }
 }
 
-/// Builds the `tokenizers` pipeline (pre-tokenizer + BPE model) for the vocabulary.
-pub fn build(
-    gguf: &GgufFile,
-    vocab: &Vocab,
-    cfg: &PreConfig,
-) -> Result<tokenizers::Tokenizer, LoadError> {
+/// A byte-level BPE model: the pre-tokenizer pipeline of `tokenizers` (regex splits, then the
+/// byte-to-unicode map) and merges by rank over token ids. The merge loop is the one of
+/// `tokenizers`' `Word::merge_all` and llama.cpp's `llm_tokenizer_bpe_session` (lowest rank
+/// first, leftmost among equal ranks); it is done here because building `tokenizers`' BPE
+/// model (string-keyed maps of 151k merges) took ~150 ms of every load.
+pub struct Bpe {
+    pre: PreTokenizerWrapper,
+    merges: Merges,
+    ignore_merges: bool,
+}
+
+/// Builds the pipeline (pre-tokenizer + merges) for the vocabulary.
+pub fn build(gguf: &GgufFile, vocab: &Vocab, cfg: &PreConfig) -> Result<Bpe, LoadError> {
     let merges_arr = gguf
         .get_str_array("tokenizer.ggml.merges")?
         .ok_or_else(|| vocab.err("gpt2 vocabulary without tokenizer.ggml.merges"))?;
-
-    let mut hf_vocab = HfVocab::default();
-    hf_vocab.reserve(vocab.n_tokens());
-    for i in 0..vocab.n_tokens() {
-        // Byte-level BPE vocabularies are ASCII-mapped, so entries are always UTF-8.
-        if let Ok(s) = std::str::from_utf8(vocab.text(i as u32)) {
-            hf_vocab.insert(s.to_string(), i as u32);
-        }
-    }
     // llama.cpp splits each merge at the first space after position 0 and keeps the first rank
-    // of a duplicated pair. `tokenizers` instead refuses merges whose parts or result are not
-    // in the vocabulary; such merges can never produce a token in llama.cpp either, so they
-    // are dropped here.
-    let mut merges = Vec::with_capacity(merges_arr.len());
-    // (151k merges for Qwen2.5: a fast hash and one reused buffer for the joined pair keep
-    // this to a few ms of a model's load.)
-    let mut seen = std::collections::HashSet::with_capacity_and_hasher(
-        merges_arr.len(),
-        std::hash::BuildHasherDefault::<Fnv>::default(),
-    );
-    let mut joined = String::new();
-    for m in merges_arr.iter_bytes() {
-        let Ok(m) = std::str::from_utf8(m) else {
-            continue;
-        };
-        // Byte search: the first char is usually multi-byte ("Ġ"), so str slicing at 1 would fail.
-        let Some(pos) = m.bytes().skip(1).position(|c| c == b' ').map(|p| p + 1) else {
+    // of a duplicated pair. A merge whose parts or result are not in the vocabulary can never
+    // produce a token there; it is dropped.
+    let mut merges = Merges::with_capacity(merges_arr.len());
+    let mut joined = Vec::new();
+    for (rank, m) in merges_arr.iter_bytes().enumerate() {
+        // Byte search: the first char is usually multi-byte ("Ġ").
+        let Some(pos) = m.iter().skip(1).position(|&c| c == b' ').map(|p| p + 1) else {
             continue;
         };
         let (a, b) = (&m[..pos], &m[pos + 1..]);
         joined.clear();
-        joined.push_str(a);
-        joined.push_str(b);
-        if hf_vocab.contains_key(a)
-            && hf_vocab.contains_key(b)
-            && hf_vocab.contains_key(joined.as_str())
-            && seen.insert((a, b))
+        joined.extend_from_slice(a);
+        joined.extend_from_slice(b);
+        if let (Some(a), Some(b), Some(ab)) =
+            (vocab.lookup(a), vocab.lookup(b), vocab.lookup(&joined))
         {
-            merges.push((a.to_string(), b.to_string()));
+            merges.insert(a, b, rank as u32, ab);
         }
     }
-    let bpe = BPE::builder()
-        .vocab_and_merges(hf_vocab, merges)
-        .ignore_merges(cfg.ignore_merges)
-        .build()
-        .map_err(|e| vocab.err(format!("building BPE model: {e}")))?;
 
     let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
     for re in cfg.regexes {
@@ -143,30 +129,114 @@ pub fn build(
         steps.push(split.into());
     }
     steps.push(ByteLevel::new(false, false, false).into());
-    let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_pre_tokenizer(Some(Sequence::new(steps)));
-    Ok(tk)
+    Ok(Bpe {
+        pre: Sequence::new(steps).into(),
+        merges,
+        ignore_merges: cfg.ignore_merges,
+    })
 }
 
-/// FNV-1a, for the merge de-duplication set (its keys are short strings it hashes once).
-#[derive(Default)]
-struct Fnv(u64);
+/// One symbol of a piece being merged: its token id and its neighbours (`len == 0`: merged
+/// into its left neighbour).
+#[derive(Clone, Copy)]
+struct Sym {
+    id: u32,
+    prev: i32,
+    next: i32,
+    len: u32,
+}
 
-impl std::hash::Hasher for Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
-        for &b in bytes {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+impl Bpe {
+    /// Appends the ids of one raw-text fragment.
+    pub fn tokenize(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), LoadError> {
+        if text.is_empty() {
+            return Ok(());
         }
-        self.0 = h;
+        let mut pts = PreTokenizedString::from(text);
+        self.pre
+            .pre_tokenize(&mut pts)
+            .map_err(|e| vocab.err(format!("pre-tokenizing failed: {e}")))?;
+        let mut syms = Vec::new();
+        let mut heap = BinaryHeap::new();
+        for (piece, _, _) in pts.get_splits(OffsetReferential::Original, OffsetType::Byte) {
+            self.piece(vocab, piece, &mut syms, &mut heap, out);
+        }
+        Ok(())
     }
 
-    fn finish(&self) -> u64 {
-        self.0
+    fn piece(
+        &self,
+        vocab: &Vocab,
+        piece: &str,
+        syms: &mut Vec<Sym>,
+        heap: &mut BinaryHeap<Reverse<(u32, i32, u32)>>,
+        out: &mut Vec<u32>,
+    ) {
+        if piece.is_empty() {
+            return;
+        }
+        if self.ignore_merges {
+            if let Some(id) = vocab.lookup(piece.as_bytes()) {
+                out.push(id);
+                return;
+            }
+        }
+        // One symbol per char that is a token (byte-level vocabularies have all 256; a char
+        // without one is skipped, as `tokenizers` does without an unknown token).
+        syms.clear();
+        let mut buf = [0u8; 4];
+        for c in piece.chars() {
+            if let Some(id) = vocab.lookup(c.encode_utf8(&mut buf).as_bytes()) {
+                let i = syms.len() as i32;
+                syms.push(Sym {
+                    id,
+                    prev: i - 1,
+                    next: i + 1,
+                    len: 1,
+                });
+            }
+        }
+        let Some(last) = syms.last_mut() else {
+            return;
+        };
+        last.next = -1;
+        // (rank, left position, merged id), smallest first.
+        heap.clear();
+        for i in 0..syms.len() - 1 {
+            if let Some((rank, m)) = self.merges.get(syms[i].id, syms[i + 1].id) {
+                heap.push(Reverse((rank, i as i32, m)));
+            }
+        }
+        while let Some(Reverse((rank, pos, merged))) = heap.pop() {
+            let p = pos as usize;
+            let (l, next) = (syms[p], syms[p].next);
+            // Stale entries: the left symbol was merged away, or its pair changed since.
+            if l.len == 0 || next < 0 {
+                continue;
+            }
+            let r = syms[next as usize];
+            if self.merges.get(l.id, r.id) != Some((rank, merged)) {
+                continue;
+            }
+            syms[p].id = merged;
+            syms[p].len += r.len;
+            syms[p].next = r.next;
+            syms[next as usize].len = 0;
+            if r.next >= 0 {
+                syms[r.next as usize].prev = pos;
+            }
+            if l.prev >= 0 {
+                if let Some((rk, m)) = self.merges.get(syms[l.prev as usize].id, merged) {
+                    heap.push(Reverse((rk, l.prev, m)));
+                }
+            }
+            if r.next >= 0 {
+                if let Some((rk, m)) = self.merges.get(merged, syms[r.next as usize].id) {
+                    heap.push(Reverse((rk, pos, m)));
+                }
+            }
+        }
+        out.extend(syms.iter().filter(|s| s.len > 0).map(|s| s.id));
     }
 }
 
@@ -224,8 +294,8 @@ pub fn from_hf_json(json: &str, vocab: &Vocab) -> Result<tokenizers::Tokenizer, 
         .map_err(|e| vocab.err(format!("tokenizer.huggingface.json: {e}")))
 }
 
-/// Appends the ids of one raw-text fragment.
-pub fn tokenize(
+/// Appends the ids of one raw-text fragment, through a `tokenizers` pipeline.
+pub fn tokenize_hf(
     tk: &tokenizers::Tokenizer,
     vocab: &Vocab,
     text: &str,

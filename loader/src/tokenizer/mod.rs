@@ -1,7 +1,8 @@
 //! Text ↔ token ids with llama.cpp's semantics, built from a GGUF vocabulary.
 //!
-//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE through the `tokenizers` crate, with the
-//!   pre-tokenizer llama.cpp picks for `tokenizer.ggml.pre` ([`bpe`]).
+//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE (merges by rank over token ids), with the
+//!   pre-tokenizer llama.cpp picks for `tokenizer.ggml.pre` (`tokenizers`' regex splits,
+//!   [`bpe`]), or the model's own `tokenizer.json` pipeline when it has one.
 //! - `tokenizer.ggml.model = "llama"`: llama.cpp's SentencePiece bigram algorithm, ported
 //!   ([`spm`] explains why it is not a `tokenizers` model); a model that came with a Hugging
 //!   Face `tokenizer.json` (Gemma's SentencePiece-style BPE) encodes through that instead.
@@ -12,6 +13,7 @@
 
 mod bpe;
 pub(crate) use bpe::pre_name as bpe_pre_name;
+mod idmap;
 mod spm;
 mod stream;
 mod vocab;
@@ -32,7 +34,10 @@ enum Engine {
     /// llama.cpp's bigram algorithm, or the model's own `tokenizer.json` pipeline when it has
     /// one (which then adds the space prefix itself).
     Spm(Option<Box<tokenizers::Tokenizer>>),
-    Bpe(Box<tokenizers::Tokenizer>),
+    /// Byte-level BPE from the GGUF's merges ([`bpe::Bpe`]).
+    Bpe(Box<bpe::Bpe>),
+    /// Byte-level BPE through the model's own `tokenizer.json` pipeline.
+    HfBpe(Box<tokenizers::Tokenizer>),
 }
 
 pub struct Tokenizer {
@@ -114,13 +119,13 @@ impl Tokenizer {
                     })?,
                 };
                 let vocab = Vocab::load(gguf, VocabKind::Bpe, cfg.add_bos)?;
-                let tk = match hf_json {
-                    Some(json) => bpe::from_hf_json(json, &vocab)?,
-                    None => bpe::build(gguf, &vocab, &cfg)?,
+                let engine = match hf_json {
+                    Some(json) => Engine::HfBpe(Box::new(bpe::from_hf_json(json, &vocab)?)),
+                    None => Engine::Bpe(Box::new(bpe::build(gguf, &vocab, &cfg)?)),
                 };
                 Ok(Tokenizer {
                     vocab,
-                    engine: Engine::Bpe(Box::new(tk)),
+                    engine,
                     clean_spaces: cfg.clean_spaces,
                     model,
                     pre,
@@ -173,10 +178,18 @@ impl Tokenizer {
                     }
                 }
             }
-            Engine::Bpe(tk) | Engine::Spm(Some(tk)) => {
+            Engine::Bpe(bpe) => {
                 for f in &frags {
                     match *f {
-                        Frag::Text(s, e) => bpe::tokenize(tk, v, &text[s..e], &mut out)?,
+                        Frag::Text(s, e) => bpe.tokenize(v, &text[s..e], &mut out)?,
+                        Frag::Token(id) => out.push(id),
+                    }
+                }
+            }
+            Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => {
+                for f in &frags {
+                    match *f {
+                        Frag::Text(s, e) => bpe::tokenize_hf(tk, v, &text[s..e], &mut out)?,
                         Frag::Token(id) => out.push(id),
                     }
                 }
@@ -252,7 +265,7 @@ impl Tokenizer {
         if attr & ATTR_NORMAL != 0 {
             return match self.engine {
                 Engine::Spm(_) => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
-                Engine::Bpe(_) => bpe_decode_text(text),
+                Engine::Bpe(_) | Engine::HfBpe(_) => bpe_decode_text(text),
             };
         }
         if attr & ATTR_BYTE != 0 {

@@ -2,7 +2,9 @@
 //! attributes, special ids and the end-of-generation set, read from GGUF metadata with the same
 //! defaults, overrides and text-based auto-detection.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use super::idmap::TextIds;
 
 use crate::gguf::{GgufFile, StrArray};
 use crate::LoadError;
@@ -27,7 +29,7 @@ pub enum VocabKind {
 pub struct Vocab {
     pub file: String,
     pub texts: StrArray,
-    pub text_to_id: HashMap<Box<[u8]>, u32>,
+    text_to_id: TextIds,
     pub scores: Vec<f32>,
     pub attrs: Vec<u32>,
     pub bos: Option<u32>,
@@ -61,7 +63,7 @@ impl Vocab {
     }
 
     pub fn lookup(&self, text: &[u8]) -> Option<u32> {
-        self.text_to_id.get(text).copied()
+        self.text_to_id.get(&self.texts, text)
     }
 
     /// Reads everything except the algorithm-specific parts (merges, pre-tokenizer).
@@ -102,18 +104,15 @@ impl Vocab {
         }
 
         let mut texts = StrArray::default();
-        let mut text_to_id = HashMap::with_capacity(n);
         let mut attrs = Vec::with_capacity(n);
         for i in 0..n {
             let word = list.get_bytes(i).unwrap_or(&[]);
             // llama.cpp replaces empty entries so every id has a distinct, non-empty text.
-            let word: Vec<u8> = if word.is_empty() {
-                format!("[EMPTY_{i}]").into_bytes()
+            if word.is_empty() {
+                texts.push(format!("[EMPTY_{i}]").as_bytes());
             } else {
-                word.to_vec()
-            };
-            texts.push(&word);
-            text_to_id.insert(word.into_boxed_slice(), i as u32);
+                texts.push(word);
+            }
             attrs.push(match types.map(|t| t[i]) {
                 None => ATTR_NORMAL,
                 Some(1) => ATTR_NORMAL,
@@ -125,9 +124,13 @@ impl Vocab {
                 Some(_) => ATTR_UNDEFINED,
             });
         }
-        if text_to_id.len() != n {
-            return Err(tok_err("vocabulary contains duplicate token texts".into()));
-        }
+        let text_to_id = TextIds::build(&texts).map_err(|id| {
+            tok_err(format!(
+                "vocabulary contains duplicate token texts (token {id}: {:?})",
+                String::from_utf8_lossy(texts.get_bytes(id as usize).unwrap_or(&[]))
+            ))
+        })?;
+        let id_of = |s: &str| text_to_id.get(&texts, s.as_bytes());
 
         let (mut bos, mut eos, mut unk, mut add_bos, mut add_space_prefix) = match kind {
             VocabKind::Spm => (Some(1), Some(2), Some(0), true, true),
@@ -184,11 +187,7 @@ impl Vocab {
             if slot.is_some() {
                 return;
             }
-            if let Some(id) = (0..n as u32).find(|&i| {
-                names
-                    .iter()
-                    .any(|s| s.as_bytes() == texts.get_bytes(i as usize).unwrap_or(&[]))
-            }) {
+            if let Some(id) = names.iter().filter_map(|s| id_of(s)).min() {
                 *slot = Some(id);
                 fc(id, attrs);
             }
@@ -245,12 +244,9 @@ impl Vocab {
             "[e~[",
         ];
         let mut eog: BTreeSet<u32> = [fim_pad, fim_rep, fim_sep].into_iter().flatten().collect();
-        for (i, attr) in attrs.iter_mut().enumerate() {
-            let t = texts.get_bytes(i).unwrap_or(&[]);
-            if EOG.iter().any(|s| s.as_bytes() == t) {
-                eog.insert(i as u32);
-                *attr |= ATTR_CONTROL;
-            }
+        for id in EOG.iter().filter_map(|s| id_of(s)) {
+            eog.insert(id);
+            attrs[id as usize] |= ATTR_CONTROL;
         }
         eog.extend([eos, eot, eom].into_iter().flatten());
         // o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
