@@ -1,4 +1,4 @@
-//! Q4_1, Q5_0 and Q8_0 (AVX-512) or Q4_1 and Q5_0 (AVX2) weights repacked at load
+//! Q4_1, Q5_0 and Q8_0 weights (AVX-512 and AVX2) repacked at load
 //! (`prepare_weight`) into groups of 16 rows, so that one `vpdpbusd` (AVX2: `vpmaddubsw` and
 //! `vpmaddwd`, 8 rows per register) with four broadcast activation bytes gives one of ggml's
 //! eight lane sums for 16 rows at once: no per-row unpacking, scale conversion or broadcast,
@@ -31,9 +31,9 @@ pub const ROWS: usize = 16;
 /// Formats the AVX-512 kernels take in this layout.
 pub const FORMATS: &[DType] = &[DType::Q4_1, DType::Q5_0, DType::Q8_0];
 
-/// Formats the AVX2 kernels take in this layout (Q8_0's codes are stored `+ 128` for
-/// `vpdpbusd`: without VNNI its products would saturate `vpmaddubsw`).
-pub const AVX2_FORMATS: &[DType] = &[DType::Q4_1, DType::Q5_0];
+/// Formats the AVX2 kernels take in this layout (the same bytes: Q8_0's codes, stored
+/// `+ 128` for `vpdpbusd`, are flipped back there, see [`x86::group_avx2`]).
+pub const AVX2_FORMATS: &[DType] = &[DType::Q4_1, DType::Q5_0, DType::Q8_0];
 
 /// Bytes of one block of a 16-row group.
 pub const fn block_bytes(dt: DType) -> usize {
@@ -300,7 +300,8 @@ pub unsafe fn columns(
                         let (a, o) = (a.add(c * as_), o.add(c * os));
                         match dt {
                             DType::Q4_1 => x86::group_avx2::<1, $n>(wg, nb, a, as_, o, os),
-                            _ => x86::group_avx2::<5, $n>(wg, nb, a, as_, o, os),
+                            DType::Q5_0 => x86::group_avx2::<5, $n>(wg, nb, a, as_, o, os),
+                            _ => x86::group_avx2::<8, $n>(wg, nb, a, as_, o, os),
                         }
                         c += $n;
                     }
@@ -371,12 +372,14 @@ pub mod x86 {
         )))
     }
 
-    /// [`group`] with 256-bit registers (AVX2, no VNNI), for Q4_1 (`FMT` 1) and Q5_0 (5):
-    /// each half of the group (8 rows, bytes `32h .. 32h + 32` of every line) in its own pass,
-    /// one register per lane of 8 rows; a lane's sums by `vpmaddubsw` (codes times
+    /// [`group`] with 256-bit registers (AVX2, no VNNI), for Q4_1 (`FMT` 1), Q5_0 (5) and
+    /// Q8_0 (8): each half of the group (8 rows, bytes `32h .. 32h + 32` of every line) in its
+    /// own pass, one register per lane of 8 rows; a lane's sums by `vpmaddubsw` (codes times
     /// activations, pairs at most 2·31·128: exact) and `vpmaddwd` by ones, Q5_0's minus 16
-    /// times the activations' lane sum (its codes are `q + 16`: exact), then the chain of
-    /// [`group`] (ggml's `dot_q0` chain for Q5_0, with no offsets term). Each half prefetches
+    /// times the activations' lane sum (its codes are `q + 16`: exact); Q8_0's stored `q + 128`
+    /// back to `q` and multiplied as ggml's AVX2 `mul_sum_i8_pairs` does, `|q|` times the
+    /// activations with `q`'s sign (pairs at most 2·128·127: exact); then the chain of
+    /// [`group`] (ggml's `dot_q0` chain for Q5_0 and Q8_0, with no offsets term). Each half prefetches
     /// part of every block's lines one group ahead, so memory stays busy while the second half
     /// reads the group from L1.
     ///
@@ -391,9 +394,14 @@ pub mod x86 {
         out: *mut f32,
         os: usize,
     ) {
-        let q41 = FMT == 1;
-        let bb = block_bytes(if q41 { DType::Q4_1 } else { DType::Q5_0 });
+        let (q41, q80) = (FMT == 1, FMT == 8);
+        let (bb, dpos) = match FMT {
+            1 => (block_bytes(DType::Q4_1), 256),
+            5 => (block_bytes(DType::Q5_0), 320),
+            _ => (block_bytes(DType::Q8_0), 512),
+        };
         let nl = bb.div_ceil(64);
+        let flip = _mm256_set1_epi8(-128);
         // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
         let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
         let m4 = _mm256_set1_epi8(0x0F);
@@ -410,7 +418,7 @@ pub mod x86 {
                         crate::kq512::prefetch(q);
                     }
                 }
-                let s = p.add(if q41 { 256 } else { 320 });
+                let s = p.add(dpos);
                 let dx = _mm256_cvtph_ps(_mm_loadu_si128(s.add(16 * h) as *const __m128i));
                 let mx = if q41 {
                     _mm256_cvtph_ps(_mm_loadu_si128(s.add(32 + 16 * h) as *const __m128i))
@@ -424,7 +432,7 @@ pub mod x86 {
                     let mut off = [0i32; 8];
                     if q41 {
                         summs[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(h16(y.add(2))), summs[c]);
-                    } else {
+                    } else if !q80 {
                         let ys = _mm256_madd_epi16(
                             _mm256_maddubs_epi16(
                                 _mm256_set1_epi8(1),
@@ -437,6 +445,15 @@ pub mod x86 {
                     }
                     let d = _mm256_mul_ps(dx, _mm256_set1_ps(h16(y)));
                     for l in 0..8 {
+                        let yl = _mm256_set1_epi32(yq.add(l).read_unaligned());
+                        if q80 {
+                            let v = _mm256_loadu_si256(p.add(64 * l + 32 * h) as *const __m256i);
+                            let q = _mm256_xor_si256(v, flip);
+                            let (ax, sy) = (_mm256_sign_epi8(q, q), _mm256_sign_epi8(yl, q));
+                            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+                            lanes[c][l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), lanes[c][l]);
+                            continue;
+                        }
                         let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
                         let mut q = if l < 4 {
                             _mm256_and_si256(v, m4)
@@ -459,7 +476,6 @@ pub mod x86 {
                             };
                             q = _mm256_or_si256(q, _mm256_and_si256(hb, m10));
                         }
-                        let yl = _mm256_set1_epi32(yq.add(l).read_unaligned());
                         let mut s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yl), ones);
                         if !q41 {
                             s = _mm256_sub_epi32(s, _mm256_set1_epi32(off[l]));
@@ -470,7 +486,7 @@ pub mod x86 {
             }
             for c in 0..C {
                 // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order),
-                // Q5_0 nothing (not even 0.0, which would turn a -0.0 into +0.0).
+                // Q5_0 and Q8_0 nothing (not even 0.0, which would turn a -0.0 into +0.0).
                 let mut v = crate::hsum::hsum_float_8_x8(&lanes[c]);
                 if q41 {
                     v = _mm256_add_ps(v, summs[c]);

@@ -93,8 +93,8 @@ pub const KIND_LEGACY16: u32 = 4;
 pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
-/// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1 and Q5_0 (AVX2) or Q4_1, Q5_0 and
-/// Q8_0 (AVX-512) ones for those of [`crate::legacy16`], whatever their size (a 200 MB Q8_0
+/// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1, Q5_0 and Q8_0 ones (AVX-512 and
+/// AVX2) for those of [`crate::legacy16`], whatever their size (a 200 MB Q8_0
 /// embedding table too: its mapped source is dropped as the repack reads it, see
 /// `mollm_cpu_common::SourcePages`). On AVX-512 only, mollm-format weights are repacked for
 /// those of [`crate::wr16`] and other weights of formats with kernels here up to
@@ -154,9 +154,9 @@ pub unsafe fn prepare(
         return Ok(p);
     }
     if isa != Isa::Avx512 {
-        // AVX2 has 256-bit kernels for the Q4_K, Q4_1 and Q5_0 layouts only (the others'
-        // 16-row groups are AVX-512 code).
-        return no("the AVX2 backend repacks Q4_K, Q4_1 and Q5_0 weights of 16k rows only");
+        // AVX2 has 256-bit kernels for the Q4_K, Q4_1, Q5_0 and Q8_0 layouts only (the
+        // others' 16-row groups are AVX-512 code).
+        return no("the AVX2 backend repacks Q4_K, Q4_1, Q5_0 and Q8_0 weights of 16k rows only");
     }
     if crate::wr16::fits(dt, k, n) {
         let bytes = crate::wr16::repacked_bytes(dt, k, n);

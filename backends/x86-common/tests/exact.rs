@@ -466,9 +466,8 @@ fn prepared_q4_k_weights_match_reference_bit_for_bit() {
     }
 }
 
-/// Q4_1 and Q8_0 weights in 16-row groups (AVX-512; AVX2 and other row counts keep the row
-/// layout): every column count, on the decode chain of several sequences too, equals the
-/// reference.
+/// Q4_1, Q5_0 and Q8_0 weights in 16-row groups (other row counts keep the row layout):
+/// every column count, on the decode chain of several sequences too, equals the reference.
 #[test]
 fn prepared_legacy_weights_match_reference_bit_for_bit() {
     let host = reference::scoped_threads_host(2);
@@ -488,9 +487,8 @@ fn prepared_legacy_weights_match_reference_bit_for_bit() {
             let wd = TensorDesc::contiguous(w.as_mut_ptr(), dt, &[k as i64, n as i64]);
             let mut pd = wd;
             let st = Status::from_raw(prep(me.ctx, &wd, &mut pd));
-            // AVX2 repacks Q4_1 and Q5_0 in whole 16-row groups only (Q8_0's stored codes
-            // need VNNI; AVX-512 copies what it does not repack).
-            if isa != Isa::Avx512 && (dt == DType::Q8_0 || n % 16 != 0) {
+            // AVX2 repacks whole 16-row groups only (AVX-512 copies what it does not repack).
+            if isa != Isa::Avx512 && n % 16 != 0 {
                 assert_eq!(st, Status::Unsupported, "{isa:?}");
                 continue;
             }
