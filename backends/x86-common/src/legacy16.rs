@@ -226,41 +226,53 @@ pub unsafe fn get_rows(
     Ok(())
 }
 
-/// Per-block terms of a Q5_0 call's activation columns, one 64-byte line per column and
-/// block, `[column][block]`.
+/// Per-block terms of a call's activation columns for [`x86::group_halves`], one 64-byte line
+/// per column and block, `[column][block]`.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Default)]
-pub struct Q5Terms {
-    /// `-16 x` each lane quad's activation sum: Q5_0's codes are stored `q + 16`, so a lane's
-    /// `vpdpbusd` started there ends at the exact signed sum.
+pub struct Terms {
+    /// Q5_0: `-16 x` each lane quad's activation sum, Q8_0 `-128 x` (their codes are stored
+    /// `q + 16` and `q + 128`, so a lane's `vpdpbusd` started there ends at the exact signed
+    /// sum); Q4_1: 0.
     pub offs: [i32; 8],
     /// The activation block's `d`, widened from f16.
     pub dy: f32,
-    _pad: [f32; 7],
+    /// Q4_1 (a Q8_1 activation block): its `s`, widened from f16.
+    pub sy: f32,
+    _pad: [f32; 6],
 }
 
-/// [`Q5Terms`] of `cols` Q8_0 activation rows (row `c` at `act[c * rb..]`, `nb` blocks),
-/// computed once per call for every row group (see [`x86::group_q5_halves`]), into `buf`
-/// (grown as needed, kept by the caller between calls).
-pub fn q5_terms<'a>(
+/// [`Terms`] of `cols` activation rows of `dt`'s `vec_dot` type (Q8_1 for Q4_1, else Q8_0;
+/// row `c` at `act[c * rb..]`, `nb` blocks), computed once per call for every row group, into
+/// `buf` (grown as needed, kept by the caller between calls).
+pub fn terms<'a>(
+    dt: DType,
     act: &[u8],
     rb: usize,
     cols: usize,
     nb: usize,
-    buf: &'a mut Vec<Q5Terms>,
-) -> &'a [Q5Terms] {
+    buf: &'a mut Vec<Terms>,
+) -> &'a [Terms] {
     if buf.len() < cols * nb {
-        buf.resize(cols * nb, Q5Terms::default());
+        buf.resize(cols * nb, Terms::default());
     }
+    let (yb, yq0) = if dt == DType::Q4_1 { (36, 4) } else { (34, 2) };
+    let scale = match dt {
+        DType::Q5_0 => -16,
+        DType::Q8_0 => -128,
+        _ => 0,
+    };
+    let h = |b: &[u8]| quant::fp16_to_f32(u16::from_le_bytes([b[0], b[1]]));
     let terms = &mut buf[..cols * nb];
     for (c, t) in terms.chunks_exact_mut(nb).enumerate() {
         for (i, t) in t.iter_mut().enumerate() {
-            let y = &act[c * rb + i * 34..][..34];
+            let y = &act[c * rb + i * yb..][..yb];
             for (l, o) in t.offs.iter_mut().enumerate() {
-                let q = &y[2 + 4 * l..][..4];
-                *o = -16 * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
+                let q = &y[yq0 + 4 * l..][..4];
+                *o = scale * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
             }
-            t.dy = quant::fp16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+            t.dy = h(y);
+            t.sy = if dt == DType::Q4_1 { h(&y[2..]) } else { 0.0 };
         }
     }
     terms
@@ -283,7 +295,7 @@ pub unsafe fn columns(
     a: *const u8,
     as_: usize,
     cols: usize,
-    q5_terms: &[Q5Terms],
+    terms: &[Terms],
     out: *mut f32,
     os: usize,
 ) {
@@ -334,13 +346,18 @@ pub unsafe fn columns(
                 }
             };
         }
-        // Q5_0 prompts: runs of four columns in two passes of four lanes each (unpacking
-        // shared by twice the columns; its offsets computed once per call).
-        if dt == DType::Q5_0 && q5_terms.len() >= cols * nb {
+        // Four columns or more: runs of four columns in two passes of four lanes each
+        // (unpacking shared by twice the columns; the activations' terms computed once per
+        // call).
+        if terms.len() >= cols * nb {
             while c + 4 <= cols {
                 let (a, o) = (a.add(c * as_), o.add(c * os));
-                let terms = q5_terms[c * nb..].as_ptr();
-                x86::group_q5_halves::<4>(wg, nb, a, as_, terms, o, os, c == 0);
+                let t = terms[c * nb..].as_ptr();
+                match dt {
+                    DType::Q4_1 => x86::group_halves::<1, 4>(wg, nb, a, as_, t, o, os, c == 0),
+                    DType::Q5_0 => x86::group_halves::<5, 4>(wg, nb, a, as_, t, o, os, c == 0),
+                    _ => x86::group_halves::<8, 4>(wg, nb, a, as_, t, o, os, c == 0),
+                }
                 c += 4;
             }
         }
@@ -349,7 +366,7 @@ pub unsafe fn columns(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (avx512, dt, w, ng, nb, a, as_, cols, q5_terms, out, os);
+        let _ = (avx512, dt, w, ng, nb, a, as_, cols, terms, out, os);
         unreachable!("repacked weights are x86-64 only")
     }
 }
@@ -628,33 +645,41 @@ pub mod x86 {
         }
     }
 
-    /// [`group::<5, C>`] in two passes over the group's blocks, lanes 0-3 then lanes 4-7
-    /// (each lane's chain runs alone, so the split changes no result): a pass unpacks only
-    /// its four lanes' codes and keeps `4 C` lanes in registers, so runs of four columns
-    /// share each unpacking where [`group`] fits two. `terms`: the run's first column's
-    /// [`super::q5_terms`] (columns `nb` apart), so that a block's offsets and `d` come from
-    /// one line, with no f16 conversion per row group.
+    /// [`group`] in two passes over the group's blocks, lanes 0-3 then lanes 4-7 (each
+    /// lane's chain runs alone, so the split changes no result): a pass unpacks only its four
+    /// lanes' codes and keeps `4 C` lanes in registers, so runs of four columns share each
+    /// unpacking where [`group`] fits two. `terms`: the run's first column's
+    /// [`super::terms`] (columns `nb` apart), so that a block's offsets, `d` (and Q4_1's `s`)
+    /// come from one line, with no f16 conversion per row group.
     ///
     /// # Safety
     /// As [`super::columns`]; `terms` covers the run's columns.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn group_q5_halves<const C: usize>(
+    pub unsafe fn group_halves<const FMT: u8, const C: usize>(
         w: *const u8,
         nb: usize,
         a: *const u8,
         as_: usize,
-        terms: *const super::Q5Terms,
+        terms: *const super::Terms,
         out: *mut f32,
         os: usize,
         first: bool,
     ) {
-        let bb = block_bytes(DType::Q5_0);
+        #[allow(non_snake_case)]
+        let (Q41, Q50) = (FMT == 1, FMT == 5);
+        let (bb, lines) = match FMT {
+            1 => (block_bytes(DType::Q4_1), 4),
+            5 => (block_bytes(DType::Q5_0), 5),
+            _ => (block_bytes(DType::Q8_0), 8),
+        };
+        let (yb, yq0) = if Q41 { (36, 4) } else { (34, 2) };
         let m4 = _mm512_set1_epi8(0x0F);
         let m10 = _mm512_set1_epi8(0x10);
         // The first pass's lanes: not an array zeroed up front and copied into, which the
         // compiler made a memset and a memmove per call (~3% of Qwen2.5-0.5B's prompt time).
         let mut half0 = core::mem::MaybeUninit::<[[__m512; 4]; C]>::uninit();
+        let mut summs = [_mm512_setzero_ps(); C];
         for h in 0..2 {
             let mut acc = [[_mm512_setzero_ps(); 4]; C];
             for i in 0..nb {
@@ -666,25 +691,44 @@ pub mod x86 {
                         crate::kq512::prefetch(p.wrapping_add(64 * l + nb * bb));
                     }
                 }
-                let pl = _mm512_loadu_si512(p.add(256) as *const __m512i);
                 let mut q = [_mm512_setzero_si512(); 4];
                 for (t, q) in q.iter_mut().enumerate() {
+                    if !Q41 && !Q50 {
+                        *q = _mm512_loadu_si512(p.add(64 * (4 * h + t)) as *const __m512i);
+                        continue;
+                    }
                     let v = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
-                    let nib = match h {
+                    *q = match h {
                         0 => _mm512_and_si512(v, m4),
                         _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
                     };
-                    *q = _mm512_or_si512(nib, _mm512_and_si512(fifth(pl, 4 * h + t), m10));
+                    if Q50 {
+                        let pl = _mm512_loadu_si512(p.add(256) as *const __m512i);
+                        let hb = _mm512_and_si512(fifth(pl, 4 * h + t), m10);
+                        *q = _mm512_or_si512(*q, hb);
+                    }
                 }
-                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(320) as *const __m256i));
+                let s = p.add(64 * lines);
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i));
+                if Q41 && h == 0 {
+                    let mx = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(32) as *const __m256i));
+                    for (c, sm) in summs.iter_mut().enumerate() {
+                        let tm = &*terms.add(c * nb + i);
+                        *sm = _mm512_fmadd_ps(mx, _mm512_set1_ps(tm.sy), *sm);
+                    }
+                }
                 for c in 0..C {
-                    let yq = a.add(c * as_ + i * 34 + 2) as *const i32;
+                    let yq = a.add(c * as_ + i * yb + yq0) as *const i32;
                     let tm = &*terms.add(c * nb + i);
                     let off = tm.offs.as_ptr().add(4 * h);
                     let d = _mm512_mul_ps(dx, _mm512_set1_ps(tm.dy));
                     for t in 0..4 {
+                        let init = match Q41 {
+                            true => _mm512_setzero_si512(),
+                            false => _mm512_set1_epi32(off.add(t).read()),
+                        };
                         let s = _mm512_dpbusd_epi32(
-                            _mm512_set1_epi32(off.add(t).read()),
+                            init,
                             q[t],
                             _mm512_set1_epi32(yq.add(4 * h + t).read_unaligned()),
                         );
@@ -699,10 +743,14 @@ pub mod x86 {
             // SAFETY: written by the first pass.
             let a0 = half0.assume_init_ref();
             for c in 0..C {
-                // As `group`: hsum_float_8 lane by lane, nothing added.
+                // As `group`: hsum_float_8 lane by lane, then Q4_1's offsets' sum.
                 let (x, y) = (&a0[c], &acc[c]);
                 let l = [x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3]];
-                _mm512_storeu_ps(out.add(c * os), crate::hsum::hsum_float_8_x16(&l));
+                let mut v = crate::hsum::hsum_float_8_x16(&l);
+                if Q41 {
+                    v = _mm512_add_ps(v, summs[c]);
+                }
+                _mm512_storeu_ps(out.add(c * os), v);
             }
         }
     }

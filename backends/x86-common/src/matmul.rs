@@ -28,7 +28,7 @@ thread_local! {
     /// vectors per call were a memset (and, when glibc handed back the pages, their first
     /// touch) of up to 2.6 MB a call, ~6% of Qwen2.5-0.5B's prompt time.
     static ACT_BUF: core::cell::Cell<Vec<u8>> = const { core::cell::Cell::new(Vec::new()) };
-    static TERMS_BUF: core::cell::Cell<Vec<crate::legacy16::Q5Terms>> =
+    static TERMS_BUF: core::cell::Cell<Vec<crate::legacy16::Terms>> =
         const { core::cell::Cell::new(Vec::new()) };
 }
 
@@ -382,10 +382,11 @@ pub unsafe fn run_weights(
         _ => Pack::Vnni,
     };
     let packed = pack_tiles(host, pack, n16, nb, act, rb);
-    // Q5_0's per-block activation terms, once for every row group (its AVX-512 runs of four columns).
+    // The legacy formats' per-block activation terms, once for every row group (their AVX-512
+    // runs of four columns).
     let mut terms_buf = TERMS_BUF.with(|b| b.take());
-    let q5_terms = match legacy && dt == DType::Q5_0 && isa == Isa::Avx512 && cols >= 4 {
-        true => crate::legacy16::q5_terms(act, rb, cols, k / 32, &mut terms_buf),
+    let terms = match legacy && isa == Isa::Avx512 && cols >= 4 {
+        true => crate::legacy16::terms(dt, act, rb, cols, k / 32, &mut terms_buf),
         false => &[][..],
     };
 
@@ -460,7 +461,7 @@ pub unsafe fn run_weights(
                         a,
                         rb,
                         c1 - c0,
-                        q5_terms.get(c0 * nb32..).unwrap_or(&[]),
+                        terms.get(c0 * nb32..).unwrap_or(&[]),
                         buf.as_mut_ptr(),
                         nr,
                     )
