@@ -306,6 +306,18 @@ pub unsafe fn columns(
             let wg = w.add(g * nb * block_bytes(dt));
             let o = out.add(g * ROWS);
             let mut c = 0;
+            if terms.len() >= cols * nb {
+                while c + 4 <= cols {
+                    let (a, o) = (a.add(c * as_), o.add(c * os));
+                    let t = terms[c * nb..].as_ptr();
+                    match dt {
+                        DType::Q4_1 => x86::group_avx2_pairs::<1, 4>(wg, nb, a, as_, t, o, os),
+                        DType::Q5_0 => x86::group_avx2_pairs::<5, 4>(wg, nb, a, as_, t, o, os),
+                        _ => x86::group_avx2_pairs::<8, 4>(wg, nb, a, as_, t, o, os),
+                    }
+                    c += 4;
+                }
+            }
             macro_rules! run {
                 ($n:literal) => {
                     while c + $n <= cols {
@@ -504,6 +516,124 @@ pub mod x86 {
             for c in 0..C {
                 // hsum_float_8 lane by lane; Q4_1 then adds its offsets' sum (ggml's order),
                 // Q5_0 and Q8_0 nothing (not even 0.0, which would turn a -0.0 into +0.0).
+                let mut v = crate::hsum::hsum_float_8_x8(&lanes[c]);
+                if q41 {
+                    v = _mm256_add_ps(v, summs[c]);
+                }
+                _mm256_storeu_ps(out.add(c * os + 8 * h), v);
+            }
+        }
+    }
+
+    /// [`group_avx2`] for runs of columns: each half of the group in four passes over its
+    /// blocks, lanes `2p, 2p + 1` in pass `p` (each lane's chain runs alone, so the split
+    /// changes no result), so that a pass's two code registers and `2 C` lanes stay in the 16
+    /// registers and each block's codes are unpacked once per run instead of once per column.
+    /// `terms`: the run's first column's [`super::terms`] (columns `nb` apart).
+    ///
+    /// # Safety
+    /// As [`super::columns`], on a CPU with AVX2, FMA and F16C; `terms` covers the columns.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn group_avx2_pairs<const FMT: u8, const C: usize>(
+        w: *const u8,
+        nb: usize,
+        a: *const u8,
+        as_: usize,
+        terms: *const super::Terms,
+        out: *mut f32,
+        os: usize,
+    ) {
+        let (q41, q50, q80) = (FMT == 1, FMT == 5, FMT == 8);
+        let (bb, dpos) = match FMT {
+            1 => (block_bytes(DType::Q4_1), 256),
+            5 => (block_bytes(DType::Q5_0), 320),
+            _ => (block_bytes(DType::Q8_0), 512),
+        };
+        let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m10 = _mm256_set1_epi8(0x10);
+        let ones = _mm256_set1_epi16(1);
+        let flip = _mm256_set1_epi8(-128);
+        let mut lanes = [[_mm256_setzero_ps(); 8]; C];
+        for h in 0..2 {
+            let mut summs = [_mm256_setzero_ps(); C];
+            for pr in 0..4 {
+                let mut acc = [[_mm256_setzero_ps(); 2]; C];
+                for i in 0..nb {
+                    let p = w.add(i * bb);
+                    // The pass's two lanes of 8 rows: codes (Q8_0: signed, and their
+                    // magnitudes in `ax`).
+                    let mut q = [_mm256_setzero_si256(); 2];
+                    let mut ax = [_mm256_setzero_si256(); 2];
+                    for t in 0..2 {
+                        let l = 2 * pr + t;
+                        if q80 {
+                            let v = _mm256_loadu_si256(p.add(64 * l + 32 * h) as *const __m256i);
+                            q[t] = _mm256_xor_si256(v, flip);
+                            ax[t] = _mm256_sign_epi8(q[t], q[t]);
+                            continue;
+                        }
+                        let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
+                        q[t] = match l < 4 {
+                            true => _mm256_and_si256(v, m4),
+                            false => _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+                        };
+                        if q50 {
+                            let pl = _mm256_loadu_si256(p.add(256 + 32 * h) as *const __m256i);
+                            let hb = match l {
+                                0 => _mm256_slli_epi16::<4>(pl),
+                                1 => _mm256_slli_epi16::<3>(pl),
+                                2 => _mm256_slli_epi16::<2>(pl),
+                                3 => _mm256_slli_epi16::<1>(pl),
+                                4 => pl,
+                                5 => _mm256_srli_epi16::<1>(pl),
+                                6 => _mm256_srli_epi16::<2>(pl),
+                                _ => _mm256_srli_epi16::<3>(pl),
+                            };
+                            q[t] = _mm256_or_si256(q[t], _mm256_and_si256(hb, m10));
+                        }
+                    }
+                    let sc = p.add(dpos);
+                    let dx = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
+                    if q41 && pr == 0 {
+                        let mx =
+                            _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h) as *const __m128i));
+                        for (c, sm) in summs.iter_mut().enumerate() {
+                            let tm = &*terms.add(c * nb + i);
+                            *sm = _mm256_fmadd_ps(mx, _mm256_set1_ps(tm.sy), *sm);
+                        }
+                    }
+                    for c in 0..C {
+                        let tm = &*terms.add(c * nb + i);
+                        let yq = a.add(c * as_ + i * yb + yq0) as *const i32;
+                        let d = _mm256_mul_ps(dx, _mm256_set1_ps(tm.dy));
+                        for t in 0..2 {
+                            let l = 2 * pr + t;
+                            let yl = _mm256_set1_epi32(yq.add(l).read_unaligned());
+                            let s = match q80 {
+                                true => _mm256_madd_epi16(
+                                    _mm256_maddubs_epi16(ax[t], _mm256_sign_epi8(yl, q[t])),
+                                    ones,
+                                ),
+                                false => _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], yl), ones),
+                            };
+                            // Q5_0: its offsets (-16 x the lane's activation sum).
+                            let s = match q50 {
+                                true => _mm256_add_epi32(s, _mm256_set1_epi32(tm.offs[l])),
+                                false => s,
+                            };
+                            acc[c][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c][t]);
+                        }
+                    }
+                }
+                for c in 0..C {
+                    lanes[c][2 * pr] = acc[c][0];
+                    lanes[c][2 * pr + 1] = acc[c][1];
+                }
+            }
+            for c in 0..C {
+                // As `group_avx2`.
                 let mut v = crate::hsum::hsum_float_8_x8(&lanes[c]);
                 if q41 {
                     v = _mm256_add_ps(v, summs[c]);

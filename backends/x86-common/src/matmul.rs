@@ -382,10 +382,10 @@ pub unsafe fn run_weights(
         _ => Pack::Vnni,
     };
     let packed = pack_tiles(host, pack, n16, nb, act, rb);
-    // The legacy formats' per-block activation terms, once for every row group (their AVX-512
-    // runs of four columns).
+    // The legacy formats' per-block activation terms, once for every row group (their runs of
+    // four columns).
     let mut terms_buf = TERMS_BUF.with(|b| b.take());
-    let terms = match legacy && isa == Isa::Avx512 && cols >= 4 {
+    let terms = match legacy && cols >= 4 {
         true => crate::legacy16::terms(dt, act, rb, cols, k / 32, &mut terms_buf),
         false => &[][..],
     };
