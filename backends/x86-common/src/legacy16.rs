@@ -401,6 +401,35 @@ pub mod x86 {
         )))
     }
 
+    /// Lane `l`'s code bytes of 8 rows (half `h` of the group) of the Q4_1 or Q5_0 block at
+    /// `p`; Q5_0's (`q50`) with their fifth bits at bit 4 (its codes are then `q + 16`).
+    #[inline(always)]
+    unsafe fn codes_avx2(p: *const u8, h: usize, l: usize, q50: bool) -> __m256i {
+        let (m4, m10) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+        let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
+        let q = match l < 4 {
+            true => _mm256_and_si256(v, m4),
+            false => _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+        };
+        if !q50 {
+            return q;
+        }
+        // Bit l of each plane byte to bit 4 (16-bit shifts: the mask drops what crosses a
+        // byte).
+        let pl = _mm256_loadu_si256(p.add(256 + 32 * h) as *const __m256i);
+        let hb = match l {
+            0 => _mm256_slli_epi16::<4>(pl),
+            1 => _mm256_slli_epi16::<3>(pl),
+            2 => _mm256_slli_epi16::<2>(pl),
+            3 => _mm256_slli_epi16::<1>(pl),
+            4 => pl,
+            5 => _mm256_srli_epi16::<1>(pl),
+            6 => _mm256_srli_epi16::<2>(pl),
+            _ => _mm256_srli_epi16::<3>(pl),
+        };
+        _mm256_or_si256(q, _mm256_and_si256(hb, m10))
+    }
+
     /// [`group`] with 256-bit registers (AVX2, no VNNI), for Q4_1 (`FMT` 1), Q5_0 (5) and
     /// Q8_0 (8): each half of the group (8 rows, bytes `32h .. 32h + 32` of every line) in its
     /// own pass, one register per lane of 8 rows; a lane's sums by `vpmaddubsw` (codes times
@@ -433,8 +462,6 @@ pub mod x86 {
         let flip = _mm256_set1_epi8(-128);
         // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
         let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m10 = _mm256_set1_epi8(0x10);
         let ones = _mm256_set1_epi16(1);
         for h in 0..2 {
             let mut lanes = [[_mm256_setzero_ps(); 8]; C];
@@ -483,28 +510,7 @@ pub mod x86 {
                             lanes[c][l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), lanes[c][l]);
                             continue;
                         }
-                        let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
-                        let mut q = if l < 4 {
-                            _mm256_and_si256(v, m4)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
-                        };
-                        if !q41 {
-                            let pl = _mm256_loadu_si256(p.add(256 + 32 * h) as *const __m256i);
-                            // bit l of each plane byte to bit 4 (16-bit shifts: the mask
-                            // drops what crosses a byte)
-                            let hb = match l {
-                                0 => _mm256_slli_epi16::<4>(pl),
-                                1 => _mm256_slli_epi16::<3>(pl),
-                                2 => _mm256_slli_epi16::<2>(pl),
-                                3 => _mm256_slli_epi16::<1>(pl),
-                                4 => pl,
-                                5 => _mm256_srli_epi16::<1>(pl),
-                                6 => _mm256_srli_epi16::<2>(pl),
-                                _ => _mm256_srli_epi16::<3>(pl),
-                            };
-                            q = _mm256_or_si256(q, _mm256_and_si256(hb, m10));
-                        }
+                        let q = codes_avx2(p, h, l, !q41);
                         let mut s = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yl), ones);
                         if !q41 {
                             s = _mm256_sub_epi32(s, _mm256_set1_epi32(off[l]));
@@ -551,8 +557,6 @@ pub mod x86 {
             _ => (block_bytes(DType::Q8_0), 512),
         };
         let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m10 = _mm256_set1_epi8(0x10);
         let ones = _mm256_set1_epi16(1);
         let flip = _mm256_set1_epi8(-128);
         let mut lanes = [[_mm256_setzero_ps(); 8]; C];
@@ -574,25 +578,7 @@ pub mod x86 {
                             ax[t] = _mm256_sign_epi8(q[t], q[t]);
                             continue;
                         }
-                        let v = _mm256_loadu_si256(p.add(64 * (l % 4) + 32 * h) as *const __m256i);
-                        q[t] = match l < 4 {
-                            true => _mm256_and_si256(v, m4),
-                            false => _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
-                        };
-                        if q50 {
-                            let pl = _mm256_loadu_si256(p.add(256 + 32 * h) as *const __m256i);
-                            let hb = match l {
-                                0 => _mm256_slli_epi16::<4>(pl),
-                                1 => _mm256_slli_epi16::<3>(pl),
-                                2 => _mm256_slli_epi16::<2>(pl),
-                                3 => _mm256_slli_epi16::<1>(pl),
-                                4 => pl,
-                                5 => _mm256_srli_epi16::<1>(pl),
-                                6 => _mm256_srli_epi16::<2>(pl),
-                                _ => _mm256_srli_epi16::<3>(pl),
-                            };
-                            q[t] = _mm256_or_si256(q[t], _mm256_and_si256(hb, m10));
-                        }
+                        q[t] = codes_avx2(p, h, l, q50);
                     }
                     let sc = p.add(dpos);
                     let dx = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
