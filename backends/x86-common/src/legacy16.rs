@@ -77,6 +77,31 @@ fn code_lines(dt: DType) -> (usize, usize) {
     }
 }
 
+/// Bytes of one activation block of `dt`'s `vec_dot` type (Q8_1 for Q4_1: `d`, `s`, codes;
+/// else Q8_0: `d`, codes) and where its codes start.
+#[inline(always)]
+fn act_block(dt: DType) -> (usize, usize) {
+    match dt {
+        DType::Q4_1 => (36, 4),
+        _ => (34, 2),
+    }
+}
+
+/// A kernel's `FMT` (1: Q4_1, 5: Q5_0, 8: Q8_0) as its group block's bytes, the 64-byte lines
+/// before the 16 rows' `d` (code lines, and Q5_0's fifth-bit plane), its activation block's
+/// bytes and where their codes start.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn layout(fmt: u8) -> (usize, usize, usize, usize) {
+    let (dt, lines) = match fmt {
+        1 => (DType::Q4_1, 4),
+        5 => (DType::Q5_0, 5),
+        _ => (DType::Q8_0, 8),
+    };
+    let (yb, yq0) = act_block(dt);
+    (block_bytes(dt), lines, yb, yq0)
+}
+
 /// Bytes of a repacked `n x k` weight.
 pub fn repacked_bytes(dt: DType, k: usize, n: usize) -> usize {
     n / ROWS * (k / 32) * block_bytes(dt)
@@ -256,7 +281,7 @@ pub fn terms<'a>(
     if buf.len() < cols * nb {
         buf.resize(cols * nb, Terms::default());
     }
-    let (yb, yq0) = if dt == DType::Q4_1 { (36, 4) } else { (34, 2) };
+    let (yb, yq0) = act_block(dt);
     let scale = match dt {
         DType::Q5_0 => -16,
         DType::Q8_0 => -128,
@@ -385,8 +410,6 @@ pub unsafe fn columns(
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    use super::block_bytes;
-    use abi::DType;
     use core::arch::x86_64::*;
 
     /// One column streams each weight once: lines are prefetched into L2 this far ahead
@@ -430,6 +453,15 @@ pub mod x86 {
         _mm256_or_si256(q, _mm256_and_si256(hb, m10))
     }
 
+    /// A lane's sums for 8 rows of signed Q8_0 codes `q` (`ax`: their magnitudes) and four
+    /// broadcast activation bytes `yl`, as ggml's AVX2 `mul_sum_i8_pairs`: `|q|` times the
+    /// activations with `q`'s sign, pairs at most 2·128·127 (exact), then summed by fours.
+    #[inline(always)]
+    unsafe fn q8_lane(ax: __m256i, q: __m256i, yl: __m256i) -> __m256i {
+        let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(yl, q));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+
     /// [`group`] with 256-bit registers (AVX2, no VNNI), for Q4_1 (`FMT` 1), Q5_0 (5) and
     /// Q8_0 (8): each half of the group (8 rows, bytes `32h .. 32h + 32` of every line) in its
     /// own pass, one register per lane of 8 rows; a lane's sums by `vpmaddubsw` (codes times
@@ -453,15 +485,11 @@ pub mod x86 {
         os: usize,
     ) {
         let (q41, q80) = (FMT == 1, FMT == 8);
-        let (bb, dpos) = match FMT {
-            1 => (block_bytes(DType::Q4_1), 256),
-            5 => (block_bytes(DType::Q5_0), 320),
-            _ => (block_bytes(DType::Q8_0), 512),
-        };
+        let (bb, lines, yb, yq0) = super::layout(FMT);
+        let dpos = 64 * lines;
         let nl = bb.div_ceil(64);
         let flip = _mm256_set1_epi8(-128);
         // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
-        let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
         let ones = _mm256_set1_epi16(1);
         for h in 0..2 {
             let mut lanes = [[_mm256_setzero_ps(); 8]; C];
@@ -505,8 +533,7 @@ pub mod x86 {
                         if q80 {
                             let v = _mm256_loadu_si256(p.add(64 * l + 32 * h) as *const __m256i);
                             let q = _mm256_xor_si256(v, flip);
-                            let (ax, sy) = (_mm256_sign_epi8(q, q), _mm256_sign_epi8(yl, q));
-                            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+                            let s = q8_lane(_mm256_sign_epi8(q, q), q, yl);
                             lanes[c][l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), lanes[c][l]);
                             continue;
                         }
@@ -551,12 +578,8 @@ pub mod x86 {
         os: usize,
     ) {
         let (q41, q50, q80) = (FMT == 1, FMT == 5, FMT == 8);
-        let (bb, dpos) = match FMT {
-            1 => (block_bytes(DType::Q4_1), 256),
-            5 => (block_bytes(DType::Q5_0), 320),
-            _ => (block_bytes(DType::Q8_0), 512),
-        };
-        let (yb, yq0) = if q41 { (36, 4) } else { (34, 2) };
+        let (bb, lines, yb, yq0) = super::layout(FMT);
+        let dpos = 64 * lines;
         let ones = _mm256_set1_epi16(1);
         let flip = _mm256_set1_epi8(-128);
         let mut lanes = [[_mm256_setzero_ps(); 8]; C];
@@ -598,10 +621,7 @@ pub mod x86 {
                             let l = 2 * pr + t;
                             let yl = _mm256_set1_epi32(yq.add(l).read_unaligned());
                             let s = match q80 {
-                                true => _mm256_madd_epi16(
-                                    _mm256_maddubs_epi16(ax[t], _mm256_sign_epi8(yl, q[t])),
-                                    ones,
-                                ),
+                                true => q8_lane(ax[t], q[t], yl),
                                 false => _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], yl), ones),
                             };
                             // Q5_0: its offsets (-16 x the lane's activation sum).
@@ -647,13 +667,8 @@ pub mod x86 {
     ) {
         #[allow(non_snake_case)]
         let (Q41, Q50) = (FMT == 1, FMT == 5);
-        let (bb, lines) = match FMT {
-            1 => (block_bytes(DType::Q4_1), 4),
-            5 => (block_bytes(DType::Q5_0), 5),
-            _ => (block_bytes(DType::Q8_0), 8),
-        };
+        let (bb, lines, yb, yq0) = super::layout(FMT);
         // Activation blocks: Q8_1 (d, s, codes) or Q8_0 (d, codes).
-        let (yb, yq0) = if Q41 { (36, 4) } else { (34, 2) };
         let m4 = _mm512_set1_epi8(0x0F);
         let m10 = _mm512_set1_epi8(0x10);
         let mut lanes = [[_mm512_setzero_ps(); 8]; C];
@@ -784,12 +799,7 @@ pub mod x86 {
     ) {
         #[allow(non_snake_case)]
         let (Q41, Q50) = (FMT == 1, FMT == 5);
-        let (bb, lines) = match FMT {
-            1 => (block_bytes(DType::Q4_1), 4),
-            5 => (block_bytes(DType::Q5_0), 5),
-            _ => (block_bytes(DType::Q8_0), 8),
-        };
-        let (yb, yq0) = if Q41 { (36, 4) } else { (34, 2) };
+        let (bb, lines, yb, yq0) = super::layout(FMT);
         let m4 = _mm512_set1_epi8(0x0F);
         let m10 = _mm512_set1_epi8(0x10);
         // The first pass's lanes: not an array zeroed up front and copied into, which the

@@ -837,6 +837,20 @@ fn host_buffers_are_aligned_host_memory_and_not_weights() {
     }
 }
 
+/// `cols` random activation rows of `k` elements, quantized for `kernel` on `dt` weights
+/// (Q8_K rows of 292 bytes per 256 elements for the K-quants), one after another.
+fn random_acts(rng: &mut Rng, kernel: Kernel, dt: DType, k: usize, cols: usize) -> Vec<u8> {
+    let ab = 292 * (k / 256);
+    (0..cols)
+        .flat_map(|_| {
+            let x = rng.data(k, 1.0);
+            let mut a = vec![0u8; ab];
+            quant::quantize_activations_for(kernel, dt, &x, &mut a).unwrap();
+            a
+        })
+        .collect()
+}
+
 /// The AMX tile of repacked Q4_K (where this CPU and kernel have AMX) equals the VNNI tile
 /// and ggml's GEMM chain bit for bit: on random weights and activations, and at the largest
 /// integer sums the format allows (nibbles 15, scales and mins 63, activations -128, bsums
@@ -854,15 +868,7 @@ fn amx_q4_k_tile_matches_vnni_tile_and_the_gemm_chain() {
     let mut rng = Rng::new(31);
     let random = (
         weights(&mut rng, DType::Q4_K, k, rows),
-        (0..cols)
-            .flat_map(|_| {
-                let x = rng.data(k, 1.0);
-                let mut a = vec![0u8; ab];
-                quant::quantize_activations_for(Kernel::RepackGemm, DType::Q4_K, &x, &mut a)
-                    .unwrap();
-                a
-            })
-            .collect::<Vec<u8>>(),
+        random_acts(&mut rng, Kernel::RepackGemm, DType::Q4_K, k, cols),
     );
     // Extremes: d = dmin = 1.0 (f16 0x3C00), every 6-bit scale and min 63, every nibble 15;
     // activations d = 1.0, every quant -128.
@@ -924,17 +930,10 @@ fn amx_q6_k_tile_matches_the_tiled_chain() {
     let nb = k / 256;
     let (rb, ab) = (quant::row_bytes(DType::Q6_K, k).unwrap(), 292 * nb);
     let mut rng = Rng::new(37);
-    let acts = |rng: &mut Rng| -> Vec<u8> {
-        (0..cols)
-            .flat_map(|_| {
-                let x = rng.data(k, 1.0);
-                let mut a = vec![0u8; ab];
-                quant::quantize_activations_for(Kernel::Tiled, DType::Q6_K, &x, &mut a).unwrap();
-                a
-            })
-            .collect()
-    };
-    let random = (weights(&mut rng, DType::Q6_K, k, rows), acts(&mut rng));
+    let random = (
+        weights(&mut rng, DType::Q6_K, k, rows),
+        random_acts(&mut rng, Kernel::Tiled, DType::Q6_K, k, cols),
+    );
     // Extremes: every code 0 (q - 32 = -32), every scale -128, d = 1.0; activations d = 1.0,
     // every quant -128 (their 16-element sums -2048): the largest |sum| the chain can meet.
     let mut wx = vec![0u8; rb * rows];
