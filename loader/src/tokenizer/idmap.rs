@@ -41,34 +41,33 @@ pub struct TextIds {
 impl TextIds {
     /// Indexes `texts`; on a duplicated text, returns the id of its second occurrence.
     pub fn build(texts: &StrArray) -> Result<TextIds, u32> {
-        let mut slots = vec![EMPTY; table_len(texts.len())];
-        let mask = slots.len() - 1;
+        let mut ids = TextIds {
+            slots: vec![EMPTY; table_len(texts.len())],
+        };
         for (id, t) in texts.iter_bytes().enumerate() {
-            let mut i = hash_bytes(t) as usize & mask;
-            loop {
-                match slots[i] {
-                    EMPTY => {
-                        slots[i] = id as u32;
-                        break;
-                    }
-                    o if texts.get_bytes(o as usize) == Some(t) => return Err(id as u32),
-                    _ => i = (i + 1) & mask,
-                }
+            match ids.slot(texts, t) {
+                Ok(_) => return Err(id as u32),
+                Err(i) => ids.slots[i] = id as u32,
             }
         }
-        Ok(TextIds { slots })
+        Ok(ids)
     }
 
     pub fn get(&self, texts: &StrArray, t: &[u8]) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
+        self.slot(texts, t).ok()
+    }
+
+    /// `t`'s id, or the free slot where it would go (the table is never full).
+    fn slot(&self, texts: &StrArray, t: &[u8]) -> Result<u32, usize> {
         let mask = self.slots.len() - 1;
         let mut i = hash_bytes(t) as usize & mask;
         loop {
             match self.slots[i] {
-                EMPTY => return None,
-                o if texts.get_bytes(o as usize) == Some(t) => return Some(o),
+                EMPTY => return Err(i),
+                o if texts.get_bytes(o as usize) == Some(t) => return Ok(o),
                 _ => i = (i + 1) & mask,
             }
         }
@@ -111,32 +110,27 @@ impl Merges {
                 self.insert(a, b, r, m);
             }
         }
-        let mask = self.slots.len() - 1;
-        let mut i = hash_pair(a, b) as usize & mask;
-        loop {
-            let s = &mut self.slots[i];
-            if s[2] == EMPTY {
-                *s = [a, b, rank, merged];
-                self.len += 1;
-                return;
-            }
-            if s[0] == a && s[1] == b {
-                return;
-            }
-            i = (i + 1) & mask;
+        let i = self.slot(a, b);
+        if self.slots[i][2] == EMPTY {
+            self.slots[i] = [a, b, rank, merged];
+            self.len += 1;
         }
     }
 
     pub fn get(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+        let s = self.slots[self.slot(a, b)];
+        (s[2] != EMPTY).then_some((s[2], s[3]))
+    }
+
+    /// The slot holding the pair, or the free slot where it would go (the table is never
+    /// full: it grows at half).
+    fn slot(&self, a: u32, b: u32) -> usize {
         let mask = self.slots.len() - 1;
         let mut i = hash_pair(a, b) as usize & mask;
         loop {
             let s = &self.slots[i];
-            if s[2] == EMPTY {
-                return None;
-            }
-            if s[0] == a && s[1] == b {
-                return Some((s[2], s[3]));
+            if s[2] == EMPTY || (s[0] == a && s[1] == b) {
+                return i;
             }
             i = (i + 1) & mask;
         }

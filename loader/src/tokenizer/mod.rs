@@ -178,18 +178,10 @@ impl Tokenizer {
                     }
                 }
             }
-            Engine::Bpe(bpe) => {
+            Engine::Bpe(_) | Engine::HfBpe(_) | Engine::Spm(Some(_)) => {
                 for f in &frags {
                     match *f {
-                        Frag::Text(s, e) => bpe.tokenize(v, &text[s..e], &mut out)?,
-                        Frag::Token(id) => out.push(id),
-                    }
-                }
-            }
-            Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => {
-                for f in &frags {
-                    match *f {
-                        Frag::Text(s, e) => bpe::tokenize_hf(tk, v, &text[s..e], &mut out)?,
+                        Frag::Text(s, e) => self.bpe_text(&text[s..e], &mut out)?,
                         Frag::Token(id) => out.push(id),
                     }
                 }
@@ -202,6 +194,17 @@ impl Tokenizer {
             );
         }
         Ok(out)
+    }
+
+    /// Appends the ids of one raw-text fragment through the BPE engine: the GGUF's merges, or
+    /// the model's own `tokenizer.json` pipeline.
+    fn bpe_text(&self, text: &str, out: &mut Vec<u32>) -> Result<(), LoadError> {
+        let v = &self.vocab;
+        match &self.engine {
+            Engine::Bpe(bpe) => bpe.tokenize(v, text, out),
+            Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => bpe::tokenize_hf(tk, v, text, out),
+            Engine::Spm(None) => Err(v.err("a SentencePiece vocabulary has no BPE pipeline")),
+        }
     }
 
     /// llama.cpp's tokenizer_st_partition: for each special token, longest first, split every
