@@ -474,6 +474,26 @@ unsafe fn probabilities(a: &Attn, wg: &mut [f32], src: &mut Vec<f32>) {
     }
 }
 
+/// V bytes (all rows of a task) up to which a decode query's scores kernel asks for its V
+/// rows into L2 ahead of p·V (see [`scores_rows16`]). Deeper, those prefetches evict each
+/// other and K before p·V comes: Qwen2.5-1.5B's heads 2048 deep (1 MiB of V a task) took
+/// 1.21-1.22 s of attention for 128 decode steps without them, 1.38-1.51 s with them, and
+/// 229 against 256 us a call in `--bench ops` (Sapphire Rapids, interleaved). Shallow
+/// queries keep them: SmolLM2's 16 sequences ~200 deep (50 KiB a task) spend 7% more time in
+/// attention without.
+const V_PREFETCH_MAX: usize = 256 << 10;
+
+/// The V bytes per row [`scores_rows16`] and [`scores_rows8`] prefetch for rows `lo..=last`.
+fn v_prefetch_bytes(a: &Attn, lo: usize, last: i64) -> usize {
+    let row = a.q.ne[0] as usize * if a.v_f16 { 2 } else { 4 };
+    let rows = (last + 1 - lo as i64).max(0) as usize;
+    if a.q.ne[2] == 1 && rows * row <= V_PREFETCH_MAX {
+        row
+    } else {
+        0
+    }
+}
+
 /// The scaled scores of heads `h0..h0 + nh` (queries `qv`, `du` each) against K rows
 /// `lo & !15 ..= last` into `w` (`len` per head, each of those rows written once, nothing
 /// else; invisible rows keep -inf), 16 rows at a time:
@@ -502,12 +522,9 @@ unsafe fn scores_rows16<const H: bool, const T: bool>(
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mut rows = [core::ptr::null::<u8>(); 16];
     let mut b = [_mm512_setzero_ps(); 16];
-    // V bytes per row to prefetch (see below): none for a prompt chunk.
-    let vb = if a.q.ne[2] == 1 {
-        du * if a.v_f16 { 2 } else { 4 }
-    } else {
-        0
-    };
+    // V bytes per row to prefetch (see below): none for a prompt chunk, nor for a query whose
+    // V rows would not stay in L2 until p·V reads them.
+    let vb = v_prefetch_bytes(a, lo, last);
     let mut j0 = (lo & !15) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(16) as usize;
@@ -598,12 +615,9 @@ unsafe fn scores_rows8<const H: bool, const T: bool>(
     let du = a.q.ne[0] as usize;
     let mut rows = [core::ptr::null::<u8>(); 8];
     let mut b = [_mm256_setzero_ps(); 8];
-    // V bytes per row to prefetch (see below): none for a prompt chunk.
-    let vb = if a.q.ne[2] == 1 {
-        du * if a.v_f16 { 2 } else { 4 }
-    } else {
-        0
-    };
+    // V bytes per row to prefetch (see below): none for a prompt chunk, nor for a query whose
+    // V rows would not stay in L2 until p·V reads them.
+    let vb = v_prefetch_bytes(a, lo, last);
     let mut j0 = (lo & !7) as i64;
     while j0 <= last {
         let n = (last + 1 - j0).min(8) as usize;
