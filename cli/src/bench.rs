@@ -57,7 +57,8 @@ pub struct BenchArgs {
     /// the aggregate tokens/s of N sequences taking one token each per batched step.
     #[arg(long, value_delimiter = ',')]
     pub sequences: Vec<usize>,
-    /// Tokens already in each sequence's cache before the timed tg steps (with --sequences).
+    /// Tokens already in each sequence's cache before the timed tg steps (one sequence unless
+    /// --sequences says more; pp rows start from an empty cache).
     #[arg(long, default_value_t = 0)]
     pub depth: usize,
     /// Seed of the random token ids.
@@ -227,7 +228,15 @@ pub fn bench(a: BenchArgs) -> CliResult {
         .collect();
     for &n in a.gen_tokens.iter().filter(|&&n| n > 0) {
         if a.sequences.is_empty() {
-            tests.push(Test::Gen(n));
+            // `--depth` alone (llama-bench's `-d`): one sequence, that deep.
+            tests.push(match a.depth {
+                0 => Test::Gen(n),
+                depth => Test::Multi {
+                    gen: n,
+                    seqs: 1,
+                    depth,
+                },
+            });
         }
         for &seqs in &a.sequences {
             if seqs == 0 {

@@ -303,6 +303,13 @@ fn bench_table_and_bad_flags() {
     let t = stdout(&o);
     assert!(t.starts_with("| model"), "{t}");
     assert!(t.contains("| pp8 |") && t.contains("| tg2 |"), "{t}");
+    // --depth alone times one sequence that deep (it was ignored without --sequences).
+    let o = mollm(&[
+        "bench", "-m", &m, "-p", "0", "-n", "2", "--depth", "8", "--warmup", "0", "--reps", "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = stdout(&o);
+    assert!(t.contains("| tg2 x1 @ d8 |"), "{t}");
     assert_clean_error(
         &mollm(&["bench", "-m", &m, "-p", "0", "-n", "0"]),
         "nothing to measure",
