@@ -31,28 +31,80 @@ pub(super) unsafe fn rope(
     let (x, pos, out) = (inputs[0], inputs[1], outputs[0]);
     let (mode, n_dims) = (p.i[0], p.i[1] as usize);
     let (freq_base, freq_scale, attn_factor) = (p.f[0], p.f[1], p.f[3]);
-    let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
-    // ggml_rope_cache_init without YaRN (ext_factor == 0: checked).
-    let caches: Vec<Vec<f32>> = (0..x.ne[2])
-        .map(|t| {
-            let mut cache = vec![0f32; n_dims];
-            let mut theta = read_i32(&pos, t) as f32;
-            for i0 in (0..n_dims).step_by(2) {
-                let th = freq_scale * theta;
-                cache[i0] = th.cos() * attn_factor;
-                cache[i0 + 1] = th.sin() * attn_factor;
-                theta *= theta_scale;
+    let key = RopeKey {
+        params: [freq_base, freq_scale, attn_factor].map(f32::to_bits),
+        n_dims,
+        positions: (0..x.ne[2]).map(|t| read_i32(&pos, t)).collect(),
+    };
+    // Every layer of a step rotates its q and k at the same positions with the same
+    // parameters: the cos/sin rows are made once per step and parameter set (Gemma 3's local
+    // and global layers have two), the same values each time. libm's cosf and sinf per element
+    // were ~1.3 us a token per call, 60 calls a SmolLM2 step.
+    let mut memo = ROPE_MEMO.with(|m| m.take());
+    let at = match memo.iter().position(|(k, _)| *k == key) {
+        Some(i) => i,
+        None => {
+            let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
+            let caches = key
+                .positions
+                .iter()
+                .map(|&p| {
+                    let mut cache = vec![0f32; n_dims];
+                    let mut theta = p as f32;
+                    for i0 in (0..n_dims).step_by(2) {
+                        let th = freq_scale * theta;
+                        cache[i0] = th.cos() * attn_factor;
+                        cache[i0 + 1] = th.sin() * attn_factor;
+                        theta *= theta_scale;
+                    }
+                    cache
+                })
+                .collect();
+            if memo.len() == ROPE_MEMO_SETS {
+                memo.remove(0);
             }
-            cache
-        })
-        .collect();
+            memo.push((key, caches));
+            memo.len() - 1
+        }
+    };
+    let caches = &memo[at].1;
     let neox = mode == abi::ROPE_NEOX;
     let k = x.ne[0] as usize;
     for_rows(host, x.nrows(), x.ne[0], |r| {
         let (i1, i2, i3) = split_row(&x, r);
-        let mut v = vec![0f32; k];
-        read_into(&x, i1, i2, i3, &mut v);
-        rope_row(isa, &mut v, &caches[i2 as usize], n_dims, neox);
-        write_from(&out, i1, i2, i3, &v);
+        // A head's row on the stack (a heap row each was a malloc and free per head and
+        // token); rows longer than any head this engine has seen take the heap.
+        let mut stack = [0f32; 512];
+        let mut heap = Vec::new();
+        let v = if k <= stack.len() {
+            &mut stack[..k]
+        } else {
+            heap.resize(k, 0f32);
+            &mut heap[..]
+        };
+        read_into(&x, i1, i2, i3, v);
+        rope_row(isa, v, &caches[i2 as usize], n_dims, neox);
+        write_from(&out, i1, i2, i3, v);
     });
+    ROPE_MEMO.with(|m| m.set(memo));
+}
+
+/// What a call's cos/sin rows depend on: the frequency parameters (as bits), the rotated
+/// dimensions and each token's position.
+#[derive(PartialEq)]
+struct RopeKey {
+    params: [u32; 3],
+    n_dims: usize,
+    positions: Vec<i32>,
+}
+
+/// Parameter sets whose cos/sin rows a thread keeps.
+const ROPE_MEMO_SETS: usize = 4;
+
+thread_local! {
+    /// The calling thread's latest cos/sin rows (one per token), oldest first, with what each
+    /// was made for.
+    #[allow(clippy::type_complexity)]
+    static ROPE_MEMO: core::cell::Cell<Vec<(RopeKey, Vec<Vec<f32>>)>> =
+        const { core::cell::Cell::new(Vec::new()) };
 }
