@@ -131,6 +131,68 @@ fn ops(c: &mut Criterion) {
         }
         g.finish();
     }
+    kv_layouts(c, &backends);
+}
+
+/// The 1.5B's decode attention 2048 deep on the same K and V bytes seen two ways: by position
+/// (`[d, heads, rows]` contiguous, the engine's pool today: one task's rows are 512-byte pieces
+/// 1 KiB apart) and by KV head (a permuted view: each head's rows contiguous). Measures what a
+/// head-major pool would give before the engine has one.
+fn kv_layouts(c: &mut Criterion, backends: &[(&'static str, Instance)]) {
+    let mut r = Rng::new(5);
+    let (d, hq, hkv, rows) = (128i64, 12i64, 2i64, 2048i64);
+    let mut case = attention(&mut r, d, hq, hkv, rows, 1, rows, 0, 0.0, DType::F32);
+    // The same K and V values stored by head: element (i, h, j) at (h * rows + j) * d + i.
+    let by_head = |t: &Owned| {
+        let (d, hkv, rows) = (d as usize, hkv as usize, rows as usize);
+        let mut out = t.data.clone();
+        for h in 0..hkv {
+            for j in 0..rows {
+                let (from, to) = ((j * hkv + h) * d * 4, (h * rows + j) * d * 4);
+                out[to..to + d * 4].copy_from_slice(&t.data[from..from + d * 4]);
+            }
+        }
+        out
+    };
+    let (k_pos, v_pos) = (case.inputs[1].data.clone(), case.inputs[2].data.clone());
+    let (k_head, v_head) = (by_head(&case.inputs[1]), by_head(&case.inputs[2]));
+    let mut g = c.benchmark_group("attention_kv_layout");
+    g.throughput(Throughput::Elements((rows * hq) as u64));
+    for (name, inst) in backends.iter().filter(|(n, _)| *n != "reference") {
+        let mut results = Vec::new();
+        for head_major in [false, true] {
+            let (k, v) = match head_major {
+                false => (&k_pos, &v_pos),
+                true => (&k_head, &v_head),
+            };
+            case.inputs[1].data.copy_from_slice(k);
+            case.inputs[2].data.copy_from_slice(v);
+            let mut ins: Vec<_> = case.inputs.iter_mut().map(|t| t.desc()).collect();
+            if head_major {
+                for kv in &mut ins[1..3] {
+                    kv.nb[1] = rows * d * 4;
+                    kv.nb[2] = d * 4;
+                }
+            }
+            let outs: Vec<_> = case.outputs.iter_mut().map(|t| t.desc()).collect();
+            let call = abi::OpCall::new(case.op, &ins, &outs, case.params);
+            let label = if head_major {
+                "by KV head"
+            } else {
+                "by position"
+            };
+            g.bench_function(BenchmarkId::new(*name, label), |b| {
+                b.iter(|| {
+                    let st = (inst.table.compute)(inst.ctx, &call);
+                    assert_eq!(abi::Status::from_raw(st), abi::Status::Ok);
+                })
+            });
+            results.push(case.outputs[0].data.clone());
+        }
+        // The same values whichever way they are laid out: the same bits out.
+        assert_eq!(results[0], results[1], "{name}: the two layouts differ");
+    }
+    g.finish();
 }
 
 criterion_group!(benches, ops);
