@@ -343,15 +343,18 @@ impl Runner {
         // q and out: f32, contiguous, one token's heads after another.
         let tok_bytes = (q.ne[0] * q.ne[1]) as usize * 4;
         let out = TensorDesc::contiguous(out.data, DType::F32, &[q.ne[0], q.ne[1], t as i64]);
-        // Every token's keys and values into its cache row: one call each for the step.
-        let row = k.ne[0] * k.ne[1];
-        let rd = i32d(&self.kv_rows);
+        // Every token's keys and values into its cache rows, one row per KV head (the pool is
+        // stored by head, see `CacheTensor::desc`): one call each for the step.
+        let (hd, nh) = (k.ne[0], k.ne[1]);
         let cache = &mut pool.layers[layer];
+        let mut idx = Vec::with_capacity(t * nh as usize);
+        crate::kv::head_rows(&self.kv_rows, nh as usize, cache.k.rows(), &mut idx);
+        let rd = i32d(&idx);
         let kc = cache.k.desc_2d();
-        let kd = TensorDesc::contiguous(k.data, DType::F32, &[row, t as i64]);
+        let kd = TensorDesc::contiguous(k.data, DType::F32, &[hd, nh * t as i64]);
         ex.call_desc(Op::SetRows, &[kd, rd, kc], &[kc], OpParams::default())?;
         let vc = cache.v.desc_2d();
-        let vd = TensorDesc::contiguous(v.data, DType::F32, &[row, t as i64]);
+        let vd = TensorDesc::contiguous(v.data, DType::F32, &[hd, nh * t as i64]);
         ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
         let (kc, vc) = (cache.k.desc(), cache.v.desc());
         let mut prm = OpParams::default();
