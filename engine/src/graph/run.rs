@@ -70,6 +70,9 @@ pub struct Runner {
     positions: Vec<i32>,
     /// The pool row each token's keys and values go to.
     kv_rows: Vec<i32>,
+    /// Those rows per KV head, as set_rows indices (`kv::head_rows`), made per attention call
+    /// into this one buffer (a decode step allocates nothing).
+    head_rows: std::cell::RefCell<Vec<i32>>,
     out_ids: Vec<i32>,
     tok_groups: Vec<ColGroup>,
     out_groups: Vec<ColGroup>,
@@ -89,6 +92,7 @@ impl Runner {
             tokens: Vec::with_capacity(plan.max_t),
             positions: Vec::with_capacity(plan.max_t),
             kv_rows: Vec::with_capacity(plan.max_t),
+            head_rows: std::cell::RefCell::new(Vec::with_capacity(plan.max_t * 8)),
             out_ids: Vec::with_capacity(plan.max_o),
             tok_groups: Vec::with_capacity(64),
             out_groups: Vec::with_capacity(64),
@@ -347,7 +351,7 @@ impl Runner {
         // stored by head, see `CacheTensor::desc`): one call each for the step.
         let (hd, nh) = (k.ne[0], k.ne[1]);
         let cache = &mut pool.layers[layer];
-        let mut idx = Vec::with_capacity(t * nh as usize);
+        let mut idx = self.head_rows.borrow_mut();
         crate::kv::head_rows(&self.kv_rows, nh as usize, cache.k.rows(), &mut idx);
         let rd = i32d(&idx);
         let kc = cache.k.desc_2d();
@@ -356,6 +360,7 @@ impl Runner {
         let vc = cache.v.desc_2d();
         let vd = TensorDesc::contiguous(v.data, DType::F32, &[hd, nh * t as i64]);
         ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
+        drop(idx);
         let (kc, vc) = (cache.k.desc(), cache.v.desc());
         let mut prm = OpParams::default();
         prm.i[1] = window as i64;
