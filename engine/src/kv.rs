@@ -1,7 +1,8 @@
 //! The key/value cache: one pool of pages for every sequence of a session.
 //!
 //! The pool holds, per cached layer, a K and a V tensor `[head_dim, n_kv_heads, n_pages *
-//! KV_PAGE]`. A sequence ([`KvCache`]) owns no memory: it is a block table (the pool page of
+//! KV_PAGE]`, stored by KV head (each head's rows one after another, see
+//! [`CacheTensor::desc`]). A sequence ([`KvCache`]) owns no memory: it is a block table (the pool page of
 //! each of its pages) and a length, and attention reads it through the table (the ABI's
 //! `block_table`). So one long sequence can use what idle ones do not, and sequences can share
 //! pages:
