@@ -134,10 +134,10 @@ fn ops(c: &mut Criterion) {
     kv_layouts(c, &backends);
 }
 
-/// The 1.5B's decode attention 2048 deep on the same K and V bytes seen two ways: by position
-/// (`[d, heads, rows]` contiguous, the engine's pool today: one task's rows are 512-byte pieces
-/// 1 KiB apart) and by KV head (a permuted view: each head's rows contiguous). Measures what a
-/// head-major pool would give before the engine has one.
+/// The 1.5B's decode attention 2048 deep on the same K and V values stored two ways: by
+/// position (`[d, heads, rows]` contiguous, the engine's pool before it went by head: one
+/// task's rows are 512-byte pieces 1 KiB apart) and by KV head (the engine's pool,
+/// `CacheTensor::desc`: each head's rows contiguous).
 fn kv_layouts(c: &mut Criterion, backends: &[(&'static str, Instance)]) {
     let mut r = Rng::new(5);
     let (d, hq, hkv, rows) = (128i64, 12i64, 2i64, 2048i64);

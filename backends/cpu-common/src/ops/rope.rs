@@ -31,19 +31,24 @@ pub(super) unsafe fn rope(
     let (x, pos, out) = (inputs[0], inputs[1], outputs[0]);
     let (mode, n_dims) = (p.i[0], p.i[1] as usize);
     let (freq_base, freq_scale, attn_factor) = (p.f[0], p.f[1], p.f[3]);
-    let key = RopeKey {
-        params: [freq_base, freq_scale, attn_factor].map(f32::to_bits),
-        n_dims,
-        positions: (0..x.ne[2]).map(|t| read_i32(&pos, t)).collect(),
-    };
+    let params = [freq_base, freq_scale, attn_factor].map(f32::to_bits);
     // Every layer of a step rotates its q and k at the same positions with the same
     // parameters: the cos/sin rows are made once per step and parameter set (Gemma 3's local
     // and global layers have two), the same values each time. libm's cosf and sinf per element
     // were ~1.3 us a token per call, 60 calls a SmolLM2 step.
     let mut memo = ROPE_MEMO.with(|m| m.take());
-    let at = match memo.iter().position(|(k, _)| *k == key) {
+    let at = match memo
+        .iter()
+        .position(|(k, _)| k.is(params, n_dims, &pos, x.ne[2]))
+    {
         Some(i) => i,
         None => {
+            let key = RopeKey {
+                params,
+                n_dims,
+                positions: (0..x.ne[2]).map(|t| read_i32(&pos, t)).collect(),
+            };
+            // ggml_rope_cache_init without YaRN (ext_factor == 0: checked).
             let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
             let caches = key
                 .positions
@@ -91,11 +96,24 @@ pub(super) unsafe fn rope(
 
 /// What a call's cos/sin rows depend on: the frequency parameters (as bits), the rotated
 /// dimensions and each token's position.
-#[derive(PartialEq)]
 struct RopeKey {
     params: [u32; 3],
     n_dims: usize,
     positions: Vec<i32>,
+}
+
+impl RopeKey {
+    /// Whether these are the rows of a call with `params`, `n_dims` and the `n` positions in
+    /// `pos` (read in place: a call that finds its rows allocates nothing).
+    ///
+    /// # Safety
+    /// `pos` is a valid I32 descriptor of at least `n` elements.
+    unsafe fn is(&self, params: [u32; 3], n_dims: usize, pos: &TensorDesc, n: i64) -> bool {
+        self.params == params
+            && self.n_dims == n_dims
+            && self.positions.len() == n as usize
+            && (0..n).all(|t| self.positions[t as usize] == read_i32(pos, t))
+    }
 }
 
 /// Parameter sets whose cos/sin rows a thread keeps.
