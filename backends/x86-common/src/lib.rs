@@ -299,6 +299,10 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
             // A tied embedding table, read from its repack.
             return legacy16::check_get_rows(inputs, outputs);
         }
+        if op == Op::GetRows && kind == matmul::KIND_COPY {
+            // A tied table copied as it is: the same layout, read by the plain kernel.
+            return check(Isa::from_u8(ISA), op, inputs, outputs, params);
+        }
         if op != Op::MatMul {
             return Err(Error::Unsupported(format!(
                 "{}: no prepared-weight kernels",
@@ -323,6 +327,9 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
         params: &OpParams,
     ) -> Result<(), Error> {
         // The table's `compute` ran `check_prepared` on this call already.
+        if op == Op::GetRows && kind == matmul::KIND_COPY {
+            return compute_op(Isa::from_u8(ISA), host, op, inputs, outputs, params);
+        }
         if op == Op::GetRows {
             return legacy16::get_rows(inputs, outputs);
         }

@@ -89,17 +89,14 @@ pub const KIND_WR16: u32 = 3;
 /// Prepared layout: Q4_1 / Q8_0 (AVX-512) or Q4_1 / Q5_0 (AVX2) in 16-row groups
 /// ([`crate::legacy16`]).
 pub const KIND_LEGACY16: u32 = 4;
-/// Largest weight copied as it is (see [`prepare`]).
-pub const MAX_COPY_BYTES: usize = 64 << 20;
 
 /// `prepare_weight`: Q4_K weights whose row count is a multiple of 16 are repacked for the
 /// kernels of [`crate::q4k16`] (AVX-512 and AVX2), Q4_1, Q5_0 and Q8_0 ones (AVX-512 and
 /// AVX2) for those of [`crate::legacy16`], whatever their size (a 200 MB Q8_0
 /// embedding table too: its mapped source is dropped as the repack reads it, see
 /// `mollm_cpu_common::SourcePages`). On AVX-512 only, mollm-format weights are repacked for
-/// those of [`crate::wr16`] and other weights of formats with kernels here up to
-/// [`MAX_COPY_BYTES`] are copied as they are (into 2 MiB pages, see
-/// `mollm_cpu_common::Prepared`).
+/// those of [`crate::wr16`] and other weights of formats with kernels here are copied as they
+/// are (into 2 MiB pages, see `mollm_cpu_common::Prepared`).
 ///
 /// # Safety
 /// `w` describes valid host memory.
@@ -126,7 +123,6 @@ pub unsafe fn prepare(
     }
     // SAFETY: a valid packed n x rb weight (checked above).
     let src = core::slice::from_raw_parts(w.data as *const u8, n * rb);
-    let keep = mollm_cpu_common::SourcePages::keep();
     if dt == DType::Q4_K && n % crate::q4k16::ROWS == 0 {
         let bytes = crate::q4k16::repacked_bytes(k, n);
         let mut p = mollm_cpu_common::Prepared::zeroed(KIND_Q4K16, bytes);
@@ -165,14 +161,12 @@ pub unsafe fn prepare(
         return Ok(p);
     }
     // Same layout, in the prepared memory (huge pages): the weight is streamed once per token
-    // (measured +1..6% decode on Qwen2.5-1.5B). Not for the largest matrices: while one is
-    // copied the original is resident too, and the peak memory would grow by its size.
-    if n * rb > MAX_COPY_BYTES {
-        return no("large weights stay where they are");
-    }
+    // (measured +1..6% decode on Qwen2.5-1.5B; its 191 MB Q6_K output matrix read from the
+    // file's 4 KiB pages ran at 23.5 GB/s, its Q6_K ffn_down copies at 27.4). The mapped
+    // source is dropped as the copy reads it, so the largest matrices cost no extra memory.
     let mut p = mollm_cpu_common::Prepared::zeroed(KIND_COPY, n * rb);
     let dst = SyncPtr(p.bytes_mut().as_mut_ptr());
-    rows_parallel(host, n, 16, rb, &keep, |r0, r1| {
+    rows_parallel(host, n, 16, rb, from, |r0, r1| {
         // SAFETY: rows r0..r1 of the copy, written by this range only.
         core::ptr::copy_nonoverlapping(
             src.as_ptr().add(r0 * rb),
