@@ -1,5 +1,5 @@
 //! `prepare_weight_ex` with `PREPARE_SOURCE_MAPPED` (ABI 1.6): a weight in a read-only file
-//! mapping is repacked while its pages are dropped as the repack reads them, so the process's
+//! mapping is repacked (or copied) while its pages are dropped as the repack reads them, so the process's
 //! peak memory grows by about the copy, not by the source and the copy. Its own test binary:
 //! the peak is the process's.
 
@@ -50,24 +50,41 @@ fn a_mapped_source_is_dropped_as_it_is_repacked() {
     }
     let table = unsafe { &*h.table };
     // Q4_1 is in 16-row groups on both ISAs: 131072 x 512 is 42 MB, either way.
-    let (dt, k, n) = (DType::Q4_1, 512usize, 131072usize);
+    check(table, DType::Q4_1, 512, 131072, "mollm-mapped-q41");
+    // AVX-512 copies Q6_K as it is (into 2 MiB pages): 16384 x 1536, 42 MB.
+    if isa == Isa::Avx512 {
+        check(table, DType::Q6_K, 1536, 16384, "mollm-mapped-q6k");
+    }
+}
+
+/// Prepares an `n x k` weight of `dt` (random codes, small positive block scales) from a
+/// file mapping: the source's pages are dropped, the layout is the one made from heap memory,
+/// the peak grows by the copy and not by both.
+fn check(table: &abi::BackendTable, dt: DType, k: usize, n: usize, name: &str) {
     let rb = quant::row_bytes(dt, k).unwrap();
     let bytes = rb * n;
+    let info = dt.info();
+    let bb = info.block_bytes as usize;
+    // Where each block keeps its f16 scale `d` (and Q4_1 its min).
+    let d_at = if dt == DType::Q6_K { bb - 2 } else { 0 };
     let mut data = vec![0u8; bytes];
     let mut x = 0x9e3779b97f4a7c15u64;
     for (r, row) in data.chunks_exact_mut(rb).enumerate() {
-        for blk in row.chunks_exact_mut(20) {
-            for b in blk[4..].iter_mut() {
+        for blk in row.chunks_exact_mut(bb) {
+            for b in blk.iter_mut() {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
                 *b = x as u8;
             }
-            blk[..2].copy_from_slice(&quant::f32_to_fp16(0.01 + r as f32 * 1e-6).to_le_bytes());
-            blk[2..4].copy_from_slice(&quant::f32_to_fp16(-0.5).to_le_bytes());
+            let d = quant::f32_to_fp16(0.01 + r as f32 * 1e-6).to_le_bytes();
+            blk[d_at..d_at + 2].copy_from_slice(&d);
+            if dt == DType::Q4_1 {
+                blk[2..4].copy_from_slice(&quant::f32_to_fp16(-0.5).to_le_bytes());
+            }
         }
     }
-    let path = std::env::temp_dir().join(format!("mollm-mapped-{}.bin", std::process::id()));
+    let path = std::env::temp_dir().join(format!("{name}-{}.bin", std::process::id()));
     std::fs::File::create(&path)
         .unwrap()
         .write_all(&data)
@@ -118,17 +135,17 @@ fn a_mapped_source_is_dropped_as_it_is_repacked() {
     assert_eq!(
         mapped_rss(src as usize),
         0,
-        "the source's pages are dropped once read"
+        "{dt}: the source's pages are dropped once read"
     );
     let got_bytes = unsafe { std::slice::from_raw_parts(got.data, bytes) };
     assert!(
         got_bytes == &want_bytes[..],
-        "the same layout as from heap memory"
+        "{dt}: the same layout as from heap memory"
     );
-    // The copy (42 MB) plus a few MiB of source in flight, not both whole (84 MB).
+    // The result (42 MB) plus a few MiB of source in flight, not both whole (84 MB).
     assert!(
         peak < bytes + bytes / 4,
-        "peak grew by {} MB repacking {} MB",
+        "{dt}: peak grew by {} MB preparing {} MB",
         peak >> 20,
         bytes >> 20
     );
