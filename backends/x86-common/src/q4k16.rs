@@ -122,6 +122,7 @@ mod kernels {
         os: usize,
     ) {
         let m4 = _mm512_set1_epi8(0x0F);
+        let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
         let pf = crate::kq512::q4k16_prefetch();
         for g in 0..n_groups {
             let gw = w.add(g * nb * GROUP_BLOCK);
@@ -151,43 +152,61 @@ mod kernels {
                 };
                 let bb = |c: usize, j: usize| _mm512_set1_epi32(col_bsum_pair(a, as_, c, i, j));
                 let mut hs = [_mm512_setzero_si512(); C];
-                for j in 0..4 {
-                    let mut s0 = [_mm512_setzero_si512(); C];
-                    let mut s1 = [_mm512_setzero_si512(); C];
+                // `jn` sub-block pairs at a time, their weight lines interleaved: each sum is a
+                // chain of 8 dependent `vpdpbusd` (5 cycles each), so one pair at a time left
+                // the core waiting on the chain; with few columns the registers hold four.
+                let jn = match C {
+                    1 => 4,
+                    2 => 2,
+                    _ => 1,
+                };
+                for j0 in (0..4).step_by(jn) {
+                    let mut s0 = [[_mm512_setzero_si512(); C]; 4];
+                    let mut s1 = [[_mm512_setzero_si512(); C]; 4];
                     for t in 0..8 {
-                        let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
-                        let lo = _mm512_and_si512(wv, m4);
-                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
-                        for c in 0..C {
-                            let yq = a.add(c * as_ + i * Q8_K_B + 4);
-                            let a0 = _mm512_set1_epi32(
-                                (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
-                            );
-                            let a1 = _mm512_set1_epi32(
-                                (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
-                            );
-                            s0[c] = _mm512_dpbusd_epi32(s0[c], lo, a0);
-                            s1[c] = _mm512_dpbusd_epi32(s1[c], hi, a1);
+                        for dj in 0..jn {
+                            let j = j0 + dj;
+                            let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
+                            let lo = _mm512_and_si512(wv, m4);
+                            // The high nibbles in place (16 x the code): the sum is 16 x
+                            // theirs, exact (at most 32·240·127 per lane), and is divided by
+                            // 16 once below instead of shifting every line.
+                            let hi = _mm512_and_si512(wv, mf0);
+                            for c in 0..C {
+                                let yq = a.add(c * as_ + i * Q8_K_B + 4);
+                                let a0 = _mm512_set1_epi32(
+                                    (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
+                                );
+                                let a1 = _mm512_set1_epi32(
+                                    (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
+                                );
+                                s0[dj][c] = _mm512_dpbusd_epi32(s0[dj][c], lo, a0);
+                                s1[dj][c] = _mm512_dpbusd_epi32(s1[dj][c], hi, a1);
+                            }
                         }
                     }
-                    // scales of sub-blocks 2j and 2j + 1
-                    let (sc0, sc1) = (
-                        bytes16(p.add(SC + 32 * j)),
-                        bytes16(p.add(SC + 32 * j + 16)),
-                    );
-                    for c in 0..C {
-                        let h = _mm512_add_epi32(
-                            _mm512_mullo_epi32(s0[c], sc0),
-                            _mm512_mullo_epi32(s1[c], sc1),
+                    for dj in 0..jn {
+                        let j = j0 + dj;
+                        // scales of sub-blocks 2j and 2j + 1
+                        let (sc0, sc1) = (
+                            bytes16(p.add(SC + 32 * j)),
+                            bytes16(p.add(SC + 32 * j + 16)),
                         );
-                        if GEMM {
-                            let m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mnp(j), bb(c, j));
-                            let (dw, dm) =
-                                (_mm512_mul_ps(d16, yd(c)), _mm512_mul_ps(dmin16, yd(c)));
-                            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), dw, acc[c]);
-                            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, accm[c]);
-                        } else {
-                            hs[c] = _mm512_add_epi32(hs[c], h);
+                        for c in 0..C {
+                            let h = _mm512_add_epi32(
+                                _mm512_mullo_epi32(s0[dj][c], sc0),
+                                _mm512_mullo_epi32(_mm512_srai_epi32::<4>(s1[dj][c]), sc1),
+                            );
+                            if GEMM {
+                                let m =
+                                    _mm512_dpwssd_epi32(_mm512_setzero_si512(), mnp(j), bb(c, j));
+                                let (dw, dm) =
+                                    (_mm512_mul_ps(d16, yd(c)), _mm512_mul_ps(dmin16, yd(c)));
+                                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), dw, acc[c]);
+                                accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, accm[c]);
+                            } else {
+                                hs[c] = _mm512_add_epi32(hs[c], h);
+                            }
                         }
                     }
                 }
