@@ -124,14 +124,30 @@ mod kernels {
         let m4 = _mm512_set1_epi8(0x0F);
         let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
         let pf = crate::kq512::q4k16_prefetch();
+        // Every group uses the same columns' sub-block sum pairs: formed once per call
+        // (per group they were ~10 scalar instructions each, a seventh of a block's work; at
+        // decode every instruction competes with the weight stream).
+        let mut pairs = PAIRS.with(|b| b.take());
+        pairs.clear();
+        for c in 0..C {
+            for i in 0..nb {
+                pairs.extend((0..4).map(|j| col_bsum_pair(a, as_, c, i, j)));
+            }
+        }
+        let pp = pairs.as_ptr();
         for g in 0..n_groups {
             let gw = w.add(g * nb * GROUP_BLOCK);
             let mut acc = [_mm512_setzero_ps(); C];
             let mut accm = [_mm512_setzero_ps(); C];
             for i in 0..nb {
                 let p = gw.add(i * GROUP_BLOCK);
+                // Each nibble line's prefetch goes with its load below, the scale lines' here.
+                // (All 37 at the block's start stalled retirement: samples piled up on the
+                // prefetches, which wait for fill buffers, and the loads behind them could not
+                // keep the memory busy. Spread out, the 1.5B's gate/up GEMVs ran 2.24-2.36 ->
+                // 1.83-1.85 s per 128 decode steps: 31 GB/s, the probe's 29.8.)
                 if pf {
-                    for l in 0..GROUP_BLOCK / 64 {
+                    for l in 32..GROUP_BLOCK / 64 {
                         crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
                     }
                 }
@@ -150,7 +166,7 @@ mod kernels {
                     );
                     _mm512_or_si512(mn0, _mm512_slli_epi32::<16>(mn1))
                 };
-                let bb = |c: usize, j: usize| _mm512_set1_epi32(col_bsum_pair(a, as_, c, i, j));
+                let bb = |c: usize, j: usize| _mm512_set1_epi32(*pp.add((c * nb + i) * 4 + j));
                 let mut hs = [_mm512_setzero_si512(); C];
                 // `jn` sub-block pairs at a time, their weight lines interleaved: each sum is a
                 // chain of 8 dependent `vpdpbusd` (5 cycles each), so one pair at a time left
@@ -166,6 +182,9 @@ mod kernels {
                     for t in 0..8 {
                         for dj in 0..jn {
                             let j = j0 + dj;
+                            if pf {
+                                crate::kq512::prefetch(p.wrapping_add(16384 + (8 * j + t) * 64));
+                            }
                             let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
                             let lo = _mm512_and_si512(wv, m4);
                             // The high nibbles in place (16 x the code): the sum is 16 x
@@ -229,6 +248,13 @@ mod kernels {
                 _mm512_storeu_ps(out.add(c * os + g * ROWS), _mm512_sub_ps(acc[c], accm[c]));
             }
         }
+        PAIRS.with(|b| b.set(pairs));
+    }
+
+    std::thread_local! {
+        /// [`columns`]' sub-block sum pairs of its columns, `[column][block][pair]`, kept per
+        /// thread between calls.
+        static PAIRS: core::cell::Cell<Vec<i32>> = const { core::cell::Cell::new(Vec::new()) };
     }
 
     /// [`columns`] for `C` columns, compiled for AVX-512 F/BW/VL/VNNI.
