@@ -412,10 +412,14 @@ pub unsafe fn columns(
 pub mod x86 {
     use core::arch::x86_64::*;
 
-    /// One column streams each weight once: lines are prefetched into L2 this far ahead
-    /// (measured on SmolLM2 decode, 2 threads, three rounds: 2 KiB 113-123 t/s, 4 KiB
-    /// 95-116, 16 KiB as `wr16` 100-107, none 101-103).
-    const PREFETCH: usize = 2048;
+    /// One column streams each weight once: lines are prefetched into L2 this far ahead, each
+    /// code line's prefetch next to its load. (Zen 4, all of a block's prefetches at its
+    /// start, SmolLM2 decode: 2 KiB 113-123 t/s, 4 KiB 95-116, 16 KiB 100-107, none 101-103.
+    /// Sapphire Rapids, 2 rounds: prefetches beside the loads and 4 KiB ahead against all at
+    /// the start 2 KiB ahead, SmolLM2 303-305 -> 329-331 t/s, Gemma 3 103-107 -> 116,
+    /// Qwen2.5-0.5B's Q5_0 FFN 702-731 -> 647-650 ms per 128 steps: a burst of prefetches
+    /// waits for fill buffers and holds up the loads behind it, see `q4k16`.)
+    const PREFETCH: usize = 4096;
 
     #[inline(always)]
     unsafe fn h16(p: *const u8) -> f32 {
@@ -673,10 +677,16 @@ pub mod x86 {
         let m10 = _mm512_set1_epi8(0x10);
         let mut lanes = [[_mm512_setzero_ps(); 8]; C];
         let mut summs = [_mm512_setzero_ps(); C];
+        // One column: each code line's prefetch goes with its load (below), the rest here.
+        let pf1 = |p: *const u8, t: usize| {
+            if C == 1 {
+                crate::kq512::prefetch(p.wrapping_add(64 * t + PREFETCH));
+            }
+        };
         for i in 0..nb {
             let p = w.add(i * bb);
             if C == 1 {
-                for l in 0..bb.div_ceil(64) {
+                for l in lines..bb.div_ceil(64) {
                     crate::kq512::prefetch(p.wrapping_add(64 * l + PREFETCH));
                 }
             } else if first {
@@ -699,6 +709,7 @@ pub mod x86 {
             let mut q = [_mm512_setzero_si512(); 8];
             if Q41 || Q50 {
                 for t in 0..4 {
+                    pf1(p, t);
                     let v = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
                     q[t] = _mm512_and_si512(v, m4);
                     q[t + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
@@ -707,12 +718,14 @@ pub mod x86 {
             if Q50 {
                 // Fifth bits: bit l of each plane byte to bit 4 of lane l's codes (16-bit
                 // shifts: the mask drops what crosses a byte); the codes are then q + 16.
+                pf1(p, 4);
                 let pl = _mm512_loadu_si512(p.add(256) as *const __m512i);
                 for l in 0..8 {
                     q[l] = _mm512_or_si512(q[l], _mm512_and_si512(fifth(pl, l), m10));
                 }
             } else if !Q41 {
                 for (t, q) in q.iter_mut().enumerate() {
+                    pf1(p, t);
                     *q = _mm512_loadu_si512(p.add(64 * t) as *const __m512i);
                 }
             }
