@@ -415,7 +415,9 @@ mod kernels {
             let mut accm = [_mm256_setzero_ps(); 2];
             for i in 0..nb {
                 let p = gw.add(i * GROUP_BLOCK);
-                for l in 0..GROUP_BLOCK / 64 {
+                // The scale lines' prefetches here, each nibble line's beside its load (see
+                // `columns`).
+                for l in 32..GROUP_BLOCK / 64 {
                     crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
                 }
                 let yd = _mm256_set1_ps(col_d(a, 0, 0, i));
@@ -439,6 +441,7 @@ mod kernels {
                         let a1 = _mm256_set1_epi32(
                             (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
                         );
+                        crate::kq512::prefetch(p.wrapping_add(PF + (8 * j + t) * 64));
                         for h in 0..2 {
                             let wv =
                                 _mm256_load_si256(p.add((8 * j + t) * 64 + 32 * h) as *const _);
