@@ -7,7 +7,8 @@
 # Protocol. Before every command the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`,
 # as root), so each starts cold from the disk; 2 threads each.
 # - mollm: `mollm bench -p 0 -n GEN -r 1 --warmup 1 -t 2` with --expert-cache at 5, 10, 25 and
-#   50% of the expert bytes (least-stale with prefetch, least-stale without, LRU with), and the
+#   50% of the expert bytes (least-stale with the prefetch back-off, with prefetch always on,
+#   without prefetch; LRU with prefetch on), and the
 #   default budget (what the memory available leaves after the dense weights and KV cache).
 #   The warm-up run (GEN tokens) fills the expert cache; the row is the measured run after it:
 #   decode tokens/s, hit rate (prefetched experts count as hits), MB read per token.
@@ -59,11 +60,17 @@ label, tfile, out = sys.argv[1:]
 wall, rss_kb = open(tfile).read().split()[-2:]
 r = json.load(open(out))[0]
 e = r.get("experts")
+def prefetch(e):
+    if not e["prefetch"]:
+        return "off"
+    if e.get("prefetch_auto"):
+        return "auto (off %d of %d passes)" % (e["backoff_passes"], e["decode_passes"])
+    return "on"
 if e is None:
     print("| mollm | %s (all resident) | - | - | %.2f | %.0f | - | - | - | %d |" % (label, r["avg_ts"], float(wall), int(rss_kb) >> 10))
 else:
     print("| mollm | %s | %s | %s | %.2f | %.0f | %.1f%% | %.0f | %s | %d |" % (
-        label, e["policy"], "on" if e["prefetch"] else "off", r["avg_ts"], float(wall),
+        label, e["policy"], prefetch(e), r["avg_ts"], float(wall),
         100 * e["hit_rate"], e["bytes_read_per_token"] / 1e6,
         "%.0f%%" % (100 * e["prediction_accuracy"]) if e["prefetch"] else "-", int(rss_kb) >> 10))
 EOF
@@ -72,8 +79,9 @@ EOF
 for pct in 5 10 25 50; do
   mb=$(( experts * pct / 100 >> 20 ))
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb"
-  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --no-prefetch
-  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy lru
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch on
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch off
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy lru --prefetch on
 done
 mollm_row "default" 
 

@@ -452,7 +452,7 @@ fn print_expert_table(rows: &[serde_json::Value]) {
             e["slots"],
             human_bytes(e["slot_bytes"].as_u64().unwrap_or(0)),
             e["policy"].as_str().unwrap_or(""),
-            if e["prefetch"].as_bool() == Some(true) { "on" } else { "off" },
+            prefetch_cell(e),
             e["acquires"],
             pct("hit_rate"),
             e["evictions"],
@@ -464,6 +464,18 @@ fn print_expert_table(rows: &[serde_json::Value]) {
             e["prefetch_useful"],
             pct("prediction_accuracy"),
         );
+    }
+}
+
+/// "off", "on", or "auto" with the decode passes the back-off ran without prefetch.
+fn prefetch_cell(e: &serde_json::Value) -> String {
+    match (e["prefetch"].as_bool(), e["prefetch_auto"].as_bool()) {
+        (Some(true), Some(true)) => format!(
+            "auto (off {} of {} passes)",
+            e["backoff_passes"], e["decode_passes"]
+        ),
+        (Some(true), _) => "on".into(),
+        _ => "off".into(),
     }
 }
 

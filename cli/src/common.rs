@@ -60,7 +60,12 @@ pub struct ExpertArgs {
     /// prefetches).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub io_workers: u16,
-    /// Expert cache: no next-layer prefetch (each layer reads only what its router chose).
+    /// Expert cache: next-layer prefetch. auto: on, but while decoding it backs off where
+    /// passes run faster without it (the demand reads alone keep the disk busy), measured by
+    /// turns; on: always; off: each layer reads only what its router chose.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub prefetch: PrefetchMode,
+    /// The same as `--prefetch off`.
     #[arg(long)]
     pub no_prefetch: bool,
     /// Writes a Chrome/Perfetto trace (JSON) of the run to FILE: MoE layers, expert reads on
@@ -80,6 +85,13 @@ pub fn write_trace() {
             Err(e) => eprintln!("error: cannot write the trace {}: {e}", path.display()),
         }
     }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefetchMode {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,7 +261,8 @@ impl ModelArgs {
             kv_pool_rows: pool_rows,
             experts: self.expert_memory(),
             io_workers: self.experts.io_workers as usize,
-            prefetch: !self.experts.no_prefetch,
+            prefetch: !self.experts.no_prefetch && self.experts.prefetch != PrefetchMode::Off,
+            prefetch_auto: self.experts.prefetch == PrefetchMode::Auto,
             ..Default::default()
         };
         if let Some(path) = &self.experts.trace {
@@ -408,6 +421,9 @@ pub fn expert_json(
         "read_ms": d(|p| p.read_ms),
         "wait_ms": d(|p| p.wait_ms),
         "prefetch": now.prefetch,
+        "prefetch_auto": now.prefetch && now.prefetch_auto,
+        "decode_passes": now.decode_passes - before.decode_passes,
+        "backoff_passes": now.backoff_passes - before.backoff_passes,
         "direct": now.direct,
         "prefetches": d(|p| p.prefetches as f64) as u64,
         "prefetch_bytes": d(|p| p.prefetch_bytes as f64) as u64,

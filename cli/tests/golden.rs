@@ -494,14 +494,15 @@ fn package_of_moe(gguf: &std::path::Path) {
 /// read on an I/O worker's thread, and flows from predictions to the reads they queued.
 fn prefetch_and_trace(model: &std::path::Path) {
     let trace = std::env::temp_dir().join(format!("mollm-trace-{}.json", std::process::id()));
-    let run = |extra: &[&str]| -> Value {
+    let run_n = |n: &str, extra: &[&str]| -> Value {
         let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
             .args([
                 "run",
                 "--json",
                 "-q",
+                "--ignore-eos",
                 "--max-tokens",
-                "12",
+                n,
                 "--expert-cache",
                 "100",
             ])
@@ -515,7 +516,8 @@ fn prefetch_and_trace(model: &std::path::Path) {
         let out = String::from_utf8_lossy(&o.stdout);
         serde_json::from_str(out.lines().last().unwrap()).unwrap()
     };
-    let on = run(&["--trace", trace.to_str().unwrap()]);
+    let run = |extra: &[&str]| run_n("12", extra);
+    let on = run(&["--prefetch", "on", "--trace", trace.to_str().unwrap()]);
     let off = run(&["--no-prefetch"]);
     assert_eq!(on["tokens"], off["tokens"], "prefetch changed the tokens");
     let (e_on, e_off) = (&on["experts"]["decode"], &off["experts"]["decode"]);
@@ -532,6 +534,29 @@ fn prefetch_and_trace(model: &std::path::Path) {
     );
     assert!(e_on["prefetch_useful"].as_u64().unwrap() > 0, "{e_on}");
     assert_eq!(e_off["prefetches"], 0);
+    assert_eq!(
+        on["experts"]["backoff_passes"], 0,
+        "--prefetch on never backs off"
+    );
+
+    // The default back-off: after its warm-up passes it probes (a few passes without
+    // prefetch, whatever it then decides), and the tokens stay the same.
+    let warm = engine::experts::backoff::HOLD + 2 * engine::experts::backoff::PROBE;
+    let n = (warm + 4).to_string();
+    let auto = run_n(&n, &[]);
+    let fixed = run_n(&n, &["--prefetch", "on"]);
+    assert_eq!(
+        auto["tokens"], fixed["tokens"],
+        "the back-off changed the tokens"
+    );
+    let e = &auto["experts"];
+    assert_eq!(e["prefetch_auto"], true, "{e}");
+    assert!(e["decode_passes"].as_u64() >= Some(warm as u64), "{e}");
+    assert!(
+        e["backoff_passes"].as_u64() >= Some(engine::experts::backoff::PROBE as u64),
+        "{e}"
+    );
+    assert_eq!(fixed["experts"]["backoff_passes"], 0);
 
     let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let _ = std::fs::remove_file(&trace);

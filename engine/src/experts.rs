@@ -21,6 +21,8 @@
 //! are read behind the demand reads into free slots or stale entries (a guess never displaces
 //! a route the policy keeps), and stay until L+1 runs. Then the prediction is scored per rank: a rank whose predictions L+1 mostly
 //! does not use stops being prefetched; queued reads of experts L+1 did not need are dropped.
+//! While decoding, prefetch backs off where passes run faster without it (the demand reads
+//! alone keep the disk busy): see [`backoff`].
 //!
 //! Eviction ([`Policy::LeastStale`], the default): free slots first; then entries the last pass
 //! of their layer did not use (stale routes); then the entry whose next use is farthest, taking
@@ -281,6 +283,11 @@ pub struct ExpertStats {
     pub slot_bytes: usize,
     pub policy: String,
     pub prefetch: bool,
+    /// Prefetch backs off while decoding where it does not pay ([`backoff`]).
+    pub prefetch_auto: bool,
+    /// Decode passes, and of them those the back-off ran without prefetch.
+    pub decode_passes: u64,
+    pub backoff_passes: u64,
     /// Reads go through O_DIRECT.
     pub direct: bool,
     pub prefill: PhaseStats,
@@ -351,6 +358,11 @@ pub struct ExpertCache {
     map: HashMap<(usize, usize), usize>,
     policy: Policy,
     prefetch: bool,
+    /// Prefetch backs off while decoding where passes run faster without it.
+    auto: bool,
+    backoff: backoff::Backoff,
+    /// When the current pass began, and whether it decodes.
+    pass_start: Option<(Instant, bool)>,
     /// Reads through O_DIRECT where the file system allows it.
     direct: bool,
     tick: u64,
@@ -438,6 +450,7 @@ impl ExpertCache {
                 slot_bytes,
                 policy: format!("{policy:?}"),
                 prefetch: true,
+                prefetch_auto: true,
                 per_layer: vec![(0, 0); layers.len()],
                 ..Default::default()
             },
@@ -450,6 +463,9 @@ impl ExpertCache {
             map: HashMap::new(),
             policy,
             prefetch: true,
+            auto: true,
+            backoff: Default::default(),
+            pass_start: None,
             direct: true,
             tick: 0,
             pass: 0,
@@ -539,8 +555,22 @@ impl ExpertCache {
         self.stats.prefetch = on;
     }
 
+    /// With prefetch on, whether it backs off while decoding where it does not pay (the
+    /// default; `--prefetch on` keeps it on).
+    pub fn set_prefetch_auto(&mut self, on: bool) {
+        self.auto = on;
+        self.stats.prefetch_auto = on;
+    }
+
+    /// Whether layers predict their successor's experts (prefetch on; while the back-off holds
+    /// prefetch off, predictions are still made and scored, their reads skipped).
     pub fn prefetching(&self) -> bool {
         self.prefetch
+    }
+
+    /// Whether predicted experts are read now.
+    fn prefetch_now(&self) -> bool {
+        self.prefetch && (!self.auto || !self.decode || self.backoff.prefetch())
     }
 
     /// Reads run on `n` worker threads (default 4).
@@ -578,6 +608,16 @@ impl ExpertCache {
     pub fn begin_layer(&mut self, layer: usize, decode: bool) {
         if self.cur_layer == usize::MAX || layer <= self.cur_layer {
             self.pass += 1;
+            let now = Instant::now();
+            // A decode pass after a decode pass: the previous one is timed for the back-off.
+            if let Some((t0, true)) = self.pass_start {
+                if decode && self.prefetch && self.auto {
+                    self.backoff.pass_done(now.duration_since(t0).as_secs_f64());
+                    self.stats.decode_passes = self.backoff.passes;
+                    self.stats.backoff_passes = self.backoff.passes_off;
+                }
+            }
+            self.pass_start = Some((now, decode));
         }
         self.cur_layer = layer;
         self.decode = decode;
@@ -718,7 +758,7 @@ impl ExpertCache {
             self.ranks.resize(max_rank, (0, 0));
         }
         self.predicted[layer] = preds.to_vec();
-        if !self.prefetch {
+        if !self.prefetch_now() {
             return;
         }
         let mut misses = Vec::new();
@@ -1077,6 +1117,7 @@ pub struct WaveItem {
     pub weights: [Weight; 3],
 }
 
+pub mod backoff;
 pub(crate) mod io;
 #[cfg(test)]
 mod tests;

@@ -191,6 +191,9 @@ pub struct SessionOptions {
     pub io_workers: usize,
     /// Next-layer expert prefetch (with a cache).
     pub prefetch: bool,
+    /// With prefetch, back off while decoding where it does not pay (see
+    /// `experts::backoff`); false keeps it on.
+    pub prefetch_auto: bool,
 }
 
 impl Default for SessionOptions {
@@ -209,6 +212,7 @@ impl Default for SessionOptions {
             },
             io_workers: 4,
             prefetch: true,
+            prefetch_auto: true,
         }
     }
 }
@@ -356,6 +360,7 @@ fn expert_cache(
     let mut cache = ExpertCache::new(&model.gguf.path, layers, bytes as usize, policy)?;
     cache.set_io_workers(opts.io_workers);
     cache.set_prefetch(opts.prefetch);
+    cache.set_prefetch_auto(opts.prefetch_auto);
     cache.read_ahead_dense();
     Ok(Some((cache, by_gate)))
 }
