@@ -95,6 +95,24 @@ mod kernels {
         (b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32
     }
 
+    /// Column `c`'s activation quads that meet line `8j + t` of block `i`: the low nibbles'
+    /// (sub-block `2j`) and the high nibbles' (sub-block `2j + 1`), each four i8 as one i32.
+    #[inline(always)]
+    unsafe fn col_quads(
+        a: *const u8,
+        as_: usize,
+        c: usize,
+        i: usize,
+        j: usize,
+        t: usize,
+    ) -> (i32, i32) {
+        let yq = a.add(c * as_ + i * Q8_K_B + 4);
+        (
+            (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
+            (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
+        )
+    }
+
     #[inline(always)]
     unsafe fn bytes16(p: *const u8) -> __m512i {
         _mm512_cvtepu8_epi32(_mm_load_si128(p as *const __m128i))
@@ -192,13 +210,8 @@ mod kernels {
                             // 16 once below instead of shifting every line.
                             let hi = _mm512_and_si512(wv, mf0);
                             for c in 0..C {
-                                let yq = a.add(c * as_ + i * Q8_K_B + 4);
-                                let a0 = _mm512_set1_epi32(
-                                    (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
-                                );
-                                let a1 = _mm512_set1_epi32(
-                                    (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
-                                );
+                                let (q0, q1) = col_quads(a, as_, c, i, j, t);
+                                let (a0, a1) = (_mm512_set1_epi32(q0), _mm512_set1_epi32(q1));
                                 s0[dj][c] = _mm512_dpbusd_epi32(s0[dj][c], lo, a0);
                                 s1[dj][c] = _mm512_dpbusd_epi32(s1[dj][c], hi, a1);
                             }
@@ -332,13 +345,8 @@ mod kernels {
                             let lo = _mm256_and_si256(wv, m4);
                             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wv), m4);
                             for c in 0..C {
-                                let yq = a.add(c * as_ + i * Q8_K_B + 4);
-                                let a0 = _mm256_set1_epi32(
-                                    (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
-                                );
-                                let a1 = _mm256_set1_epi32(
-                                    (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
-                                );
+                                let (q0, q1) = col_quads(a, as_, c, i, j, t);
+                                let (a0, a1) = (_mm256_set1_epi32(q0), _mm256_set1_epi32(q1));
                                 s0[c] = _mm256_add_epi16(s0[c], _mm256_maddubs_epi16(lo, a0));
                                 s1[c] = _mm256_add_epi16(s1[c], _mm256_maddubs_epi16(hi, a1));
                             }
@@ -421,7 +429,6 @@ mod kernels {
                     crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
                 }
                 let yd = _mm256_set1_ps(col_d(a, 0, 0, i));
-                let yq = a.add(i * Q8_K_B + 4);
                 let mnp = |j: usize, h: usize| {
                     let (mn0, mn1) = (
                         bytes8(p.add(MN + 32 * j + 8 * h)),
@@ -435,12 +442,8 @@ mod kernels {
                     let mut s0 = [_mm256_setzero_si256(); 2];
                     let mut s1 = [_mm256_setzero_si256(); 2];
                     for t in 0..8 {
-                        let a0 = _mm256_set1_epi32(
-                            (yq.add(64 * j + 4 * t) as *const i32).read_unaligned(),
-                        );
-                        let a1 = _mm256_set1_epi32(
-                            (yq.add(64 * j + 32 + 4 * t) as *const i32).read_unaligned(),
-                        );
+                        let (q0, q1) = col_quads(a, 0, 0, i, j, t);
+                        let (a0, a1) = (_mm256_set1_epi32(q0), _mm256_set1_epi32(q1));
                         crate::kq512::prefetch(p.wrapping_add(PF + (8 * j + t) * 64));
                         for h in 0..2 {
                             let wv =
