@@ -522,6 +522,7 @@ impl ExpertCache {
     pub fn stats(&self) -> ExpertStats {
         let mut s = self.stats.clone();
         s.direct = self.direct && self.io.direct();
+        (s.decode_passes, s.backoff_passes) = (self.backoff.passes, self.backoff.passes_off);
         let io = self.io.counters();
         for (ph, c) in [&mut s.prefill, &mut s.decode].into_iter().zip(io) {
             ph.reads = c.reads;
@@ -613,8 +614,6 @@ impl ExpertCache {
             if let Some((t0, true)) = self.pass_start {
                 if decode && self.prefetch && self.auto {
                     self.backoff.pass_done(now.duration_since(t0).as_secs_f64());
-                    self.stats.decode_passes = self.backoff.passes;
-                    self.stats.backoff_passes = self.backoff.passes_off;
                 }
             }
             self.pass_start = Some((now, decode));

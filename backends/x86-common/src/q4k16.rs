@@ -21,9 +21,13 @@ const MN: usize = 2048 + 128;
 const D: usize = 2048 + 256;
 const DMIN: usize = 2048 + 256 + 32;
 
+/// A block's nibble lines (the rest of it, scales, mins and `d`, follows them).
+#[cfg(target_arch = "x86_64")]
+const NIBBLE_LINES: usize = SC / 64;
+
 const Q4_K_B: usize = 144;
-/// How far ahead (bytes) the AVX2 kernels prefetch the weights into L2, as the AVX-512 ones.
-/// On Zen 3 (one thread, 58 MB matrix) 16 KiB reached 12-14 GB/s of 14.6, 0-8 KiB 10-12.
+/// How far ahead (bytes) the kernels prefetch the weights into L2.
+/// On Zen 3 (AVX2, one thread, 58 MB matrix) 16 KiB reached 12-14 GB/s of 14.6, 0-8 KiB 10-12.
 #[cfg(target_arch = "x86_64")]
 const PF: usize = 16384;
 #[cfg(target_arch = "x86_64")]
@@ -165,8 +169,8 @@ mod kernels {
                 // keep the memory busy. Spread out, the 1.5B's gate/up GEMVs ran 2.24-2.36 ->
                 // 1.83-1.85 s per 128 decode steps: 31 GB/s, the probe's 29.8.)
                 if pf {
-                    for l in 32..GROUP_BLOCK / 64 {
-                        crate::kq512::prefetch(p.wrapping_add(16384 + 64 * l));
+                    for l in NIBBLE_LINES..GROUP_BLOCK / 64 {
+                        crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
                     }
                 }
                 // d·yd and dmin·yd of a column, formed where they are used (kept live for
@@ -201,7 +205,7 @@ mod kernels {
                         for dj in 0..jn {
                             let j = j0 + dj;
                             if pf {
-                                crate::kq512::prefetch(p.wrapping_add(16384 + (8 * j + t) * 64));
+                                crate::kq512::prefetch(p.wrapping_add(PF + (8 * j + t) * 64));
                             }
                             let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
                             let lo = _mm512_and_si512(wv, m4);
@@ -425,7 +429,7 @@ mod kernels {
                 let p = gw.add(i * GROUP_BLOCK);
                 // The scale lines' prefetches here, each nibble line's beside its load (see
                 // `columns`).
-                for l in 32..GROUP_BLOCK / 64 {
+                for l in NIBBLE_LINES..GROUP_BLOCK / 64 {
                     crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
                 }
                 let yd = _mm256_set1_ps(col_d(a, 0, 0, i));
