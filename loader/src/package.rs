@@ -539,7 +539,7 @@ pub fn open(path: &Path) -> Result<GgufFile, LoadError> {
     };
     let f = std::fs::File::open(path).map_err(io)?;
     // SAFETY: read-only map; the package must not change while it is mapped (as GGUF files).
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
+    let map = unsafe { crate::gguf::map_readonly(&f) }.map_err(io)?;
     let (metadata, tensors) = parse(&map, &file)?;
     GgufFile::mapped(path.to_path_buf(), metadata, tensors, map)
 }

@@ -106,6 +106,19 @@ fn open_maps_a_real_file() {
     let f = GgufFile::open(&p).unwrap();
     assert_eq!(f.tensors.len(), 2);
     assert_eq!(f.tensor_data(&f.tensors[0]).len(), 32);
+    // The mapping is in small pages (`map_readonly`): smaps flags it `nh` (no huge pages).
+    #[cfg(target_os = "linux")]
+    {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let name = p.display().to_string();
+        let entry = smaps
+            .split_inclusive("VmFlags:")
+            .zip(smaps.split("VmFlags:").skip(1))
+            .find(|(head, _)| head.contains(&name))
+            .map(|(_, flags)| flags.lines().next().unwrap_or(""))
+            .expect("the file's mapping in /proc/self/smaps");
+        assert!(entry.split_whitespace().any(|f| f == "nh"), "{name}: {entry}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

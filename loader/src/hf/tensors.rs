@@ -142,7 +142,7 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
             let f = std::fs::File::open(dir.join(n)).map_err(io)?;
             // SAFETY: read-only map; as for GGUF files, the checkpoint must not change while
             // it is read.
-            unsafe { memmap2::Mmap::map(&f) }.map_err(io)
+            unsafe { crate::gguf::map_readonly(&f) }.map_err(io)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let shards = maps
