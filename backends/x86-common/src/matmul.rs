@@ -781,7 +781,7 @@ mod tests {
             }
             for (i, &s) in sizes.iter().enumerate() {
                 assert!(s <= most && s > 0, "{n}: {sizes:?}");
-                assert!(b[i] % 16 == 0, "{n}: {b:?}");
+                assert!(b[i].is_multiple_of(16), "{n}: {b:?}");
                 // The last task takes what is left; the others at least `least` (in groups).
                 if i + 1 < sizes.len() {
                     assert!(s >= least.div_ceil(16) * 16 || s == most, "{n}: {sizes:?}");

@@ -117,7 +117,10 @@ fn open_maps_a_real_file() {
             .find(|(head, _)| head.contains(&name))
             .map(|(_, flags)| flags.lines().next().unwrap_or(""))
             .expect("the file's mapping in /proc/self/smaps");
-        assert!(entry.split_whitespace().any(|f| f == "nh"), "{name}: {entry}");
+        assert!(
+            entry.split_whitespace().any(|f| f == "nh"),
+            "{name}: {entry}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

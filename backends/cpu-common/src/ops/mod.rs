@@ -374,7 +374,7 @@ pub unsafe fn run(
         Op::Mul => binary(isa, host, inputs, outputs, true),
         Op::Scale => scale(isa, host, inputs, outputs, p.f[0]),
         Op::Softmax => softmax(isa, host, inputs, outputs, p.f[0]),
-        Op::Argmax => argmax(inputs, outputs),
+        Op::Argmax => argmax(host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
         Op::SetRows => return set_rows(inputs, outputs),
         Op::MatMul => unreachable!("handled by matmul"),
