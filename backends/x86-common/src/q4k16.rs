@@ -26,8 +26,9 @@ const DMIN: usize = 2048 + 256 + 32;
 const NIBBLE_LINES: usize = SC / 64;
 
 const Q4_K_B: usize = 144;
-/// How far ahead (bytes) the kernels prefetch the weights into L2.
-/// On Zen 3 (AVX2, one thread, 58 MB matrix) 16 KiB reached 12-14 GB/s of 14.6, 0-8 KiB 10-12.
+/// How far ahead (bytes) the AVX2 kernels prefetch the weights into L2 (the AVX-512 one:
+/// `kq512::prefetch_bytes`, 8 KiB on Intel's cores). On Zen 3 (AVX2, one thread, 58 MB
+/// matrix) 16 KiB reached 12-14 GB/s of 14.6, 0-8 KiB 10-12.
 #[cfg(target_arch = "x86_64")]
 const PF: usize = 16384;
 #[cfg(target_arch = "x86_64")]
@@ -146,6 +147,7 @@ mod kernels {
         let m4 = _mm512_set1_epi8(0x0F);
         let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
         let pf = crate::kq512::q4k16_prefetch();
+        let pfd = crate::kq512::prefetch_bytes();
         // Every group uses the same columns' sub-block sum pairs: formed once per call
         // (per group they were ~10 scalar instructions each, a seventh of a block's work; at
         // decode every instruction competes with the weight stream).
@@ -170,7 +172,7 @@ mod kernels {
                 // 1.83-1.85 s per 128 decode steps: 31 GB/s, the probe's 29.8.)
                 if pf {
                     for l in NIBBLE_LINES..GROUP_BLOCK / 64 {
-                        crate::kq512::prefetch(p.wrapping_add(PF + 64 * l));
+                        crate::kq512::prefetch(p.wrapping_add(pfd + 64 * l));
                     }
                 }
                 // d·yd and dmin·yd of a column, formed where they are used (kept live for
@@ -205,7 +207,7 @@ mod kernels {
                         for dj in 0..jn {
                             let j = j0 + dj;
                             if pf {
-                                crate::kq512::prefetch(p.wrapping_add(PF + (8 * j + t) * 64));
+                                crate::kq512::prefetch(p.wrapping_add(pfd + (8 * j + t) * 64));
                             }
                             let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
                             let lo = _mm512_and_si512(wv, m4);
