@@ -408,6 +408,16 @@ pub unsafe fn run_weights(
     }
     let n_tasks = (bounds.len() - 1) as u32;
     let (act, kernels, col_index) = (&*act, &kernels, &col_index);
+    // The 16-row and tile kernels write any column stride: where column c starts c rows of
+    // the output apart (a plain 2-D output), they write there directly instead of into the
+    // task buffer and then a copy (3 MB a step for SmolLM2's logits of 16 sequences). The
+    // row-wise kernels (`simd_tile`) fill the buffer.
+    let ld = out.nb[1] as usize / 4;
+    let direct = out.nb[0] == 4
+        && out.nb[1] % 4 == 0
+        && col_index.iter().enumerate().all(|(c, &(i1, i2, i3))| {
+            i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3] == c as i64 * out.nb[1]
+        });
     let (wp, op) = (SyncPtr(w.data), SyncPtr(out.data));
     let bounds_ = &bounds[..];
     parallel_for(host, n_tasks, |t| {
@@ -448,14 +458,22 @@ pub unsafe fn run_weights(
                 (c0 + COLS_PER_STEP).min(cols)
             };
             let buf = &mut buf[..nr * (c1 - c0)];
+            // Where this chunk's (c1 - c0) columns of nr floats go, os apart: rows r0..r1 of
+            // the output's columns (only this task writes them), or the task buffer.
+            let (dst, os) = match direct {
+                true => (op.0.wrapping_add((c0 * ld + r0) * 4) as *mut f32, ld),
+                false => (buf.as_mut_ptr(), nr),
+            };
+            let mut in_buf = !direct;
             if legacy {
                 let g0 = r0 / crate::legacy16::ROWS;
                 let nb32 = k / 32;
                 let bb = crate::legacy16::block_bytes(dt);
                 let wg = wp.0.wrapping_add(g0 * nb32 * bb) as *const u8;
                 let a = act[c0 * rb..].as_ptr();
-                // SAFETY: the ISA check_prepared accepted for the layout; rows r0..r1 are whole 16-row groups of
-                // the repacked weight; buf holds nr x (c1 - c0) floats.
+                // SAFETY: the ISA check_prepared accepted for the layout; rows r0..r1 are whole
+                // 16-row groups of the repacked weight; dst holds (c1 - c0) columns of nr
+                // floats os apart.
                 unsafe {
                     crate::legacy16::columns(
                         isa == Isa::Avx512,
@@ -467,15 +485,15 @@ pub unsafe fn run_weights(
                         rb,
                         c1 - c0,
                         terms.get(c0 * nb32..).unwrap_or(&[]),
-                        buf.as_mut_ptr(),
-                        nr,
+                        dst,
+                        os,
                     )
                 };
             } else if repacked {
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
                     repacked_cols(
-                        isa, amx, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, buf,
+                        isa, amx, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, dst, os,
                     )
                 };
             } else if c0 < n16 * PACKED_COLS && q6amx {
@@ -485,24 +503,25 @@ pub unsafe fn run_weights(
                     let p = packed[c0 / PACKED_COLS * nb * ACT_BLOCK..].as_ptr();
                     for g in 0..nr / 16 {
                         let w = rows[g * nb * ROW_BLOCK..].as_ptr();
-                        // SAFETY: AMX (checked); w and p hold nb packed blocks; buf holds
-                        // nr x 16 floats, group g's rows at 16 g.
-                        unsafe { tile(w, nb, p, buf.as_mut_ptr().add(16 * g), nr) };
+                        // SAFETY: AMX (checked); w and p hold nb packed blocks; dst holds
+                        // 16 columns of nr floats os apart, group g's rows at 16 g.
+                        unsafe { tile(w, nb, p, dst.add(16 * g), os) };
                     }
                 }
             } else if c0 < n16 * PACKED_COLS {
                 let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
                 // SAFETY: AVX-512 (packed_tiles checked); rows r0..r1 of nb blocks; the tile
-                // holds nb packed blocks; buf holds nr x 16 floats.
-                unsafe { gemm_packed(dt, wrow, w_stride, nr, tile, nb, buf.as_mut_ptr(), nr) };
+                // holds nb packed blocks; dst holds 16 columns of nr floats os apart.
+                unsafe { gemm_packed(dt, wrow, w_stride, nr, tile, nb, dst, os) };
             } else {
+                in_buf = true;
                 let a = act[c0 * rb..].as_ptr();
                 // SAFETY: the CPU supports `isa` (checked by the caller); the kernels exist.
                 unsafe {
                     crate::simd_tile(isa, &kernels[c0..c1], dt, k, wrow, w_stride, a, rb, nr, buf)
                 };
             }
-            for c in c0..c1 {
+            for c in (c0..c1).filter(|_| in_buf) {
                 let (i1, i2, i3) = col_index[c];
                 let col_off = i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
                 let vals = &buf[(c - c0) * nr..(c - c0 + 1) * nr];
@@ -605,7 +624,8 @@ unsafe fn repacked_cols(
     act: &[u8],
     rb: usize,
     packed: &[u8],
-    buf: &mut [f32],
+    dst: *mut f32,
+    os: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -617,7 +637,7 @@ unsafe fn repacked_cols(
             let tile = packed[c0 / PACKED_COLS * nb * crate::q4k16::AMX_BLOCK..].as_ptr();
             for g in 0..ng {
                 let wgg = wg.add(g * nb * GROUP_BLOCK);
-                crate::q4k16::tile_amx(wgg, nb, tile, buf.as_mut_ptr().add(g * ROWS), nr);
+                crate::q4k16::tile_amx(wgg, nb, tile, dst.add(g * ROWS), os);
             }
             return;
         }
@@ -625,7 +645,7 @@ unsafe fn repacked_cols(
             let tile = packed[c0 / PACKED_COLS * nb * PACKED_BLOCK..].as_ptr();
             for g in 0..ng {
                 let wgg = wg.add(g * nb * GROUP_BLOCK);
-                crate::q4k16::tile_avx512(wgg, nb, tile, buf.as_mut_ptr().add(g * ROWS), nr);
+                crate::q4k16::tile_avx512(wgg, nb, tile, dst.add(g * ROWS), os);
             }
             return;
         }
@@ -634,32 +654,32 @@ unsafe fn repacked_cols(
         let mut c = c0;
         while c < c1 {
             let gemm = kernels[c] == quant::Kernel::RepackGemm;
-            let out = buf.as_mut_ptr().add((c - c0) * nr);
+            let out = dst.add((c - c0) * os);
             let a = act[c * rb..].as_ptr();
             let run = |m: usize| c + m <= c1 && kernels[c..c + m].iter().all(|&k| k == kernels[c]);
             if isa != Isa::Avx512 {
                 // AVX2: four columns at a time (16 ymm registers), the rest one by one.
                 let m = if run(4) { 4 } else { 1 };
                 if m == 4 {
-                    crate::q4k16::columns_avx2::<4>(gemm, wg, ng, nb, a, rb, out, nr);
+                    crate::q4k16::columns_avx2::<4>(gemm, wg, ng, nb, a, rb, out, os);
                 } else {
-                    crate::q4k16::columns_avx2::<1>(gemm, wg, ng, nb, a, rb, out, nr);
+                    crate::q4k16::columns_avx2::<1>(gemm, wg, ng, nb, a, rb, out, os);
                 }
                 c += m;
                 continue;
             }
             if run(8) {
-                crate::q4k16::columns_avx512::<8>(gemm, wg, ng, nb, a, rb, out, nr);
+                crate::q4k16::columns_avx512::<8>(gemm, wg, ng, nb, a, rb, out, os);
                 c += 8;
                 continue;
             }
             if run(4) {
-                crate::q4k16::columns_avx512::<4>(gemm, wg, ng, nb, a, rb, out, nr);
+                crate::q4k16::columns_avx512::<4>(gemm, wg, ng, nb, a, rb, out, os);
                 c += 4;
                 continue;
             }
             if run(2) {
-                crate::q4k16::columns_avx512::<2>(gemm, wg, ng, nb, a, rb, out, nr);
+                crate::q4k16::columns_avx512::<2>(gemm, wg, ng, nb, a, rb, out, os);
                 c += 2;
                 continue;
             }
@@ -673,7 +693,7 @@ unsafe fn repacked_cols(
         kernels.len(),
         act.len(),
         packed.len(),
-        buf.len()
+        dst as usize + os
     )
 }
 

@@ -481,9 +481,11 @@ unsafe fn probabilities(a: &Attn, wg: &mut [f32], src: &mut Vec<f32>) {
 /// 229 against 256 us a call in `--bench ops` (Sapphire Rapids, interleaved). Shallow
 /// queries keep them: SmolLM2's 16 sequences ~200 deep (50 KiB a task) spend 7% more time in
 /// attention without.
+#[cfg(target_arch = "x86_64")]
 const V_PREFETCH_MAX: usize = 256 << 10;
 
 /// The V bytes per row [`scores_rows16`] and [`scores_rows8`] prefetch for rows `lo..=last`.
+#[cfg(target_arch = "x86_64")]
 fn v_prefetch_bytes(a: &Attn, lo: usize, last: i64) -> usize {
     let row = a.q.ne[0] as usize * if a.v_f16 { 2 } else { 4 };
     let rows = (last + 1 - lo as i64).max(0) as usize;

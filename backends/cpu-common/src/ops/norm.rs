@@ -103,6 +103,7 @@ pub(super) unsafe fn rms_norm(
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_arch = "x86_64")]
     use super::*;
 
     /// Eight rows' gathered sums equal each row's own sequential f64 sum, bit for bit (rows
