@@ -107,10 +107,15 @@ fn open_maps_a_real_file() {
     assert_eq!(f.tensors.len(), 2);
     assert_eq!(f.tensor_data(&f.tensors[0]).len(), 32);
     // The mapping is in small pages (`map_readonly`): smaps flags it `nh` (no huge pages).
+    // Only where the kernel has transparent huge pages (else the advice is refused) and its
+    // smaps lists flags (some sandboxes' do not).
     #[cfg(target_os = "linux")]
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    #[cfg(target_os = "linux")]
+    if std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists()
+        && smaps.contains("VmFlags:")
     {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let name = p.display().to_string();
+        let name = std::fs::canonicalize(&p).unwrap().display().to_string();
         let entry = smaps
             .split_inclusive("VmFlags:")
             .zip(smaps.split("VmFlags:").skip(1))
