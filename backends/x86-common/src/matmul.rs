@@ -429,6 +429,17 @@ pub unsafe fn run_weights(
         let mut buf = TASK_BUF.with(|b| b.take());
         buf.resize(TASK_OUT, 0.0);
         let wrow = wp.0.wrapping_add(r0 * w_stride) as *const u8;
+        // The tile configuration, once for all of the task's tile calls.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `amx` and `q6amx` hold only where amx::available().
+        let (tiles32, tiles16) = unsafe {
+            (
+                amx.then(|| crate::amx::Tiles::<32>::load()),
+                q6amx.then(|| crate::amx::Tiles::<16>::load()),
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let tiles32: Option<crate::amx::Tiles<32>> = None;
         #[allow(unused_mut)] // assigned on x86-64 only
         let mut rows = Vec::new();
         #[cfg(target_arch = "x86_64")]
@@ -453,7 +464,11 @@ pub unsafe fn run_weights(
         let mut c0 = 0;
         while c0 < cols {
             let c1 = if c0 < n16 * PACKED_COLS {
-                c0 + PACKED_COLS
+                // AMX takes two tiles at once where there are two (their weights unpacked once).
+                match amx && c0 + 2 * PACKED_COLS <= n16 * PACKED_COLS {
+                    true => c0 + 2 * PACKED_COLS,
+                    false => c0 + PACKED_COLS,
+                }
             } else {
                 (c0 + COLS_PER_STEP).min(cols)
             };
@@ -493,7 +508,21 @@ pub unsafe fn run_weights(
                 // SAFETY: as below, on the repacked weight: groups of 16 rows starting at r0.
                 unsafe {
                     repacked_cols(
-                        isa, amx, r0, nr, c0, c1, kernels, n16, nb, wp.0, act, rb, &packed, dst, os,
+                        isa,
+                        tiles32.as_ref(),
+                        r0,
+                        nr,
+                        c0,
+                        c1,
+                        kernels,
+                        n16,
+                        nb,
+                        wp.0,
+                        act,
+                        rb,
+                        &packed,
+                        dst,
+                        os,
                     )
                 };
             } else if c0 < n16 * PACKED_COLS && q6amx {
@@ -505,7 +534,8 @@ pub unsafe fn run_weights(
                         let w = rows[g * nb * ROW_BLOCK..].as_ptr();
                         // SAFETY: AMX (checked); w and p hold nb packed blocks; dst holds
                         // 16 columns of nr floats os apart, group g's rows at 16 g.
-                        unsafe { tile(w, nb, p, dst.add(16 * g), os) };
+                        let t = tiles16.as_ref().expect("loaded where q6amx");
+                        unsafe { tile(t, w, nb, p, dst.add(16 * g), os) };
                     }
                 }
             } else if c0 < n16 * PACKED_COLS {
@@ -607,12 +637,12 @@ unsafe fn gemm_packed(
 /// above) for the rest.
 ///
 /// # Safety
-/// The CPU supports `isa` (packed tiles: AVX-512 only, see [`packed_tiles`]); `amx` only where
-/// [`crate::amx::available`]; `w` is the repacked weight of `nb` blocks per row.
+/// The CPU supports `isa` (packed tiles: AVX-512 only, see [`packed_tiles`]); `w` is the
+/// repacked weight of `nb` blocks per row.
 #[allow(clippy::too_many_arguments)]
 unsafe fn repacked_cols(
     isa: Isa,
-    amx: bool,
+    amx: Option<&crate::amx::Tiles<32>>,
     r0: usize,
     nr: usize,
     c0: usize,
@@ -633,11 +663,15 @@ unsafe fn repacked_cols(
         let g0 = r0 / ROWS;
         let ng = nr / ROWS;
         let wg = w.add(g0 * nb * GROUP_BLOCK) as *const u8;
-        if c0 < n16 * PACKED_COLS && amx {
-            let tile = packed[c0 / PACKED_COLS * nb * crate::q4k16::AMX_BLOCK..].as_ptr();
+        if let Some(tiles) = amx.filter(|_| c0 < n16 * PACKED_COLS) {
+            let ps = nb * crate::q4k16::AMX_BLOCK;
+            let tile = packed[c0 / PACKED_COLS * ps..].as_ptr();
             for g in 0..ng {
-                let wgg = wg.add(g * nb * GROUP_BLOCK);
-                crate::q4k16::tile_amx(wgg, nb, tile, dst.add(g * ROWS), os);
+                let (wgg, o) = (wg.add(g * nb * GROUP_BLOCK), dst.add(g * ROWS));
+                match c1 - c0 {
+                    32 => crate::q4k16::tile_amx::<2>(tiles, wgg, nb, tile, ps, o, os),
+                    _ => crate::q4k16::tile_amx::<1>(tiles, wgg, nb, tile, ps, o, os),
+                }
             }
             return;
         }
@@ -689,7 +723,8 @@ unsafe fn repacked_cols(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "repacked weights are x86-64 only: {isa:?} {amx} {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
+        "repacked weights are x86-64 only: {isa:?} {} {r0} {nr} {c0} {c1} {} {n16} {nb} {w:?} {} {rb} {} {}",
+        amx.is_some(),
         kernels.len(),
         act.len(),
         packed.len(),

@@ -548,15 +548,15 @@ mod kernels {
     /// `q` is quad `t` of sub-block `sub` of the 16 rows (row r at byte 4r), the layout both
     /// 16-column tiles multiply with.
     #[inline(always)]
-    unsafe fn unpack_lines(g: *const u8, q: &mut [Line; 64]) {
+    unsafe fn unpack_lines(g: *const u8, q: *mut Line) {
         let m4 = _mm512_set1_epi8(0x0F);
         for j in 0..4 {
             for t in 0..8 {
                 let wv = _mm512_load_si512(g.add((8 * j + t) * 64) as *const _);
                 let lo = _mm512_and_si512(wv, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
-                _mm512_store_si512(q[8 * (2 * j) + t].0.as_mut_ptr() as *mut _, lo);
-                _mm512_store_si512(q[8 * (2 * j + 1) + t].0.as_mut_ptr() as *mut _, hi);
+                _mm512_store_si512(q.add(8 * (2 * j) + t) as *mut _, lo);
+                _mm512_store_si512(q.add(8 * (2 * j + 1) + t) as *mut _, hi);
             }
         }
     }
@@ -594,65 +594,93 @@ mod kernels {
         }
     }
 
-    /// [`tile_avx512`] on AMX tiles, from 16 activation columns packed by [`pack_amx`] at
-    /// `p`: per sub-block pair one tile product of 16 columns by 16 rows for each sub-block
-    /// (the exact sums `s0`, `s1` that the VNNI kernels build), then the same chain with one
-    /// row per lane. `s·sc` and `b·m` (below 2^24) and their pair sums are exact in f32, so
-    /// forming them as float products and one FMA gives `f32(hs)` and `f32(im)` bit for bit.
-    /// Output `out[c * ostride + r]`.
+    /// [`tile_avx512`] on AMX tiles, for `T` tiles of 16 activation columns packed by
+    /// [`pack_amx`] (tile `t` at `p + t * ps`): per sub-block pair one tile product of 16
+    /// columns by 16 rows for each sub-block (the exact sums `s0`, `s1` that the VNNI
+    /// kernels build), then the same chain with one row per lane. `s·sc` and `b·m` (below
+    /// 2^24) and their pair sums are exact in f32, so forming them as float products and one
+    /// FMA gives `f32(hs)` and `f32(im)` bit for bit. The weights' unpacked sub-blocks (B
+    /// tiles) serve every column tile, and each column's `d · yd` and `dmin · yd` are formed
+    /// once per block (the same products the chain used per sub-block pair). Output
+    /// `out[c * ostride + r]` for column `c` of `16 T`.
     ///
     /// # Safety
-    /// As [`column_avx512`]; [`crate::amx::available`] returned true; `p` holds `nb` packed
-    /// blocks; `out` covers `15 * ostride + 16` floats.
+    /// As [`column_avx512`]; `p` holds `T` packed tiles of `nb` blocks, `ps` bytes apart;
+    /// `out` covers `(16 T - 1) * ostride + 16` floats.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn tile_amx(w: *const u8, nb: usize, p: *const u8, out: *mut f32, ostride: usize) {
+    pub unsafe fn tile_amx<const T: usize>(
+        _tiles: &crate::amx::Tiles<32>,
+        w: *const u8,
+        nb: usize,
+        p: *const u8,
+        ps: usize,
+        out: *mut f32,
+        ostride: usize,
+    ) {
         use crate::amx;
-        let mut acc = [_mm512_setzero_ps(); 16];
-        let mut accm = [_mm512_setzero_ps(); 16];
-        // Sub-block `s` of the 16 rows as 8 lines of unsigned bytes (tile B rows), and the
-        // two sums of one sub-block pair (tile C rows: column c's 16 row sums).
-        let mut q = [Line([0; 64]); 64];
-        let mut cs = [Line([0; 64]); 32];
-        amx::configure();
+        let mut acc = [[_mm512_setzero_ps(); 16]; T];
+        let mut accm = [[_mm512_setzero_ps(); 16]; T];
+        // Each column's d · yd and dmin · yd for the block; sub-block `s` of the 16 rows as 8
+        // lines of unsigned bytes (tile B rows); the two sums of one sub-block pair (tile C
+        // rows: column c's 16 row sums). Each is written before it is read: left
+        // uninitialised, not zeroed per call (memsets of 13 KiB were ~6% of the 1.5B's
+        // prompt time).
+        let mut dd = core::mem::MaybeUninit::<[[__m512; 16]; T]>::uninit();
+        let mut dm = core::mem::MaybeUninit::<[[__m512; 16]; T]>::uninit();
+        let (dd, dm) = (
+            dd.as_mut_ptr() as *mut __m512,
+            dm.as_mut_ptr() as *mut __m512,
+        );
+        let mut q = core::mem::MaybeUninit::<[Line; 64]>::uninit();
+        let q = q.as_mut_ptr() as *mut Line;
+        let mut cs = core::mem::MaybeUninit::<[Line; 32]>::uninit();
+        let cs = cs.as_mut_ptr() as *mut Line;
         for i in 0..nb {
             let g = w.add(i * GROUP_BLOCK);
-            let pb = p.add(i * AMX_BLOCK);
-            unpack_lines(g, &mut q);
+            unpack_lines(g, q);
             let (d16, dmin16) = (h16x16(g.add(D)), h16x16(g.add(DMIN)));
-            let yd = pb.add(AMX_YD) as *const f32;
-            let bf = pb.add(AMX_BS) as *const f32;
+            for t in 0..T {
+                let yd = p.add(t * ps + i * AMX_BLOCK + AMX_YD) as *const f32;
+                for c in 0..16 {
+                    let ydc = _mm512_set1_ps(*yd.add(c));
+                    dd.add(16 * t + c).write(_mm512_mul_ps(d16, ydc));
+                    dm.add(16 * t + c).write(_mm512_mul_ps(dmin16, ydc));
+                }
+            }
             for sb in 0..4 {
-                amx::zero_acc();
-                amx::dot2(
-                    pb.add(512 * (2 * sb)),
-                    pb.add(512 * (2 * sb + 1)),
-                    32,
-                    q[8 * (2 * sb)].0.as_ptr(),
-                    q[8 * (2 * sb + 1)].0.as_ptr(),
+                amx::load_b(
+                    q.add(8 * (2 * sb)) as *const u8,
+                    q.add(8 * (2 * sb + 1)) as *const u8,
                 );
-                amx::store_acc(cs[0].0.as_mut_ptr(), cs[16].0.as_mut_ptr());
                 let f = |o: usize| _mm512_cvtepi32_ps(bytes16(g.add(o)));
                 let (sc0, sc1) = (f(SC + 32 * sb), f(SC + 32 * sb + 16));
                 let (m0, m1) = (f(MN + 32 * sb), f(MN + 32 * sb + 16));
-                for c in 0..16 {
-                    let s0 = _mm512_cvtepi32_ps(_mm512_load_si512(cs[c].0.as_ptr() as *const _));
-                    let s1 =
-                        _mm512_cvtepi32_ps(_mm512_load_si512(cs[16 + c].0.as_ptr() as *const _));
-                    let hs = _mm512_fmadd_ps(s1, sc1, _mm512_mul_ps(s0, sc0));
-                    let ydc = _mm512_set1_ps(*yd.add(c));
-                    acc[c] = _mm512_fmadd_ps(hs, _mm512_mul_ps(d16, ydc), acc[c]);
-                    let (b0, b1) = (
-                        _mm512_set1_ps(*bf.add(8 * c + 2 * sb)),
-                        _mm512_set1_ps(*bf.add(8 * c + 2 * sb + 1)),
-                    );
-                    let im = _mm512_fmadd_ps(b1, m1, _mm512_mul_ps(b0, m0));
-                    accm[c] = _mm512_fmadd_ps(im, _mm512_mul_ps(dmin16, ydc), accm[c]);
+                for t in 0..T {
+                    let pb = p.add(t * ps + i * AMX_BLOCK);
+                    let bf = pb.add(AMX_BS) as *const f32;
+                    amx::zero_acc();
+                    amx::dot2_b(pb.add(512 * (2 * sb)), pb.add(512 * (2 * sb + 1)), 32);
+                    amx::store_acc(cs as *mut u8, cs.add(16) as *mut u8);
+                    for c in 0..16 {
+                        let s0 = _mm512_cvtepi32_ps(_mm512_load_si512(cs.add(c) as *const _));
+                        let s1 = _mm512_cvtepi32_ps(_mm512_load_si512(cs.add(16 + c) as *const _));
+                        let hs = _mm512_fmadd_ps(s1, sc1, _mm512_mul_ps(s0, sc0));
+                        acc[t][c] = _mm512_fmadd_ps(hs, dd.add(16 * t + c).read(), acc[t][c]);
+                        let (b0, b1) = (
+                            _mm512_set1_ps(*bf.add(8 * c + 2 * sb)),
+                            _mm512_set1_ps(*bf.add(8 * c + 2 * sb + 1)),
+                        );
+                        let im = _mm512_fmadd_ps(b1, m1, _mm512_mul_ps(b0, m0));
+                        accm[t][c] = _mm512_fmadd_ps(im, dm.add(16 * t + c).read(), accm[t][c]);
+                    }
                 }
             }
         }
-        amx::release();
-        for c in 0..16 {
-            _mm512_storeu_ps(out.add(c * ostride), _mm512_sub_ps(acc[c], accm[c]));
+        for t in 0..T {
+            for c in 0..16 {
+                let o = out.add((16 * t + c) * ostride);
+                _mm512_storeu_ps(o, _mm512_sub_ps(acc[t][c], accm[t][c]));
+            }
         }
     }
 
@@ -679,7 +707,7 @@ mod kernels {
         for i in 0..nb {
             let g = w.add(i * GROUP_BLOCK);
             let pb = p.add(i * Q8K_T16_BLOCK);
-            unpack_lines(g, &mut q);
+            unpack_lines(g, q.as_mut_ptr());
             let yd = _mm512_loadu_ps(pb.add(YD) as *const f32);
             for r0 in (0..ROWS).step_by(2) {
                 let mut dw = [_mm512_setzero_ps(); 2];

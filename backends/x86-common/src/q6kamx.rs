@@ -6,7 +6,7 @@
 //! Per block: `tot = Σ_g sc_g · (dot_g - 32 · bsum_g)` in i32 (exact: at most 2^27), then
 //! `res = f32(tot) · d` and `acc = fma(res, yd, acc)`, as there; here one register holds one
 //! column's 16 rows, so `sc_g` and `d` are vectors over the rows and `32 · bsum_g` and `yd`
-//! are broadcasts. Tiles: K = 16 ([`crate::amx::configure_k16`]): A = 16 columns x 16 signed
+//! are broadcasts. Tiles: K = 16 ([`crate::amx::Tiles`]): A = 16 columns x 16 signed
 //! activation bytes, B = 4 quads of the 16 rows' codes (0..63, unsigned), `tdpbsud`.
 //!
 //! The weights stay row-major in the file; [`pack_rows`] puts one task's 16-row groups into
@@ -90,16 +90,22 @@ pub unsafe fn pack_rows(w: *const u8, ws: usize, nb: usize, dst: *mut u8) {
 /// `nb` blocks: `out[c * ostride + n]` for row `n` and column `c`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL and [`crate::amx::available`] returned true; `w` and `p`
-/// hold `nb` packed blocks; `out` covers `15 * ostride + 16` floats.
+/// The CPU has AVX-512 F/BW/VL; `w` and `p` hold `nb` packed blocks; `out` covers
+/// `15 * ostride + 16` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub unsafe fn tile(w: *const u8, nb: usize, p: *const u8, out: *mut f32, ostride: usize) {
+pub unsafe fn tile(
+    _tiles: &crate::amx::Tiles<16>,
+    w: *const u8,
+    nb: usize,
+    p: *const u8,
+    out: *mut f32,
+    ostride: usize,
+) {
     use crate::amx;
     #[repr(align(64))]
     struct Sums([[i32; 16]; 32]);
     let mut cs = Sums([[0; 16]; 32]);
     let mut acc = [_mm512_setzero_ps(); 16];
-    amx::configure_k16();
     for i in 0..nb {
         let (wb, ab) = (w.add(i * ROW_BLOCK), p.add(i * ACT_BLOCK));
         let mut tot = [_mm512_setzero_si512(); 16];
@@ -134,7 +140,6 @@ pub unsafe fn tile(w: *const u8, nb: usize, p: *const u8, out: *mut f32, ostride
             *a = _mm512_fmadd_ps(res, _mm512_set1_ps(*yd.add(c)), *a);
         }
     }
-    amx::release();
     for (c, a) in acc.iter().enumerate() {
         _mm512_storeu_ps(out.add(c * ostride), *a);
     }

@@ -865,7 +865,9 @@ fn amx_q4_k_tile_matches_vnni_tile_and_the_gemm_chain() {
         eprintln!("no AMX int8 here (or MOLLM_AMX=0): the AMX tile is not tested");
         return;
     }
-    let (k, rows, cols) = (512usize, 16usize, 16usize);
+    // 32 columns: two tiles, one call of the two-tile kernel and one of the one-tile kernel
+    // on the first.
+    let (k, rows, cols) = (512usize, 16usize, 32usize);
     let nb = k / 256;
     let (rb, ab) = (quant::row_bytes(DType::Q4_K, k).unwrap(), 292 * nb);
     let mut rng = Rng::new(31);
@@ -894,16 +896,22 @@ fn amx_q4_k_tile_matches_vnni_tile_and_the_gemm_chain() {
             unsafe { std::slice::from_raw_parts_mut(rep.as_mut_ptr() as *mut u8, rep.len() * 64) };
         q4k16::repack(&w, rb, k, rows, rep_bytes);
         let mut packed = vec![0u8; nb * kq512::Q8K_T16_BLOCK];
-        let mut packed_amx = vec![0u8; nb * q4k16::AMX_BLOCK];
-        let (mut vnni, mut tiles) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+        let ps = nb * q4k16::AMX_BLOCK;
+        let mut packed_amx = vec![0u8; 2 * ps];
+        let (mut vnni, mut tiles) = (vec![0f32; rows * 16], vec![0f32; rows * cols]);
+        let mut one = vec![0f32; rows * 16];
         // SAFETY: AVX-512 and AMX checked above; the buffers hold what each kernel reads and
         // writes (one 16-row group, 16 columns of nb blocks, outputs of stride `rows`).
         unsafe {
             kq512::pack_q8k_t16(a.as_ptr(), ab, nb, packed.as_mut_ptr());
             let wp = rep_bytes.as_ptr();
             q4k16::tile_avx512(wp, nb, packed.as_ptr(), vnni.as_mut_ptr(), rows);
-            q4k16::pack_amx(a.as_ptr(), ab, nb, packed_amx.as_mut_ptr());
-            q4k16::tile_amx(wp, nb, packed_amx.as_ptr(), tiles.as_mut_ptr(), rows);
+            let pa = packed_amx.as_mut_ptr();
+            q4k16::pack_amx(a.as_ptr(), ab, nb, pa);
+            q4k16::pack_amx(a[16 * ab..].as_ptr(), ab, nb, pa.add(ps));
+            let t = amx::Tiles::<32>::load();
+            q4k16::tile_amx::<2>(&t, wp, nb, pa, ps, tiles.as_mut_ptr(), rows);
+            q4k16::tile_amx::<1>(&t, wp, nb, pa, ps, one.as_mut_ptr(), rows);
         }
         for c in 0..cols {
             for r in 0..rows {
@@ -914,9 +922,17 @@ fn amx_q4_k_tile_matches_vnni_tile_and_the_gemm_chain() {
                     &w[r * rb..(r + 1) * rb],
                     &a[c * ab..(c + 1) * ab],
                 );
-                let (v, t) = (vnni[c * rows + r], tiles[c * rows + r]);
-                assert_eq!(v.to_bits(), want.to_bits(), "{label}: VNNI row {r} col {c}");
+                let t = tiles[c * rows + r];
                 assert_eq!(t.to_bits(), want.to_bits(), "{label}: AMX row {r} col {c}");
+                if c < 16 {
+                    let (v, o) = (vnni[c * rows + r], one[c * rows + r]);
+                    assert_eq!(v.to_bits(), want.to_bits(), "{label}: VNNI row {r} col {c}");
+                    assert_eq!(
+                        o.to_bits(),
+                        want.to_bits(),
+                        "{label}: AMX x1 row {r} col {c}"
+                    );
+                }
             }
         }
     }
@@ -962,7 +978,8 @@ fn amx_q6_k_tile_matches_the_tiled_chain() {
         unsafe {
             q6kamx::pack_rows(w.as_ptr(), rb, nb, prow.as_mut_ptr());
             q6kamx::pack_act(a.as_ptr(), ab, nb, pact.as_mut_ptr());
-            q6kamx::tile(prow.as_ptr(), nb, pact.as_ptr(), out.as_mut_ptr(), rows);
+            let t = amx::Tiles::<16>::load();
+            q6kamx::tile(&t, prow.as_ptr(), nb, pact.as_ptr(), out.as_mut_ptr(), rows);
         }
         for c in 0..cols {
             for r in 0..rows {
