@@ -65,7 +65,8 @@ fn request_tile_data() -> bool {
 #[cfg(target_arch = "x86_64")]
 pub use tiles::*;
 
-/// The tile configuration for products of `K`-byte rows (32: Q4_K's sub-blocks, 16: Q6_K's),
+/// The tile configuration for products of `K`-byte rows (32: Q4_K's sub-blocks, 64: Q6_K's
+/// byte planes),
 /// loaded on this thread while the value lives; dropping it gives the tile state back. A
 /// kernel that takes `&Tiles<K>` runs on the configuration it needs, and a task loads it once
 /// for all its calls: `ldtilecfg` and `tilerelease` per 16-row group took ~8% of the Q4_K
@@ -82,9 +83,9 @@ impl<const K: usize> Tiles<K> {
     /// # Safety
     /// [`available`] returned true.
     pub unsafe fn load() -> Tiles<K> {
-        const { assert!(K == 16 || K == 32, "tile rows of 16 or 32 bytes") };
+        const { assert!(K == 32 || K == 64, "tile rows of 32 or 64 bytes") };
         match K {
-            16 => configure_k16(),
+            64 => configure_k64(),
             _ => configure(),
         }
         Tiles {
@@ -136,17 +137,114 @@ mod tiles {
 
     /// K = 32: one 32-element sub-block per product (Q4_K).
     const CONFIG: Config = config(32);
-    /// K = 16: one 16-element sub-block per product (Q6_K).
-    const CONFIG_K16: Config = config(16);
+    /// Every tile 16 rows of 64 bytes (Q6_K's byte planes): tiles 0-3 accumulators, 4 and 5
+    /// A (16 activation columns of 64 signed bytes), 6 and 7 B (16 quads of 16 weight rows).
+    const CONFIG_K64: Config = {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let mut t = 0;
+        while t < 8 {
+            c[16 + 2 * t] = 64;
+            c[48 + t] = 16;
+            t += 1;
+        }
+        Config(c)
+    };
 
-    /// Loads the K = 16 configuration ([`dot2`] then takes A rows of 16 bytes and B tiles
-    /// of 4 rows).
+    /// Loads the K = 64 configuration ([`dot_planes1`], [`dot_planes2`]).
     ///
     /// # Safety
     /// [`super::available`] returned true.
     #[inline(always)]
-    pub(super) unsafe fn configure_k16() {
-        asm!("ldtilecfg [{p}]", p = in(reg) CONFIG_K16.0.as_ptr(), options(nostack, readonly));
+    pub(super) unsafe fn configure_k64() {
+        asm!("ldtilecfg [{p}]", p = in(reg) CONFIG_K64.0.as_ptr(), options(nostack, readonly));
+    }
+
+    /// Tiles 0-3 to zero (the K = 64 configuration's accumulators).
+    ///
+    /// # Safety
+    /// [`configure_k64`] ran on this thread.
+    #[inline(always)]
+    pub unsafe fn zero4() {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+    }
+
+    /// K = 64: `C0 += A · Blo` (signed by unsigned bytes), `C1 += A · Bhi` (signed by
+    /// signed), `A` 16 rows of 64 bytes at `a`, each `B` 16 rows of 64 bytes.
+    ///
+    /// # Safety
+    /// [`configure_k64`] ran on this thread; each pointer covers 1 KiB.
+    #[inline(always)]
+    pub unsafe fn dot_planes1(a: *const u8, lo: *const u8, hi: *const u8) {
+        asm!(
+            "tileloadd tmm6, [{lo} + {s}*1]",
+            "tileloadd tmm7, [{hi} + {s}*1]",
+            "tileloadd tmm4, [{a} + {s}*1]",
+            "tdpbsud tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm4, tmm7",
+            a = in(reg) a,
+            lo = in(reg) lo,
+            hi = in(reg) hi,
+            s = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+    }
+
+    /// [`dot_planes1`] for two A tiles sharing the B tiles: `C0, C1` from `a0`, `C2, C3`
+    /// from `a1`.
+    ///
+    /// # Safety
+    /// As [`dot_planes1`].
+    #[inline(always)]
+    pub unsafe fn dot_planes2(a0: *const u8, a1: *const u8, lo: *const u8, hi: *const u8) {
+        asm!(
+            "tileloadd tmm6, [{lo} + {s}*1]",
+            "tileloadd tmm7, [{hi} + {s}*1]",
+            "tileloadd tmm4, [{a0} + {s}*1]",
+            "tileloadd tmm5, [{a1} + {s}*1]",
+            "tdpbsud tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm4, tmm7",
+            "tdpbsud tmm2, tmm5, tmm6",
+            "tdpbssd tmm3, tmm5, tmm7",
+            a0 = in(reg) a0,
+            a1 = in(reg) a1,
+            lo = in(reg) lo,
+            hi = in(reg) hi,
+            s = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+    }
+
+    /// Tiles 0-1 (`pairs` 1) or 0-3 (`pairs` 2) to `c`, 1 KiB apart (rows of 64 bytes).
+    ///
+    /// # Safety
+    /// [`configure_k64`] ran on this thread; `c` covers `2 * pairs` KiB.
+    #[inline(always)]
+    pub unsafe fn store4(c: *mut u8, pairs: usize) {
+        asm!(
+            "tilestored [{c} + {s}*1], tmm0",
+            "tilestored [{c1} + {s}*1], tmm1",
+            c = in(reg) c,
+            c1 = in(reg) c.add(1024),
+            s = in(reg) 64usize,
+            options(nostack),
+        );
+        if pairs == 2 {
+            asm!(
+                "tilestored [{c} + {s}*1], tmm2",
+                "tilestored [{c1} + {s}*1], tmm3",
+                c = in(reg) c.add(2048),
+                c1 = in(reg) c.add(3072),
+                s = in(reg) 64usize,
+                options(nostack),
+            );
+        }
     }
 
     /// Loads the configuration on this thread (zeroing its tiles).
@@ -176,31 +274,6 @@ mod tiles {
         asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
     }
 
-    /// `C0 += A0 · B0`, `C1 += A1 · B1` (tiles 0/2/4 and 1/3/5): `A` is 16 rows of K (32, or
-    /// 16 after [`configure_k16`]) signed bytes at `a0`/`a1` (row stride `sa`), `B` K / 4 rows
-    /// of 64 unsigned bytes at `b0`/`b1` (row stride 64); `C[m][n] += Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, exact in i32.
-    ///
-    /// # Safety
-    /// [`configure`] ran on this thread; the pointers cover the rows read.
-    #[inline(always)]
-    pub unsafe fn dot2(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8) {
-        asm!(
-            "tileloadd tmm2, [{a0} + {sa}*1]",
-            "tileloadd tmm3, [{a1} + {sa}*1]",
-            "tileloadd tmm4, [{b0} + {sb}*1]",
-            "tileloadd tmm5, [{b1} + {sb}*1]",
-            "tdpbsud tmm0, tmm2, tmm4",
-            "tdpbsud tmm1, tmm3, tmm5",
-            a0 = in(reg) a0,
-            a1 = in(reg) a1,
-            sa = in(reg) sa,
-            b0 = in(reg) b0,
-            b1 = in(reg) b1,
-            sb = in(reg) 64usize,
-            options(nostack, readonly),
-        );
-    }
-
     /// Tiles 4 and 5 (the B operands of [`dot2_b`]) from `b0` and `b1` (K / 4 rows of 64
     /// unsigned bytes, row stride 64), kept for several products.
     ///
@@ -218,7 +291,9 @@ mod tiles {
         );
     }
 
-    /// `C0 += A0 · B0`, `C1 += A1 · B1` as [`dot2`], with the B tiles that [`load_b`] left.
+    /// `C0 += A0 · B0`, `C1 += A1 · B1` (tiles 0/2/4 and 1/3/5): `A` is 16 rows of 32 signed
+    /// bytes at `a0`/`a1` (row stride `sa`), `B` the tiles [`load_b`] left; `C[m][n] +=
+    /// Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, exact in i32.
     ///
     /// # Safety
     /// [`load_b`] ran on this thread since [`configure`]; the pointers cover the rows read.

@@ -432,10 +432,10 @@ pub unsafe fn run_weights(
         // The tile configuration, once for all of the task's tile calls.
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `amx` and `q6amx` hold only where amx::available().
-        let (tiles32, tiles16) = unsafe {
+        let (tiles32, tiles64) = unsafe {
             (
                 amx.then(|| crate::amx::Tiles::<32>::load()),
-                q6amx.then(|| crate::amx::Tiles::<16>::load()),
+                q6amx.then(|| crate::amx::Tiles::<64>::load()),
             )
         };
         #[cfg(not(target_arch = "x86_64"))]
@@ -464,8 +464,9 @@ pub unsafe fn run_weights(
         let mut c0 = 0;
         while c0 < cols {
             let c1 = if c0 < n16 * PACKED_COLS {
-                // AMX takes two tiles at once where there are two (their weights unpacked once).
-                match amx && c0 + 2 * PACKED_COLS <= n16 * PACKED_COLS {
+                // AMX takes two tiles at once where there are two (their weights unpacked
+                // and loaded once).
+                match (amx || q6amx) && c0 + 2 * PACKED_COLS <= n16 * PACKED_COLS {
                     true => c0 + 2 * PACKED_COLS,
                     false => c0 + PACKED_COLS,
                 }
@@ -529,13 +530,20 @@ pub unsafe fn run_weights(
                 #[cfg(target_arch = "x86_64")]
                 {
                     use crate::q6kamx::{tile, ACT_BLOCK, ROW_BLOCK};
-                    let p = packed[c0 / PACKED_COLS * nb * ACT_BLOCK..].as_ptr();
+                    let ps = nb * ACT_BLOCK;
+                    let p = packed[c0 / PACKED_COLS * ps..].as_ptr();
+                    let t = tiles64.as_ref().expect("loaded where q6amx");
                     for g in 0..nr / 16 {
-                        let w = rows[g * nb * ROW_BLOCK..].as_ptr();
-                        // SAFETY: AMX (checked); w and p hold nb packed blocks; dst holds
-                        // 16 columns of nr floats os apart, group g's rows at 16 g.
-                        let t = tiles16.as_ref().expect("loaded where q6amx");
-                        unsafe { tile(t, w, nb, p, dst.add(16 * g), os) };
+                        let (w, o) = (rows[g * nb * ROW_BLOCK..].as_ptr(), dst.add(16 * g));
+                        // SAFETY: AMX (checked); w holds nb packed blocks and p (c1 - c0) / 16
+                        // tiles of them, ps apart; dst holds c1 - c0 columns of nr floats os
+                        // apart, group g's rows at 16 g.
+                        unsafe {
+                            match c1 - c0 {
+                                32 => tile::<2>(t, w, nb, p, ps, o, os),
+                                _ => tile::<1>(t, w, nb, p, ps, o, os),
+                            }
+                        };
                     }
                 }
             } else if c0 < n16 * PACKED_COLS {

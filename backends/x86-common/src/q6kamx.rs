@@ -1,35 +1,37 @@
 //! Q6_K prompt GEMMs on AMX int8 tiles (Sapphire Rapids and later): ggml's tiled Q6_K chain
 //! (quant's `Tiled`, the one [`crate::kq512`]'s `gemm_q6k_t16` runs on VNNI) with each
-//! 16-element sub-block's exact integer dot products for 16 weight rows by 16 activation
-//! columns from one tile product, instead of 64 `vpdpbusd` per row and block.
+//! block's exact integer sum for 16 weight rows by 16 activation columns from tile products.
 //!
-//! Per block: `tot = Σ_g sc_g · (dot_g - 32 · bsum_g)` in i32 (exact: at most 2^27), then
-//! `res = f32(tot) · d` and `acc = fma(res, yd, acc)`, as there; here one register holds one
-//! column's 16 rows, so `sc_g` and `d` are vectors over the rows and `32 · bsum_g` and `yd`
-//! are broadcasts. Tiles: K = 16 ([`crate::amx::Tiles`]): A = 16 columns x 16 signed
-//! activation bytes, B = 4 quads of the 16 rows' codes (0..63, unsigned), `tdpbsud`.
+//! Per block the chain takes `tot = Σ_g sc_g · (dot_g - 32 · bsum_g)` in i32 (exact: at most
+//! 2^27), then `res = f32(tot) · d` and `acc = fma(res, yd, acc)`. The same integer is
+//! `Σ_k w_k · a_k` with `w_k = (q_k - 32) · sc_g` (the signed code times its sub-block's
+//! scale, -4064..4096), and with `w = 256 h + l` (`l` its low byte, unsigned; `h` in
+//! -16..16) it is `256 · Σ h·a + Σ l·a`: two tile products over the whole block, K = 64 at a
+//! time (`tdpbssd` for `h`, `tdpbsud` for `l`), with no per-sub-block work. Both sums and
+//! `256 · Σ h·a` (below 2^28) fit i32, so `tot` is the same integer bit for bit, and the
+//! float chain after it is unchanged; one register holds one column's 16 rows.
 //!
 //! The weights stay row-major in the file; [`pack_rows`] puts one task's 16-row groups into
-//! tiles once, for all the columns it meets.
+//! the two byte planes once, for all the columns it meets. (Before, a tile product per
+//! 16-element sub-block with K = 16, its sums stored and scaled with `vpmulld` per column:
+//! 15% of Qwen2.5-1.5B's pp256, where a Q6_K block's 16 columns took 16 tile products and 16
+//! tile stores against 8 and 2 now.)
 
 use core::arch::x86_64::*;
 
 const Q6_K_B: usize = 210;
 const Q8_K_B: usize = 292;
 
-/// Bytes of one block of 16 packed activation columns: 16 A tiles (sub-block `g`: column `c`'s
-/// 16 quants at `256 g + 16 c`), then `32 · bsum_g` of each column as i32 (`[g][c]`), then
-/// the columns' `d` as f32.
-pub const ACT_BLOCK: usize = 16 * 256 + 16 * 64 + 64;
-const ACT_BS: usize = 16 * 256;
-const ACT_D: usize = ACT_BS + 16 * 64;
+/// Bytes of one block of 16 packed activation columns: per 64-element chunk `kc` an A tile
+/// (column `c`'s 64 quants at `1024 kc + 64 c`), then the columns' `d` as f32.
+pub const ACT_BLOCK: usize = 4 * 1024 + 64;
+const ACT_D: usize = 4 * 1024;
 
-/// Bytes of one block of 16 packed weight rows: 16 B tiles (sub-block `g`: quad `k` of row
-/// `n` at `256 g + 64 k + 4 n`), then the rows' scale of each sub-block as i32 (`[g][n]`),
-/// then the rows' `d` as f32.
-pub const ROW_BLOCK: usize = 16 * 256 + 16 * 64 + 64;
-const ROW_SC: usize = 16 * 256;
-const ROW_D: usize = ROW_SC + 16 * 64;
+/// Bytes of one block of 16 packed weight rows: per 64-element chunk `kc` and plane `p` (0:
+/// low bytes, 1: high bytes of `w`) a B tile (quad `j` of row `n` at
+/// `2048 kc + 1024 p + 64 j + 4 n`), then the rows' `d` as f32.
+pub const ROW_BLOCK: usize = 8 * 1024 + 64;
+const ROW_D: usize = 8 * 1024;
 
 /// Packs 16 Q8_K activation rows (row `c` at `a + c * as_`, `nb` blocks) for [`tile`].
 ///
@@ -40,10 +42,8 @@ pub unsafe fn pack_act(a: *const u8, as_: usize, nb: usize, dst: *mut u8) {
         let d = dst.add(i * ACT_BLOCK);
         for c in 0..16 {
             let y = a.add(c * as_ + i * Q8_K_B);
-            for g in 0..16 {
-                core::ptr::copy_nonoverlapping(y.add(4 + 16 * g), d.add(256 * g + 16 * c), 16);
-                let bs = (y.add(260 + 2 * g) as *const i16).read_unaligned() as i32;
-                (d.add(ACT_BS + 64 * g + 4 * c) as *mut i32).write_unaligned(32 * bs);
+            for kc in 0..4 {
+                core::ptr::copy_nonoverlapping(y.add(4 + 64 * kc), d.add(1024 * kc + 64 * c), 64);
             }
             core::ptr::copy_nonoverlapping(y, d.add(ACT_D + 4 * c), 4);
         }
@@ -57,90 +57,120 @@ pub unsafe fn pack_act(a: *const u8, as_: usize, nb: usize, dst: *mut u8) {
 /// bytes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub unsafe fn pack_rows(w: *const u8, ws: usize, nb: usize, dst: *mut u8) {
+    /// Row `n`'s 256 bytes of one plane, as 64 quads.
     #[repr(align(64))]
-    struct Codes([[u32; 64]; 16]);
-    let mut q = Codes([[0; 64]; 16]);
+    struct Plane([[u32; 64]; 16]);
+    let mut lo = Plane([[0; 64]; 16]);
+    let mut hi = Plane([[0; 64]; 16]);
+    let c32 = _mm512_set1_epi16(32);
     for i in 0..nb {
         let d = dst.add(i * ROW_BLOCK);
-        for (n, qn) in q.0.iter_mut().enumerate() {
+        for n in 0..16 {
             let x = w.add(n * ws + i * Q6_K_B);
             // The codes in element order (as `gemm_q6k_t16` stores them).
             let b = crate::kq512::q6k_decode(x);
+            let mut codes = [0u8; 256];
             for k in 0..4 {
-                _mm512_store_si512(qn.as_mut_ptr().add(16 * k) as *mut _, b.u[k]);
+                _mm512_storeu_si512(codes.as_mut_ptr().add(64 * k) as *mut _, b.u[k]);
             }
-            for g in 0..16 {
-                let sc = *(x.add(192 + g) as *const i8) as i32;
-                (d.add(ROW_SC + 64 * g + 4 * n) as *mut i32).write_unaligned(sc);
+            let sc = x.add(192) as *const i8;
+            for m in 0..8 {
+                // Elements 32m .. 32m + 32: sub-blocks 2m and 2m + 1.
+                let q = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                    codes.as_ptr().add(32 * m) as *const __m256i
+                ));
+                let s = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_set1_epi16(*sc.add(2 * m) as i16)),
+                    _mm256_set1_epi16(*sc.add(2 * m + 1) as i16),
+                );
+                let v = _mm512_mullo_epi16(_mm512_sub_epi16(q, c32), s);
+                let l = _mm512_cvtepi16_epi8(v);
+                let h = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(v));
+                _mm256_storeu_si256(lo.0[n].as_mut_ptr().add(8 * m) as *mut __m256i, l);
+                _mm256_storeu_si256(hi.0[n].as_mut_ptr().add(8 * m) as *mut __m256i, h);
             }
             let h = (x.add(208) as *const u16).read_unaligned();
             (d.add(ROW_D + 4 * n) as *mut f32).write_unaligned(quant::fp16_to_f32(h));
         }
-        // Quad m = 4 g + k of every row: B row k of sub-block g.
-        for m in 0..64 {
-            let t = d.add(64 * m) as *mut u32;
-            for (n, qn) in q.0.iter().enumerate() {
-                t.add(n).write_unaligned(qn[m]);
+        // Quad m = 16 kc + j of every row: B row j of chunk kc's tile of each plane.
+        for (p, plane) in [&lo, &hi].into_iter().enumerate() {
+            for m in 0..64 {
+                let t = d.add(2048 * (m / 16) + 1024 * p + 64 * (m % 16)) as *mut u32;
+                for (n, row) in plane.0.iter().enumerate() {
+                    t.add(n).write_unaligned(row[m]);
+                }
             }
         }
     }
 }
 
-/// 16 rows (packed by [`pack_rows`] at `w`) by 16 columns (packed by [`pack_act`] at `p`),
-/// `nb` blocks: `out[c * ostride + n]` for row `n` and column `c`.
+/// 16 rows (packed by [`pack_rows`] at `w`) by `16 T` columns (`T` tiles packed by
+/// [`pack_act`], tile `t` at `p + t * ps`), `nb` blocks: `out[c * ostride + n]` for row `n`
+/// and column `c`. The weights' B tiles serve every column tile.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL; `w` and `p` hold `nb` packed blocks; `out` covers
-/// `15 * ostride + 16` floats.
+/// The CPU has AVX-512 F/BW/VL; `nb >= 1`; `w` holds `nb` packed blocks and `p` `T` packed
+/// tiles of `nb` blocks, `ps` bytes apart; `out` covers `(16 T - 1) * ostride + 16` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub unsafe fn tile(
-    _tiles: &crate::amx::Tiles<16>,
+pub unsafe fn tile<const T: usize>(
+    _tiles: &crate::amx::Tiles<64>,
     w: *const u8,
     nb: usize,
     p: *const u8,
+    ps: usize,
     out: *mut f32,
     ostride: usize,
 ) {
     use crate::amx;
+    const {
+        assert!(
+            T == 1 || T == 2,
+            "one or two column tiles (four accumulator tiles)"
+        )
+    };
+    // Tile sums of one block: `[2 t + plane][column][row]` (plane 0: Σ l·a, 1: Σ h·a).
     #[repr(align(64))]
-    struct Sums([[i32; 16]; 32]);
-    let mut cs = Sums([[0; 16]; 32]);
-    let mut acc = [_mm512_setzero_ps(); 16];
+    struct Sums([[[i32; 16]; 16]; 4]);
+    let mut cs = core::mem::MaybeUninit::<Sums>::uninit();
+    let cs = (&raw mut (*cs.as_mut_ptr()).0) as *mut [[i32; 16]; 16];
+    debug_assert!(nb >= 1, "the accumulators start in the first block");
+    // The chains' accumulators, started by the first block's FMAs onto a zero register
+    // instead of zeroed per call (as `q4k16::tile_amx`).
+    let mut acc = core::mem::MaybeUninit::<[[__m512; 16]; T]>::uninit();
+    let acc = acc.as_mut_ptr() as *mut __m512;
     for i in 0..nb {
         let (wb, ab) = (w.add(i * ROW_BLOCK), p.add(i * ACT_BLOCK));
-        let mut tot = [_mm512_setzero_si512(); 16];
-        for gp in 0..8 {
-            let (g0, g1) = (2 * gp, 2 * gp + 1);
-            amx::zero_acc();
-            amx::dot2(
-                ab.add(256 * g0),
-                ab.add(256 * g1),
-                16,
-                wb.add(256 * g0),
-                wb.add(256 * g1),
-            );
-            amx::store_acc(
-                cs.0[0].as_mut_ptr() as *mut u8,
-                cs.0[16].as_mut_ptr() as *mut u8,
-            );
-            for (h, g) in [g0, g1].into_iter().enumerate() {
-                let sc = _mm512_loadu_si512(wb.add(ROW_SC + 64 * g) as *const _);
-                let bs = ab.add(ACT_BS + 64 * g) as *const i32;
-                for (c, t) in tot.iter_mut().enumerate() {
-                    let dot = _mm512_load_si512(cs.0[16 * h + c].as_ptr() as *const _);
-                    let v = _mm512_sub_epi32(dot, _mm512_set1_epi32(*bs.add(c)));
-                    *t = _mm512_add_epi32(*t, _mm512_mullo_epi32(v, sc));
-                }
+        amx::zero4();
+        for kc in 0..4 {
+            let (lo, hi) = (wb.add(2048 * kc), wb.add(2048 * kc + 1024));
+            match T {
+                1 => amx::dot_planes1(ab.add(1024 * kc), lo, hi),
+                _ => amx::dot_planes2(ab.add(1024 * kc), ab.add(ps + 1024 * kc), lo, hi),
             }
         }
+        amx::store4(cs as *mut u8, T);
         let dr = _mm512_loadu_ps(wb.add(ROW_D) as *const f32);
-        let yd = ab.add(ACT_D) as *const f32;
-        for (c, a) in acc.iter_mut().enumerate() {
-            let res = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[c]), dr);
-            *a = _mm512_fmadd_ps(res, _mm512_set1_ps(*yd.add(c)), *a);
+        for t in 0..T {
+            let yd = p.add(t * ps + i * ACT_BLOCK + ACT_D) as *const f32;
+            let (l, h) = (&*cs.add(2 * t), &*cs.add(2 * t + 1));
+            for c in 0..16 {
+                let lv = _mm512_load_si512(l[c].as_ptr() as *const _);
+                let hv = _mm512_load_si512(h[c].as_ptr() as *const _);
+                let tot = _mm512_add_epi32(_mm512_slli_epi32::<8>(hv), lv);
+                let res = _mm512_mul_ps(_mm512_cvtepi32_ps(tot), dr);
+                let a = acc.add(16 * t + c);
+                let prev = if i == 0 {
+                    _mm512_setzero_ps()
+                } else {
+                    a.read()
+                };
+                a.write(_mm512_fmadd_ps(res, _mm512_set1_ps(*yd.add(c)), prev));
+            }
         }
     }
-    for (c, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(c * ostride), *a);
+    for t in 0..T {
+        for c in 0..16 {
+            _mm512_storeu_ps(out.add((16 * t + c) * ostride), acc.add(16 * t + c).read());
+        }
     }
 }

@@ -945,7 +945,8 @@ fn amx_q6_k_tile_matches_the_tiled_chain() {
         eprintln!("no AMX int8 here (or MOLLM_AMX=0): the AMX Q6_K tile is not tested");
         return;
     }
-    let (k, rows, cols) = (768usize, 16usize, 16usize);
+    // 32 columns: one call of the two-tile kernel, one of the one-tile kernel on the first.
+    let (k, rows, cols) = (768usize, 16usize, 32usize);
     let nb = k / 256;
     let (rb, ab) = (quant::row_bytes(DType::Q6_K, k).unwrap(), 292 * nb);
     let mut rng = Rng::new(37);
@@ -971,15 +972,19 @@ fn amx_q6_k_tile_matches_the_tiled_chain() {
     }
     for (label, (w, a)) in [("random", random), ("extremes", (wx, ax))] {
         let mut prow = vec![0u8; nb * q6kamx::ROW_BLOCK];
-        let mut pact = vec![0u8; nb * q6kamx::ACT_BLOCK];
-        let mut out = vec![0f32; rows * cols];
+        let ps = nb * q6kamx::ACT_BLOCK;
+        let mut pact = vec![0u8; 2 * ps];
+        let (mut out, mut one) = (vec![0f32; rows * cols], vec![0f32; rows * 16]);
         // SAFETY: AVX-512 and AMX checked above; the buffers hold what each call reads and
         // writes (16 rows, 16 columns of nb blocks, outputs of stride `rows`).
         unsafe {
             q6kamx::pack_rows(w.as_ptr(), rb, nb, prow.as_mut_ptr());
-            q6kamx::pack_act(a.as_ptr(), ab, nb, pact.as_mut_ptr());
-            let t = amx::Tiles::<16>::load();
-            q6kamx::tile(&t, prow.as_ptr(), nb, pact.as_ptr(), out.as_mut_ptr(), rows);
+            let pa = pact.as_mut_ptr();
+            q6kamx::pack_act(a.as_ptr(), ab, nb, pa);
+            q6kamx::pack_act(a[16 * ab..].as_ptr(), ab, nb, pa.add(ps));
+            let t = amx::Tiles::<64>::load();
+            q6kamx::tile::<2>(&t, prow.as_ptr(), nb, pa, ps, out.as_mut_ptr(), rows);
+            q6kamx::tile::<1>(&t, prow.as_ptr(), nb, pa, ps, one.as_mut_ptr(), rows);
         }
         for c in 0..cols {
             for r in 0..rows {
@@ -992,6 +997,14 @@ fn amx_q6_k_tile_matches_the_tiled_chain() {
                 );
                 let t = out[c * rows + r];
                 assert_eq!(t.to_bits(), want.to_bits(), "{label}: AMX row {r} col {c}");
+                if c < 16 {
+                    let o = one[c * rows + r];
+                    assert_eq!(
+                        o.to_bits(),
+                        want.to_bits(),
+                        "{label}: AMX x1 row {r} col {c}"
+                    );
+                }
             }
         }
     }
