@@ -485,7 +485,18 @@ pub fn case(op: Op, seed: u64) -> Case {
                 format!("k={k} act={}", p.i[0]),
             )
         }
-        Op::Add | Op::Mul | Op::Scale | Op::Softmax | Op::Argmax => {
+        Op::Argmax => {
+            // Vocabulary-sized rows too: one is split across the threads, several go to the
+            // threads whole (a batched decode step's logits).
+            let k = r.pick(&[1i64, 5, 64, 333, 40000]);
+            let a = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 4.0));
+            (
+                vec![a],
+                vec![Owned::zeros(DType::I32, &[rows])],
+                format!("k={k} rows={rows}"),
+            )
+        }
+        Op::Add | Op::Mul | Op::Scale | Op::Softmax => {
             let k = r.pick(&[1i64, 5, 64, 333]);
             let a = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 4.0));
             let label = format!("k={k} rows={rows}");
@@ -499,7 +510,6 @@ pub fn case(op: Op, seed: u64) -> Case {
                         format!("{label} b_rows={b_rows}"),
                     )
                 }
-                Op::Argmax => (vec![a], vec![Owned::zeros(DType::I32, &[rows])], label),
                 _ => {
                     p.f[0] = r.pick(&[1.0f32, 0.125, 3.0]);
                     (vec![a], vec![Owned::zeros(DType::F32, &[k, rows])], label)

@@ -337,6 +337,20 @@ impl Scheduler {
         self.logits.clear();
         self.logits.extend_from_slice(logits);
 
+        // Greedy rows without penalties pick the argmax of the raw row: for two or more, one
+        // backend call for every row (rows on the threads), instead of a call and a copy per
+        // row (SmolLM2, 16 sequences: 16 calls of ~32 us a step on one thread).
+        let plain = |s: &Sampler| s.is_greedy() && !s.has_penalties();
+        let n_plain = meta
+            .iter()
+            .zip(&outs)
+            .filter(|&(&(i, _), &o)| o == 1 && plain(&self.active[i].req.sampler))
+            .count();
+        let best = match n_plain >= 2 {
+            true => Some(s.argmax_rows(&mut self.logits, n_vocab)?),
+            false => None,
+        };
+
         let now = Instant::now();
         let mut row = 0;
         let mut done = Vec::new();
@@ -346,15 +360,22 @@ impl Scheduler {
             if n_out == 0 {
                 continue;
             }
-            self.row.clear();
-            self.row
-                .extend_from_slice(&self.logits[row * n_vocab..(row + 1) * n_vocab]);
+            let r = row;
             row += 1;
-            // Log-probabilities need the raw row, which picking may change (penalties).
-            let raw = a.req.logprobs.map(|_| self.row.clone());
-            let tok = s.pick(&mut a.req.sampler, &mut self.row)?;
-            let logprobs =
-                raw.map(|r| Box::new(TokenLogprobs::new(&r, tok, a.req.logprobs.unwrap_or(0))));
+            // Log-probabilities come from the raw row, which picking may change (penalties).
+            let raw = &self.logits[r * n_vocab..(r + 1) * n_vocab];
+            let tok = match best.as_ref().filter(|_| plain(&a.req.sampler)) {
+                Some(b) => b[r] as u32,
+                None => {
+                    self.row.clear();
+                    self.row.extend_from_slice(raw);
+                    s.pick(&mut a.req.sampler, &mut self.row)?
+                }
+            };
+            let logprobs = a
+                .req
+                .logprobs
+                .map(|k| Box::new(TokenLogprobs::new(raw, tok, k)));
             a.req.sampler.accept(tok);
             a.first.get_or_insert(now);
             a.out.push(tok);

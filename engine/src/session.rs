@@ -575,6 +575,16 @@ impl<'m> Session<'m> {
         Ok(sampler.sample(logits))
     }
 
+    /// The first largest element of each `n`-long row of `logits` (the greedy pick from raw
+    /// logits), in one backend call: rows on its threads.
+    pub fn argmax_rows(&self, logits: &mut Vec<f32>, n: usize) -> Result<Vec<i32>> {
+        let rows = (logits.len() / n.max(1)) as i64;
+        let act = Act::from_vec(std::mem::take(logits), &[n as i64, rows]);
+        let best = self.exec.argmax(&act);
+        *logits = act.data;
+        best
+    }
+
     /// Processes `prompt` (appended to what the session holds), then generates up to
     /// `max_tokens`, calling `on_token` with each; generation stops at an end-of-generation
     /// token (which is reported and kept), when `on_token` returns false, or when the context

@@ -61,6 +61,36 @@ unsafe fn first_max_split(host: &HostApi, v: &[f32], n: usize) -> usize {
 pub(super) unsafe fn argmax(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
     let (x, out) = (inputs[0], outputs[0]);
     let k = x.ne[0] as usize;
+    let threads = host.n_threads.max(1) as i64;
+    // Row r's output element.
+    let out_at = |r: i64| {
+        let (i1, i2, i3) = split_row(&x, r);
+        out.data
+            .wrapping_offset((i1 * out.nb[0] + i2 * out.nb[1] + i3 * out.nb[2]) as isize)
+            as *mut i32
+    };
+    if k >= SPLIT && x.nb[0] == 4 && x.nrows() >= threads && threads > 1 {
+        // As many long packed rows as threads or more (the logits of a batched decode step):
+        // whole rows on the threads, read in place.
+        let rows: Vec<(SyncPtr, SyncPtr)> = (0..x.nrows())
+            .map(|r| {
+                let (i1, i2, i3) = split_row(&x, r);
+                (
+                    SyncPtr(row_ptr(&x, i1, i2, i3)),
+                    SyncPtr(out_at(r) as *mut u8),
+                )
+            })
+            .collect();
+        parallel_for(host, rows.len() as u32, |r| {
+            let (v, o) = &rows[r as usize];
+            // SAFETY: a packed row of k f32 inside the input, and its own output element.
+            unsafe {
+                let v = core::slice::from_raw_parts(v.0 as *const f32, k);
+                (o.0 as *mut i32).write(first_max(v) as i32);
+            }
+        });
+        return;
+    }
     // Packed rows are read where they are; others through one copy per call.
     let mut copy = Vec::new();
     let pieces = match k >= SPLIT {
@@ -79,12 +109,8 @@ pub(super) unsafe fn argmax(host: &HostApi, inputs: &[TensorDesc], outputs: &[Te
         let idx = match pieces {
             1 => first_max(v),
             n => first_max_split(host, v, n),
-        } as i32;
-        let p = out
-            .data
-            .wrapping_offset((i1 * out.nb[0] + i2 * out.nb[1] + i3 * out.nb[2]) as isize)
-            as *mut i32;
-        p.write(idx);
+        };
+        out_at(r).write(idx as i32);
     }
 }
 
