@@ -151,7 +151,7 @@ mod tiles {
         Config(c)
     };
 
-    /// Loads the K = 64 configuration ([`dot_planes1`], [`dot_planes2`]).
+    /// Loads the K = 64 configuration ([`load_planes`], [`dot_planes`]).
     ///
     /// # Safety
     /// [`super::available`] returned true.
@@ -175,20 +175,16 @@ mod tiles {
         );
     }
 
-    /// K = 64: `C0 += A · Blo` (signed by unsigned bytes), `C1 += A · Bhi` (signed by
-    /// signed), `A` 16 rows of 64 bytes at `a`, each `B` 16 rows of 64 bytes.
+    /// Tiles 6 and 7 (the B operands of [`dot_planes`]) from `lo` and `hi`, 16 rows of 64
+    /// bytes each.
     ///
     /// # Safety
     /// [`configure_k64`] ran on this thread; each pointer covers 1 KiB.
     #[inline(always)]
-    pub unsafe fn dot_planes1(a: *const u8, lo: *const u8, hi: *const u8) {
+    pub unsafe fn load_planes(lo: *const u8, hi: *const u8) {
         asm!(
             "tileloadd tmm6, [{lo} + {s}*1]",
             "tileloadd tmm7, [{hi} + {s}*1]",
-            "tileloadd tmm4, [{a} + {s}*1]",
-            "tdpbsud tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm4, tmm7",
-            a = in(reg) a,
             lo = in(reg) lo,
             hi = in(reg) hi,
             s = in(reg) 64usize,
@@ -196,27 +192,23 @@ mod tiles {
         );
     }
 
-    /// [`dot_planes1`] for two A tiles sharing the B tiles: `C0, C1` from `a0`, `C2, C3`
-    /// from `a1`.
+    /// K = 64, accumulator pair `P` (0 or 1): `C[2P] += A · Blo` (signed by unsigned bytes),
+    /// `C[2P + 1] += A · Bhi` (signed by signed), `A` (tile `4 + P`) 16 rows of 64 bytes at
+    /// `a`, the B tiles those [`load_planes`] left.
     ///
     /// # Safety
-    /// As [`dot_planes1`].
+    /// [`load_planes`] ran on this thread since [`configure_k64`]; `a` covers 1 KiB.
     #[inline(always)]
-    pub unsafe fn dot_planes2(a0: *const u8, a1: *const u8, lo: *const u8, hi: *const u8) {
+    pub unsafe fn dot_planes<const P: usize>(a: *const u8) {
         asm!(
-            "tileloadd tmm6, [{lo} + {s}*1]",
-            "tileloadd tmm7, [{hi} + {s}*1]",
-            "tileloadd tmm4, [{a0} + {s}*1]",
-            "tileloadd tmm5, [{a1} + {s}*1]",
-            "tdpbsud tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm4, tmm7",
-            "tdpbsud tmm2, tmm5, tmm6",
-            "tdpbssd tmm3, tmm5, tmm7",
-            a0 = in(reg) a0,
-            a1 = in(reg) a1,
-            lo = in(reg) lo,
-            hi = in(reg) hi,
+            "tileloadd tmm{t}, [{a} + {s}*1]",
+            "tdpbsud tmm{l}, tmm{t}, tmm6",
+            "tdpbssd tmm{h}, tmm{t}, tmm7",
+            a = in(reg) a,
             s = in(reg) 64usize,
+            t = const 4 + P,
+            l = const 2 * P,
+            h = const 2 * P + 1,
             options(nostack, readonly),
         );
     }

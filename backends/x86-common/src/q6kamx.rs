@@ -142,10 +142,10 @@ pub unsafe fn tile<const T: usize>(
         let (wb, ab) = (w.add(i * ROW_BLOCK), p.add(i * ACT_BLOCK));
         amx::zero4();
         for kc in 0..4 {
-            let (lo, hi) = (wb.add(2048 * kc), wb.add(2048 * kc + 1024));
-            match T {
-                1 => amx::dot_planes1(ab.add(1024 * kc), lo, hi),
-                _ => amx::dot_planes2(ab.add(1024 * kc), ab.add(ps + 1024 * kc), lo, hi),
+            amx::load_planes(wb.add(2048 * kc), wb.add(2048 * kc + 1024));
+            amx::dot_planes::<0>(ab.add(1024 * kc));
+            if T == 2 {
+                amx::dot_planes::<1>(ab.add(ps + 1024 * kc));
             }
         }
         amx::store4(cs as *mut u8, T);
