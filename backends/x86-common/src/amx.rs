@@ -151,7 +151,7 @@ mod tiles {
         Config(c)
     };
 
-    /// Loads the K = 64 configuration ([`load_planes`], [`dot_planes`]).
+    /// Loads the K = 64 configuration ([`load2`], [`dot_planes`]).
     ///
     /// # Safety
     /// [`super::available`] returned true.
@@ -163,7 +163,7 @@ mod tiles {
     /// Tiles 0-3 to zero (the K = 64 configuration's accumulators).
     ///
     /// # Safety
-    /// [`configure_k64`] ran on this thread.
+    /// a [`super::Tiles`]`<64>` is loaded on this thread.
     #[inline(always)]
     pub unsafe fn zero4() {
         asm!(
@@ -175,29 +175,12 @@ mod tiles {
         );
     }
 
-    /// Tiles 6 and 7 (the B operands of [`dot_planes`]) from `lo` and `hi`, 16 rows of 64
-    /// bytes each.
-    ///
-    /// # Safety
-    /// [`configure_k64`] ran on this thread; each pointer covers 1 KiB.
-    #[inline(always)]
-    pub unsafe fn load_planes(lo: *const u8, hi: *const u8) {
-        asm!(
-            "tileloadd tmm6, [{lo} + {s}*1]",
-            "tileloadd tmm7, [{hi} + {s}*1]",
-            lo = in(reg) lo,
-            hi = in(reg) hi,
-            s = in(reg) 64usize,
-            options(nostack, readonly),
-        );
-    }
-
     /// K = 64, accumulator pair `P` (0 or 1): `C[2P] += A · Blo` (signed by unsigned bytes),
     /// `C[2P + 1] += A · Bhi` (signed by signed), `A` (tile `4 + P`) 16 rows of 64 bytes at
-    /// `a`, the B tiles those [`load_planes`] left.
+    /// `a`, the B tiles `load2::<6, 7>` left.
     ///
     /// # Safety
-    /// [`load_planes`] ran on this thread since [`configure_k64`]; `a` covers 1 KiB.
+    /// `load2::<6, 7>` ran on this thread since the [`super::Tiles`]`<64>` was loaded; `a` covers 1 KiB.
     #[inline(always)]
     pub unsafe fn dot_planes<const P: usize>(a: *const u8) {
         asm!(
@@ -216,7 +199,7 @@ mod tiles {
     /// Tiles 0-1 (`pairs` 1) or 0-3 (`pairs` 2) to `c`, 1 KiB apart (rows of 64 bytes).
     ///
     /// # Safety
-    /// [`configure_k64`] ran on this thread; `c` covers `2 * pairs` KiB.
+    /// a [`super::Tiles`]`<64>` is loaded on this thread; `c` covers `2 * pairs` KiB.
     #[inline(always)]
     pub unsafe fn store4(c: *mut u8, pairs: usize) {
         asm!(
@@ -260,35 +243,39 @@ mod tiles {
     /// Tiles 0 and 1 (the accumulators) to zero.
     ///
     /// # Safety
-    /// [`configure`] ran on this thread.
+    /// a [`super::Tiles`]`<32>` is loaded on this thread.
     #[inline(always)]
     pub unsafe fn zero_acc() {
         asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
     }
 
-    /// Tiles 4 and 5 (the B operands of [`dot2_b`]) from `b0` and `b1` (K / 4 rows of 64
-    /// unsigned bytes, row stride 64), kept for several products.
+    /// Tiles `X` and `Y` from `p0` and `p1` (rows of 64 bytes, 64 apart), kept for several
+    /// products: the B operands, tiles 4 and 5 of [`dot2_b`] (K / 4 rows of 64 unsigned
+    /// bytes) or 6 and 7 of [`dot_planes`] (16 rows each).
     ///
     /// # Safety
-    /// [`configure`] ran on this thread; the pointers cover the rows read.
+    /// a [`super::Tiles`] (32 or 64) is loaded on this thread, with tiles `X` and `Y`
+    /// configured; the pointers cover the rows read.
     #[inline(always)]
-    pub unsafe fn load_b(b0: *const u8, b1: *const u8) {
+    pub unsafe fn load2<const X: usize, const Y: usize>(p0: *const u8, p1: *const u8) {
         asm!(
-            "tileloadd tmm4, [{b0} + {sb}*1]",
-            "tileloadd tmm5, [{b1} + {sb}*1]",
-            b0 = in(reg) b0,
-            b1 = in(reg) b1,
-            sb = in(reg) 64usize,
+            "tileloadd tmm{x}, [{p0} + {s}*1]",
+            "tileloadd tmm{y}, [{p1} + {s}*1]",
+            p0 = in(reg) p0,
+            p1 = in(reg) p1,
+            s = in(reg) 64usize,
+            x = const X,
+            y = const Y,
             options(nostack, readonly),
         );
     }
 
     /// `C0 += A0 · B0`, `C1 += A1 · B1` (tiles 0/2/4 and 1/3/5): `A` is 16 rows of 32 signed
-    /// bytes at `a0`/`a1` (row stride `sa`), `B` the tiles [`load_b`] left; `C[m][n] +=
+    /// bytes at `a0`/`a1` (row stride `sa`), `B` the tiles `load2::<4, 5>` left; `C[m][n] +=
     /// Σ_k A[m][4k..4k+4] · B[k][4n..4n+4]`, exact in i32.
     ///
     /// # Safety
-    /// [`load_b`] ran on this thread since [`configure`]; the pointers cover the rows read.
+    /// `load2::<4, 5>` ran on this thread since the [`super::Tiles`]`<32>` was loaded; the pointers cover the rows read.
     #[inline(always)]
     pub unsafe fn dot2_b(a0: *const u8, a1: *const u8, sa: usize) {
         asm!(
@@ -306,7 +293,7 @@ mod tiles {
     /// Tiles 0 and 1 to `c0` and `c1` (16 rows of 16 i32 each, 64-byte rows).
     ///
     /// # Safety
-    /// [`configure`] ran on this thread; each pointer covers 1 KiB.
+    /// a [`super::Tiles`]`<32>` is loaded on this thread; each pointer covers 1 KiB.
     #[inline(always)]
     pub unsafe fn store_acc(c0: *mut u8, c1: *mut u8) {
         asm!(

@@ -661,7 +661,7 @@ mod kernels {
                     true => _mm512_setzero_ps(),
                     false => x.read(),
                 };
-                amx::load_b(
+                amx::load2::<4, 5>(
                     q.add(8 * (2 * sb)) as *const u8,
                     q.add(8 * (2 * sb + 1)) as *const u8,
                 );

@@ -142,7 +142,7 @@ pub unsafe fn tile<const T: usize>(
         let (wb, ab) = (w.add(i * ROW_BLOCK), p.add(i * ACT_BLOCK));
         amx::zero4();
         for kc in 0..4 {
-            amx::load_planes(wb.add(2048 * kc), wb.add(2048 * kc + 1024));
+            amx::load2::<6, 7>(wb.add(2048 * kc), wb.add(2048 * kc + 1024));
             amx::dot_planes::<0>(ab.add(1024 * kc));
             if T == 2 {
                 amx::dot_planes::<1>(ab.add(ps + 1024 * kc));
