@@ -66,11 +66,10 @@ fn request_tile_data() -> bool {
 pub use tiles::*;
 
 /// The tile configuration for products of `K`-byte rows (32: Q4_K's sub-blocks, 64: Q6_K's
-/// byte planes),
-/// loaded on this thread while the value lives; dropping it gives the tile state back. A
-/// kernel that takes `&Tiles<K>` runs on the configuration it needs, and a task loads it once
-/// for all its calls: `ldtilecfg` and `tilerelease` per 16-row group took ~8% of the Q4_K
-/// tile kernel's time on Qwen2.5-1.5B's prompt (perf, pp256).
+/// byte planes), loaded on this thread while the value lives; dropping it gives the tile
+/// state back. A kernel that takes `&Tiles<K>` runs on the configuration it needs, and a task
+/// loads it once for all its calls: `ldtilecfg` and `tilerelease` per 16-row group took ~8%
+/// of the Q4_K tile kernel's time on Qwen2.5-1.5B's prompt (perf, pp256).
 pub struct Tiles<const K: usize> {
     /// Not `Send`: the configuration belongs to the thread that loaded it.
     _thread: core::marker::PhantomData<*const ()>,

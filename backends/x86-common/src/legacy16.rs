@@ -295,9 +295,11 @@ pub fn terms<'a>(
             // Q4_1's offsets are 0: not summed (1.5% of a 16-sequence SmolLM2 step, on the
             // calling thread while the others wait).
             t.offs = [0; 8];
-            for (l, o) in t.offs.iter_mut().enumerate().filter(|_| scale != 0) {
-                let q = &y[yq0 + 4 * l..][..4];
-                *o = scale * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
+            if scale != 0 {
+                for (l, o) in t.offs.iter_mut().enumerate() {
+                    let q = &y[yq0 + 4 * l..][..4];
+                    *o = scale * q.iter().map(|&v| v as i8 as i32).sum::<i32>();
+                }
             }
             t.dy = h(y);
             t.sy = if dt == DType::Q4_1 { h(&y[2..]) } else { 0.0 };

@@ -69,16 +69,14 @@ pub unsafe fn pack_rows(w: *const u8, ws: usize, nb: usize, dst: *mut u8) {
             let x = w.add(n * ws + i * Q6_K_B);
             // The codes in element order (as `gemm_q6k_t16` stores them).
             let b = crate::kq512::q6k_decode(x);
-            let mut codes = [0u8; 256];
-            for k in 0..4 {
-                _mm512_storeu_si512(codes.as_mut_ptr().add(64 * k) as *mut _, b.u[k]);
-            }
             let sc = x.add(192) as *const i8;
             for m in 0..8 {
                 // Elements 32m .. 32m + 32: sub-blocks 2m and 2m + 1.
-                let q = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
-                    codes.as_ptr().add(32 * m) as *const __m256i
-                ));
+                let u = b.u[m / 2];
+                let q = _mm512_cvtepu8_epi16(match m % 2 {
+                    0 => _mm512_castsi512_si256(u),
+                    _ => _mm512_extracti64x4_epi64::<1>(u),
+                });
                 let s = _mm512_inserti64x4::<1>(
                     _mm512_castsi256_si512(_mm256_set1_epi16(*sc.add(2 * m) as i16)),
                     _mm256_set1_epi16(*sc.add(2 * m + 1) as i16),
