@@ -110,6 +110,9 @@ pub struct Exec {
     /// and the cache layer of each MoE node, by its gate weight's index in the program.
     experts: std::cell::RefCell<Option<crate::experts::ExpertCache>>,
     expert_layers: std::collections::HashMap<usize, usize>,
+    /// Posts the weights of the next matrix product to the pool's idle workers (see
+    /// [`Exec::warm_weight`]); `None`: no pool workers, or off (MOLLM_WARM=0).
+    warmer: Option<crate::pool::Warmer>,
 }
 
 /// Activation memory: a host buffer a backend lent (`buffer_alloc` + `buffer_host_ptr`), or
@@ -210,6 +213,10 @@ impl Drop for Exec {
 /// 0.66 MB matrix), so only an expert that stays in its slot long enough earns it back.
 const SLOT_REPACK_AFTER: u32 = 8;
 
+/// The most bytes of a weight posted for warming: what a worker's L2 takes beside its work
+/// (the next product starts long before that much streams in a decode gap).
+const WARM_MAX: usize = 1 << 20;
+
 /// A call's inputs, outputs and attributes.
 pub(crate) type Call<'a> = (&'a [TensorDesc], &'a [TensorDesc], &'a OpParams);
 
@@ -244,6 +251,7 @@ impl Exec {
             retired: Default::default(),
             repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
             experts: Default::default(),
+            warmer: None,
             expert_layers: Default::default(),
             profile: match std::env::var("MOLLM_PROFILE").as_deref() {
                 Ok("1") => 1,
@@ -449,6 +457,31 @@ impl Exec {
         self.retired = cache.retired();
         self.experts = std::cell::RefCell::new(Some(cache));
         self.expert_layers = layers;
+    }
+
+    /// Lets [`Exec::warm_weight`] post to `pool`'s idle workers (unless MOLLM_WARM=0).
+    pub fn set_warmer(&mut self, pool: &crate::pool::Pool) {
+        self.warmer = (std::env::var("MOLLM_WARM").as_deref() != Ok("0")).then(|| pool.warmer());
+    }
+
+    /// The memory a product with `w` reads first (up to [`WARM_MAX`] bytes of the copy a
+    /// backend prepared in host memory, or of the weight itself), posted to the pool's idle
+    /// workers: the serial ops before that product run while the weight streams into their
+    /// caches, instead of the memory bus idling (a decode step's gaps: norms, rope, attention).
+    pub(crate) fn warm_weight(&self, w: &Weight) {
+        let Some(warmer) = &self.warmer else { return };
+        if w.cache_slot {
+            return;
+        }
+        let d = match self.prepared.borrow().get(&(w.desc.data as usize)) {
+            // A device backend's copy is not in host memory (its descriptor keeps the host
+            // address of the original, which the product does not read).
+            Some(Some((_, d))) if d.data == w.desc.data => return,
+            Some(Some((_, d))) => *d,
+            _ => w.desc,
+        };
+        let bytes = (d.ne[1].max(1) * d.nb[1]).clamp(0, WARM_MAX as i64) as usize;
+        warmer.warm(d.data, bytes);
     }
 
     /// The cache layer of the MoE node whose gate weight is `gate`, when a cache is on.

@@ -9,7 +9,7 @@
 
 use abi::{HostApi, TaskFn};
 use core::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -61,6 +61,16 @@ struct Shared {
     sleepers: AtomicU32,
     sleep_lock: Mutex<()>,
     wake: Condvar,
+    /// Memory the next job will read ([`Warmer`]): an idle worker brings it into its cache.
+    warm: WarmHint,
+}
+
+/// A range posted by [`Warmer::warm`]; `seq` changes with every post.
+#[derive(Default)]
+struct WarmHint {
+    seq: AtomicU64,
+    addr: AtomicUsize,
+    len: AtomicUsize,
 }
 
 // SAFETY: the raw pointers in `Job` are used under the protocol described on `Shared`.
@@ -68,10 +78,13 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
-    fn worker(&self) {
+    fn worker(&self, index: usize) {
         // The epoch starts at 0: a job or a shutdown published before this thread first runs
         // is seen (loading the epoch here could miss it, and a missed shutdown never ends).
         let mut seen = 0u64;
+        // The warm hint being worked on, how far this worker got through its share, and the
+        // last one finished (a job interrupts warming; it resumes after the job).
+        let (mut warm_cur, mut warm_pos, mut warm_done) = (0u64, 0usize, 0u64);
         loop {
             // Wait for a new epoch: spin, then spin-yield, then sleep.
             let t0 = Instant::now();
@@ -79,6 +92,16 @@ impl Shared {
             loop {
                 if self.epoch.load(Acquire) != seen {
                     break;
+                }
+                let w = self.warm.seq.load(Acquire);
+                if w != warm_done {
+                    if w != warm_cur {
+                        (warm_cur, warm_pos) = (w, 0);
+                    }
+                    if self.warm_share(index, seen, &mut warm_pos) {
+                        warm_done = w;
+                    }
+                    continue;
                 }
                 spins = spins.wrapping_add(1);
                 if spins % 64 == 0 {
@@ -113,6 +136,25 @@ impl Shared {
         }
     }
 
+    /// Worker `index`'s share of the posted range, line by line into its caches, from `pos`
+    /// bytes into the share; stops when a job is published (`pos` says where, and the worker
+    /// goes on after the job). Whether the share is done.
+    fn warm_share(&self, index: usize, seen: u64, pos: &mut usize) -> bool {
+        let (addr, len) = (self.warm.addr.load(Acquire), self.warm.len.load(Acquire));
+        let per = len.div_ceil(self.n_workers.max(1)).next_multiple_of(64);
+        let a = addr.saturating_add(index * per);
+        let b = addr.saturating_add(len).min(a.saturating_add(per));
+        while a.saturating_add(*pos) < b {
+            if self.epoch.load(Relaxed) != seen {
+                return false;
+            }
+            let (p, end) = (a + *pos, (a + *pos + WARM_CHUNK).min(b));
+            (p..end).step_by(64).for_each(prefetch);
+            *pos += end - p;
+        }
+        true
+    }
+
     fn run(&self, n_tasks: u32, task: TaskFn, user: *mut c_void) {
         let _g = self.submit.lock().unwrap_or_else(|e| e.into_inner());
         let job = Job {
@@ -141,6 +183,46 @@ impl Shared {
         while self.refs.load(SeqCst) != 0 {
             std::thread::yield_now();
         }
+    }
+}
+
+/// Lines warmed between checks for a new job.
+const WARM_CHUNK: usize = 4096;
+
+/// A hint that the line at `p` is read soon (never faults, whatever `p` is).
+#[inline(always)]
+fn prefetch(p: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and never faults.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above (PRFM never faults).
+    unsafe {
+        core::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
+
+/// Posts memory a coming `parallel_for` job will read, so that the pool's idle workers bring
+/// it into their caches while the bus would otherwise idle: while the caller does serial work
+/// (the gaps between a decode step's matrix products: norms, rope, attention) and while a
+/// worker waits for the others to finish a job. A published job interrupts warming; a worker
+/// goes on with it after the job, until another range is posted.
+#[derive(Clone)]
+pub struct Warmer(Arc<Shared>);
+
+impl Warmer {
+    pub fn warm(&self, addr: *const u8, len: usize) {
+        let s = &self.0;
+        if s.n_workers == 0 || len == 0 {
+            return;
+        }
+        s.warm.addr.store(addr as usize, Relaxed);
+        s.warm.len.store(len, Relaxed);
+        s.warm.seq.fetch_add(1, Release);
     }
 }
 
@@ -180,13 +262,14 @@ impl Pool {
             sleepers: AtomicU32::new(0),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
+            warm: WarmHint::default(),
         });
         let workers = (1..n)
             .map(|i| {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("mollm-compute-{i}"))
-                    .spawn(move || s.worker())
+                    .spawn(move || s.worker(i - 1))
                     .expect("cannot start compute threads")
             })
             .collect();
@@ -199,6 +282,11 @@ impl Pool {
 
     pub fn n_threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// A handle that posts memory for the idle workers to warm ([`Warmer`]).
+    pub fn warmer(&self) -> Warmer {
+        Warmer(Arc::clone(&self.shared))
     }
 
     /// The host services for a backend. Valid while this pool lives; the engine keeps the pool
@@ -239,6 +327,44 @@ mod tests {
     extern "C" fn count(user: *mut c_void, task: u32) {
         let v = unsafe { &*(user as *const Vec<AtomicUsize>) };
         v[task as usize].fetch_add(1, Relaxed);
+    }
+
+    /// A worker's share of a posted range is warmed to its end, or up to where a job
+    /// interrupts it (and resumes from there); addresses that map nothing do not fault.
+    #[test]
+    fn warming_covers_a_share_stops_for_jobs_and_never_faults() {
+        let pool = Pool::new(3);
+        let buf = vec![1u8; 200_000];
+        let sh = &pool.shared;
+        pool.warmer().warm(buf.as_ptr(), buf.len());
+        let seen = sh.epoch.load(SeqCst);
+        let per = buf.len().div_ceil(2).next_multiple_of(64);
+        let mut pos = 0;
+        assert!(sh.warm_share(0, seen, &mut pos));
+        assert_eq!(pos, per);
+        pos = 0;
+        assert!(sh.warm_share(1, seen, &mut pos));
+        assert_eq!(pos, buf.len() - per);
+        // A job published since `seen`: nothing done, resumable.
+        let mut pos = 4096;
+        assert!(!sh.warm_share(0, seen.wrapping_sub(1), &mut pos));
+        assert_eq!(pos, 4096);
+        assert!(sh.warm_share(0, seen, &mut pos));
+        assert_eq!(pos, per);
+        // Unmapped memory (the first page, the top of the address space): hints only.
+        for addr in [0usize, usize::MAX - (1 << 20)] {
+            pool.warmer().warm(addr as *const u8, 1 << 20);
+            let mut pos = 0;
+            assert!(sh.warm_share(0, seen, &mut pos));
+        }
+        // Jobs still run every task once while the workers warm.
+        let host = pool.host_api();
+        for _ in 0..200 {
+            pool.warmer().warm(buf.as_ptr(), buf.len());
+            let v: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            (host.parallel_for)(host.host_ctx, 64, count, &v as *const _ as *mut c_void);
+            assert!(v.iter().all(|c| c.load(Relaxed) == 1));
+        }
     }
 
     #[test]

@@ -370,6 +370,7 @@ impl<'m> Session<'m> {
         let pool = Pool::new(opts.n_threads);
         let (backends, fallback) = open_backends(opts, &pool)?;
         let mut exec = Exec::with_fallback(backends, fallback)?;
+        exec.set_warmer(&pool);
         let n_ctx = opts.n_ctx.max(1);
         let n_batch = opts.n_batch.max(1);
         let rows = if opts.kv_pool_rows > 0 {

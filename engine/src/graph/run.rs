@@ -80,6 +80,9 @@ pub struct Runner {
     /// one width, and (first query, query count, n_kv) of each.
     seq_tables: Vec<i32>,
     seq_info: Vec<i32>,
+    /// Per product node: the weight of the next product (posted for warming before the node
+    /// runs, see [`Exec::warm_weight`]).
+    warm_next: Vec<Option<usize>>,
 }
 
 impl Runner {
@@ -98,6 +101,7 @@ impl Runner {
             out_groups: Vec::with_capacity(64),
             seq_tables: Vec::new(),
             seq_info: Vec::new(),
+            warm_next: warm_targets(p),
             plan,
         }
     }
@@ -214,6 +218,11 @@ impl Runner {
                 ins[k] = self.desc(p, *s, base);
             }
             let ins = &ins[..node.inputs.len()];
+            // Before a product starts: the next one's weight, which the workers warm when they
+            // run out of this one's tasks and through the gap after it.
+            if let (Some(w), true) = (self.warm_next[i], t <= WARM_TOKENS) {
+                ex.warm_weight(&p.weights[w]);
+            }
             let res = match node.kind {
                 Kind::Abi(Op::MatMul, params) => {
                     let Src::Weight(wi) = node.inputs[0] else {
@@ -429,6 +438,32 @@ impl Runner {
         }
         Ok(())
     }
+}
+
+/// Steps of at most this many tokens warm each product's successor: their products stream
+/// the weights (decoding, alone or in a batch; a single sequence's decode: 4-10% faster on
+/// the four test models). Prompt chunks compute far longer per weight byte: no gain there.
+const WARM_TOKENS: usize = 16;
+
+/// The weight of a matrix product node.
+fn matmul_weight(n: &super::program::PNode) -> Option<usize> {
+    match (n.kind, n.inputs.first()) {
+        (Kind::Abi(Op::MatMul, _), Some(&Src::Weight(w))) => Some(w),
+        _ => None,
+    }
+}
+
+/// Per product node: the weight of the product after it (the last one's: the first one's, of
+/// the next step); `None` for other nodes.
+pub(crate) fn warm_targets(p: &Program) -> Vec<Option<usize>> {
+    let n = &p.nodes;
+    let first = n.iter().find_map(matmul_weight);
+    (0..n.len())
+        .map(|i| {
+            matmul_weight(&n[i])?;
+            n[i + 1..].iter().find_map(matmul_weight).or(first)
+        })
+        .collect()
 }
 
 /// A matmul whose columns run in `groups` (see [`col_groups`]); `None`: one call.

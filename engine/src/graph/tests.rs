@@ -78,6 +78,35 @@ fn builder_graphs_compile_and_round_trip_through_json() {
     assert_eq!(super::program::shape_str(&out.shape), "100, O, 1, 1");
 }
 
+/// Each product posts the next product's weight for warming, the last one the first one's
+/// (the next step's); other nodes post nothing.
+#[test]
+fn each_product_warms_the_next_products_weight() {
+    let p = try_compile(graph()).unwrap();
+    let targets = super::run::warm_targets(&p);
+    let products: Vec<(usize, usize)> = (0..p.nodes.len())
+        .filter_map(|i| match (p.nodes[i].kind, &p.nodes[i].inputs[..]) {
+            (Kind::Abi(abi::Op::MatMul, _), [Src::Weight(w), ..]) => Some((i, *w)),
+            _ => None,
+        })
+        .collect();
+    // Two layers of seven products, and the output.
+    assert_eq!(products.len(), 15);
+    for (k, &(i, _)) in products.iter().enumerate() {
+        let next = products[(k + 1) % products.len()].1;
+        assert_eq!(targets[i], Some(next), "node {}", p.nodes[i].name);
+    }
+    let names: Vec<&str> = products
+        .iter()
+        .map(|&(_, w)| p.weight_names[w].as_str())
+        .collect();
+    assert_eq!(names[..2], ["blk.0.attn_q.weight", "blk.0.attn_k.weight"]);
+    assert_eq!(
+        targets.iter().filter(|t| t.is_some()).count(),
+        products.len()
+    );
+}
+
 /// Replays the plan: at every node, no two values still needed (inputs, the output and
 /// anything read later) overlap.
 #[test]
