@@ -101,8 +101,9 @@ pub struct Exec {
     retired: crate::experts::Retired,
     /// Offer weights to `prepare_weight` (off with MOLLM_REPACK=0).
     repack: bool,
-    /// MOLLM_PROFILE=1: keep per-format, per-backend times in [`OpStats::detail`];
-    /// MOLLM_PROFILE=2 also splits them by the first input's shape.
+    /// MOLLM_PROFILE=1: time every call, per op and per format and backend
+    /// ([`OpStats::detail`]); MOLLM_PROFILE=2 also splits them by the first input's shape;
+    /// 0: calls are not timed.
     profile: u8,
     /// The graph executor's activation memory (see [`Exec::arena`]).
     arena: std::cell::RefCell<ArenaMem>,
@@ -345,35 +346,39 @@ impl Exec {
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
         b: &Backend,
-        t0: std::time::Instant,
+        t0: Option<std::time::Instant>,
     ) {
+        if self.trace {
+            trace(op, &outputs[0]);
+        }
+        let Some(t0) = t0 else { return };
         let mut st = self.stats.borrow_mut();
         let ns = t0.elapsed().as_nanos() as u64;
         st.calls[op as usize] += 1;
         st.nanos[op as usize] += ns;
-        if self.profile > 0 {
-            let mut dt = inputs
-                .first()
-                .and_then(|t| t.dtype())
-                .map(|d| d.to_string())
-                .unwrap_or_default();
-            if let (2, Some(t)) = (self.profile, inputs.first()) {
-                dt = format!("{dt} {:?}", &t.ne[..t.ndim as usize]);
-            }
-            if inputs.first().is_some_and(|t| t.buffer != 0) {
-                dt.push_str(" (repacked)");
-            }
-            let e = st
-                .detail
-                .entry((op.name(), dt, b.name().to_string()))
-                .or_default();
-            e.0 += 1;
-            e.1 += ns;
+        let mut dt = inputs
+            .first()
+            .and_then(|t| t.dtype())
+            .map(|d| d.to_string())
+            .unwrap_or_default();
+        if let (2, Some(t)) = (self.profile, inputs.first()) {
+            dt = format!("{dt} {:?}", &t.ne[..t.ndim as usize]);
         }
-        drop(st);
-        if self.trace {
-            trace(op, &outputs[0]);
+        if inputs.first().is_some_and(|t| t.buffer != 0) {
+            dt.push_str(" (repacked)");
         }
+        let e = st
+            .detail
+            .entry((op.name(), dt, b.name().to_string()))
+            .or_default();
+        e.0 += 1;
+        e.1 += ns;
+    }
+
+    /// The start of a call, where calls are timed (MOLLM_PROFILE; a decode step makes hundreds
+    /// of calls, so the clock is not read otherwise).
+    fn clock(&self) -> Option<std::time::Instant> {
+        (self.profile > 0).then(std::time::Instant::now)
     }
 
     /// [`Exec::call`], first offering backend `first.0` the inputs `first.1` (a weight it
@@ -386,7 +391,7 @@ impl Exec {
         params: OpParams,
         first: Option<(usize, &[TensorDesc])>,
     ) -> Result<()> {
-        let t0 = std::time::Instant::now();
+        let t0 = self.clock();
         if let Some((bi, ins)) = first {
             let b = &self.backends[bi];
             if b.try_compute(op, ins, outputs, params)? {
@@ -517,7 +522,7 @@ impl Exec {
         if let (Some((bi, d)), true) = (prepared, w.cache_slot) {
             // Repacked in place: the file's layout is gone, so no other backend can take the
             // call (the one that repacked it takes every call it prepared for).
-            let (t0, b) = (std::time::Instant::now(), &self.backends[bi]);
+            let (t0, b) = (self.clock(), &self.backends[bi]);
             let ins = [d, x];
             if b.try_compute(Op::MatMul, &ins, &[out], params)? {
                 self.record(Op::MatMul, &ins, &[out], b, t0);
