@@ -85,18 +85,17 @@ pub struct Exec {
     /// eval-callback output when chasing a numerics difference).
     trace: bool,
     /// Weights prepared by a backend, by data address: (backend index, descriptor).
-    prepared: std::cell::RefCell<std::collections::HashMap<usize, Option<(usize, TensorDesc)>>>,
+    prepared: std::cell::RefCell<AddrMap<Option<(usize, TensorDesc)>>>,
     /// Expert-cache slot weights a backend repacked in place, by data address (`None`: none
     /// would); an entry goes when its slot gets another expert.
-    slot_prepared:
-        std::cell::RefCell<std::collections::HashMap<usize, Option<(usize, TensorDesc)>>>,
+    slot_prepared: std::cell::RefCell<AddrMap<Option<(usize, TensorDesc)>>>,
     /// Uses of a cache slot's matrix on the file's layout before it is repacked in place
     /// (MOLLM_SLOT_REPACK_AFTER, default [`SLOT_REPACK_AFTER`]); `None`: never
     /// (MOLLM_SLOT_REPACK=0).
     slot_repack_after: Option<u32>,
     /// Uses of slot weights on the file's layout so far (a repack comes after
     /// [`SLOT_REPACK_AFTER`]).
-    slot_seen: std::cell::RefCell<std::collections::HashMap<usize, u32>>,
+    slot_seen: std::cell::RefCell<AddrMap<u32>>,
     /// The expert cache's slots that changed tenant (their repacks are stale).
     retired: crate::experts::Retired,
     /// Offer weights to `prepare_weight` (off with MOLLM_REPACK=0).
@@ -217,6 +216,30 @@ const SLOT_REPACK_AFTER: u32 = 8;
 /// The most bytes of a weight posted for warming: what a worker's L2 takes beside its work
 /// (the next product starts long before that much streams in a decode gap).
 const WARM_MAX: usize = 1 << 20;
+
+/// Maps keyed by a weight's address, looked up once or twice per matrix product: hashed with
+/// one multiplication instead of SipHash (the addresses are the engine's own, not input).
+type AddrMap<V> = std::collections::HashMap<usize, V, std::hash::BuildHasherDefault<AddrHash>>;
+
+#[derive(Default)]
+struct AddrHash(u64);
+
+impl std::hash::Hasher for AddrHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, x: usize) {
+        // Fibonacci hashing: the high bits mix every bit of the address.
+        self.0 = (x as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(32);
+    }
+}
 
 /// A call's inputs, outputs and attributes.
 pub(crate) type Call<'a> = (&'a [TensorDesc], &'a [TensorDesc], &'a OpParams);

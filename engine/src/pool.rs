@@ -65,8 +65,10 @@ struct Shared {
     warm: WarmHint,
 }
 
-/// A range posted by [`Warmer::warm`]; `seq` changes with every post.
+/// A range posted by [`Warmer::warm`]; `seq` changes with every post. A cache line of its own:
+/// the workers poll it beside the epoch.
 #[derive(Default)]
+#[repr(align(64))]
 struct WarmHint {
     seq: AtomicU64,
     addr: AtomicUsize,
