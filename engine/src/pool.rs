@@ -150,7 +150,8 @@ impl Shared {
             if self.epoch.load(Relaxed) != seen {
                 return false;
             }
-            let (p, end) = (a + *pos, (a + *pos + WARM_CHUNK).min(b));
+            let p = a + *pos;
+            let end = p.saturating_add(WARM_CHUNK).min(b);
             (p..end).step_by(64).for_each(prefetch);
             *pos += end - p;
         }
