@@ -69,6 +69,19 @@ pub struct BenchArgs {
     pub kv_type: crate::common::KvType,
     #[command(flatten)]
     pub experts: crate::common::ExpertArgs,
+    /// Decode rows: after every step, the bandwidth probe reads a slice of its buffer on the
+    /// same threads, timed apart from the step, so that the weights' GB/s is set against the
+    /// bandwidth of the same seconds (`read_share_between`: per run, the steps' weight GB/s
+    /// over the slices' GB/s; the median over the runs). Steps are timed without the slices;
+    /// the buffer counts in the peak RSS.
+    #[arg(long)]
+    pub probe_between: bool,
+    /// MiB the probe's buffer holds (--probe-between).
+    #[arg(long, default_value_t = 1024, requires = "probe_between")]
+    pub probe_mb: usize,
+    /// MiB read after each step (--probe-between).
+    #[arg(long, default_value_t = 64, requires = "probe_between")]
+    pub probe_slice_mb: usize,
     /// No progress display.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -95,6 +108,14 @@ impl Test {
         }
     }
     /// Tokens one run produces (all sequences together).
+    /// Decode steps of one run (0 for prompt rows).
+    fn steps(self) -> usize {
+        match self {
+            Test::Prompt(_) => 0,
+            Test::Gen(g) | Test::Multi { gen: g, .. } => g,
+        }
+    }
+
     fn n_tokens(self) -> usize {
         match self {
             Test::Prompt(n) | Test::Gen(n) => n,
@@ -114,6 +135,18 @@ impl Test {
 struct Sample {
     secs: f64,
     first_secs: f64,
+    /// Bytes the probe read between the steps (`--probe-between`), and in how long.
+    probe_bytes: u64,
+    probe_secs: f64,
+}
+
+/// After a step: a slice of the probe, timed apart (its time comes off the run's).
+fn probe_after_step(s: &Session, probe: Option<&crate::probe::Slices>, smp: &mut Sample) {
+    if let Some(p) = probe {
+        let (bytes, secs) = p.read(&s.host_api());
+        smp.probe_bytes += bytes;
+        smp.probe_secs += secs;
+    }
 }
 
 fn random_tokens(rng: &mut Rng, model: &Model, n: usize) -> Vec<u32> {
@@ -127,18 +160,28 @@ fn random_tokens(rng: &mut Rng, model: &Model, n: usize) -> Vec<u32> {
     v
 }
 
-fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliResult<Sample> {
+fn run_once(
+    s: &mut Session,
+    model: &Model,
+    test: Test,
+    rng: &mut Rng,
+    probe: Option<&crate::probe::Slices>,
+) -> CliResult<Sample> {
+    let mut smp = Sample {
+        secs: 0.0,
+        first_secs: 0.0,
+        probe_bytes: 0,
+        probe_secs: 0.0,
+    };
     s.truncate(0);
     let toks = random_tokens(rng, model, test.n_tokens());
     match test {
         Test::Prompt(_) => {
             let t0 = Instant::now();
             s.eval(&toks, true)?;
-            let secs = t0.elapsed().as_secs_f64();
-            Ok(Sample {
-                secs,
-                first_secs: secs,
-            })
+            smp.secs = t0.elapsed().as_secs_f64();
+            smp.first_secs = smp.secs;
+            Ok(smp)
         }
         Test::Multi { gen, seqs, depth } => {
             let mut all: Vec<engine::Sequence> =
@@ -156,7 +199,6 @@ fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliRes
             }
             let steps: Vec<Vec<u32>> = (0..gen).map(|_| random_tokens(rng, model, seqs)).collect();
             let t0 = Instant::now();
-            let mut first_secs = 0.0;
             for (i, toks) in steps.iter().enumerate() {
                 let mut work: Vec<engine::Work> = all
                     .iter_mut()
@@ -169,27 +211,24 @@ fn run_once(s: &mut Session, model: &Model, test: Test, rng: &mut Rng) -> CliRes
                     .collect();
                 s.step(&mut work)?;
                 if i == 0 {
-                    first_secs = t0.elapsed().as_secs_f64();
+                    smp.first_secs = t0.elapsed().as_secs_f64();
                 }
+                probe_after_step(s, probe, &mut smp);
             }
-            Ok(Sample {
-                secs: t0.elapsed().as_secs_f64(),
-                first_secs,
-            })
+            smp.secs = t0.elapsed().as_secs_f64() - smp.probe_secs;
+            Ok(smp)
         }
         Test::Gen(_) => {
             let t0 = Instant::now();
-            let mut first_secs = 0.0;
             for (i, &t) in toks.iter().enumerate() {
                 s.eval(&[t], true)?;
                 if i == 0 {
-                    first_secs = t0.elapsed().as_secs_f64();
+                    smp.first_secs = t0.elapsed().as_secs_f64();
                 }
+                probe_after_step(s, probe, &mut smp);
             }
-            Ok(Sample {
-                secs: t0.elapsed().as_secs_f64(),
-                first_secs,
-            })
+            smp.secs = t0.elapsed().as_secs_f64() - smp.probe_secs;
+            Ok(smp)
         }
     }
 }
@@ -283,6 +322,10 @@ pub fn bench(a: BenchArgs) -> CliResult {
 
     let mut rows = Vec::new();
     let mut rng = Rng::new(a.seed);
+    let weight_bytes = weight_bytes_per_step(&model);
+    if a.probe_between && weight_bytes.is_none() {
+        return Err("--probe-between: a mixture-of-experts step reads only part of its weights; the share is for dense models".into());
+    }
     for &threads in &a.threads {
         for &batch in &a.batch {
             let margs = ModelArgs {
@@ -291,7 +334,12 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 ..base.clone()
             };
             let mut s = margs.session_with_pool(&model, n_ctx, pool)?;
+            let slices = match a.probe_between {
+                true => Some(crate::probe::Slices::new(a.probe_mb, a.probe_slice_mb)?),
+                false => None,
+            };
             for &test in &tests {
+                let probe = slices.as_ref().filter(|_| test.steps() > 0);
                 let total = (a.warmup + a.reps) as u64;
                 let bar = crate::progress::bar(a.quiet, total, &test.name());
                 let mut samples = Vec::new();
@@ -300,7 +348,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
                     if i == a.warmup {
                         before = s.exec().expert_stats();
                     }
-                    let smp = run_once(&mut s, &model, test, &mut rng)?;
+                    let smp = run_once(&mut s, &model, test, &mut rng, probe)?;
                     if i >= a.warmup {
                         samples.push(smp);
                     }
@@ -311,6 +359,20 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 if let (Some(b), Some(now)) = (before, s.exec().expert_stats()) {
                     let tokens = (test.n_tokens() * a.reps) as f64;
                     r["experts"] = crate::common::expert_json(&b, &now, tokens);
+                }
+                if let (Some(bytes), Some(_)) = (weight_bytes, probe) {
+                    let probe_gbps: Vec<f64> = samples
+                        .iter()
+                        .map(|x| x.probe_bytes as f64 / x.probe_secs.max(1e-9) / 1e9)
+                        .collect();
+                    let shares: Vec<f64> = samples
+                        .iter()
+                        .zip(&probe_gbps)
+                        .map(|(x, p)| bytes as f64 * test.steps() as f64 / x.secs / 1e9 / p)
+                        .collect();
+                    r["probe_between_gbps"] = probe_gbps.into();
+                    r["read_share_between"] = median(&shares).into();
+                    r["read_shares_between"] = shares.into();
                 }
                 rows.push(r);
             }
@@ -516,6 +578,24 @@ fn print_table(rows: &[serde_json::Value]) {
                 (Some(g), None) => format!("{g:.1}"),
                 _ => "-".into(),
             },
+        );
+    }
+    for r in rows.iter().filter(|r| r["read_share_between"].is_f64()) {
+        let pct = |v: &serde_json::Value| match v.as_f64() {
+            Some(x) => format!("{:.1}%", 100.0 * x),
+            None => "-".into(),
+        };
+        let list = |v: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> String| {
+            v.as_array()
+                .map(|a| a.iter().map(f).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default()
+        };
+        println!(
+            "{}: weights at {} of the probe read between the steps (median; runs {}; probe {} GB/s)",
+            test_name(r),
+            pct(&r["read_share_between"]),
+            list(&r["read_shares_between"], &pct),
+            list(&r["probe_between_gbps"], &|v| format!("{:.1}", v.as_f64().unwrap_or(0.0))),
         );
     }
     let decode = rows.iter().any(|r| r["weight_read_gbps"].is_f64());

@@ -474,5 +474,78 @@ fn probe_keeps_the_read_bandwidth_and_bench_states_its_share() {
     let o = run(&bench);
     assert!(stdout(&o).contains("%) |"), "{}", stdout(&o));
 
+    // --probe-between: a slice of the probe after every step, its GB/s per run, and the
+    // steps' weight GB/s over it (the steps timed without the slices).
+    let between = [
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "--warmup",
+        "0",
+        "--reps",
+        "2",
+        "--probe-between",
+        "--probe-mb",
+        "64",
+        "--probe-slice-mb",
+        "8",
+    ];
+    let o = run(&[&between[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &rows[0];
+    let (probe, shares) = (
+        r["probe_between_gbps"].as_array().unwrap(),
+        r["read_shares_between"].as_array().unwrap(),
+    );
+    assert!(probe.len() == 2 && shares.len() == 2, "{r}");
+    for ((p, sh), ts) in probe
+        .iter()
+        .zip(shares)
+        .zip(r["samples_ts"].as_array().unwrap())
+    {
+        let (p, sh, ts) = (
+            p.as_f64().unwrap(),
+            sh.as_f64().unwrap(),
+            ts.as_f64().unwrap(),
+        );
+        assert!(p > 0.1, "{r}");
+        let want = bytes.unwrap() as f64 * ts / 1e9 / p;
+        assert!((sh - want).abs() < 1e-9 * want.max(1.0), "{r}");
+    }
+    assert!(r["read_share_between"].as_f64() > Some(0.0), "{r}");
+    let o = run(&between);
+    assert!(
+        stdout(&o).contains("of the probe read between the steps"),
+        "{}",
+        stdout(&o)
+    );
+    // Prompt rows take no slices; a flag of the probe alone is refused.
+    let o = run(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "--warmup",
+        "0",
+        "--reps",
+        "1",
+        "--probe-between",
+        "--json",
+    ]);
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(rows[0]["read_share_between"].is_null(), "{}", rows[0]);
+    assert_clean_error(
+        &mollm(&["bench", "--probe-slice-mb", "8"]),
+        "--probe-between",
+    );
+
     assert_clean_error(&mollm(&["devices", "--probe-mb", "8"]), "--probe");
 }

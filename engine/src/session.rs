@@ -408,6 +408,11 @@ impl<'m> Session<'m> {
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
     }
+    /// The session's compute pool as host services (`parallel_for` on its threads): for work
+    /// that must run on the threads decoding runs on, between steps (`bench --probe-between`).
+    pub fn host_api(&self) -> abi::HostApi {
+        self.pool.host_api()
+    }
     pub fn backend_names(&self) -> Vec<&str> {
         self.exec.backend_names()
     }
