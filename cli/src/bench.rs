@@ -335,7 +335,11 @@ pub fn bench(a: BenchArgs) -> CliResult {
             };
             let mut s = margs.session_with_pool(&model, n_ctx, pool)?;
             let slices = match a.probe_between {
-                true => Some(crate::probe::Slices::new(a.probe_mb, a.probe_slice_mb, s.n_threads())?),
+                true => Some(crate::probe::Slices::new(
+                    a.probe_mb,
+                    a.probe_slice_mb,
+                    s.n_threads(),
+                )?),
                 false => None,
             };
             for &test in &tests {

@@ -134,7 +134,10 @@ fn pass_gbps(buf: &[u64], threads: usize, pf: usize) -> f64 {
         .max(32);
     let t0 = Instant::now();
     let sum = std::thread::scope(|s| {
-        let hs: Vec<_> = buf.chunks(per).map(|c| s.spawn(move || read(c, pf))).collect();
+        let hs: Vec<_> = buf
+            .chunks(per)
+            .map(|c| s.spawn(move || read(c, pf)))
+            .collect();
         hs.into_iter()
             .fold(0u64, |a, h| a.wrapping_add(h.join().unwrap_or(0)))
     });

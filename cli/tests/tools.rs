@@ -457,6 +457,9 @@ fn probe_keeps_the_read_bandwidth_and_bench_states_its_share() {
         serde_json::from_str(&std::fs::read_to_string(cache.join("mollm/probe.json")).unwrap())
             .unwrap();
     assert!(kept["read_gbps"].as_f64() > Some(0.1), "{kept}");
+    // The way that read fastest: the loads alone (0) or a prefetch 4 or 16 KiB ahead.
+    let pf = kept["read_prefetch_bytes"].as_u64();
+    assert!([Some(0), Some(4096), Some(16384)].contains(&pf), "{kept}");
 
     let o = run(&[&bench[..], &["--json"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
