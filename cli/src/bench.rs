@@ -107,7 +107,6 @@ impl Test {
             Test::Multi { gen, seqs, depth } => format!("tg{gen} x{seqs} @ d{depth}"),
         }
     }
-    /// Tokens one run produces (all sequences together).
     /// Decode steps of one run (0 for prompt rows).
     fn steps(self) -> usize {
         match self {
@@ -116,6 +115,7 @@ impl Test {
         }
     }
 
+    /// Tokens one run produces (all sequences together).
     fn n_tokens(self) -> usize {
         match self {
             Test::Prompt(n) | Test::Gen(n) => n,
