@@ -233,6 +233,11 @@ fn run_once(
     }
 }
 
+/// GB/s of weights read at `steps_per_sec` decode steps of `bytes` each.
+fn weight_gbps(bytes: u64, steps_per_sec: f64) -> f64 {
+    bytes as f64 * steps_per_sec / 1e9
+}
+
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
@@ -372,7 +377,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
                     let shares: Vec<f64> = samples
                         .iter()
                         .zip(&probe_gbps)
-                        .map(|(x, p)| bytes as f64 * test.steps() as f64 / x.secs / 1e9 / p)
+                        .map(|(x, p)| weight_gbps(bytes, test.steps() as f64 / x.secs) / p)
                         .collect();
                     r["probe_between_gbps"] = probe_gbps.into();
                     r["read_share_between"] = median(&shares).into();
@@ -391,7 +396,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         };
         if r["n_gen"].as_u64() > Some(0) {
             let steps = r["median_ts"].as_f64().unwrap_or(0.0) / seqs.max(1) as f64;
-            let gbps = bytes as f64 * steps / 1e9;
+            let gbps = weight_gbps(bytes, steps);
             r["weight_read_gbps"] = gbps.into();
             r["read_share"] = probed.map(|p| gbps / p).into();
         }

@@ -254,12 +254,18 @@ pub fn devices(a: DevicesArgs) -> Res {
         let p = crate::probe::measure(a.probe_mb.max(1), threads)?;
         let kept = crate::probe::save(&p)?;
         println!(
-            "memory read bandwidth: {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads (best of {} passes over {} MiB, each with the loads alone and with a prefetch 4 or 16 KiB ahead; the best {}; kept in {})\n",
+            "memory read bandwidth: {:.1} GB/s with 1 thread, {:.1} GB/s with {} threads (best of {} passes over {} MiB, each with the loads alone and with a prefetch {} KiB ahead; the best {}; kept in {})\n",
             p.gbps_one,
             p.gbps_all,
             p.threads,
             crate::probe::PASSES,
             p.mib,
+            crate::probe::PREFETCH
+                .iter()
+                .filter(|&&b| b > 0)
+                .map(|b| (b / 1024).to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
             match p.prefetch {
                 0 => "with the loads alone".to_string(),
                 b => format!("with a prefetch {} KiB ahead", b / 1024),
