@@ -207,7 +207,12 @@ mod kernels {
                         for dj in 0..jn {
                             let j = j0 + dj;
                             if pf {
-                                crate::kq512::prefetch(p.wrapping_add(pfd + (8 * j + t) * 64));
+                                // The block's lines in order, one per load: the loads go
+                                // through the sub-block pairs side by side (lines 8j + t), but
+                                // prefetches in address order ran the 1.5B's decode 1.7%
+                                // faster (24.4 -> 24.9 t/s, 2 interleaved rounds).
+                                let l = j0 * 8 + t * jn + dj;
+                                crate::kq512::prefetch(p.wrapping_add(pfd + l * 64));
                             }
                             let wv = _mm512_load_si512(p.add((8 * j + t) * 64) as *const _);
                             let lo = _mm512_and_si512(wv, m4);
