@@ -15,6 +15,8 @@ use std::sync::Mutex;
 pub mod fmatmul;
 pub mod ops;
 pub mod par;
+#[cfg(target_os = "linux")]
+mod slab;
 pub mod wmatmul;
 #[cfg(target_arch = "x86_64")]
 mod wmatmul_x86;
@@ -213,7 +215,7 @@ impl Prepared {
 }
 
 /// Zeroed bytes, 64-byte aligned; large ones are their own anonymous mapping with
-/// transparent huge pages requested (Linux). Or the caller's memory (`prepare_weight_into`),
+/// transparent huge pages requested, middling ones share such mappings ([`slab`]) (Linux). Or the caller's memory (`prepare_weight_into`),
 /// which is never freed here.
 struct AlignedBytes {
     ptr: *mut u8,
@@ -229,6 +231,11 @@ enum Origin {
     Map {
         base: *mut libc::c_void,
         size: usize,
+    },
+    /// A piece of the slab mapped at `base`.
+    #[cfg(target_os = "linux")]
+    Slab {
+        base: usize,
     },
 }
 
@@ -249,7 +256,16 @@ impl AlignedBytes {
     fn try_zeroed(len: usize) -> Option<AlignedBytes> {
         #[cfg(target_os = "linux")]
         {
-            const HUGE: usize = 2 << 20;
+            const HUGE: usize = slab::MAX;
+            if (slab::MIN..HUGE).contains(&len) {
+                if let Some((ptr, base)) = slab::SLABS.alloc(len) {
+                    return Some(AlignedBytes {
+                        ptr,
+                        len,
+                        origin: Origin::Slab { base },
+                    });
+                }
+            }
             if len >= HUGE {
                 let size = len.next_multiple_of(HUGE) + HUGE;
                 // SAFETY: a fresh private anonymous mapping (zeroed, untouched).
@@ -309,6 +325,8 @@ impl Drop for AlignedBytes {
             Origin::Map { base, size } => unsafe {
                 libc::munmap(base, size);
             },
+            #[cfg(target_os = "linux")]
+            Origin::Slab { base } => slab::SLABS.free(base),
         }
     }
 }
