@@ -267,30 +267,7 @@ impl AlignedBytes {
                 }
             }
             if len >= HUGE {
-                let size = len.next_multiple_of(HUGE) + HUGE;
-                // SAFETY: a fresh private anonymous mapping (zeroed, untouched).
-                let base = unsafe {
-                    libc::mmap(
-                        core::ptr::null_mut(),
-                        size,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                        -1,
-                        0,
-                    )
-                };
-                if base != libc::MAP_FAILED {
-                    let start = (base as usize).next_multiple_of(HUGE);
-                    // Weights are streamed once per token: 2 MiB pages spare the TLB walks.
-                    // The pages are untouched, so the repacking writes fault in huge ones.
-                    // SAFETY: advice on memory this mapping owns.
-                    unsafe {
-                        libc::madvise(
-                            start as *mut libc::c_void,
-                            len.next_multiple_of(HUGE),
-                            libc::MADV_HUGEPAGE,
-                        )
-                    };
+                if let Some((base, size, start)) = slab::map_huge(len) {
                     return Some(AlignedBytes {
                         ptr: start as *mut u8,
                         len,

@@ -79,7 +79,23 @@ impl Slabs {
 }
 
 fn map() -> Option<Slab> {
-    let size = SLAB + HUGE;
+    let (base, size, start) = map_huge(SLAB)?;
+    Some(Slab {
+        base: base as usize,
+        size,
+        next: start,
+        end: start + SLAB,
+        live: 0,
+    })
+}
+
+/// A fresh anonymous mapping holding `len` bytes (rounded up to whole 2 MiB pages) at a 2 MiB
+/// boundary, with transparent huge pages requested for them: the mapping, its size and the
+/// aligned start. Weights are streamed once per token: 2 MiB pages spare the TLB walks. The
+/// pages are untouched, so the first writes (the repack) fault in huge ones.
+pub fn map_huge(len: usize) -> Option<(*mut libc::c_void, usize, usize)> {
+    let len = len.next_multiple_of(HUGE);
+    let size = len + HUGE;
     // SAFETY: a fresh private anonymous mapping (zeroed, untouched).
     let base = unsafe {
         libc::mmap(
@@ -95,16 +111,9 @@ fn map() -> Option<Slab> {
         return None;
     }
     let start = (base as usize).next_multiple_of(HUGE);
-    // SAFETY: advice on memory this mapping owns; untouched, so the first writes fault in
-    // huge pages.
-    unsafe { libc::madvise(start as *mut libc::c_void, SLAB, libc::MADV_HUGEPAGE) };
-    Some(Slab {
-        base: base as usize,
-        size,
-        next: start,
-        end: start + SLAB,
-        live: 0,
-    })
+    // SAFETY: advice on memory this mapping owns.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+    Some((base, size, start))
 }
 
 #[cfg(test)]
