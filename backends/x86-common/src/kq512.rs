@@ -70,6 +70,14 @@ pub unsafe fn prefetch(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
 }
 
+/// [`prefetch`] where it stands: an `asm` statement, which the compiler keeps in its place
+/// among the loads around it. (LLVM moves the prefetch intrinsic freely: it sank the Q6_K pair
+/// kernel's eight prefetches, written one per product, back into one burst at the block's end.)
+#[inline(always)]
+pub unsafe fn prefetch_here(p: *const u8) {
+    core::arch::asm!("prefetcht1 [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+}
+
 /// Whether the 16-row Q4_K GEMV ([`crate::q4k16`]) prefetches its weights 16 KiB ahead. Not
 /// on AMD's cores: on Zen 4 (2 threads, Qwen2.5-1.5B decode, four interleaved rounds) it
 /// ran at 28-33 t/s with, 34-40 without; the hardware prefetchers keep that stream ahead
@@ -376,11 +384,12 @@ pub unsafe fn vecdot_q6k_pair_cols<const C: usize>(
                 // The block's eight prefetches spread between its products: all eight at the
                 // block's start stalled there waiting for fill buffers (a quarter of the
                 // kernel's samples) and the products behind them left the memory idle.
-                // Spread, the 1.5B's 191 MB output matrix ran 24.5 -> 31.3 GB/s and its Q6_K
-                // ffn_down 26.0 -> 27.6 (`MOLLM_PROFILE=2`, 128 steps, 2 interleaved rounds).
+                // Spread (and kept there by `prefetch_here`), the 1.5B's 191 MB output matrix
+                // ran 24.7 -> 32.0 GB/s and its Q6_K ffn_down 26.4 -> 28.8 (`MOLLM_PROFILE=2`,
+                // 128 steps, 2 interleaved rounds against the previous build).
                 if c == 0 {
-                    prefetch(p0.wrapping_add(64 * k));
-                    prefetch(p1.wrapping_add(64 * k));
+                    prefetch_here(p0.wrapping_add(64 * k));
+                    prefetch_here(p1.wrapping_add(64 * k));
                 }
                 let av = _mm512_loadu_si512(yq.add(64 * k) as *const _);
                 s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(b0.u[k], av), b0.sc[k]);
