@@ -214,9 +214,9 @@ impl Prepared {
     }
 }
 
-/// Zeroed bytes, 64-byte aligned; large ones are their own anonymous mapping with
-/// transparent huge pages requested, middling ones share such mappings ([`slab`]) (Linux). Or the caller's memory (`prepare_weight_into`),
-/// which is never freed here.
+/// Zeroed bytes, 64-byte aligned; on Linux, large ones are their own anonymous mapping with
+/// transparent huge pages requested and middling ones share such mappings ([`slab`]). Or the
+/// caller's memory (`prepare_weight_into`), which is never freed here.
 struct AlignedBytes {
     ptr: *mut u8,
     len: usize,

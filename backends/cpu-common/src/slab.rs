@@ -15,11 +15,12 @@ use std::sync::Mutex;
 
 /// The smallest piece taken from a slab (smaller ones stay on the heap: a few pages).
 pub const MIN: usize = 64 << 10;
-/// Pieces from 2 MiB up have a mapping of their own.
-pub const MAX: usize = 2 << 20;
-/// Bytes of one slab's mapping (2 MiB-aligned inside it).
-const SLAB: usize = 32 << 20;
+/// A huge page.
 const HUGE: usize = 2 << 20;
+/// Pieces from a huge page up have a mapping of their own ([`map_huge`]).
+pub const MAX: usize = HUGE;
+/// Bytes of one slab (2 MiB-aligned inside its mapping).
+const SLAB: usize = 32 << 20;
 
 struct Slab {
     /// The mapping as `mmap` returned it, and its size.
