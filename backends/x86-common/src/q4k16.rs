@@ -456,7 +456,11 @@ mod kernels {
                     for t in 0..8 {
                         let (q0, q1) = col_quads(a, 0, 0, i, j, t);
                         let (a0, a1) = (_mm256_set1_epi32(q0), _mm256_set1_epi32(q1));
-                        crate::kq512::prefetch(p.wrapping_add(PF + (8 * j + t) * 64));
+                        // Pinned (`prefetch_here`): LLVM bunched the intrinsic eight at a
+                        // time. With the AVX2 backend on a Sapphire Rapids VM, the 1.5B's
+                        // decode went 75.6 / 76.2% -> 84.4 / 87.8% of the probe, 22.5 -> 25.1
+                        // t/s (2 interleaved rounds against the previous build).
+                        crate::kq512::prefetch_here(p.wrapping_add(PF + (8 * j + t) * 64));
                         for h in 0..2 {
                             let wv =
                                 _mm256_load_si256(p.add((8 * j + t) * 64 + 32 * h) as *const _);
