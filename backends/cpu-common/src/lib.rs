@@ -256,8 +256,7 @@ impl AlignedBytes {
     fn try_zeroed(len: usize) -> Option<AlignedBytes> {
         #[cfg(target_os = "linux")]
         {
-            const HUGE: usize = slab::MAX;
-            if (slab::MIN..HUGE).contains(&len) {
+            if (slab::MIN..slab::MAX).contains(&len) {
                 if let Some((ptr, base)) = slab::SLABS.alloc(len) {
                     return Some(AlignedBytes {
                         ptr,
@@ -266,7 +265,7 @@ impl AlignedBytes {
                     });
                 }
             }
-            if len >= HUGE {
+            if len >= slab::MAX {
                 if let Some((base, size, start)) = slab::map_huge(len) {
                     return Some(AlignedBytes {
                         ptr: start as *mut u8,
