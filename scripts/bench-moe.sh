@@ -7,8 +7,8 @@
 # Protocol. Before every command the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`,
 # as root), so each starts cold from the disk; 2 threads each.
 # - mollm: `mollm bench -p 0 -n GEN -r 1 --warmup 1 -t 2` with --expert-cache at 5, 10, 25 and
-#   50% of the expert bytes (least-stale with the prefetch back-off, with prefetch always on,
-#   without prefetch; LRU with prefetch on), and the
+#   50% of the expert bytes (next-use with the prefetch back-off, with prefetch always on,
+#   without prefetch; least-stale with the back-off; LRU with prefetch on), and the
 #   default budget (what the memory available leaves after the dense weights and KV cache).
 #   The warm-up run (GEN tokens) fills the expert cache; the row is the measured run after it:
 #   decode tokens/s, hit rate (prefetched experts count as hits), MB read per token.
@@ -69,6 +69,8 @@ def prefetch(e):
 if e is None:
     print("| mollm | %s (all resident) | - | - | %.2f | %.0f | - | - | - | %d |" % (label, r["avg_ts"], float(wall), int(rss_kb) >> 10))
 else:
+    with open(tfile + ".slots", "a") as f:
+        f.write("%d\n" % e["slots"])
     print("| mollm | %s | %s | %s | %.2f | %.0f | %.1f%% | %.0f | %s | %d |" % (
         label, e["policy"], prefetch(e), r["avg_ts"], float(wall),
         100 * e["hit_rate"], e["bytes_read_per_token"] / 1e6,
@@ -81,9 +83,10 @@ for pct in 5 10 25 50; do
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb"
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch on
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch off
+  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy least-stale
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy lru --prefetch on
 done
-mollm_row "default" 
+mollm_row "default" --trace "$tmp/trace.json"
 
 drop
 /usr/bin/time -f "%e %M" -o "$tmp/time" "$llama" -m "$model" -p 0 -n "$gen" -r 1 -t 2 -o json \
@@ -94,3 +97,10 @@ wall, rss_kb = open(sys.argv[1]).read().split()[-2:]
 r = json.load(open(sys.argv[2]))[0]
 print("| llama.cpp | page cache (mmap) | - | - | %.2f | %.0f | - | - | - | %d |" % (r["avg_ts"], float(wall), int(rss_kb) >> 10))
 EOF
+
+# The bound: the default run's routes (the same for every cache: exact kernels, the same
+# tokens) replayed against Belady's MIN at each size's slot count, the fewest expert reads
+# any policy could make there (prefetched or not).
+echo
+slots=$(awk '!seen[$1]++' "$tmp/time.slots" | paste -sd, -)
+python3 "$here/scripts/moe_cache_bound.py" "$tmp/trace.json" --model "$model" --slots "$slots"

@@ -52,9 +52,10 @@ pub struct ExpertArgs {
     /// weights and the KV cache].
     #[arg(long, value_name = "MB")]
     pub expert_cache: Option<usize>,
-    /// Expert cache eviction: least-stale (keeps each layer's last route, evicts by next use)
-    /// or lru (for comparisons).
-    #[arg(long, default_value = "least-stale", value_parser = ["least-stale", "lru"])]
+    /// Expert cache eviction: next-use (evicts the expert expected to be needed farthest ahead,
+    /// from how often its layer uses it and whether its layer's last run did), least-stale
+    /// (keeps each layer's last route, evicts by the layer cycle) or lru (for comparisons).
+    #[arg(long, default_value = "next-use", value_parser = ["next-use", "least-stale", "lru"])]
     pub cache_policy: String,
     /// Expert cache: threads that read experts from the file (demand reads ahead of
     /// prefetches).
@@ -218,7 +219,7 @@ impl ModelArgs {
 
     fn expert_memory(&self) -> engine::experts::ExpertMemory {
         use engine::experts::{ExpertMemory, Policy};
-        let policy = Policy::parse(&self.experts.cache_policy).unwrap_or(Policy::LeastStale);
+        let policy = Policy::parse(&self.experts.cache_policy).unwrap_or(Policy::NextUse);
         match self.experts.expert_cache {
             Some(mb) => ExpertMemory::Cache {
                 bytes: mb << 20,

@@ -559,13 +559,66 @@ fn prefetch_and_trace(model: &std::path::Path) {
     assert_eq!(fixed["experts"]["backoff_passes"], 0);
 
     let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    // The routes replayed against Belady's MIN and LRU: MIN hits at least as often as LRU,
+    // and more slots never hit less.
+    let o = Command::new("python3")
+        .arg(repo().join("scripts/moe_cache_bound.py"))
+        .arg(&trace)
+        .args(["--slots", "4,16,64"])
+        .output()
+        .expect("python3");
     let _ = std::fs::remove_file(&trace);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rates: Vec<(f64, f64)> = out
+        .lines()
+        .filter(|l| l.starts_with("| ") && l[2..].starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| {
+            let c: Vec<&str> = l.split('|').map(str::trim).collect();
+            let pct = |s: &str| s.trim_end_matches('%').parse::<f64>().unwrap();
+            (pct(c[3]), pct(c[4]))
+        })
+        .collect();
+    assert_eq!(rates.len(), 3, "{out}");
+    assert!(rates.iter().all(|&(min, lru)| min >= lru), "{out}");
+    assert!(rates.windows(2).all(|w| w[1].0 >= w[0].0), "{out}");
+    assert!(rates[2].0 > rates[0].0, "{out}");
     let ev = t["traceEvents"].as_array().unwrap();
     let has = |f: &dyn Fn(&Value) -> bool| ev.iter().any(f);
     let name = |e: &Value| e["name"].as_str().unwrap_or("").to_string();
     assert!(has(&|e| e["ph"] == "X"
         && name(e).starts_with("moe L")
         && e["tid"] == 0));
+    // Each MoE layer's span carries its step's route (what scripts/moe_cache_bound.py
+    // replays): distinct experts in order, as many as it says; a one-token decode step's
+    // route is the model's top 2 (make_moe_models.py's n_used).
+    let spans: Vec<&Value> = ev.iter().filter(|e| name(e).starts_with("moe L")).collect();
+    for e in &spans {
+        let a = &e["args"];
+        let route: Vec<u64> = a["route"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no route: {e}"))
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(Some(route.len() as u64), a["experts"].as_u64(), "{e}");
+        assert!(route.windows(2).all(|w| w[0] < w[1]), "{e}");
+        if a["decode"] == true && a["tokens"] == 1 {
+            assert_eq!(route.len(), 2, "{e}");
+        }
+    }
+    assert!(
+        spans.iter().any(|e| e["args"]["decode"] == true),
+        "no decode step traced"
+    );
+    assert!(
+        spans.iter().any(|e| e["args"]["decode"] == false),
+        "no prompt step traced"
+    );
     for kind in ["demand", "prefetch"] {
         assert!(
             has(&|e| e["ph"] == "X" && e["cat"] == kind && e["tid"].as_u64() >= Some(1)),

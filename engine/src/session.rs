@@ -208,7 +208,7 @@ impl Default for SessionOptions {
             kv_pool_rows: 0,
             max_outputs: 1,
             experts: crate::experts::ExpertMemory::Auto {
-                policy: crate::experts::Policy::LeastStale,
+                policy: crate::experts::Policy::NextUse,
             },
             io_workers: 4,
             prefetch: true,

@@ -65,8 +65,14 @@ fn us(at: Instant) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A complete event from `start` to now on the engine thread (`args`: a JSON object's body).
-pub fn span(cat: &'static str, name: impl FnOnce() -> String, start: Instant, args: String) {
+/// A complete event from `start` to now on the engine thread (`args`: a JSON object's body;
+/// `name` and `args` are only formatted while tracing).
+pub fn span(
+    cat: &'static str,
+    name: impl FnOnce() -> String,
+    start: Instant,
+    args: impl FnOnce() -> String,
+) {
     if !enabled() {
         return;
     }
@@ -79,7 +85,7 @@ pub fn span(cat: &'static str, name: impl FnOnce() -> String, start: Instant, ar
         ts,
         dur: us(Instant::now()) - ts,
         id: 0,
-        args,
+        args: args(),
     });
 }
 

@@ -195,6 +195,37 @@ fn least_stale_beats_lru_on_a_cycle_larger_than_the_cache() {
 }
 
 #[test]
+fn next_use_keeps_the_experts_a_layer_uses_most() {
+    // One layer; every run uses expert 0 or 1 (alternating) and one of 2..8 (in turn): 3
+    // slots. Least-stale evicts by the last route, so the 0/1 alternation always misses; the
+    // next-use policy sees 0 and 1 used every other run and the rest every sixth, and keeps 0
+    // and 1.
+    let f = fixture("popular", 1, 8, 8, 8);
+    let route = |pass: usize| -> Vec<usize> {
+        let mut r = vec![pass % 2, 2 + pass % 6];
+        r.sort();
+        r
+    };
+    let run = |policy: Policy| -> u64 {
+        let mut c = cache(&f, 3, policy);
+        for pass in 0..12 {
+            c.begin_layer(0, true);
+            for (e, w) in c.acquire(0, &route(pass)).unwrap() {
+                check_expert(&f, 0, e, &w);
+            }
+            c.release();
+        }
+        c.stats().decode.hits
+    };
+    let (next_use, least_stale) = (run(Policy::NextUse), run(Policy::LeastStale));
+    assert!(next_use >= 7, "next-use: {next_use} hits of 24");
+    assert!(
+        next_use >= least_stale + 6 && least_stale <= 2,
+        "next-use {next_use} hits, least-stale {least_stale}"
+    );
+}
+
+#[test]
 fn stale_routes_go_first() {
     // Layer 0 routes to 0,1 on the first pass and 2,3 after: the stale 0,1 are evicted before
     // layer 1's current experts.

@@ -122,7 +122,16 @@ pub(crate) fn run(
         "layer",
         || format!("moe L{l}"),
         t_layer,
-        format!("\"tokens\":{t},\"experts\":{}", need.len()),
+        // The route (the experts the step's tokens chose, in expert order) lets a trace be
+        // replayed against other cache policies (scripts/moe_cache_bound.py).
+        || {
+            let route: Vec<String> = need.iter().map(|x| x.to_string()).collect();
+            format!(
+                "\"tokens\":{t},\"decode\":{decode},\"experts\":{},\"route\":[{}]",
+                need.len(),
+                route.join(",")
+            )
+        },
     );
     finish(out, &slot_out, e, t, k)
 }
@@ -165,7 +174,7 @@ fn predict_next(
         "predict",
         || format!("predict L{}", l + 1),
         t0,
-        format!("\"experts\":{}", preds.len()),
+        || format!("\"experts\":{}", preds.len()),
     );
     Ok(())
 }
