@@ -52,8 +52,11 @@ echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 mollm_row() {
   local label=$1; shift
   drop
-  /usr/bin/time -f "%e %M" -o "$tmp/time" "$mollm" bench -m "$model" -p 0 -n "$gen" -r 1 \
-    --warmup 1 -t 2 -q --json "$@" > "$tmp/out.json"
+  if ! /usr/bin/time -f "%e %M" -o "$tmp/time" "$mollm" bench -m "$model" -p 0 -n "$gen" -r 1 \
+    --warmup 1 -t 2 -q --json "$@" > "$tmp/out.json" 2> "$tmp/err"; then
+    cat "$tmp/err" >&2
+    exit 1
+  fi
   python3 - "$label" "$tmp/time" "$tmp/out.json" <<'EOF'
 import json, sys
 label, tfile, out = sys.argv[1:]
