@@ -226,6 +226,62 @@ fn next_use_keeps_the_experts_a_layer_uses_most() {
 }
 
 #[test]
+fn slots_come_in_each_layers_size() {
+    // Layer 0's parts are [8, 8] F32 (a slot of 3 x 8 KiB regions), layer 1's [32, 64] (3 x
+    // 12 KiB): a budget of ten large slots makes six of each size (twelve), not ten.
+    let mut layers = Vec::new();
+    let mut at = 4096u64;
+    for (l, (k, n)) in [(8i64, 8i64), (32, 64)].into_iter().enumerate() {
+        let stride = (k * n * 4) as u64;
+        let parts = std::array::from_fn(|_| {
+            let s = Span {
+                offset: at,
+                stride,
+                bytes: stride,
+                dtype: DType::F32,
+                ne: [k, n],
+            };
+            at += stride * 8;
+            s
+        });
+        layers.push(LayerExperts {
+            name: format!("blk.{l}.ffn_gate_exps.weight"),
+            parts,
+            n_expert: 8,
+            router: 0,
+        });
+    }
+    let f = write_fixture("sizes", at, layers);
+    let (small, large) = (3 * 8192, 3 * 12288);
+    assert_eq!(slot_lengths(&[small, large], 10 * large).len(), 12);
+    assert_eq!(slot_lengths(&[large, large], 10 * large), vec![large; 10]);
+    // Less than one large slot still makes one.
+    assert_eq!(slot_lengths(&[small, large], small), vec![large]);
+    for policy in [Policy::NextUse, Policy::LeastStale, Policy::Lru] {
+        let mut c = ExpertCache::new(&f.path, f.layers.clone(), 10 * large, policy).unwrap();
+        assert_eq!(c.n_slots(), 12);
+        // Both layers cycle through all their experts, three at a time: every slot is
+        // reused many times, each expert lands in a slot its layer fits, with its bytes.
+        for pass in 0..12 {
+            for l in 0..2 {
+                c.begin_layer(l, true);
+                let route: Vec<usize> = (0..3).map(|i| (pass * 3 + i + l) % 8).collect();
+                let mut route = route;
+                route.sort();
+                route.dedup();
+                for (e, w) in c.acquire(l, &route).unwrap() {
+                    check_expert(&f, l, e, &w);
+                    let s = c.map[&(l, e)];
+                    assert!(c.slot_len[s] >= c.slot_layout[l].bytes, "{policy:?}");
+                }
+                c.release();
+            }
+        }
+        assert!(c.stats().decode.evictions > 20, "{policy:?}");
+    }
+}
+
+#[test]
 fn stale_routes_go_first() {
     // Layer 0 routes to 0,1 on the first pass and 2,3 after: the stale 0,1 are evicted before
     // layer 1's current experts.
