@@ -16,10 +16,15 @@ struct Fixture {
 /// `n_layers` layers of `n_expert` experts; each part an F32 matrix of `[k, n]` (stride
 /// k * n * 4), laid out part by part (all gates of a layer, then all ups, then all downs).
 fn fixture(name: &str, n_layers: usize, n_expert: usize, k: i64, n: i64) -> Fixture {
-    let stride = (k * n * 4) as u64;
+    fixture_of(name, n_expert, &vec![(k, n); n_layers])
+}
+
+/// As [`fixture`], layer `l`'s parts `[k, n] = shapes[l]`.
+fn fixture_of(name: &str, n_expert: usize, shapes: &[(i64, i64)]) -> Fixture {
     let mut layers = Vec::new();
     let mut at = 64u64;
-    for l in 0..n_layers {
+    for (l, &(k, n)) in shapes.iter().enumerate() {
+        let stride = (k * n * 4) as u64;
         let parts = std::array::from_fn(|_| {
             let s = Span {
                 offset: at,
@@ -229,29 +234,7 @@ fn next_use_keeps_the_experts_a_layer_uses_most() {
 fn slots_come_in_each_layers_size() {
     // Layer 0's parts are [8, 8] F32 (a slot of 3 x 8 KiB regions), layer 1's [32, 64] (3 x
     // 12 KiB): a budget of ten large slots makes six of each size (twelve), not ten.
-    let mut layers = Vec::new();
-    let mut at = 4096u64;
-    for (l, (k, n)) in [(8i64, 8i64), (32, 64)].into_iter().enumerate() {
-        let stride = (k * n * 4) as u64;
-        let parts = std::array::from_fn(|_| {
-            let s = Span {
-                offset: at,
-                stride,
-                bytes: stride,
-                dtype: DType::F32,
-                ne: [k, n],
-            };
-            at += stride * 8;
-            s
-        });
-        layers.push(LayerExperts {
-            name: format!("blk.{l}.ffn_gate_exps.weight"),
-            parts,
-            n_expert: 8,
-            router: 0,
-        });
-    }
-    let f = write_fixture("sizes", at, layers);
+    let f = fixture_of("sizes", 8, &[(8, 8), (32, 64)]);
     let (small, large) = (3 * 8192, 3 * 12288);
     assert_eq!(slot_lengths(&[small, large], 10 * large).len(), 12);
     assert_eq!(slot_lengths(&[large, large], 10 * large), vec![large; 10]);
