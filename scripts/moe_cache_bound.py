@@ -17,8 +17,9 @@ exact kernels), so one trace serves every cache size.
 Slots per cache size: `--pct` of all routed expert bytes over one expert's bytes (gate, up
 and down of one expert, the mean over the layers), with no alignment or repack room: more
 slots than mollm's cache makes of those bytes (`bench --json`'s `slots`, which `--slots`
-takes instead), so the bound holds for any cache of that many bytes. Hits are counted over the decode steps after the first half of them (the first
-half fills the cache, as `bench`'s warm-up run does). With `--disk-gbps`, the bytes a token
+takes instead), so the bound holds for any cache of that many bytes. Hits are counted over
+the decode steps after the first half of them (the first half fills the cache, as `bench`'s
+warm-up run does). With `--disk-gbps`, the bytes a token
 must read at least become a time a token at that read speed: a floor on decode time that no
 policy beats with that cache.
 """
@@ -28,7 +29,7 @@ import sys
 
 
 def load_routes(path):
-    """[(layer, [experts], decode)] in trace order, and the decode passes' start indices."""
+    """[(layer, [experts], decode)] of every MoE layer span, in trace order."""
     with open(path) as f:
         ev = json.load(f)
     ev = ev["traceEvents"] if isinstance(ev, dict) else ev
@@ -65,7 +66,7 @@ def replay(seq, slots, policy, count_from):
     holds)."""
     flat = [x for step in seq for x in step]
     n = len(flat)
-    nxt = [n] * n
+    nxt = [0] * n  # where each access's key is used next (n + 1: never)
     seen = {}
     for i in range(n - 1, -1, -1):
         nxt[i] = seen.get(flat[i], n + 1)
@@ -118,7 +119,7 @@ def expert_sizes(model):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
-    ap.add_argument("--model", help="the MoE GGUF (expert bytes and slot size)")
+    ap.add_argument("--model", help="the MoE GGUF (the experts' bytes, per layer)")
     ap.add_argument("--pct", default="5,10,25,50", help="cache sizes, percent of the routed expert bytes")
     ap.add_argument("--slots", help="cache sizes in slots instead of --pct")
     ap.add_argument("--disk-gbps", type=float, help="read speed for the time floor, GB/s")
@@ -155,12 +156,9 @@ def main():
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     for label, s in sizes:
-        row = []
-        for pol in ("min", "lru"):
-            h, m = replay(seq, s, pol, count_from)
-            row.append((h, m))
-        (hm, missed), (hl, ml) = row
-        mm, ml = len(missed), len(ml)
+        hm, missed = replay(seq, s, "min", count_from)
+        hl, lru_missed = replay(seq, s, "lru", count_from)
+        mm, ml = len(missed), len(lru_missed)
         line = f"| {label} | {s} | {100 * hm / (hm + mm):.1f}% | {100 * hl / (hl + ml):.1f}% | {mm / measured:.1f} |"
         if layer_bytes:
             mb = sum(layer_bytes[layer] for layer, _ in missed) / measured / 1e6

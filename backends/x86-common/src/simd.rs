@@ -896,10 +896,10 @@ unsafe fn dot_q6_k<const TILED: bool, const R: usize>(
                     // The four lines from the block's start (with the next block's,
                     // every line of the row), one per two products instead of all at the
                     // block's start, where they stall waiting for fill buffers (see
-                    // `kq512`'s Q6_K pair kernel); pinned by `prefetch_here`. On a Sapphire Rapids VM with this backend, the 1.5B's
-                    // decode went 70.5 / 71.0% -> 76.3 / 75.9% of the probe, 21.2 -> 22.8 t/s
-                    // (2 interleaved rounds against the previous build; not measured on
-                    // AMD's cores).
+                    // `kq512`'s Q6_K pair kernel); pinned by `prefetch_here`. On a
+                    // Sapphire Rapids VM with this backend, the 1.5B's decode went 70.5 /
+                    // 71.0% -> 76.3 / 75.9% of the probe, 21.2 -> 22.8 t/s (2 interleaved
+                    // rounds against the previous build; not measured on AMD's cores).
                     if !TILED && k % 2 == 0 {
                         crate::kq512::prefetch_here(x.wrapping_add(pd + 64 * (2 * n + k / 2)));
                     }
