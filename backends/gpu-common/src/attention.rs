@@ -6,15 +6,21 @@ use crate::host::{self, bytes};
 use crate::{Device, Error, Launch};
 use abi::{DType, OpParams, TensorDesc};
 
-/// What each query reads: its position, first gathered row and row count (the kernel's
-/// `Query`).
-#[derive(Clone, Copy)]
+/// What each query reads: its position, first gathered row and row count, and how the
+/// reference pads and orders its sequence's sums (the kernel's `Query`).
+#[derive(Clone, Copy, Default)]
 #[repr(C)]
 struct Query {
     pos: i32,
     base: u32,
     n_kv: u32,
-    unused: u32,
+    /// `n_kv` padded as the reference pads it: up to a multiple of 256, at most the rows the
+    /// sequence can address (`KV_PAD`).
+    n_eff: u32,
+    /// The reference's tile orders (ggml's tinyBLAS) for the scores and for the output.
+    kq_tile: u32,
+    kqv_tile: u32,
+    unused: [u32; 2],
 }
 
 /// One sequence of the call: its queries, rows and block-table column.
@@ -67,15 +73,12 @@ pub unsafe fn run<D: Device>(
     let per_row = hkv * d * es;
     let mut kb = Vec::with_capacity(rows_total * per_row);
     let mut vb = Vec::with_capacity(rows_total * per_row);
-    let mut queries = vec![
-        Query {
-            pos: 0,
-            base: 0,
-            n_kv: 0,
-            unused: 0
-        };
-        t
-    ];
+    let mut queries = vec![Query::default(); t];
+    // The rows a sequence can address: its table column's pages, or the whole cache.
+    let addressable = match &table {
+        Some((_, pages)) => (*pages * page) as i64,
+        None => k.ne[2],
+    };
     let mut base = 0usize;
     for (si, s) in seqs.iter().enumerate() {
         if s.first + s.count > t || s.n_kv > n_kv {
@@ -117,12 +120,19 @@ pub unsafe fn run<D: Device>(
                 }
             }
         }
+        let pad = reference::ops::attention::KV_PAD;
+        let n_eff = ((s.n_kv as i64 + pad - 1) / pad * pad)
+            .min(addressable)
+            .max(s.n_kv as i64) as u32;
         for qi in s.first..s.first + s.count {
             queries[qi] = Query {
                 pos: positions[qi],
                 base: base as u32,
                 n_kv: s.n_kv as u32,
-                unused: 0,
+                n_eff,
+                kq_tile: (f16 && s.count >= 2 && d % 16 == 0 && n_eff % 4 == 0) as u32,
+                kqv_tile: (s.count >= 2 && n_eff % 16 == 0 && d % 4 == 0) as u32,
+                unused: [0; 2],
             };
         }
         base += s.n_kv;
@@ -133,13 +143,19 @@ pub unsafe fn run<D: Device>(
     }
     let v_off = kb.len() / es;
     kb.extend_from_slice(&vb);
-    let max_kv = seqs.iter().map(|s| s.n_kv).max().unwrap_or(0).max(1);
+    // Scores per (query, head): the padded rows the reference's softmax runs over.
+    let stride = queries
+        .iter()
+        .map(|q| (q.n_kv.div_ceil(16) * 16).min(q.n_eff).max(q.n_eff.min(16)))
+        .max()
+        .unwrap_or(0)
+        .max(1) as usize;
     let meta = [
         d as u32,
         hq as u32,
         hkv as u32,
         t as u32,
-        max_kv as u32,
+        stride as u32,
         f16 as u32,
         window.max(0) as u32,
         v_off as u32,
@@ -149,7 +165,7 @@ pub unsafe fn run<D: Device>(
     let qb = gpu.upload("q", &host::gather(q))?;
     let kvb = gpu.upload("k and v rows", &kb)?;
     let qsb = gpu.upload("queries", bytes(&queries))?;
-    let sb = gpu.empty("scores", (t * hq * max_kv * 4) as u64)?;
+    let sb = gpu.empty("scores", (t * hq * stride * 4) as u64)?;
     let size = (d * hq * t * 4) as u64;
     let ob = gpu.empty("output", size)?;
     let launch = Launch {

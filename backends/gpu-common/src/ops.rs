@@ -32,7 +32,7 @@ pub unsafe fn run<D: Device>(
 ) -> Result<(), Error> {
     let gpu = ctx.dev;
     match op {
-        Op::MatMul => mat_mul(ctx, &ins[0], &ins[1], &outs[0]),
+        Op::MatMul => mat_mul(ctx, &ins[0], &ins[1], &outs[0], p),
         Op::GetRows => get_rows(gpu, &ins[0], &ins[1], &outs[0]),
         Op::RmsNorm => {
             let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
@@ -52,18 +52,7 @@ pub unsafe fn run<D: Device>(
             let rows = x.nrows() as u32;
             rowwise(gpu, "argmax", &[x.ne[0] as u32, rows], &[x], out, rows)
         }
-        Op::Glu => {
-            let n = n_el(&ins[0]) as u32;
-            let meta = [n, p.i[0] as u32];
-            rowwise(
-                gpu,
-                "glu",
-                &meta,
-                &[&ins[0], &ins[1]],
-                &outs[0],
-                n.div_ceil(64),
-            )
-        }
+        Op::Glu => glu(ctx, &ins[0], &ins[1], &outs[0], p.i[0]),
         Op::Add | Op::Mul | Op::Scale => elementwise(gpu, op, ins, &outs[0], p),
         Op::Rope => rope(gpu, &ins[0], &ins[1], &outs[0], p),
         Op::Attention => crate::attention::run(gpu, ins, &outs[0], p),
@@ -83,7 +72,7 @@ thread_local! {
 /// Whether `kernel` is to be broken ([`BROKEN_ENV`]).
 fn broken(kernel: &str) -> bool {
     BROKEN.with(|b| *b.borrow() == Some(kernel))
-        || std::env::var(BROKEN_ENV).is_ok_and(|v| v == kernel)
+        || std::env::var(BROKEN_ENV).is_ok_and(|v| v.split(',').any(|k| k == kernel))
 }
 
 /// Kernels whose operands are the meta words, the inputs packed, and the output: `groups`
@@ -120,11 +109,45 @@ unsafe fn rowwise<D: Device>(
     Ok(())
 }
 
+/// act(gate) * up, rows of gate's `ne[0]`; GELU reads ggml's table (the reference's own
+/// values), uploaded once per context.
+unsafe fn glu<D: Device>(
+    ctx: &Ctx<D>,
+    gate: &TensorDesc,
+    up: &TensorDesc,
+    out: &TensorDesc,
+    act: i64,
+) -> Result<(), Error> {
+    let gpu = ctx.dev;
+    let n = n_el(gate) as u32;
+    let table = match ctx.gelu.get() {
+        Some(t) => t,
+        None => {
+            let t = gpu.upload("gelu table", bytes(reference::ggml::gelu_table()))?;
+            ctx.gelu.get_or_init(|| t)
+        }
+    };
+    let gb = gpu.upload("gate", &host::gather(gate))?;
+    let ub = gpu.upload("up", &host::gather(up))?;
+    let size = n as u64 * 4;
+    let ob = gpu.empty("output", size)?;
+    let launch = Launch {
+        kernel: "glu",
+        meta: vec![n, act as u32, gate.ne[0].max(1) as u32],
+        bufs: vec![&gb, &ub, table, &ob],
+        groups: n.div_ceil(64),
+    };
+    let r = gpu.run(&[launch], &ob, size)?;
+    host::scatter(out, &r);
+    Ok(())
+}
+
 unsafe fn mat_mul<D: Device>(
     ctx: &Ctx<D>,
     w: &TensorDesc,
     x: &TensorDesc,
     out: &TensorDesc,
+    p: &OpParams,
 ) -> Result<(), Error> {
     let gpu = ctx.dev;
     let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
@@ -137,10 +160,209 @@ unsafe fn mat_mul<D: Device>(
         Layout::Grouped { group } => group,
         Layout::Dense => 0,
     };
-    let (xs, sums) = dot_format(dt(w), k, group, &host::gather(x))?;
-    let r = product(gpu, &dev, bytes(&xs), bytes(&sums), x.nrows() as usize)?;
+    let cols = x.nrows() as usize;
+    let chain = p.i[0].max(0) as usize;
+    let kmodes = k_modes(dt(w), k, n, cols, chain);
+    let r = match exact_lanes(dt(w), k, n, cols, chain) {
+        Some(lanes) => {
+            let (xq, xs) = block_activations(dt(w), k, &host::gather(x))?;
+            product_exact(gpu, &dev, dt(w), lanes, &xq, &xs, cols)?
+        }
+        None if kmodes.is_some() && dev.chunks.iter().all(|c| c.kscales.is_some()) => {
+            let modes = kmodes.expect("checked");
+            let (xq, xk) = k_activations(dt(w), k, n, chain, &host::gather(x))?;
+            product_k(gpu, &dev, &modes, &xq, &xk, cols)?
+        }
+        None => {
+            let (xs, sums) = dot_format(dt(w), k, group, &host::gather(x))?;
+            product(gpu, &dev, bytes(&xs), bytes(&sums), cols)?
+        }
+    };
     host::scatter(out, &r);
     Ok(())
+}
+
+/// For the legacy block formats, the accumulator lanes of the x86 kernel the reference uses
+/// for every column of this call (`quant::matmul_kernel_in`): 8 for `vec_dot` and tinyBLAS,
+/// 1 for Q4_0's repack layout. `None`: another format, or columns that mix chains (then the
+/// order-free kernels run).
+fn exact_lanes(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<u32> {
+    use quant::Kernel;
+    if !matches!(
+        dt,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+    ) || k % 32 != 0
+    {
+        return None;
+    }
+    let lanes = |c| match quant::matmul_kernel_in(dt, k, n, cols, c, chain) {
+        Kernel::VecDot | Kernel::TinyBlas => Some(8),
+        Kernel::RepackGemv | Kernel::RepackGemm => Some(1),
+        Kernel::Tiled => None,
+    };
+    let first = lanes(0)?;
+    (1..cols).all(|c| lanes(c) == Some(first)).then_some(first)
+}
+
+/// For Q4_K and Q6_K, the `matmul_k` chain of each column: the x86 kernel the reference uses
+/// for it. `None`: another format, or a kernel without a chain there.
+fn k_modes(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<Vec<u32>> {
+    use quant::Kernel;
+    if k % 256 != 0 {
+        return None;
+    }
+    (0..cols)
+        .map(
+            |c| match (dt, quant::matmul_kernel_in(dt, k, n, cols, c, chain)) {
+                (DType::Q4_K, Kernel::VecDot) => Some(0),
+                (DType::Q4_K, Kernel::RepackGemv) => Some(1),
+                (DType::Q4_K, Kernel::RepackGemm) => Some(2),
+                (DType::Q4_K, Kernel::Tiled) => Some(3),
+                (DType::Q6_K, Kernel::VecDot) => Some(4),
+                (DType::Q6_K, Kernel::Tiled) => Some(5),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
+/// Each f32 column quantized to Q8_K as its kernel quantizes it (`quantize_activations_for`),
+/// split into its i8 codes (four to a word) and per super block `[d, bsums 0..16]` (17 words).
+fn k_activations(
+    w: DType,
+    k: usize,
+    n: usize,
+    chain: usize,
+    x: &[u8],
+) -> Result<(Vec<u32>, Vec<u32>), Error> {
+    let xs = host::f32s(x);
+    let cols = xs.len() / k.max(1);
+    let rb = quant::row_bytes(DType::Q8_K, k)
+        .ok_or_else(|| Error::Unsupported(format!("{k} elements are not whole Q8_K blocks")))?;
+    let mut q = vec![0u8; rb];
+    let (mut codes, mut heads) = (Vec::new(), Vec::new());
+    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+    for (c, col) in xs.chunks_exact(k).enumerate() {
+        let kernel = quant::matmul_kernel_in(w, k, n, cols, c, chain);
+        quant::quantize_activations_for(kernel, w, col, &mut q)
+            .map_err(|e| Error::Unsupported(format!("activations as q8_K: {e}")))?;
+        for b in q.chunks_exact(292) {
+            heads.push(word(&b[..4]));
+            codes.extend(b[4..260].chunks_exact(4).map(word));
+            heads.extend(
+                b[260..292]
+                    .chunks_exact(2)
+                    .map(|h| i16::from_le_bytes([h[0], h[1]]) as i32 as u32),
+            );
+        }
+    }
+    Ok((codes, heads))
+}
+
+/// `dev` (Q4_K or Q6_K, with its super-block scales) times `cols` Q8_K columns
+/// ([`k_activations`]), each in its kernel's chain (`modes`, [`k_modes`]): the output's bytes.
+pub fn product_k<D: Device>(
+    gpu: &D,
+    dev: &DevWeight<D::Buf>,
+    modes: &[u32],
+    xq: &[u32],
+    xk: &[u32],
+    cols: usize,
+) -> Result<Vec<u8>, Error> {
+    let (k, n) = (dev.k, dev.n);
+    let qb = gpu.upload("activation codes", bytes(xq))?;
+    let kb = gpu.upload("activation scales", bytes(xk))?;
+    let mb = gpu.upload("column kernels", bytes(modes))?;
+    let size = (n * cols * 4) as u64;
+    let ob = gpu.empty("output", size)?;
+    let launches = dev
+        .chunks
+        .iter()
+        .map(|c| {
+            let ks = c.kscales.as_ref().ok_or_else(|| {
+                Error::Invalid("a K-quant weight has no super-block scales".into())
+            })?;
+            Ok(Launch {
+                kernel: "matmul_k",
+                meta: vec![k as u32, c.rows, cols as u32, n as u32, c.row0],
+                bufs: vec![&c.values, ks, &qb, &kb, &mb, &ob],
+                groups: c.rows.div_ceil(64) * cols as u32,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    gpu.run(&launches, &ob, size)
+}
+
+/// Each f32 column quantized as ggml quantizes a legacy format's activations (Q8_0, or Q8_1
+/// for Q4_1 / Q5_1), split into its i8 codes (four to a word) and one (d, s) pair per block
+/// (`s` 0 for Q8_0).
+fn block_activations(w: DType, k: usize, x: &[u8]) -> Result<(Vec<u32>, Vec<[f32; 2]>), Error> {
+    let xs = host::f32s(x);
+    let vt = quant::vec_dot_type(w);
+    let rb = quant::row_bytes(vt, k)
+        .ok_or_else(|| Error::Unsupported(format!("{k} elements are not whole {vt} blocks")))?;
+    let bb = vt.info().block_bytes as usize;
+    let head = bb - 32;
+    let mut q = vec![0u8; rb];
+    let (mut codes, mut scales) = (Vec::new(), Vec::new());
+    for col in xs.chunks_exact(k) {
+        quant::quantize_activations(w, col, &mut q)
+            .map_err(|e| Error::Unsupported(format!("activations as {vt}: {e}")))?;
+        for b in q.chunks_exact(bb) {
+            let f16 = |i: usize| quant::fp16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]));
+            scales.push([f16(0), if head == 4 { f16(2) } else { 0.0 }]);
+            codes.extend(
+                b[head..]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap())),
+            );
+        }
+    }
+    Ok((codes, scales))
+}
+
+/// `dev` (a legacy block format) times `cols` block-quantized columns ([`block_activations`])
+/// in the reference's order (the `matmul_x` kernel): the output's bytes, `[n, cols]`.
+pub fn product_exact<D: Device>(
+    gpu: &D,
+    dev: &DevWeight<D::Buf>,
+    dt: DType,
+    lanes: u32,
+    xq: &[u32],
+    xs: &[[f32; 2]],
+    cols: usize,
+) -> Result<Vec<u8>, Error> {
+    let (k, n) = (dev.k, dev.n);
+    let qb = gpu.upload("activation codes", bytes(xq))?;
+    let flat: Vec<f32> = xs.iter().flatten().copied().collect();
+    let sb = gpu.upload("activation scales", bytes(&flat))?;
+    let size = (n * cols * 4) as u64;
+    let ob = gpu.empty("output", size)?;
+    let has_m = matches!(dt, DType::Q4_1 | DType::Q5_1) as u32;
+    let launches = dev
+        .chunks
+        .iter()
+        .map(|c| {
+            let scales = c.scales.as_ref().ok_or_else(|| {
+                Error::Invalid(format!("{dt}: a block format's weight has no scales"))
+            })?;
+            Ok(Launch {
+                kernel: "matmul_x",
+                meta: vec![
+                    k as u32,
+                    c.rows,
+                    cols as u32,
+                    n as u32,
+                    c.row0,
+                    lanes,
+                    has_m,
+                ],
+                bufs: vec![&c.values, scales, &qb, &sb, &ob],
+                groups: c.rows.div_ceil(64) * cols as u32,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    gpu.run(&launches, &ob, size)
 }
 
 /// The activations as the reference sees them: each column converted to the weight's dot

@@ -30,6 +30,8 @@ pub struct Ctx<D: Device> {
     weights: Mutex<HashMap<u64, Arc<DevWeight<D::Buf>>>>,
     next: AtomicU64,
     error: Mutex<String>,
+    /// ggml's GELU table (`f16(gelu(x))` by the f16 bits of x), uploaded on first use.
+    pub gelu: std::sync::OnceLock<D::Buf>,
 }
 
 impl<D: Device> Ctx<D> {
@@ -40,6 +42,7 @@ impl<D: Device> Ctx<D> {
             weights: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             error: Mutex::new(String::new()),
+            gelu: std::sync::OnceLock::new(),
         }
     }
 

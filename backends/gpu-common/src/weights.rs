@@ -171,6 +171,44 @@ pub struct Chunk<B> {
     pub values: B,
     /// (scale, offset) pairs; `None` for dense weights.
     pub scales: Option<B>,
+    /// Q4_K / Q6_K: each 256-element super block's own numbers, for the kernels that sum in
+    /// the reference's order ([`k_scales`]).
+    pub kscales: Option<B>,
+}
+
+/// Words per super block in [`Chunk::kscales`].
+pub const KSCALE_WORDS: usize = 8;
+
+/// The integers a K-quant super block's dot products use, which the (scale, offset) pairs fold
+/// into floats: Q4_K `[d, dmin, sc 0..4, sc 4..8, m 0..4, m 4..8, 0, 0]`, Q6_K
+/// `[d, 0, scales 0..4, 4..8, 8..12, 12..16, 0, 0]` (d and dmin as f32 bits; 6-bit scales and
+/// mins as bytes, Q6_K's i8 scales as bytes, four to a word). `None` for other formats.
+pub fn k_scales(dt: DType, src: &[u8], out: &mut Vec<u32>) -> Option<()> {
+    let bb = dt.info().block_bytes as usize;
+    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+    for b in src.chunks_exact(bb) {
+        match dt {
+            DType::Q4_K => {
+                let (sc, m) = scale_min_k4(b[4..16].try_into().unwrap());
+                out.extend([f16_at(b, 0).to_bits(), f16_at(b, 2).to_bits()]);
+                out.extend([
+                    word(&sc[..4]),
+                    word(&sc[4..]),
+                    word(&m[..4]),
+                    word(&m[4..]),
+                    0,
+                    0,
+                ]);
+            }
+            DType::Q6_K => {
+                out.extend([f16_at(b, 208).to_bits(), 0]);
+                out.extend(b[192..208].chunks_exact(4).map(word));
+                out.extend([0, 0]);
+            }
+            _ => return None,
+        }
+    }
+    Some(())
 }
 
 /// A weight `[k, n]` held on the device.
@@ -219,6 +257,7 @@ impl<B> DevWeight<B> {
         let mut r0 = 0;
         while r0 < n {
             let rows = per_chunk.min(n - r0);
+            let mut kscales = None;
             let (values, scales) = match lay {
                 Layout::Grouped { group } => {
                     let mut codes = Vec::with_capacity(rows * k);
@@ -227,6 +266,12 @@ impl<B> DevWeight<B> {
                         decode_grouped(dt, row(r), &mut codes, &mut sc);
                     }
                     let s = gpu.upload("weight scales", bytes(&sc))?;
+                    let mut ks = Vec::new();
+                    let kinds = (r0..r0 + rows).try_for_each(|r| k_scales(dt, row(r), &mut ks));
+                    kscales = match kinds {
+                        Some(()) => Some(gpu.upload("weight super-block scales", bytes(&ks))?),
+                        None => None,
+                    };
                     (gpu.upload("weight codes", bytes(&codes))?, Some(s))
                 }
                 Layout::Dense => {
@@ -242,6 +287,7 @@ impl<B> DevWeight<B> {
                 rows: rows as u32,
                 values,
                 scales,
+                kscales,
             });
             r0 += rows;
         }

@@ -26,6 +26,11 @@ pub struct Gpu {
     /// Rows a subgroup-per-row kernel covers per workgroup of 64: 64 / the largest subgroup
     /// size the adapter may use.
     pub rows_per_group: u32,
+    /// Whether the device's `fma` rounds once (else kernels emulate it: `fma_x`).
+    pub fma_fused: bool,
+    /// Whether shaders may use f64: the reference's f64 sums (rms_norm, softmax) are then
+    /// `wide` = f64 in the kernels, else f32.
+    pub has_f64: bool,
     pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
     /// The first error the device reported since the last check (validation, out of memory,
     /// device lost): wgpu's default would panic.
@@ -75,10 +80,15 @@ fn open() -> Result<Gpu, String> {
             info.name
         ));
     }
+    let has_f64 = adapter.features().contains(wgpu::Features::SHADER_F64);
+    let mut features = wgpu::Features::SUBGROUP;
+    if has_f64 {
+        features |= wgpu::Features::SHADER_F64;
+    }
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("mollm"),
         required_limits: limits.clone(),
-        required_features: wgpu::Features::SUBGROUP,
+        required_features: features,
         ..Default::default()
     }))
     .map_err(|e| format!("{api} device {} refused to open: {e}", info.name))?;
@@ -88,7 +98,7 @@ fn open() -> Result<Gpu, String> {
         let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
         s.get_or_insert_with(|| e.to_string());
     }));
-    Ok(Gpu {
+    let mut gpu = Gpu {
         device,
         queue,
         name: format!("{} ({api})", info.name),
@@ -96,9 +106,19 @@ fn open() -> Result<Gpu, String> {
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
         rows_per_group: (64 / info.subgroup_max_size.clamp(1, 64)).max(1),
+        fma_fused: false,
+        has_f64,
         pipelines: Mutex::new(HashMap::new()),
         failure,
-    })
+    };
+    gpu.fma_fused = gpu
+        .fma_rounds_once()
+        .map_err(|e| format!("{api} device {}: {}", info.name, e.message()))?;
+    gpu.pipelines
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    Ok(gpu)
 }
 
 /// The process's device, opened on first use; `Err` says why there is none.
@@ -126,7 +146,13 @@ impl Gpu {
         }
         let body = crate::shaders::source(name)
             .ok_or_else(|| Error::Device(format!("no kernel named {name}")))?;
-        let src = format!("{}\n{}", crate::shaders::COMMON, body);
+        let src = format!(
+            "const FMA_FUSED: bool = {};\nalias wide = {};\n{}\n{}",
+            self.fma_fused,
+            if self.has_f64 { "f64" } else { "f32" },
+            crate::shaders::COMMON,
+            body
+        );
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -148,6 +174,36 @@ impl Gpu {
         let p = Arc::new(p);
         map.insert(name, p.clone());
         Ok(p)
+    }
+
+    /// `fma(a, b, c)` on the device for each `[a, b, c, _]`: its own (`emulated` false) or
+    /// `fma_x`.
+    pub fn fma(&self, abc: &[[f32; 4]], emulated: bool) -> Result<Vec<f32>, Error> {
+        use mollm_gpu_common::host;
+        let n = abc.len();
+        let flat: Vec<f32> = abc.iter().flatten().copied().collect();
+        let ib = self.upload("fma operands", host::bytes(&flat))?;
+        let ob = self.empty("fma results", (n * 4) as u64)?;
+        let launch = Launch {
+            kernel: "fma_probe",
+            meta: vec![n as u32, emulated as u32],
+            bufs: vec![&ib, &ob],
+            groups: (n as u32).div_ceil(64),
+        };
+        Ok(host::f32s(&Device::run(
+            self,
+            &[launch],
+            &ob,
+            (n * 4) as u64,
+        )?))
+    }
+
+    /// Whether the device's `fma` rounds once: (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 exactly,
+    /// and 0 when the product is rounded first.
+    fn fma_rounds_once(&self) -> Result<bool, Error> {
+        let a = 1.0 + 2f32.powi(-12);
+        let r = self.fma(&[[a, a, -(1.0 + 2f32.powi(-11)), 0.0]], false)?;
+        Ok(r[0] == 2f32.powi(-24))
     }
 
     /// Compiles every kernel (tests).

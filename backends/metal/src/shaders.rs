@@ -17,6 +17,9 @@ const KERNELS: &[(&str, &str)] = &[
     ("elementwise", include_str!("shaders/elementwise.wgsl")),
     ("softmax", include_str!("shaders/softmax.wgsl")),
     ("argmax", include_str!("shaders/argmax.wgsl")),
+    ("matmul_x", include_str!("shaders/matmul_x.wgsl")),
+    ("matmul_k", include_str!("shaders/matmul_k.wgsl")),
+    ("fma_probe", include_str!("shaders/fma_probe.wgsl")),
 ];
 
 pub fn source(name: &str) -> Option<&'static str> {

@@ -196,3 +196,151 @@ fn mat_mul_error_against_the_reference() {
     }
     (TABLE.shutdown)(inst);
 }
+
+/// Whether the reference's own order is what the kernels follow for this case, so the device
+/// must give its bits: all but libm's `expf` / `tanhf` (softmax and SiLU tails of a row's
+/// last k % 16 elements, attention over a cache not a whole number of 16-row blocks, soft
+/// capping) and the formats whose kernels sum in their own order (Q2_K, Q3_K, Q5_K,
+/// mollm's W4/W8, F32/F16/BF16 weights).
+fn exact_case(c: &conformance::cases::Case) -> bool {
+    use abi::DType::*;
+    match c.op {
+        Op::MatMul => matches!(
+            conformance::cases::format(c),
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q6_K
+        ),
+        Op::Glu => c.params.i[0] != abi::GLU_SILU || c.inputs[0].shape[0] % 16 == 0,
+        Op::Softmax => c.inputs[0].shape[0] % 16 == 0,
+        Op::Attention => c.inputs[1].shape[2] % 16 == 0 && c.params.f[1] == 0.0,
+        _ => true,
+    }
+}
+
+/// Every op whose kernel follows the reference's float chain gives the reference's bits on
+/// the device (lavapipe: its `fma` rounds twice, so this also checks the emulated one).
+#[test]
+fn ops_match_the_reference_bit_for_bit() {
+    if !device() {
+        return;
+    }
+    let host = reference::serial_host();
+    let dev = conformance::Instance::open(&TABLE, &host).unwrap();
+    let refr = conformance::Instance::open(&reference::TABLE, &host).unwrap();
+    let (mut bad, mut exact) = (Vec::new(), 0);
+    for &op in Op::ALL {
+        for (name, mut c) in conformance::cases::cases(op, 24) {
+            if !exact_case(&c) || conformance::declines(&dev, &mut c).is_some() {
+                continue;
+            }
+            let want = refr.run(&mut c.clone()).unwrap();
+            let got = dev.run(&mut c).unwrap();
+            let (mut n, mut diff) = (0, 0);
+            for (g, w) in got.iter().zip(&want) {
+                for (a, b) in g.chunks(4).zip(w.chunks(4)) {
+                    n += 1;
+                    diff += (a != b) as usize;
+                }
+            }
+            exact += 1;
+            if diff > 0 {
+                bad.push(format!(
+                    "{} {name} ({}): {diff} of {n} values differ",
+                    op.name(),
+                    c.label
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert!(exact > 200, "only {exact} cases were checked");
+}
+
+/// `fma_x`, the kernels' fma rounded once: on this device (whose own `fma` may round twice:
+/// lavapipe's does) it equals the CPU's `mul_add` on triples of every sign and a wide spread
+/// of magnitudes, cancellations and ties included.
+#[test]
+fn emulated_fma_rounds_once() {
+    if !device() {
+        return;
+    }
+    let gpu = gpu::gpu().unwrap();
+    let mut rng = conformance::cases::Rng::new(7);
+    let mut abc = Vec::new();
+    for i in 0..200_000u32 {
+        let mut f = |span: u64| {
+            let m = 1.0 + rng.below(1 << 23) as f32 / (1u32 << 23) as f32;
+            let e = rng.below(span) as i32 - span as i32 / 2;
+            let s = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+            s * m * 2f32.powi(e)
+        };
+        let (a, b) = (f(40), f(40));
+        let c = match i % 4 {
+            // c cancelling most of a*b: the hard cases.
+            0 => -(a * b) * (1.0 + f(2) * 2f32.powi(-20)),
+            1 => -(a * b),
+            _ => f(60),
+        };
+        abc.push([a, b, c, 0.0]);
+    }
+    // Products of few bits whose exact value ties between two floats.
+    let t = 1.0 + 2f32.powi(-12);
+    abc.push([t, t, -(1.0 + 2f32.powi(-11)), 0.0]);
+    abc.push([t, t, 0.0, 0.0]);
+    abc.push([t, -t, 1.0, 0.0]);
+    let got = gpu.fma(&abc, true).unwrap();
+    let bad: Vec<_> = abc
+        .iter()
+        .zip(&got)
+        .filter(|([a, b, c, _], g)| a.mul_add(*b, *c).to_bits() != g.to_bits())
+        .take(5)
+        .map(|([a, b, c, _], g)| {
+            format!(
+                "fma({a:e}, {b:e}, {c:e}) = {:e}, got {g:e}",
+                a.mul_add(*b, *c)
+            )
+        })
+        .collect();
+    assert!(bad.is_empty(), "fma_x differs:\n{}", bad.join("\n"));
+    eprintln!("device fma rounds once: {}", gpu.fma_fused);
+}
+
+/// The block formats' matmul in every chain the reference picks by shape (vec_dot, tinyBLAS,
+/// repack GEMV and GEMM, tiled: rows a multiple of 8 or not, 1 to 9 columns) gives the
+/// reference's bits on the device.
+#[test]
+fn block_format_matmuls_match_the_reference_in_every_chain() {
+    if !device() {
+        return;
+    }
+    use abi::DType::*;
+    use conformance::cases::{Case, Owned, Rng};
+    let host = reference::serial_host();
+    let dev = conformance::Instance::open(&TABLE, &host).unwrap();
+    let refr = conformance::Instance::open(&reference::TABLE, &host).unwrap();
+    let mut r = Rng::new(11);
+    let mut bad = Vec::new();
+    for dt in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K] {
+        for n in [8i64, 13] {
+            for m in [1i64, 3, 4, 7, 8, 9] {
+                let k = dt.info().block_len as i64 * 2;
+                let mut c = Case {
+                    op: Op::MatMul,
+                    label: format!("{dt} k={k} n={n} m={m}"),
+                    inputs: vec![
+                        Owned::quantized(dt, &[k, n], &r.vec((k * n) as usize, 0.5)),
+                        Owned::f32(&[k, m], &r.vec((k * m) as usize, 1.0)),
+                    ],
+                    outputs: vec![Owned::zeros(F32, &[n, m])],
+                    params: OpParams::default(),
+                };
+                assert!(conformance::declines(&dev, &mut c).is_none(), "{}", c.label);
+                let want = refr.run(&mut c.clone()).unwrap();
+                let got = dev.run(&mut c).unwrap();
+                if got != want {
+                    bad.push(c.label.clone());
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "differ from the reference: {bad:?}");
+}

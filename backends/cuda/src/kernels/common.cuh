@@ -58,3 +58,37 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     return v;
 }
+
+// `ggml_v_expf` (ggml-cpu/vec.h, AVX-512), one lane: the reference's `ggml::v_expf`, with the
+// same fused steps (`fmaf`; the file is compiled with --fmad=false, so nothing else fuses).
+__device__ float v_expf(float x) {
+    const float r = __uint_as_float(0x4b400000u);
+    float z = fmaf(x, __uint_as_float(0x3fb8aa3bu), r);
+    float n = z - r;
+    float b = fmaf(-n, __uint_as_float(0x35bfbe8eu), fmaf(-n, __uint_as_float(0x3f317200u), x));
+    float u = b * b;
+    float j = fmaf(fmaf(fmaf(__uint_as_float(0x3c072010u), b, __uint_as_float(0x3d2b9f17u)), u,
+                        fmaf(__uint_as_float(0x3e2aaf33u), b, __uint_as_float(0x3efffedbu))),
+                   u, fmaf(__uint_as_float(0x3f7ffff6u), b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : __uint_as_float(0x7f800000u);
+    if (j != j || n != n) return j + n;
+    return ldexpf(j, (int)floorf(n));
+}
+
+// `_mm512_reduce_add_ps` of a[0..16].
+__device__ __forceinline__ float reduce16(const float* a) {
+    float t8[8], t4[4];
+    for (int i = 0; i < 8; i++) t8[i] = a[i + 8] + a[i];
+    for (int i = 0; i < 4; i++) t4[i] = t8[i + 4] + t8[i];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// `GGML_F32x16_REDUCE` of four 16-lane accumulators a[0..64].
+__device__ __forceinline__ float reduce4x16(float* a) {
+    for (int l = 0; l < 16; l++) {
+        a[l] += a[l + 32];
+        a[l + 16] += a[l + 48];
+    }
+    for (int l = 0; l < 16; l++) a[l] += a[l + 16];
+    return reduce16(a);
+}

@@ -23,18 +23,23 @@ extern "C" __global__ void rope(RopeMeta p, const float* x, const float* cs, flo
 }
 
 struct GluMeta {
-    u32 n, act;
+    u32 n, act, k;
 };
 
-extern "C" __global__ void glu(GluMeta p, const float* gate, const float* up, float* out) {
+// SiLU with ggml's exp polynomial on each row's whole 16-blocks (the reference's bits), the
+// device's expf on the rest (the reference's is libm's); GELU from ggml's table of
+// f16(gelu(x)) by the f16 bits of x (`gelu`, two to a word), the reference's values.
+extern "C" __global__ void glu(GluMeta p, const float* gate, const float* up, const u32* gelu,
+                               float* out) {
     u32 i = block_index() * 64 + threadIdx.x;
     if (i >= p.n) return;
     float g = gate[i], a;
     if (p.act == 0) {
-        a = g / (1.0f + expf(-g));
+        a = i % p.k < (p.k & ~15u) ? g / (1.0f + v_expf(0.0f - g)) : g / (1.0f + expf(-g));
     } else {
-        float z = fminf(fmaxf(0.7978845608028654f * (g + 0.044715f * g * g * g), -10.0f), 10.0f);
-        a = 0.5f * g * (1.0f + tanhf(z));
+        if (g <= -10.0f) { out[i] = 0.0f; return; }
+        u32 h = f16_bits(g);
+        a = g >= 10.0f ? g : f16_value((gelu[h / 2] >> (16 * (h & 1))) & 0xffffu);
     }
     out[i] = a * up[i];
 }

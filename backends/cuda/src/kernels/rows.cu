@@ -13,8 +13,11 @@ extern "C" __global__ void get_rows_q(RowsMeta p, const int* codes, const float2
     for (u32 w = threadIdx.x; w < kw; w += 64) {
         int word = codes[(size_t)r * kw + w];
         float2 s = scales[(size_t)r * gpr + (w * 4) / p.group];
-        for (u32 j = 0; j < 4; j++)
-            out[(size_t)m * p.k + w * 4 + j] = (float)(signed char)((word >> (8 * j)) & 0xff) * s.x + s.y;
+        // No offset: `code * scale` alone, as the reference decodes it (+ 0 would lose -0).
+        for (u32 j = 0; j < 4; j++) {
+            float v = (float)(signed char)((word >> (8 * j)) & 0xff) * s.x;
+            out[(size_t)m * p.k + w * 4 + j] = s.y == 0.0f ? v : v + s.y;
+        }
     }
 }
 
@@ -34,28 +37,50 @@ extern "C" __global__ void rms_norm(NormMeta p, const float* x, const float* w, 
     u32 r = block_index();
     if (r >= p.rows) return;
     const float* row = x + (size_t)r * p.k;
-    float s = 0;
-    for (u32 k = threadIdx.x; k < p.k; k += 64) s += row[k] * row[k];
-    float scale = 1.0f / sqrtf(block_reduce(s, false) / (float)p.k + p.eps);
+    // The reference's sum: term by term in element order, in double (ggml's `ggml_float`).
+    __shared__ float scale_s;
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (u32 k = 0; k < p.k; k++) s += (double)(row[k] * row[k]);
+        scale_s = 1.0f / sqrtf((float)(s / (double)p.k) + p.eps);
+    }
+    __syncthreads();
+    float scale = scale_s;
     for (u32 k = threadIdx.x; k < p.k; k += 64) out[(size_t)r * p.k + k] = (row[k] * scale) * w[k];
 }
 
+// The reference's steps (metal's softmax.wgsl says which); its f64 sum is a double here.
 extern "C" __global__ void softmax(NormMeta p, const float* x, float* out) {
+    __shared__ float shared_max, shared_inv;
     u32 r = block_index();
     if (r >= p.rows) return;
     const float* row = x + (size_t)r * p.k;
     float* o = out + (size_t)r * p.k;
     float scale = p.eps;  // the meta's float is softmax's scale
-    float mx = -3.4028235e38f;
-    for (u32 k = threadIdx.x; k < p.k; k += 64) mx = fmaxf(mx, row[k] * scale);
-    mx = block_reduce(mx, true);
-    float s = 0;
-    for (u32 k = threadIdx.x; k < p.k; k += 64) {
-        float e = expf(row[k] * scale - mx);
-        o[k] = e;
-        s += e;
+    if (threadIdx.x == 0) {
+        float m = __uint_as_float(0xff800000u);
+        for (u32 k = 0; k < p.k; k++) {
+            float v = row[k] * scale;
+            m = m > v ? m : v;
+        }
+        shared_max = m;
     }
-    float inv = 1.0f / block_reduce(s, false);
+    __syncthreads();
+    float mx = shared_max;
+    u32 full = p.k & ~15u;
+    for (u32 k = threadIdx.x; k < p.k; k += 64) {
+        float v = row[k] * scale - mx;
+        o[k] = k < full ? v_expf(v) : expf(v);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (u32 b = 0; b < full; b += 16) s += (double)reduce16(o + b);
+        for (u32 k = full; k < p.k; k++) s += (double)o[k];
+        shared_inv = (float)(1.0 / s);
+    }
+    __syncthreads();
+    float inv = shared_inv;
     for (u32 k = threadIdx.x; k < p.k; k += 64) o[k] *= inv;
 }
 

@@ -76,3 +76,113 @@ fn wg_reduce(li: u32, v: f32, is_max: bool) -> f32 {
     workgroupBarrier();
     return r;
 }
+
+// fma(a, b, c) rounded once, as the reference's `mul_add`, on every device. Where the
+// device's own `fma` is fused (`FMA_FUSED`, measured when the device opens and prepended to
+// every kernel) it is that; lavapipe computes `fma` as a rounded product plus an add, so there
+// it is emulated: Dekker's exact product, an exact sum, and the low parts added with
+// rounding to odd before the one rounding to nearest (Boldo & Melquiond, "Emulation of FMA and
+// correctly-rounded sums: proved algorithms using rounding to odd", 2008). Exact for finite
+// operands whose product neither overflows nor comes near the subnormals; others get the
+// device's `fma`. Those error-free steps only work as written, and shader compilers may
+// simplify `c - (c - a)` to `a`: each step passes through `opq`, an OR with a zero the
+// compiler cannot see (`fma_init` sets it from the dispatch size), which it cannot simplify.
+// A kernel that calls `fma_x` calls `fma_init(num_workgroups)` first.
+var<private> OPQ: u32;
+
+fn fma_init(nw: vec3<u32>) {
+    OPQ = nw.z - 1u;
+}
+
+fn opq(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) | OPQ);
+}
+
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = opq(a + b);
+    let bb = opq(s - a);
+    return vec2<f32>(s, opq(a - opq(s - bb)) + opq(b - bb));
+}
+
+fn split_f32(a: f32) -> vec2<f32> {
+    let c = opq(4097.0 * a);
+    let hi = opq(c - opq(c - a));
+    return vec2<f32>(hi, opq(a - hi));
+}
+
+fn fma_x(a: f32, b: f32, c: f32) -> f32 {
+    if (FMA_FUSED) {
+        return fma(a, b, c);
+    }
+    let p = opq(a * b);
+    let m = max(abs(a), abs(b));
+    if (!(abs(p) < 1.0e37 && abs(c) < 3.0e38 && m < 1.0e30) || abs(p) < 1.0e-28 || a == 0.0 || b == 0.0) {
+        return fma(a, b, c);
+    }
+    let sa = split_f32(a);
+    let sb = split_f32(b);
+    let e1 = opq(opq(sa.x * sb.x) - p);
+    let e2 = opq(e1 + opq(sa.x * sb.y));
+    let e3 = opq(e2 + opq(sa.y * sb.x));
+    let pl = opq(e3 + opq(sa.y * sb.y));
+    let t = two_sum(c, p);
+    let w = two_sum(t.y, pl);
+    var v = w.x;
+    if (w.y != 0.0 && (bitcast<u32>(v) & 1u) == 0u) {
+        // Round to odd: the inexact sum moves one unit toward its remainder.
+        if (v == 0.0) {
+            v = w.y;
+        } else if ((w.y > 0.0) == (v > 0.0)) {
+            v = bitcast<f32>(bitcast<u32>(v) + 1u);
+        } else {
+            v = bitcast<f32>(bitcast<u32>(v) - 1u);
+        }
+    }
+    return t.x + v;
+}
+
+// `ggml_v_expf` (ggml-cpu/vec.h, AVX-512), one lane: the reference's `ggml::v_expf`.
+fn v_expf(x: f32) -> f32 {
+    let r = bitcast<f32>(0x4b400000u);
+    let z = fma_x(x, bitcast<f32>(0x3fb8aa3bu), r);
+    let n = z - r;
+    let b = fma_x(-n, bitcast<f32>(0x35bfbe8eu), fma_x(-n, bitcast<f32>(0x3f317200u), x));
+    let u = b * b;
+    let j = fma_x(fma_x(fma_x(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
+                        fma_x(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))), u,
+                  fma_x(bitcast<f32>(0x3f7ffff6u), b, 1.0));
+    if (abs(n) > 192.0) {
+        return select(bitcast<f32>(0x7f800000u), 0.0, n <= 0.0);
+    }
+    if (j != j || n != n) {
+        return j + n;
+    }
+    // j * 2^n rounded once (n is integral): exact unless the result is subnormal.
+    return ldexp(j, i32(floor(n)));
+}
+
+// `_mm512_reduce_add_ps` of 16 lanes at `a[o..o + 16]`.
+fn reduce16(a: ptr<function, array<f32, 64>>, o: u32) -> f32 {
+    var t8: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        t8[i] = (*a)[o + i + 8u] + (*a)[o + i];
+    }
+    var t4: array<f32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        t4[i] = t8[i + 4u] + t8[i];
+    }
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// `GGML_F32x16_REDUCE` of four 16-lane accumulators: (a0 + a2) + (a1 + a3) lane-wise, then
+// `reduce16`.
+fn reduce4x16(a: ptr<function, array<f32, 64>>) -> f32 {
+    for (var l = 0u; l < 16u; l++) {
+        (*a)[l] += (*a)[l + 32u];
+        (*a)[l + 16u] += (*a)[l + 48u];
+    }
+    for (var l = 0u; l < 16u; l++) {
+        (*a)[l] += (*a)[l + 16u];
+    }
+    return reduce16(a, 0u);
+}

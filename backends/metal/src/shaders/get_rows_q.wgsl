@@ -1,5 +1,6 @@
 // out[m, :] = decode(table[ids[m], :]) for a grouped table (see matmul_q.wgsl): one workgroup
-// per output row.
+// per output row. A group without an offset is `code * scale` alone, as the reference decodes
+// it (adding 0 would turn its -0 into +0).
 
 struct Meta {
     k: u32,
@@ -28,7 +29,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<
         let word = bitcast<i32>(codes[r * kw + w]);
         let s = scales[r * gpr + (w * 4u) / p.group];
         for (var j = 0u; j < 4u; j++) {
-            out[m * p.k + w * 4u + j] = f32(extractBits(word, 8u * j, 8u)) * s.x + s.y;
+            let v = f32(extractBits(word, 8u * j, 8u)) * s.x;
+            out[m * p.k + w * 4u + j] = select(v + s.y, v, s.y == 0.0);
         }
     }
 }

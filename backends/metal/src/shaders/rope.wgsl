@@ -20,6 +20,7 @@ struct Meta {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
+    fma_init(nw);
     let i = wg_index(wg, nw) * 64u + li;
     if (i >= p.n) {
         return;
@@ -50,8 +51,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<
     let x0 = x[head + a];
     let x1 = x[head + b];
     if (e == a) {
-        out[i] = fma(x0, c, -(x1 * s));
+        out[i] = fma_x(x0, c, -(x1 * s));
     } else {
-        out[i] = fma(x0, s, x1 * c);
+        out[i] = fma_x(x0, s, x1 * c);
     }
 }
