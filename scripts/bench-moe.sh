@@ -15,6 +15,9 @@
 # - llama.cpp: `llama-bench -p 0 -n GEN -r 1 -t 2` with its defaults: the file memory-mapped,
 #   the page cache its only cache (its load asks the kernel to read the whole file ahead), a
 #   1-token warm-up, then the measured run.
+# - PCTS (default "5 10 25 50") sets the cache sizes; ROWS=main keeps, per size, the default
+#   (next-use with the back-off) and the LRU rows only. Sizes whose cache would not fit in
+#   memory beside the dense weights have no place here: mind PCTS for files over twice RAM.
 # - Both: "cold s" is the whole command's wall time (load, warm-up and measured run, from a
 #   dropped page cache), peak RSS from /usr/bin/time (for llama.cpp it counts the mapped file
 #   pages it touched).
@@ -81,12 +84,14 @@ else:
 EOF
 }
 
-for pct in 5 10 25 50; do
+for pct in ${PCTS:-5 10 25 50}; do
   mb=$(( experts * pct / 100 >> 20 ))
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb"
-  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch on
-  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch off
-  mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy least-stale
+  if [[ ${ROWS:-full} != main ]]; then
+    mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch on
+    mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --prefetch off
+    mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy least-stale
+  fi
   mollm_row "$pct% ($mb MiB)" --expert-cache "$mb" --cache-policy lru --prefetch on
 done
 mollm_row "default" --trace "$tmp/trace.json"

