@@ -111,7 +111,18 @@ impl Instance<'_> {
         }
         let outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
         let call = OpCall::new(c.op, &ins, &outs, c.params);
-        let st = Status::from_raw((self.table.compute)(self.ctx, &call));
+        // A get_rows table the backend prepared (for mat_mul) it may not read rows from: the
+        // host then reads the table itself. Its own mat_mul weight it must take.
+        let declined = c.op != Op::MatMul
+            && self
+                .table
+                .supports
+                .is_some_and(|f| Status::from_raw(f(self.ctx, &call)) == Status::Unsupported);
+        let st = if declined {
+            Status::Ok
+        } else {
+            Status::from_raw((self.table.compute)(self.ctx, &call))
+        };
         let err = (st != Status::Ok).then(|| {
             let mut buf = vec![0u8; 512];
             let n = (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len()).min(buf.len());
@@ -125,6 +136,7 @@ impl Instance<'_> {
         }
         match err {
             Some(e) => Err(e),
+            None if declined => Ok(None),
             None => Ok(Some(c.outputs.iter().map(|o| o.data.clone()).collect())),
         }
     }
@@ -358,8 +370,9 @@ fn check_op_into(
             for (g, w) in got.iter().zip(&want) {
                 compare(op, g, w, dtype).map_err(|e| format!("{label}: {e}"))?;
             }
-            // Weights the backend repacks at load: the same call on the prepared weight.
-            if op == Op::MatMul {
+            // Weights the backend repacks at load: the same call on the prepared weight (and
+            // rows of a prepared table, where the backend takes them).
+            if matches!(op, Op::MatMul | Op::GetRows) {
                 if let Some(got) = backend
                     .run_prepared(&mut c)
                     .map_err(|e| format!("{label}: {e}"))?

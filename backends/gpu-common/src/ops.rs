@@ -33,7 +33,7 @@ pub unsafe fn run<D: Device>(
     let gpu = ctx.dev;
     match op {
         Op::MatMul => mat_mul(ctx, &ins[0], &ins[1], &outs[0], p),
-        Op::GetRows => get_rows(gpu, &ins[0], &ins[1], &outs[0]),
+        Op::GetRows => get_rows(ctx, &ins[0], &ins[1], &outs[0]),
         Op::RmsNorm => {
             let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
             let k = x.ne[0] as u32;
@@ -453,12 +453,15 @@ pub fn product<D: Device>(
     gpu.run(&launches, &ob, size)
 }
 
+/// Rows of a table: a weight prepared at load (`buffer` set: the mat_mul layout, e.g. a tied
+/// embedding, read where it lies, chunk by chunk) or a host table uploaded for the call.
 unsafe fn get_rows<D: Device>(
-    gpu: &D,
+    ctx: &Ctx<D>,
     table: &TensorDesc,
     ids: &TensorDesc,
     out: &TensorDesc,
 ) -> Result<(), Error> {
+    let gpu = ctx.dev;
     let (k, v) = (table.ne[0] as usize, table.ne[1] as usize);
     let id = host::i32s(&host::gather(ids));
     if let Some((m, &bad)) = id
@@ -470,32 +473,37 @@ unsafe fn get_rows<D: Device>(
             "get_rows: ids[{m}] = {bad} outside the table's {v} rows"
         )));
     }
-    let dev = DevWeight::upload(gpu, dt(table), k, v, |r| host::row(table, r))?;
+    let dev: Arc<DevWeight<D::Buf>> = if table.buffer != 0 {
+        ctx.weight(table.buffer)?
+    } else {
+        Arc::new(DevWeight::upload(gpu, dt(table), k, v, |r| {
+            host::row(table, r)
+        })?)
+    };
     let ib = gpu.upload("ids", bytes(&id))?;
     let size = (k * id.len() * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    if dev.chunks.len() != 1 {
-        return Err(Error::Unsupported(
-            "get_rows: a table larger than one storage binding".into(),
-        ));
-    }
-    let c = &dev.chunks[0];
     let (m, groups) = (id.len() as u32, id.len() as u32);
-    let launch = match (dev.layout, &c.scales) {
-        (Layout::Grouped { group }, Some(s)) => Launch {
-            kernel: "get_rows_q",
-            meta: vec![k as u32, m, group as u32, v as u32],
-            bufs: vec![&c.values, s, &ib, &ob],
-            groups,
-        },
-        _ => Launch {
-            kernel: "get_rows_f",
-            meta: vec![k as u32, m, 0, v as u32],
-            bufs: vec![&c.values, &ib, &ob],
-            groups,
-        },
-    };
-    let r = gpu.run(&[launch], &ob, size)?;
+    // Each chunk writes the rows whose ids fall in it.
+    let launches: Vec<_> = dev
+        .chunks
+        .iter()
+        .map(|c| match (dev.layout, &c.scales) {
+            (Layout::Grouped { group }, Some(s)) => Launch {
+                kernel: "get_rows_q",
+                meta: vec![k as u32, m, group as u32, c.rows, c.row0],
+                bufs: vec![&c.values, s, &ib, &ob],
+                groups,
+            },
+            _ => Launch {
+                kernel: "get_rows_f",
+                meta: vec![k as u32, m, 0, c.rows, c.row0],
+                bufs: vec![&c.values, &ib, &ob],
+                groups,
+            },
+        })
+        .collect();
+    let r = gpu.run(&launches, &ob, size)?;
     host::scatter(out, &r);
     Ok(())
 }

@@ -116,9 +116,9 @@ pub unsafe fn check<D: Device>(
     let max = c.dev.max_binding();
     for (i, t) in ins.iter().chain(outs).enumerate() {
         if t.buffer != 0 {
-            if op != Op::MatMul || i != 0 {
+            if !matches!(op, Op::MatMul | Op::GetRows) || i != 0 {
                 return Err(Error::Unsupported(format!(
-                    "{}: device buffers are taken as mat_mul weights only",
+                    "{}: device buffers are taken as mat_mul weights and get_rows tables only",
                     op.name()
                 )));
             }

@@ -2,14 +2,16 @@
 // softmax, argmax.
 
 struct RowsMeta {
-    u32 k, rows, group, table_rows;
+    u32 k, rows, group, table_rows, row0;  // table_rows, row0: this chunk of the table
 };
 
 extern "C" __global__ void get_rows_q(RowsMeta p, const int* codes, const float2* scales,
                                       const int* ids, float* out) {
     u32 m = block_index();
     if (m >= p.rows) return;
-    u32 r = (u32)ids[m], kw = p.k / 4, gpr = p.k / p.group;
+    u32 id = (u32)ids[m];
+    if (id < p.row0 || id >= p.row0 + p.table_rows) return;  // another chunk's row
+    u32 r = id - p.row0, kw = p.k / 4, gpr = p.k / p.group;
     for (u32 w = threadIdx.x; w < kw; w += 64) {
         int word = codes[(size_t)r * kw + w];
         float2 s = scales[(size_t)r * gpr + (w * 4) / p.group];
@@ -24,7 +26,9 @@ extern "C" __global__ void get_rows_q(RowsMeta p, const int* codes, const float2
 extern "C" __global__ void get_rows_f(RowsMeta p, const float* w, const int* ids, float* out) {
     u32 m = block_index();
     if (m >= p.rows) return;
-    u32 r = (u32)ids[m];
+    u32 id = (u32)ids[m];
+    if (id < p.row0 || id >= p.row0 + p.table_rows) return;  // another chunk's row
+    u32 r = id - p.row0;
     for (u32 k = threadIdx.x; k < p.k; k += 64) out[(size_t)m * p.k + k] = w[(size_t)r * p.k + k];
 }
 

@@ -4,7 +4,8 @@ struct Meta {
     k: u32,
     rows: u32,
     unused: u32,
-    table_rows: u32,
+    table_rows: u32, // rows of this chunk of the table
+    row0: u32,       // its first row
 }
 
 @group(0) @binding(0) var<storage, read> p: Meta;
@@ -19,7 +20,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<
     if (m >= p.rows) {
         return;
     }
-    let r = u32(ids[m]);
+    // Rows outside this chunk are another launch's.
+    let id = u32(ids[m]);
+    if (id < p.row0 || id >= p.row0 + p.table_rows) {
+        return;
+    }
+    let r = id - p.row0;
     for (var k = li; k < p.k; k += 64u) {
         out[m * p.k + k] = w[r * p.k + k];
     }

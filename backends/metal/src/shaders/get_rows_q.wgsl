@@ -6,7 +6,8 @@ struct Meta {
     k: u32,
     rows: u32, // ids
     group: u32,
-    table_rows: u32,
+    table_rows: u32, // rows of this chunk of the table
+    row0: u32,       // its first row
 }
 
 @group(0) @binding(0) var<storage, read> p: Meta;
@@ -22,7 +23,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<
     if (m >= p.rows) {
         return;
     }
-    let r = u32(ids[m]);
+    // Rows outside this chunk are another launch's.
+    let id = u32(ids[m]);
+    if (id < p.row0 || id >= p.row0 + p.table_rows) {
+        return;
+    }
+    let r = id - p.row0;
     let kw = p.k / 4u;
     let gpr = p.k / p.group;
     for (var w = li; w < kw; w += 64u) {
