@@ -151,6 +151,10 @@ unsafe fn mat_mul<D: Device>(
 ) -> Result<(), Error> {
     let gpu = ctx.dev;
     let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    let cols = x.nrows() as usize;
+    if cols == 0 || n == 0 {
+        return Ok(());
+    }
     let dev: Arc<DevWeight<D::Buf>> = if w.buffer != 0 {
         ctx.weight(w.buffer)?
     } else {
@@ -160,7 +164,6 @@ unsafe fn mat_mul<D: Device>(
         Layout::Grouped { group } => group,
         Layout::Dense => 0,
     };
-    let cols = x.nrows() as usize;
     let chain = p.i[0].max(0) as usize;
     let kmodes = k_modes(dt(w), k, n, cols, chain);
     let r = match exact_lanes(dt(w), k, n, cols, chain) {
