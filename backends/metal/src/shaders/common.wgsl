@@ -5,6 +5,14 @@ fn wg_index(wg: vec3<u32>, nw: vec3<u32>) -> u32 {
     return wg.y * nw.x + wg.x;
 }
 
+// For the one-invocation-per-output matmuls: 64 rows of one column per workgroup, columns
+// after each other. (column, row) of this invocation.
+fn col_row(wg: vec3<u32>, nw: vec3<u32>, li: u32, rows: u32) -> vec2<u32> {
+    let per_col = (rows + 63u) / 64u;
+    let g = wg_index(wg, nw);
+    return vec2<u32>(g / per_col, (g % per_col) * 64u + li);
+}
+
 // f32 -> f16 bits, rounding to nearest even (the reference's conversion), in integer
 // arithmetic so that no driver's float mode can change it.
 fn f16_bits(f: f32) -> u32 {

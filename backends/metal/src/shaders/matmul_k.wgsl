@@ -54,10 +54,9 @@ fn bsum(x0: u32, i: u32) -> i32 {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     fma_init(nw);
-    let per_col = (p.rows + 63u) / 64u;
-    let g = wg_index(wg, nw);
-    let m = g / per_col;
-    let n = (g % per_col) * 64u + li;
+    let at = col_row(wg, nw, li, p.rows);
+    let m = at.x;
+    let n = at.y;
     if (m >= p.cols || n >= p.rows) {
         return;
     }
