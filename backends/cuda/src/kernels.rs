@@ -9,7 +9,7 @@ pub const FILES: &[(&str, &str, &[&str])] = &[
     (
         "matmul.cu",
         include_str!("kernels/matmul.cu"),
-        &["matmul_q", "matmul_f", "matmul_x", "matmul_k"],
+        &["matmul_q", "matmul_f", "matmul_x", "matmul_k", "quantize"],
     ),
     (
         "rows.cu",

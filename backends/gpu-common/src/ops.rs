@@ -167,14 +167,10 @@ unsafe fn mat_mul<D: Device>(
     let chain = p.i[0].max(0) as usize;
     let kmodes = k_modes(dt(w), k, n, cols, chain);
     let r = match exact_lanes(dt(w), k, n, cols, chain) {
-        Some(lanes) => {
-            let (xq, xs) = block_activations(dt(w), k, &host::gather(x))?;
-            product_exact(gpu, &dev, dt(w), lanes, &xq, &xs, cols)?
-        }
+        Some(lanes) => product_exact(gpu, &dev, dt(w), lanes, &host::gather(x), cols)?,
         None if kmodes.is_some() && dev.chunks.iter().all(|c| c.kscales.is_some()) => {
             let modes = kmodes.expect("checked");
-            let (xq, xk) = k_activations(dt(w), k, n, chain, &host::gather(x))?;
-            product_k(gpu, &dev, &modes, &xq, &xk, cols)?
+            product_k(gpu, &dev, &modes, &host::gather(x), cols)?
         }
         None => {
             let (xs, sums) = dot_format(dt(w), k, group, &host::gather(x))?;
@@ -229,141 +225,124 @@ fn k_modes(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<V
         .collect()
 }
 
-/// Each f32 column quantized to Q8_K as its kernel quantizes it (`quantize_activations_for`),
-/// split into its i8 codes (four to a word) and per super block `[d, bsums 0..16]` (17 words).
-fn k_activations(
-    w: DType,
+/// The launch that quantizes `cols` f32 columns of `k` (`xb`) on the device as ggml's x86
+/// build quantizes them for `dt`'s dot products (`quantize.wgsl` / `quantize.cu`): codes into
+/// `xq`, per block scales into `xs`. `modes`: each column's `matmul_k` chain (Q8_K only).
+fn quantize_launch<'a, B>(
+    dt: DType,
     k: usize,
-    n: usize,
-    chain: usize,
-    x: &[u8],
-) -> Result<(Vec<u32>, Vec<u32>), Error> {
-    let xs = host::f32s(x);
-    let cols = xs.len() / k.max(1);
-    let rb = quant::row_bytes(DType::Q8_K, k)
-        .ok_or_else(|| Error::Unsupported(format!("{k} elements are not whole Q8_K blocks")))?;
-    let mut q = vec![0u8; rb];
-    let (mut codes, mut heads) = (Vec::new(), Vec::new());
-    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
-    for (c, col) in xs.chunks_exact(k).enumerate() {
-        let kernel = quant::matmul_kernel_in(w, k, n, cols, c, chain);
-        quant::quantize_activations_for(kernel, w, col, &mut q)
-            .map_err(|e| Error::Unsupported(format!("activations as q8_K: {e}")))?;
-        for b in q.chunks_exact(292) {
-            heads.push(word(&b[..4]));
-            codes.extend(b[4..260].chunks_exact(4).map(word));
-            heads.extend(
-                b[260..292]
-                    .chunks_exact(2)
-                    .map(|h| i16::from_le_bytes([h[0], h[1]]) as i32 as u32),
-            );
-        }
+    cols: usize,
+    xb: &'a B,
+    modes: &'a B,
+    xq: &'a B,
+    xs: &'a B,
+) -> Launch<'a, B> {
+    let kind = match quant::vec_dot_type(dt) {
+        DType::Q8_0 => 0,
+        DType::Q8_1 => 1,
+        _ => 2,
+    };
+    let blocks = cols * k / if kind == 2 { 256 } else { 32 };
+    Launch {
+        kernel: "quantize",
+        meta: vec![k as u32, cols as u32, kind],
+        bufs: vec![xb, modes, xq, xs],
+        groups: (blocks as u32).div_ceil(64),
     }
-    Ok((codes, heads))
 }
 
-/// `dev` (Q4_K or Q6_K, with its super-block scales) times `cols` Q8_K columns
-/// ([`k_activations`]), each in its kernel's chain (`modes`, [`k_modes`]): the output's bytes.
+/// The device buffers a quantized activation needs: codes and per-block scales.
+fn activation_buffers<D: Device>(
+    gpu: &D,
+    dt: DType,
+    k: usize,
+    cols: usize,
+) -> Result<(D::Buf, D::Buf), Error> {
+    let words = if quant::vec_dot_type(dt) == DType::Q8_K {
+        17 * k / 256
+    } else {
+        2 * k / 32
+    };
+    Ok((
+        gpu.empty("activation codes", (cols * k) as u64)?,
+        gpu.empty("activation scales", (cols * words * 4) as u64)?,
+    ))
+}
+
+/// `dev` (Q4_K or Q6_K, with its super-block scales) times `cols` f32 columns `x`, quantized
+/// to Q8_K on the device, each in its kernel's chain (`modes`, [`k_modes`]): the output's
+/// bytes.
 pub fn product_k<D: Device>(
     gpu: &D,
     dev: &DevWeight<D::Buf>,
     modes: &[u32],
-    xq: &[u32],
-    xk: &[u32],
+    x: &[u8],
     cols: usize,
 ) -> Result<Vec<u8>, Error> {
     let (k, n) = (dev.k, dev.n);
-    let qb = gpu.upload("activation codes", bytes(xq))?;
-    let kb = gpu.upload("activation scales", bytes(xk))?;
+    let xb = gpu.upload("activations", x)?;
     let mb = gpu.upload("column kernels", bytes(modes))?;
+    let (qb, kb) = activation_buffers(gpu, DType::Q4_K, k, cols)?;
     let size = (n * cols * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    let launches = dev
-        .chunks
-        .iter()
-        .map(|c| {
-            let ks = c.kscales.as_ref().ok_or_else(|| {
-                Error::Invalid("a K-quant weight has no super-block scales".into())
-            })?;
-            Ok(Launch {
-                kernel: "matmul_k",
-                meta: vec![k as u32, c.rows, cols as u32, n as u32, c.row0],
-                bufs: vec![&c.values, ks, &qb, &kb, &mb, &ob],
-                groups: c.rows.div_ceil(64) * cols as u32,
-            })
+    let launches = dev.chunks.iter().map(|c| {
+        let ks = c
+            .kscales
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("a K-quant weight has no super-block scales".into()))?;
+        Ok(Launch {
+            kernel: "matmul_k",
+            meta: vec![k as u32, c.rows, cols as u32, n as u32, c.row0],
+            bufs: vec![&c.values, ks, &qb, &kb, &mb, &ob],
+            groups: c.rows.div_ceil(64) * cols as u32,
         })
+    });
+    let first = quantize_launch(DType::Q4_K, k, cols, &xb, &mb, &qb, &kb);
+    let launches = std::iter::once(Ok(first))
+        .chain(launches)
         .collect::<Result<Vec<_>, Error>>()?;
     gpu.run(&launches, &ob, size)
 }
 
-/// Each f32 column quantized as ggml quantizes a legacy format's activations (Q8_0, or Q8_1
-/// for Q4_1 / Q5_1), split into its i8 codes (four to a word) and one (d, s) pair per block
-/// (`s` 0 for Q8_0).
-fn block_activations(w: DType, k: usize, x: &[u8]) -> Result<(Vec<u32>, Vec<[f32; 2]>), Error> {
-    let xs = host::f32s(x);
-    let vt = quant::vec_dot_type(w);
-    let rb = quant::row_bytes(vt, k)
-        .ok_or_else(|| Error::Unsupported(format!("{k} elements are not whole {vt} blocks")))?;
-    let bb = vt.info().block_bytes as usize;
-    let head = bb - 32;
-    let mut q = vec![0u8; rb];
-    let (mut codes, mut scales) = (Vec::new(), Vec::new());
-    for col in xs.chunks_exact(k) {
-        quant::quantize_activations(w, col, &mut q)
-            .map_err(|e| Error::Unsupported(format!("activations as {vt}: {e}")))?;
-        for b in q.chunks_exact(bb) {
-            let f16 = |i: usize| quant::fp16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]));
-            scales.push([f16(0), if head == 4 { f16(2) } else { 0.0 }]);
-            codes.extend(
-                b[head..]
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().unwrap())),
-            );
-        }
-    }
-    Ok((codes, scales))
-}
-
-/// `dev` (a legacy block format) times `cols` block-quantized columns ([`block_activations`])
-/// in the reference's order (the `matmul_x` kernel): the output's bytes, `[n, cols]`.
+/// `dev` (a legacy block format) times `cols` f32 columns `x`, quantized on the device, in
+/// the reference's order (the `matmul_x` kernel): the output's bytes, `[n, cols]`.
 pub fn product_exact<D: Device>(
     gpu: &D,
     dev: &DevWeight<D::Buf>,
     dt: DType,
     lanes: u32,
-    xq: &[u32],
-    xs: &[[f32; 2]],
+    x: &[u8],
     cols: usize,
 ) -> Result<Vec<u8>, Error> {
     let (k, n) = (dev.k, dev.n);
-    let qb = gpu.upload("activation codes", bytes(xq))?;
-    let flat: Vec<f32> = xs.iter().flatten().copied().collect();
-    let sb = gpu.upload("activation scales", bytes(&flat))?;
+    let xb = gpu.upload("activations", x)?;
+    let mb = gpu.upload("column kernels", &[0u8; 4])?;
+    let (qb, sb) = activation_buffers(gpu, dt, k, cols)?;
     let size = (n * cols * 4) as u64;
     let ob = gpu.empty("output", size)?;
     let has_m = matches!(dt, DType::Q4_1 | DType::Q5_1) as u32;
-    let launches = dev
-        .chunks
-        .iter()
-        .map(|c| {
-            let scales = c.scales.as_ref().ok_or_else(|| {
-                Error::Invalid(format!("{dt}: a block format's weight has no scales"))
-            })?;
-            Ok(Launch {
-                kernel: "matmul_x",
-                meta: vec![
-                    k as u32,
-                    c.rows,
-                    cols as u32,
-                    n as u32,
-                    c.row0,
-                    lanes,
-                    has_m,
-                ],
-                bufs: vec![&c.values, scales, &qb, &sb, &ob],
-                groups: c.rows.div_ceil(64) * cols as u32,
-            })
+    let launches = dev.chunks.iter().map(|c| {
+        let scales = c.scales.as_ref().ok_or_else(|| {
+            Error::Invalid(format!("{dt}: a block format's weight has no scales"))
+        })?;
+        Ok(Launch {
+            kernel: "matmul_x",
+            meta: vec![
+                k as u32,
+                c.rows,
+                cols as u32,
+                n as u32,
+                c.row0,
+                lanes,
+                has_m,
+            ],
+            bufs: vec![&c.values, scales, &qb, &sb, &ob],
+            groups: c.rows.div_ceil(64) * cols as u32,
         })
+    });
+    let first = quantize_launch(dt, k, cols, &xb, &mb, &qb, &sb);
+    let launches = std::iter::once(Ok(first))
+        .chain(launches)
         .collect::<Result<Vec<_>, Error>>()?;
     gpu.run(&launches, &ob, size)
 }

@@ -19,6 +19,7 @@ const KERNELS: &[(&str, &str)] = &[
     ("argmax", include_str!("shaders/argmax.wgsl")),
     ("matmul_x", include_str!("shaders/matmul_x.wgsl")),
     ("matmul_k", include_str!("shaders/matmul_k.wgsl")),
+    ("quantize", include_str!("shaders/quantize.wgsl")),
     ("fma_probe", include_str!("shaders/fma_probe.wgsl")),
 ];
 

@@ -200,3 +200,71 @@ extern "C" __global__ void matmul_k(KMeta p, const int* codes, const u32* ks, co
     }
     out[(size_t)m * p.out_rows + p.row0 + n] = r;
 }
+
+// Activations quantized on the device as ggml's x86 build quantizes them (metal's
+// quantize.wgsl says how): one thread per block; kind 0 Q8_0, 1 Q8_1 (codes into `xq`, the f16
+// d and s as f32 bits into `xs`), 2 Q8_K (codes, then d and 16 bsums, 17 words a block; the
+// columns whose `modes` entry is 2 take ggml's 4x8 variant).
+struct QMeta {
+    u32 k, cols, kind;
+};
+
+__device__ __forceinline__ u32 pack4(const int* q) {
+    return (u32)(q[0] & 0xff) | ((u32)(q[1] & 0xff) << 8) | ((u32)(q[2] & 0xff) << 16) |
+           ((u32)(q[3] & 0xff) << 24);
+}
+
+extern "C" __global__ void quantize(QMeta p, const float* x, const u32* modes, u32* xq, u32* xs) {
+    u32 qk = p.kind == 2 ? 256 : 32, per_col = p.k / qk;
+    size_t b = (size_t)block_index() * 64 + threadIdx.x;
+    if (b >= (size_t)per_col * p.cols) return;
+    const float* v = x + b * qk;
+    if (p.kind < 2) {
+        float mx = 0.0f;
+        for (int i = 0; i < 32; i++) mx = fmaxf(mx, fabsf(v[i]));
+        float d = mx / 127.0f, id = mx != 0.0f ? 127.0f / mx : 0.0f;
+        int sum = 0;
+        for (int w = 0; w < 8; w++) {
+            int q[4];
+            for (int j = 0; j < 4; j++) {
+                q[j] = (int)rintf(v[4 * w + j] * id);
+                sum += q[j];
+            }
+            xq[b * 8 + w] = pack4(q);
+        }
+        xs[2 * b] = __float_as_uint(round_f16(d));
+        xs[2 * b + 1] = p.kind == 1 ? __float_as_uint(round_f16(d * (float)sum)) : 0u;
+        return;
+    }
+    bool four_by_eight = modes[b / per_col] == 2;
+    float mx = 0.0f, amx = 0.0f;
+    for (int i = 0; i < 256; i++) {
+        if (fabsf(v[i]) > amx) { amx = fabsf(v[i]); mx = v[i]; }
+    }
+    u32* h = xs + b * 17;
+    if (amx == 0.0f) {
+        for (int w = 0; w < 64; w++) xq[b * 64 + w] = 0u;
+        for (int i = 0; i < 17; i++) h[i] = 0u;
+        return;
+    }
+    float iscale = -127.0f / mx;
+    if (four_by_eight) {
+        bool pos = false;
+        for (int i = 0; i < 256; i++) pos = pos || v[i] == amx;
+        iscale = pos ? -127.0f / amx : 127.0f / amx;
+    }
+    for (int s = 0; s < 16; s++) {
+        int bs = 0;
+        for (int w = 0; w < 4; w++) {
+            int q[4];
+            for (int j = 0; j < 4; j++) {
+                int r = (int)rintf(iscale * v[16 * s + 4 * w + j]);
+                q[j] = four_by_eight ? max(-128, min(r, 127)) : min(r, 127);
+                bs += q[j];
+            }
+            xq[b * 64 + 4 * s + w] = pack4(q);
+        }
+        h[1 + s] = (u32)bs;
+    }
+    h[0] = __float_as_uint(1.0f / iscale);
+}
