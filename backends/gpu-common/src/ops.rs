@@ -164,14 +164,8 @@ unsafe fn mat_mul<D: Device>(
         Layout::Grouped { group } => group,
         Layout::Dense => 0,
     };
-    let chain = p.i[0].max(0) as usize;
-    let kmodes = k_modes(dt(w), k, n, cols, chain);
-    let r = match exact_lanes(dt(w), k, n, cols, chain) {
-        Some(lanes) => product_exact(gpu, &dev, dt(w), lanes, &host::gather(x), cols)?,
-        None if kmodes.is_some() && dev.chunks.iter().all(|c| c.kscales.is_some()) => {
-            let modes = kmodes.expect("checked");
-            product_k(gpu, &dev, &modes, &host::gather(x), cols)?
-        }
+    let r = match exact_chain(dt(w), k, n, cols, p.i[0].max(0) as usize) {
+        Some(chain) => product_exact(gpu, &dev, dt(w), &chain, &host::gather(x), cols)?,
         None => {
             let (xs, sums) = dot_format(dt(w), k, group, &host::gather(x))?;
             product(gpu, &dev, bytes(&xs), bytes(&sums), cols)?
@@ -181,38 +175,35 @@ unsafe fn mat_mul<D: Device>(
     Ok(())
 }
 
-/// For the legacy block formats, the accumulator lanes of the x86 kernel the reference uses
-/// for every column of this call (`quant::matmul_kernel_in`): 8 for `vec_dot` and tinyBLAS,
-/// 1 for Q4_0's repack layout. `None`: another format, or columns that mix chains (then the
-/// order-free kernels run).
-fn exact_lanes(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<u32> {
-    use quant::Kernel;
-    if !matches!(
-        dt,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
-    ) || k % 32 != 0
-    {
-        return None;
-    }
-    let lanes = |c| match quant::matmul_kernel_in(dt, k, n, cols, c, chain) {
-        Kernel::VecDot | Kernel::TinyBlas => Some(8),
-        Kernel::RepackGemv | Kernel::RepackGemm => Some(1),
-        Kernel::Tiled => None,
-    };
-    let first = lanes(0)?;
-    (1..cols).all(|c| lanes(c) == Some(first)).then_some(first)
+/// How a block-format product follows the reference's float order (see [`exact_chain`]).
+pub enum Chain {
+    /// Q4_0..Q8_0 (`matmul_x`): 8 accumulator lanes (`vec_dot`, tinyBLAS) or 1 (Q4_0's
+    /// repack layout), the same for every column.
+    Legacy { lanes: u32 },
+    /// Q4_K / Q6_K (`matmul_k`): each column's chain (0..=5, as the kernel numbers them).
+    K { modes: Vec<u32> },
 }
 
-/// For Q4_K and Q6_K, the `matmul_k` chain of each column: the x86 kernel the reference uses
-/// for it. `None`: another format, or a kernel without a chain there.
-fn k_modes(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<Vec<u32>> {
+/// The chain of the x86 kernel the reference uses for each column of this call
+/// (`quant::matmul_kernel_in`). `None`: another format, or columns of a legacy format that
+/// mix chains; then the order-free kernels run.
+fn exact_chain(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<Chain> {
     use quant::Kernel;
-    if k % 256 != 0 {
-        return None;
-    }
-    (0..cols)
-        .map(
-            |c| match (dt, quant::matmul_kernel_in(dt, k, n, cols, c, chain)) {
+    let kernel = |c| quant::matmul_kernel_in(dt, k, n, cols, c, chain);
+    match dt {
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 if k % 32 == 0 => {
+            let lanes = |c| match kernel(c) {
+                Kernel::VecDot | Kernel::TinyBlas => Some(8),
+                Kernel::RepackGemv | Kernel::RepackGemm => Some(1),
+                Kernel::Tiled => None,
+            };
+            let first = lanes(0)?;
+            (1..cols)
+                .all(|c| lanes(c) == Some(first))
+                .then_some(Chain::Legacy { lanes: first })
+        }
+        DType::Q4_K | DType::Q6_K if k % 256 == 0 => (0..cols)
+            .map(|c| match (dt, kernel(c)) {
                 (DType::Q4_K, Kernel::VecDot) => Some(0),
                 (DType::Q4_K, Kernel::RepackGemv) => Some(1),
                 (DType::Q4_K, Kernel::RepackGemm) => Some(2),
@@ -220,9 +211,11 @@ fn k_modes(dt: DType, k: usize, n: usize, cols: usize, chain: usize) -> Option<V
                 (DType::Q6_K, Kernel::VecDot) => Some(4),
                 (DType::Q6_K, Kernel::Tiled) => Some(5),
                 _ => None,
-            },
-        )
-        .collect()
+            })
+            .collect::<Option<Vec<u32>>>()
+            .map(|modes| Chain::K { modes }),
+        _ => None,
+    }
 }
 
 /// The launch that quantizes `cols` f32 columns of `k` (`xb`) on the device as ggml's x86
@@ -269,80 +262,65 @@ fn activation_buffers<D: Device>(
     ))
 }
 
-/// `dev` (Q4_K or Q6_K, with its super-block scales) times `cols` f32 columns `x`, quantized
-/// to Q8_K on the device, each in its kernel's chain (`modes`, [`k_modes`]): the output's
-/// bytes.
-pub fn product_k<D: Device>(
-    gpu: &D,
-    dev: &DevWeight<D::Buf>,
-    modes: &[u32],
-    x: &[u8],
-    cols: usize,
-) -> Result<Vec<u8>, Error> {
-    let (k, n) = (dev.k, dev.n);
-    let xb = gpu.upload("activations", x)?;
-    let mb = gpu.upload("column kernels", bytes(modes))?;
-    let (qb, kb) = activation_buffers(gpu, DType::Q4_K, k, cols)?;
-    let size = (n * cols * 4) as u64;
-    let ob = gpu.empty("output", size)?;
-    let launches = dev.chunks.iter().map(|c| {
-        let ks = c
-            .kscales
-            .as_ref()
-            .ok_or_else(|| Error::Invalid("a K-quant weight has no super-block scales".into()))?;
-        Ok(Launch {
-            kernel: "matmul_k",
-            meta: vec![k as u32, c.rows, cols as u32, n as u32, c.row0],
-            bufs: vec![&c.values, ks, &qb, &kb, &mb, &ob],
-            groups: c.rows.div_ceil(64) * cols as u32,
-        })
-    });
-    let first = quantize_launch(DType::Q4_K, k, cols, &xb, &mb, &qb, &kb);
-    let launches = std::iter::once(Ok(first))
-        .chain(launches)
-        .collect::<Result<Vec<_>, Error>>()?;
-    gpu.run(&launches, &ob, size)
-}
-
-/// `dev` (a legacy block format) times `cols` f32 columns `x`, quantized on the device, in
-/// the reference's order (the `matmul_x` kernel): the output's bytes, `[n, cols]`.
+/// `dev` (a block format) times `cols` f32 columns `x`, quantized on the device as the
+/// reference quantizes them, each column in the reference's chain (`matmul_x` or `matmul_k`):
+/// the output's bytes, `[n, cols]`.
 pub fn product_exact<D: Device>(
     gpu: &D,
     dev: &DevWeight<D::Buf>,
     dt: DType,
-    lanes: u32,
+    chain: &Chain,
     x: &[u8],
     cols: usize,
 ) -> Result<Vec<u8>, Error> {
     let (k, n) = (dev.k, dev.n);
     let xb = gpu.upload("activations", x)?;
-    let mb = gpu.upload("column kernels", &[0u8; 4])?;
+    let modes = match chain {
+        Chain::K { modes } => &modes[..],
+        Chain::Legacy { .. } => &[0],
+    };
+    let mb = gpu.upload("column kernels", bytes(modes))?;
     let (qb, sb) = activation_buffers(gpu, dt, k, cols)?;
     let size = (n * cols * 4) as u64;
     let ob = gpu.empty("output", size)?;
-    let has_m = matches!(dt, DType::Q4_1 | DType::Q5_1) as u32;
-    let launches = dev.chunks.iter().map(|c| {
-        let scales = c.scales.as_ref().ok_or_else(|| {
-            Error::Invalid(format!("{dt}: a block format's weight has no scales"))
-        })?;
-        Ok(Launch {
-            kernel: "matmul_x",
-            meta: vec![
-                k as u32,
-                c.rows,
-                cols as u32,
-                n as u32,
-                c.row0,
-                lanes,
-                has_m,
-            ],
-            bufs: vec![&c.values, scales, &qb, &sb, &ob],
-            groups: c.rows.div_ceil(64) * cols as u32,
+    let products = dev.chunks.iter().map(|c| {
+        let missing = || Error::Invalid(format!("{dt}: the weight has no block scales"));
+        let meta = vec![k as u32, c.rows, cols as u32, n as u32, c.row0];
+        let groups = c.rows.div_ceil(64) * cols as u32;
+        Ok(match chain {
+            Chain::Legacy { lanes } => Launch {
+                kernel: "matmul_x",
+                meta: [
+                    meta,
+                    vec![*lanes, matches!(dt, DType::Q4_1 | DType::Q5_1) as u32],
+                ]
+                .concat(),
+                bufs: vec![
+                    &c.values,
+                    c.scales.as_ref().ok_or_else(missing)?,
+                    &qb,
+                    &sb,
+                    &ob,
+                ],
+                groups,
+            },
+            Chain::K { .. } => Launch {
+                kernel: "matmul_k",
+                meta,
+                bufs: vec![
+                    &c.values,
+                    c.kscales.as_ref().ok_or_else(missing)?,
+                    &qb,
+                    &sb,
+                    &mb,
+                    &ob,
+                ],
+                groups,
+            },
         })
     });
-    let first = quantize_launch(dt, k, cols, &xb, &mb, &qb, &sb);
-    let launches = std::iter::once(Ok(first))
-        .chain(launches)
+    let launches = std::iter::once(Ok(quantize_launch(dt, k, cols, &xb, &mb, &qb, &sb)))
+        .chain(products)
         .collect::<Result<Vec<_>, Error>>()?;
     gpu.run(&launches, &ob, size)
 }

@@ -176,14 +176,11 @@ pub struct Chunk<B> {
     pub kscales: Option<B>,
 }
 
-/// Words per super block in [`Chunk::kscales`].
-pub const KSCALE_WORDS: usize = 8;
-
 /// The integers a K-quant super block's dot products use, which the (scale, offset) pairs fold
 /// into floats: Q4_K `[d, dmin, sc 0..4, sc 4..8, m 0..4, m 4..8, 0, 0]`, Q6_K
 /// `[d, 0, scales 0..4, 4..8, 8..12, 12..16, 0, 0]` (d and dmin as f32 bits; 6-bit scales and
-/// mins as bytes, Q6_K's i8 scales as bytes, four to a word). `None` for other formats.
-pub fn k_scales(dt: DType, src: &[u8], out: &mut Vec<u32>) -> Option<()> {
+/// mins as bytes, Q6_K's i8 scales as bytes, four to a word); nothing for other formats.
+pub fn k_scales(dt: DType, src: &[u8], out: &mut Vec<u32>) {
     let bb = dt.info().block_bytes as usize;
     let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
     for b in src.chunks_exact(bb) {
@@ -205,10 +202,9 @@ pub fn k_scales(dt: DType, src: &[u8], out: &mut Vec<u32>) -> Option<()> {
                 out.extend(b[192..208].chunks_exact(4).map(word));
                 out.extend([0, 0]);
             }
-            _ => return None,
+            _ => return,
         }
     }
-    Some(())
 }
 
 /// A weight `[k, n]` held on the device.
@@ -262,16 +258,15 @@ impl<B> DevWeight<B> {
                 Layout::Grouped { group } => {
                     let mut codes = Vec::with_capacity(rows * k);
                     let mut sc = Vec::with_capacity(rows * k / group);
+                    let mut ks = Vec::new();
                     for r in r0..r0 + rows {
                         decode_grouped(dt, row(r), &mut codes, &mut sc);
+                        k_scales(dt, row(r), &mut ks);
                     }
                     let s = gpu.upload("weight scales", bytes(&sc))?;
-                    let mut ks = Vec::new();
-                    let kinds = (r0..r0 + rows).try_for_each(|r| k_scales(dt, row(r), &mut ks));
-                    kscales = match kinds {
-                        Some(()) => Some(gpu.upload("weight super-block scales", bytes(&ks))?),
-                        None => None,
-                    };
+                    if matches!(dt, DType::Q4_K | DType::Q6_K) {
+                        kscales = Some(gpu.upload("weight super-block scales", bytes(&ks))?);
+                    }
                     (gpu.upload("weight codes", bytes(&codes))?, Some(s))
                 }
                 Layout::Dense => {
