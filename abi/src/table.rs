@@ -17,7 +17,7 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 6;
+pub const ABI_MINOR: u16 = 7;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
@@ -29,6 +29,9 @@ pub const ABI_MINOR: u16 = 6;
 // cache's slots).
 // Minor 6: the table's `prepare_weight_ex` (`prepare_weight` with flags: a source the backend
 // may drop from memory as it reads it, `PREPARE_SOURCE_MAPPED`).
+// Minor 7: operands in device memory (a `buffer_alloc` buffer without `buffer_host_ptr`:
+// `data` is the byte offset in it); `compute` queues work on them, and the host waits only in
+// `buffer_copy` into host memory and in `synchronize`.
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 
@@ -146,12 +149,14 @@ pub struct BackendTable {
     /// Returns [`Status::Ok`] when `compute` would accept this exact call (op, formats,
     /// shapes), [`Status::Unsupported`] otherwise. Data pointers may be null.
     pub supports: Option<extern "C" fn(ctx: *mut c_void, call: *const OpCall) -> i32>,
-    /// Blocks until queued work is done (asynchronous devices).
+    /// Blocks until queued work is done (asynchronous devices); reports a device failure of
+    /// the queued work.
     pub synchronize: Option<extern "C" fn(ctx: *mut c_void) -> i32>,
     /// Device memory: allocate `size` bytes, returning a handle in `*out` (never 0).
     pub buffer_alloc: Option<extern "C" fn(ctx: *mut c_void, size: usize, out: *mut u64) -> i32>,
     pub buffer_free: Option<extern "C" fn(ctx: *mut c_void, buffer: u64)>,
-    /// Copies between host memory (`buffer == 0`) and backend buffers.
+    /// Copies between host memory (`buffer == 0`) and backend buffers, in the order of the
+    /// queued work; a copy into host memory waits for it.
     pub buffer_copy: Option<
         extern "C" fn(ctx: *mut c_void, dst: *const TensorDesc, src: *const TensorDesc) -> i32,
     >,

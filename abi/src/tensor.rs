@@ -23,8 +23,10 @@ pub struct TensorDesc {
     pub ndim: u32,
     pub ne: [i64; MAX_DIMS],
     pub nb: [i64; MAX_DIMS],
-    /// 0: host memory. Otherwise a handle returned by the backend's `buffer_alloc`, and `data`
-    /// is an offset-carrying pointer the backend itself understands.
+    /// 0: host memory. Otherwise a handle returned by the backend's `buffer_alloc`: for a
+    /// buffer in host memory (`buffer_host_ptr`) `data` is an offset-carrying pointer the
+    /// backend itself understands; for device memory `data` is the byte offset in the buffer
+    /// (ABI 1.7). A prepared weight's handle keeps the original's `data`.
     pub buffer: u64,
 }
 

@@ -13,7 +13,7 @@
 
 pub mod cases;
 
-use abi::{BackendTable, Op, OpCall, Status};
+use abi::{BackendTable, Op, OpCall, Status, TensorDesc};
 use cases::Case;
 use core::ffi::c_void;
 
@@ -139,6 +139,140 @@ impl Instance<'_> {
             None if declined => Ok(None),
             None => Ok(Some(c.outputs.iter().map(|o| o.data.clone()).collect())),
         }
+    }
+}
+
+impl Instance<'_> {
+    /// [`Instance::run`] with operands in the backend's device memory (`buffer_alloc` without
+    /// `buffer_host_ptr`, ABI 1.7: `data` is the offset in the buffer): each operand but a
+    /// weight goes there where the backend still takes the call with it there, the inputs are
+    /// copied in and the outputs out with `buffer_copy`. `None`: no device memory, or no
+    /// operand it takes there.
+    pub fn run_on_device(&self, c: &mut Case) -> Result<Option<Vec<Vec<u8>>>, String> {
+        let t = self.table;
+        let (Some(alloc), Some(copy), Some(supports), None) =
+            (t.buffer_alloc, t.buffer_copy, t.supports, t.buffer_host_ptr)
+        else {
+            return Ok(None);
+        };
+        let in_place = c.op == Op::SetRows;
+        let mut ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+        let mut outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+        if in_place {
+            outs[0] = ins[2];
+        }
+        let n_in = ins.len();
+        // Operand j's offset in one buffer, 256-byte aligned.
+        let mut offs = Vec::new();
+        let mut size = 0usize;
+        for d in ins.iter().chain(&outs) {
+            offs.push(size);
+            let bytes = d.nrows() as usize * d.nb[1] as usize;
+            size = (size + bytes.max(4)).next_multiple_of(256);
+        }
+        let mut h = 0u64;
+        if Status::from_raw(alloc(self.ctx, size, &mut h)) != Status::Ok || h == 0 {
+            return Err("buffer_alloc failed".into());
+        }
+        let on_dev = |d: &TensorDesc, off: usize| {
+            let mut x = *d;
+            x.buffer = h;
+            x.data = off as *mut u8;
+            x
+        };
+        let weight = matches!(c.op, Op::MatMul | Op::GetRows);
+        let mut moved = vec![false; n_in + outs.len()];
+        for j in 0..moved.len() {
+            if (weight && j == 0) || (in_place && j == n_in) {
+                continue;
+            }
+            let (mut ti, mut to) = (ins.clone(), outs.clone());
+            let d = if j < n_in {
+                &mut ti[j]
+            } else {
+                &mut to[j - n_in]
+            };
+            *d = on_dev(d, offs[j]);
+            if in_place && j == 2 {
+                to[0] = ti[2];
+            }
+            if Status::from_raw(supports(self.ctx, &OpCall::new(c.op, &ti, &to, c.params)))
+                == Status::Ok
+            {
+                moved[j] = true;
+                (ins, outs) = (ti, to);
+            }
+        }
+        let res = (|| {
+            if !moved.iter().any(|&m| m) {
+                return Ok(None);
+            }
+            let mut st = Status::Ok;
+            let poison = |o: &mut cases::Owned| o.data.fill(0xFF);
+            for (j, o) in c.outputs.iter_mut().enumerate() {
+                if !(in_place || moved[n_in + j]) {
+                    poison(o);
+                }
+            }
+            for j in 0..moved.len() {
+                if !moved[j] || (in_place && j == n_in) {
+                    continue;
+                }
+                let owned = if j < n_in {
+                    &mut c.inputs[j]
+                } else {
+                    &mut c.outputs[j - n_in]
+                };
+                let mut host = owned.clone();
+                if j >= n_in {
+                    poison(&mut host);
+                }
+                let dev = if j < n_in { ins[j] } else { outs[j - n_in] };
+                st = Status::from_raw(copy(self.ctx, &dev, &host.desc()));
+                if st != Status::Ok {
+                    break;
+                }
+            }
+            if st == Status::Ok {
+                st = Status::from_raw((self.table.compute)(
+                    self.ctx,
+                    &OpCall::new(c.op, &ins, &outs, c.params),
+                ));
+            }
+            let mut got = Vec::new();
+            for (j, o) in c.outputs.iter_mut().enumerate() {
+                if st != Status::Ok {
+                    break;
+                }
+                let (dev, mut host) = if in_place {
+                    (ins[2], c.inputs[2].clone())
+                } else {
+                    (outs[j], o.clone())
+                };
+                if dev.buffer != 0 {
+                    st = Status::from_raw(copy(self.ctx, &host.desc(), &dev));
+                    got.push(host.data);
+                } else if in_place {
+                    got.push(c.inputs[2].data.clone());
+                } else {
+                    got.push(o.data.clone());
+                }
+            }
+            if st != Status::Ok {
+                let mut buf = vec![0u8; 512];
+                let n =
+                    (self.table.last_error)(self.ctx, buf.as_mut_ptr(), buf.len()).min(buf.len());
+                return Err(format!(
+                    "device operands: {st:?}: {}",
+                    String::from_utf8_lossy(&buf[..n])
+                ));
+            }
+            Ok(Some(got))
+        })();
+        if let Some(free) = t.buffer_free {
+            free(self.ctx, h);
+        }
+        res
     }
 }
 
@@ -361,6 +495,7 @@ fn check_op_into(
             let want = reference
                 .run(&mut c2)
                 .map_err(|e| format!("{label}: reference failed: {e}"))?;
+            let mut c_dev = c.clone();
             let got = backend.run(&mut c).map_err(|e| format!("{label}: {e}"))?;
             let dtype = if op == Op::SetRows {
                 c.inputs[2].dtype
@@ -369,6 +504,21 @@ fn check_op_into(
             };
             for (g, w) in got.iter().zip(&want) {
                 compare(op, g, w, dtype).map_err(|e| format!("{label}: {e}"))?;
+            }
+            // A device backend: the same call with its operands in device memory gives the
+            // same bytes as in host memory.
+            if let Some(dev) = backend
+                .run_on_device(&mut c_dev)
+                .map_err(|e| format!("{label}: {e}"))?
+            {
+                for (d, g) in dev.iter().zip(&got) {
+                    if d != g {
+                        return Err(format!(
+                            "{label}: with its operands in device memory the output differs \
+                             from the same call in host memory"
+                        ));
+                    }
+                }
             }
             // Weights the backend repacks at load: the same call on the prepared weight (and
             // rows of a prepared table, where the backend takes them).

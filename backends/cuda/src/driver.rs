@@ -1,7 +1,7 @@
 //! The CUDA driver API, opened at run time (never linked), as the shared GPU host code uses a
 //! device ([`mollm_gpu_common::Device`]): device memory, the kernels loaded from PTX (NVRTC's,
-//! or prebuilt files in `MOLLM_CUDA_PTX`), launches of 64-thread blocks, and one synchronous
-//! read back per op. The primary context of device 0 is made current on each call's thread.
+//! or prebuilt files in `MOLLM_CUDA_PTX`), launches of 64-thread blocks and copies in the
+//! context's stream order, and a wait only where the host reads. The primary context of device 0 is made current on each call's thread.
 
 use crate::kernels;
 use mollm_gpu_common::{Device, Error, Launch};
@@ -39,6 +39,7 @@ struct Api {
     free: unsafe extern "C" fn(Ptr) -> c_int,
     htod: unsafe extern "C" fn(Ptr, *const c_void, usize) -> c_int,
     dtoh: unsafe extern "C" fn(*mut c_void, Ptr, usize) -> c_int,
+    dtod: unsafe extern "C" fn(Ptr, Ptr, usize) -> c_int,
     launch: unsafe extern "C" fn(
         CuFunction,
         c_uint,
@@ -118,6 +119,7 @@ fn load_api() -> Result<Api, String> {
         free: sym!(b"cuMemFree_v2\0"),
         htod: sym!(b"cuMemcpyHtoD_v2\0"),
         dtoh: sym!(b"cuMemcpyDtoH_v2\0"),
+        dtod: sym!(b"cuMemcpyDtoD_v2\0"),
         launch: sym!(b"cuLaunchKernel\0"),
         synchronize: sym!(b"cuCtxSynchronize\0"),
         mem_info: sym!(b"cuMemGetInfo_v2\0"),
@@ -263,7 +265,7 @@ impl Cuda {
         self.api.ok("cuCtxSetCurrent", rc).map_err(Error::Device)
     }
 
-    fn alloc(&self, what: &str, size: u64) -> Result<Buf, Error> {
+    fn allocate(&self, what: &str, size: u64) -> Result<Buf, Error> {
         self.current()?;
         let mut ptr: Ptr = 0;
         // SAFETY: an out-parameter; at least one byte so that every buffer is a real one.
@@ -297,7 +299,7 @@ impl Device for Cuda {
     }
 
     fn upload(&self, what: &str, bytes: &[u8]) -> Result<Buf, Error> {
-        let b = self.alloc(what, bytes.len() as u64)?;
+        let b = self.allocate(what, bytes.len() as u64)?;
         if !bytes.is_empty() {
             // SAFETY: `bytes` is readable for its length, the allocation at least as large.
             let rc =
@@ -310,12 +312,72 @@ impl Device for Cuda {
     }
 
     fn empty(&self, what: &str, size: u64) -> Result<Buf, Error> {
-        self.alloc(what, size)
+        self.allocate(what, size)
+    }
+
+    fn max_buffer(&self) -> u64 {
+        self.max_binding()
+    }
+
+    fn alloc(&self, what: &str, size: u64) -> Result<Buf, Error> {
+        self.allocate(what, size)
+    }
+
+    fn copy(
+        &self,
+        src: &Buf,
+        src_off: u64,
+        dst: &Buf,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<(), Error> {
+        if size == 0 {
+            return Ok(());
+        }
+        self.current()?;
+        // SAFETY: both ranges inside allocations of this context (the callers check); the
+        // copy is ordered after the launches before it.
+        let rc = unsafe { (self.api.dtod)(dst.ptr + dst_off, src.ptr + src_off, size as usize) };
+        self.api.ok("cuMemcpyDtoD", rc).map_err(Error::Device)
+    }
+
+    fn write(&self, dst: &Buf, off: u64, bytes: &[u8]) -> Result<(), Error> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.current()?;
+        // SAFETY: `bytes` readable for its length; the range inside `dst` (the callers check).
+        let rc =
+            unsafe { (self.api.htod)(dst.ptr + off, bytes.as_ptr() as *const c_void, bytes.len()) };
+        self.api.ok("cuMemcpyHtoD", rc).map_err(Error::Device)
+    }
+
+    fn read(&self, src: &Buf, off: u64, size: u64) -> Result<Vec<u8>, Error> {
+        self.current()?;
+        let mut host = vec![0u8; size as usize];
+        // SAFETY: `host` holds `size` bytes; the copy waits for the launches before it.
+        let rc = unsafe {
+            (self.api.dtoh)(
+                host.as_mut_ptr() as *mut c_void,
+                src.ptr + off,
+                size as usize,
+            )
+        };
+        self.api.ok("cuMemcpyDtoH", rc).map_err(Error::Device)?;
+        self.sync()?;
+        Ok(host)
+    }
+
+    fn sync(&self) -> Result<(), Error> {
+        self.current()?;
+        // SAFETY: no arguments.
+        let rc = unsafe { (self.api.synchronize)() };
+        self.api.ok("cuCtxSynchronize", rc).map_err(Error::Device)
     }
 
     /// Each launch: its meta words by value (zero-padded to the largest kernel parameter
-    /// struct) then its buffers' device pointers; then one synchronous copy of the result.
-    fn run(&self, launches: &[Launch<'_, Buf>], out: &Buf, size: u64) -> Result<Vec<u8>, Error> {
+    /// struct) then its buffers' device pointers, on the context's stream.
+    fn enqueue(&self, launches: &[Launch<'_, Buf>]) -> Result<(), Error> {
         self.current()?;
         for l in launches {
             if l.groups == 0 {
@@ -352,14 +414,6 @@ impl Device for Cuda {
                 .ok(&format!("{}: cuLaunchKernel", l.kernel), rc)
                 .map_err(Error::Device)?;
         }
-        let mut host = vec![0u8; size as usize];
-        // SAFETY: `host` holds `size` bytes; the copy waits for the launches before it.
-        let rc =
-            unsafe { (self.api.dtoh)(host.as_mut_ptr() as *mut c_void, out.ptr, size as usize) };
-        self.api.ok("cuMemcpyDtoH", rc).map_err(Error::Device)?;
-        // SAFETY: no arguments.
-        let rc = unsafe { (self.api.synchronize)() };
-        self.api.ok("cuCtxSynchronize", rc).map_err(Error::Device)?;
-        Ok(host)
+        Ok(())
     }
 }

@@ -19,12 +19,12 @@ pub const FILES: &[(&str, &str, &[&str])] = &[
     (
         "elementwise.cu",
         include_str!("kernels/elementwise.cu"),
-        &["rope", "glu", "elementwise", "set_rows"],
+        &["rope", "glu", "elementwise", "set_rows", "set_rows_dev"],
     ),
     (
         "attention.cu",
         include_str!("kernels/attention.cu"),
-        &["attention"],
+        &["attention", "gather_words"],
     ),
 ];
 

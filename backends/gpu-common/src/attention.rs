@@ -1,9 +1,10 @@
-//! attention: the host gathers each sequence's cache rows `0..n_kv` (through its block table
-//! when the cache is paged) into one packed K/V buffer, `[row][kv head][d]`, and the kernel (metal's
+//! attention: each sequence's cache rows `0..n_kv` (through its block table when the cache is
+//! paged) are gathered into one packed K/V buffer, `[row][kv head][d]` (by the host from a
+//! host cache, by `gather_words` from a device one), and the kernel (metal's
 //! `attention.wgsl`, cuda's `attention.cu`) runs one workgroup per query and head over them.
 
 use crate::host::{self, bytes};
-use crate::{Device, Error, Launch};
+use crate::{Ctx, Device, Error, Launch};
 use abi::{DType, OpParams, TensorDesc};
 
 /// What each query reads: its position, first gathered row and row count, and how the
@@ -33,11 +34,12 @@ struct Seq {
 /// # Safety
 /// A validated attention call on valid host memory.
 pub unsafe fn run<D: Device>(
-    gpu: &D,
+    ctx: &Ctx<D>,
     ins: &[TensorDesc],
     out: &TensorDesc,
     p: &OpParams,
 ) -> Result<(), Error> {
+    let gpu = ctx.dev;
     let (q, k, v, pos) = (&ins[0], &ins[1], &ins[2], &ins[3]);
     let (d, hq, t) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize);
     let hkv = k.ne[1] as usize;
@@ -48,12 +50,19 @@ pub unsafe fn run<D: Device>(
             "attention: k and v caches of different formats".into(),
         ));
     }
-    let positions = host::i32s(&host::gather(pos));
-    let table = ins
-        .get(4)
-        .map(|b| (host::i32s(&host::gather(b)), b.ne[0] as usize));
+    let positions = host::i32s(&ctx.host_bytes(pos)?);
+    let table = match ins.get(4) {
+        Some(b) => Some((host::i32s(&ctx.host_bytes(b)?), b.ne[0] as usize)),
+        None => None,
+    };
+    let on_device = k.buffer != 0 || v.buffer != 0;
+    if on_device && (k.buffer == 0 || v.buffer == 0 || k.nb != v.nb) {
+        return Err(Error::Unsupported(
+            "attention: k and v caches in different memories or layouts".into(),
+        ));
+    }
     let seqs: Vec<Seq> = match ins.get(5) {
-        Some(s) => host::i32s(&host::gather(s))
+        Some(s) => host::i32s(&ctx.host_bytes(s)?)
             .chunks_exact(3)
             .map(|c| Seq {
                 first: c[0].max(0) as usize,
@@ -71,8 +80,10 @@ pub unsafe fn run<D: Device>(
     let es = if f16 { 2 } else { 4 };
     let rows_total: usize = seqs.iter().map(|s| s.n_kv).sum();
     let per_row = hkv * d * es;
-    let mut kb = Vec::with_capacity(rows_total * per_row);
-    let mut vb = Vec::with_capacity(rows_total * per_row);
+    let mut kb = Vec::with_capacity(if on_device { 0 } else { rows_total * per_row });
+    let mut vb = Vec::with_capacity(kb.capacity());
+    // From a device cache: the byte offset of each (row, head) in the cache tensor.
+    let mut starts: Vec<u64> = Vec::new();
     let mut queries = vec![Query::default(); t];
     // The rows a sequence can address: its table column's pages, or the whole cache.
     let addressable = match &table {
@@ -104,6 +115,10 @@ pub unsafe fn run<D: Device>(
                 }
                 None => j as i64,
             };
+            if on_device {
+                starts.extend((0..hkv).map(|h| (h as i64 * k.nb[1] + row * k.nb[2]) as u64));
+                continue;
+            }
             for (src, dst) in [(k, &mut kb), (v, &mut vb)] {
                 for h in 0..hkv {
                     let at = src
@@ -138,11 +153,17 @@ pub unsafe fn run<D: Device>(
         base += s.n_kv;
     }
     // K then V in one buffer; V starts on a whole word.
-    if kb.len() % 4 != 0 {
-        kb.resize(kb.len() + 2, 0);
-    }
-    let v_off = kb.len() / es;
-    kb.extend_from_slice(&vb);
+    let kvb = if on_device {
+        gather_device(ctx, k, v, &starts, d * es)?
+    } else {
+        if kb.len() % 4 != 0 {
+            kb.resize(kb.len() + 2, 0);
+        }
+        let v_off = kb.len() / es;
+        kb.extend_from_slice(&vb);
+        (gpu.upload("k and v rows", &kb)?, v_off)
+    };
+    let (kvb, v_off) = kvb;
     // Scores per (query, head): the padded rows the reference's softmax runs over.
     let stride = queries
         .iter()
@@ -162,8 +183,7 @@ pub unsafe fn run<D: Device>(
         p.f[0].to_bits(),
         p.f[1].to_bits(),
     ];
-    let qb = gpu.upload("q", &host::gather(q))?;
-    let kvb = gpu.upload("k and v rows", &kb)?;
+    let qb = ctx.input(q, "q")?;
     let qsb = gpu.upload("queries", bytes(&queries))?;
     let sb = gpu.empty("scores", (t * hq * stride * 4) as u64)?;
     let size = (d * hq * t * 4) as u64;
@@ -174,7 +194,49 @@ pub unsafe fn run<D: Device>(
         bufs: vec![&qb, &kvb, &qsb, &sb, &ob],
         groups: (t * hq) as u32,
     };
-    let r = gpu.run(&[launch], &ob, size)?;
-    host::scatter(out, &r);
-    Ok(())
+    ctx.deliver(&[launch], &ob, out, |_| {})
+}
+
+/// The rows at byte offsets `starts` (`chunk` bytes each, every head of every row read) of
+/// device caches `k` and `v`, packed into one new buffer, K then V: the buffer and V's first
+/// element.
+fn gather_device<D: Device>(
+    ctx: &Ctx<D>,
+    k: &TensorDesc,
+    v: &TensorDesc,
+    starts: &[u64],
+    chunk: usize,
+) -> Result<(D::Buf, usize), Error> {
+    if chunk % 4 != 0 || k.nb[0] as usize * k.ne[0] as usize != chunk {
+        return Err(Error::Unsupported(format!(
+            "attention: device cache rows of {chunk} bytes are not whole packed words"
+        )));
+    }
+    let (kp, vp) = (ctx.place(k)?, ctx.place(v)?);
+    let per_chunk = (chunk / 4) as u32;
+    let n = starts.len() as u32 * per_chunk;
+    let es = k.nb[0] as usize;
+    let out = ctx.dev.empty("k and v rows", (2 * n as u64).max(1) * 4)?;
+    let word_starts = |p: &crate::mem::Place<D::Buf>| -> Vec<u32> {
+        starts.iter().map(|&s| ((p.off + s) / 4) as u32).collect()
+    };
+    let (ks, vs) = (word_starts(&kp), word_starts(&vp));
+    let ksb = ctx.dev.upload("k rows", bytes(&ks))?;
+    let vsb = ctx.dev.upload("v rows", bytes(&vs))?;
+    let launches = [
+        Launch {
+            kernel: "gather_words",
+            meta: vec![n, per_chunk, 0],
+            bufs: vec![&ksb, &kp.buf, &out],
+            groups: n.div_ceil(64),
+        },
+        Launch {
+            kernel: "gather_words",
+            meta: vec![n, per_chunk, n],
+            bufs: vec![&vsb, &vp.buf, &out],
+            groups: n.div_ceil(64),
+        },
+    ];
+    ctx.dev.enqueue(&launches)?;
+    Ok((out, n as usize * 4 / es))
 }

@@ -10,6 +10,11 @@ fn geometry(t: &TensorDesc) -> (usize, usize, usize) {
     (row, info.block_bytes as usize, info.block_len as usize)
 }
 
+/// Bytes of `t` packed (rows one after another).
+pub fn packed_bytes(t: &TensorDesc) -> usize {
+    geometry(t).0 * t.nrows().max(0) as usize
+}
+
 /// Calls `f(offset of row, index of row)` for every row (dims 1..3) of `t`.
 fn rows(t: &TensorDesc, mut f: impl FnMut(isize, usize)) {
     let mut i = 0;

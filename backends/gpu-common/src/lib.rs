@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod host;
+pub mod mem;
 pub mod ops;
 mod table;
 pub mod weights;
@@ -60,22 +61,48 @@ pub struct Launch<'a, B> {
     pub groups: u32,
 }
 
-/// A GPU as the shared host code uses it.
+/// A GPU as the shared host code uses it. Work is queued in order: a launch sees what every
+/// launch, copy and write queued before it wrote, and only `read` and `sync` wait.
 pub trait Device: Send + Sync + 'static {
     type Buf;
     /// The largest buffer one kernel operand may be, in bytes.
     fn max_binding(&self) -> u64;
+    /// The largest buffer, in bytes (buffers above `max_binding` are reached through copies).
+    fn max_buffer(&self) -> u64;
     /// Output rows one 64-thread group of the matmul kernels covers.
     fn matmul_rows_per_group(&self) -> u32;
     /// A device buffer holding `bytes` (`what` names it in errors).
     fn upload(&self, what: &str, bytes: &[u8]) -> Result<Self::Buf, Error>;
-    /// A device buffer of `size` bytes.
+    /// A device buffer of `size` bytes that kernels may bind (at most `max_binding`).
     fn empty(&self, what: &str, size: u64) -> Result<Self::Buf, Error>;
+    /// A device buffer of `size` bytes, up to `max_buffer` (`buffer_alloc`: the engine's
+    /// activations and KV cache).
+    fn alloc(&self, what: &str, size: u64) -> Result<Self::Buf, Error>;
+    /// Queues `launches`, in order.
+    fn enqueue(&self, launches: &[Launch<'_, Self::Buf>]) -> Result<(), Error>;
+    /// Queues a copy of `size` bytes (offsets and size multiples of 4).
+    fn copy(
+        &self,
+        src: &Self::Buf,
+        src_off: u64,
+        dst: &Self::Buf,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<(), Error>;
+    /// Queues a write of `bytes` at `off` (multiples of 4).
+    fn write(&self, dst: &Self::Buf, off: u64, bytes: &[u8]) -> Result<(), Error>;
+    /// Waits for the queued work and returns `size` bytes of `src` from `off`.
+    fn read(&self, src: &Self::Buf, off: u64, size: u64) -> Result<Vec<u8>, Error>;
+    /// Waits for the queued work (and reports a device failure since the last wait).
+    fn sync(&self) -> Result<(), Error>;
     /// Runs `launches` in order, waits, and returns the first `size` bytes of `out`.
     fn run(
         &self,
         launches: &[Launch<'_, Self::Buf>],
         out: &Self::Buf,
         size: u64,
-    ) -> Result<Vec<u8>, Error>;
+    ) -> Result<Vec<u8>, Error> {
+        self.enqueue(launches)?;
+        self.read(out, 0, size)
+    }
 }

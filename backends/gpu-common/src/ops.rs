@@ -1,6 +1,6 @@
-//! One function per op: gather the host operands, run the kernel, scatter the result. Each op
-//! is one submission and one wait (the engine hands this backend host tensors; device-resident
-//! activations between ops are not there yet).
+//! One function per op: its operands on the device (host ones uploaded, device ones copied in
+//! queue order, see [`crate::mem`]), its kernels queued, its result delivered: scattered into
+//! host memory after a wait, or copied into a device buffer with none.
 
 use crate::host::{self, bytes};
 use crate::weights::{DevWeight, Layout};
@@ -30,7 +30,6 @@ pub unsafe fn run<D: Device>(
     outs: &[TensorDesc],
     p: &OpParams,
 ) -> Result<(), Error> {
-    let gpu = ctx.dev;
     match op {
         Op::MatMul => mat_mul(ctx, &ins[0], &ins[1], &outs[0], p),
         Op::GetRows => get_rows(ctx, &ins[0], &ins[1], &outs[0]),
@@ -39,24 +38,24 @@ pub unsafe fn run<D: Device>(
             let k = x.ne[0] as u32;
             let rows = x.nrows() as u32;
             let meta = [k, rows, p.f[0].to_bits()];
-            rowwise(gpu, "rms_norm", &meta, &[x, w], out, rows)
+            rowwise(ctx, "rms_norm", &meta, &[x, w], out, rows)
         }
         Op::Softmax => {
             let (x, out) = (&ins[0], &outs[0]);
             let rows = x.nrows() as u32;
             let meta = [x.ne[0] as u32, rows, p.f[0].to_bits()];
-            rowwise(gpu, "softmax", &meta, &[x], out, rows)
+            rowwise(ctx, "softmax", &meta, &[x], out, rows)
         }
         Op::Argmax => {
             let (x, out) = (&ins[0], &outs[0]);
             let rows = x.nrows() as u32;
-            rowwise(gpu, "argmax", &[x.ne[0] as u32, rows], &[x], out, rows)
+            rowwise(ctx, "argmax", &[x.ne[0] as u32, rows], &[x], out, rows)
         }
         Op::Glu => glu(ctx, &ins[0], &ins[1], &outs[0], p.i[0]),
-        Op::Add | Op::Mul | Op::Scale => elementwise(gpu, op, ins, &outs[0], p),
-        Op::Rope => rope(gpu, &ins[0], &ins[1], &outs[0], p),
-        Op::Attention => crate::attention::run(gpu, ins, &outs[0], p),
-        Op::SetRows => set_rows(gpu, &ins[0], &ins[1], &ins[2], &outs[0]),
+        Op::Add | Op::Mul | Op::Scale => elementwise(ctx, op, ins, &outs[0], p),
+        Op::Rope => rope(ctx, &ins[0], &ins[1], &outs[0], p),
+        Op::Attention => crate::attention::run(ctx, ins, &outs[0], p),
+        Op::SetRows => set_rows(ctx, &ins[0], &ins[1], &ins[2], &outs[0]),
     }
 }
 
@@ -78,7 +77,7 @@ fn broken(kernel: &str) -> bool {
 /// Kernels whose operands are the meta words, the inputs packed, and the output: `groups`
 /// groups.
 unsafe fn rowwise<D: Device>(
-    gpu: &D,
+    ctx: &Ctx<D>,
     kernel: &'static str,
     meta: &[u32],
     inputs: &[&TensorDesc],
@@ -87,10 +86,10 @@ unsafe fn rowwise<D: Device>(
 ) -> Result<(), Error> {
     let mut bufs = Vec::new();
     for (i, t) in inputs.iter().enumerate() {
-        bufs.push(gpu.upload(&format!("input {i}"), &host::gather(t))?);
+        bufs.push(ctx.input(t, &format!("input {i}"))?);
     }
     let size = (n_el(out) * 4) as u64;
-    let ob = gpu.empty("output", size)?;
+    let ob = ctx.dev.empty("output", size)?;
     let mut refs: Vec<&D::Buf> = bufs.iter().collect();
     refs.push(&ob);
     let launch = Launch {
@@ -99,14 +98,13 @@ unsafe fn rowwise<D: Device>(
         bufs: refs,
         groups,
     };
-    let mut r = gpu.run(&[launch], &ob, size)?;
-    if broken(kernel) && r.len() >= 4 {
-        // A wrong kernel's result: the first element off by a quarter (and one more).
-        let x = f32::from_le_bytes(r[..4].try_into().unwrap());
-        r[..4].copy_from_slice(&(x * 1.25 + 1.0).to_le_bytes());
-    }
-    host::scatter(out, &r);
-    Ok(())
+    ctx.deliver(&[launch], &ob, out, |r| {
+        if broken(kernel) && r.len() >= 4 {
+            // A wrong kernel's result: the first element off by a quarter (and one more).
+            let x = f32::from_le_bytes(r[..4].try_into().unwrap());
+            r[..4].copy_from_slice(&(x * 1.25 + 1.0).to_le_bytes());
+        }
+    })
 }
 
 /// act(gate) * up, rows of gate's `ne[0]`; GELU reads ggml's table (the reference's own
@@ -127,8 +125,8 @@ unsafe fn glu<D: Device>(
             ctx.gelu.get_or_init(|| t)
         }
     };
-    let gb = gpu.upload("gate", &host::gather(gate))?;
-    let ub = gpu.upload("up", &host::gather(up))?;
+    let gb = ctx.input(gate, "gate")?;
+    let ub = ctx.input(up, "up")?;
     let size = n as u64 * 4;
     let ob = gpu.empty("output", size)?;
     let launch = Launch {
@@ -137,9 +135,7 @@ unsafe fn glu<D: Device>(
         bufs: vec![&gb, &ub, table, &ob],
         groups: n.div_ceil(64),
     };
-    let r = gpu.run(&[launch], &ob, size)?;
-    host::scatter(out, &r);
-    Ok(())
+    ctx.deliver(&[launch], &ob, out, |_| {})
 }
 
 unsafe fn mat_mul<D: Device>(
@@ -164,15 +160,29 @@ unsafe fn mat_mul<D: Device>(
         Layout::Grouped { group } => group,
         Layout::Dense => 0,
     };
-    let r = match exact_chain(dt(w), k, n, cols, p.i[0].max(0) as usize) {
-        Some(chain) => product_exact(gpu, &dev, dt(w), &chain, &host::gather(x), cols)?,
-        None => {
-            let (xs, sums) = dot_format(dt(w), k, group, &host::gather(x))?;
-            product(gpu, &dev, bytes(&xs), bytes(&sums), cols)?
+    let done = |l: &[Launch<'_, D::Buf>], ob: &D::Buf, _: u64| ctx.deliver(l, ob, out, |_| {});
+    match exact_chain(dt(w), k, n, cols, p.i[0].max(0) as usize) {
+        Some(chain) => {
+            let xb = ctx.input(x, "activations")?;
+            product_exact(gpu, &dev, dt(w), &chain, &xb, cols, done)
         }
-    };
-    host::scatter(out, &r);
-    Ok(())
+        None => {
+            let (xs, sums) = dot_format(dt(w), k, group, &ctx.host_bytes(x)?)?;
+            product(gpu, &dev, bytes(&xs), bytes(&sums), cols, done)
+        }
+    }
+}
+
+/// Whether a mat_mul call converts its activations on the device (an exact chain).
+pub fn exact(ins: &[TensorDesc], p: &OpParams) -> bool {
+    let (w, x) = (&ins[0], &ins[1]);
+    let Some(d) = w.dtype() else { return false };
+    let (k, n, cols) = (
+        w.ne[0] as usize,
+        w.ne[1] as usize,
+        x.nrows().max(0) as usize,
+    );
+    exact_chain(d, k, n, cols, p.i[0].max(0) as usize).is_some()
 }
 
 /// How a block-format product follows the reference's float order (see [`exact_chain`]).
@@ -262,19 +272,19 @@ fn activation_buffers<D: Device>(
     ))
 }
 
-/// `dev` (a block format) times `cols` f32 columns `x`, quantized on the device as the
+/// `dev` (a block format) times `cols` f32 columns `xb`, quantized on the device as the
 /// reference quantizes them, each column in the reference's chain (`matmul_x` or `matmul_k`):
-/// the output's bytes, `[n, cols]`.
-pub fn product_exact<D: Device>(
+/// `done(launches, output buffer, its bytes)` runs them (output `[n, cols]`).
+pub fn product_exact<D: Device, R>(
     gpu: &D,
     dev: &DevWeight<D::Buf>,
     dt: DType,
     chain: &Chain,
-    x: &[u8],
+    xb: &D::Buf,
     cols: usize,
-) -> Result<Vec<u8>, Error> {
+    done: impl FnOnce(&[Launch<'_, D::Buf>], &D::Buf, u64) -> Result<R, Error>,
+) -> Result<R, Error> {
     let (k, n) = (dev.k, dev.n);
-    let xb = gpu.upload("activations", x)?;
     let modes = match chain {
         Chain::K { modes } => &modes[..],
         Chain::Legacy { .. } => &[0],
@@ -319,10 +329,10 @@ pub fn product_exact<D: Device>(
             },
         })
     });
-    let launches = std::iter::once(Ok(quantize_launch(dt, k, cols, &xb, &mb, &qb, &sb)))
+    let launches = std::iter::once(Ok(quantize_launch(dt, k, cols, xb, &mb, &qb, &sb)))
         .chain(products)
         .collect::<Result<Vec<_>, Error>>()?;
-    gpu.run(&launches, &ob, size)
+    done(&launches, &ob, size)
 }
 
 /// The activations as the reference sees them: each column converted to the weight's dot
@@ -370,15 +380,16 @@ fn dot_format(w: DType, k: usize, group: usize, x: &[u8]) -> Result<(Vec<f32>, V
     Ok((out, sums))
 }
 
-/// `dev` times `cols` packed f32 columns `x` (with their group sums, see [`dot_format`]): the
-/// output's bytes, `[n, cols]`.
-pub fn product<D: Device>(
+/// `dev` times `cols` packed f32 columns `x` (with their group sums, see [`dot_format`]):
+/// `done(launches, output buffer, its bytes)` runs them (output `[n, cols]`).
+pub fn product<D: Device, R>(
     gpu: &D,
     dev: &DevWeight<D::Buf>,
     x: &[u8],
     sums: &[u8],
     cols: usize,
-) -> Result<Vec<u8>, Error> {
+    done: impl FnOnce(&[Launch<'_, D::Buf>], &D::Buf, u64) -> Result<R, Error>,
+) -> Result<R, Error> {
     let (k, n) = (dev.k, dev.n);
     let xb = gpu.upload("activations", x)?;
     let sb = gpu.upload("activation sums", sums)?;
@@ -410,7 +421,7 @@ pub fn product<D: Device>(
             }
         })
         .collect();
-    gpu.run(&launches, &ob, size)
+    done(&launches, &ob, size)
 }
 
 /// Rows of a table: a weight prepared at load (`buffer` set: the mat_mul layout, e.g. a tied
@@ -423,7 +434,7 @@ unsafe fn get_rows<D: Device>(
 ) -> Result<(), Error> {
     let gpu = ctx.dev;
     let (k, v) = (table.ne[0] as usize, table.ne[1] as usize);
-    let id = host::i32s(&host::gather(ids));
+    let id = host::i32s(&ctx.host_bytes(ids)?);
     if let Some((m, &bad)) = id
         .iter()
         .enumerate()
@@ -463,13 +474,11 @@ unsafe fn get_rows<D: Device>(
             },
         })
         .collect();
-    let r = gpu.run(&launches, &ob, size)?;
-    host::scatter(out, &r);
-    Ok(())
+    ctx.deliver(&launches, &ob, out, |_| {})
 }
 
 unsafe fn elementwise<D: Device>(
-    gpu: &D,
+    ctx: &Ctx<D>,
     op: Op,
     ins: &[TensorDesc],
     out: &TensorDesc,
@@ -492,11 +501,11 @@ unsafe fn elementwise<D: Device>(
     } else {
         vec![a, b]
     };
-    rowwise(gpu, "elementwise", &meta, &inputs, out, n.div_ceil(64))
+    rowwise(ctx, "elementwise", &meta, &inputs, out, n.div_ceil(64))
 }
 
 unsafe fn rope<D: Device>(
-    gpu: &D,
+    ctx: &Ctx<D>,
     x: &TensorDesc,
     pos: &TensorDesc,
     out: &TensorDesc,
@@ -505,7 +514,8 @@ unsafe fn rope<D: Device>(
     let p = RopeParams::from_op(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
-    let positions = host::i32s(&host::gather(pos));
+    let gpu = ctx.dev;
+    let positions = host::i32s(&ctx.host_bytes(pos)?);
     let cache: Vec<f32> = positions
         .iter()
         .flat_map(|&t| rope_cache(t, &p, corr, theta_scale))
@@ -519,7 +529,7 @@ unsafe fn rope<D: Device>(
         (p.mode == abi::ROPE_NEOX) as u32,
         n,
     ];
-    let xb = gpu.upload("x", &host::gather(x))?;
+    let xb = ctx.input(x, "x")?;
     let cb = gpu.upload("rope cache", bytes(&cache))?;
     let size = n as u64 * 4;
     let ob = gpu.empty("output", size)?;
@@ -529,24 +539,23 @@ unsafe fn rope<D: Device>(
         bufs: vec![&xb, &cb, &ob],
         groups: n.div_ceil(64),
     };
-    let r = gpu.run(&[launch], &ob, size)?;
-    host::scatter(out, &r);
-    Ok(())
+    ctx.deliver(&[launch], &ob, out, |_| {})
 }
 
 unsafe fn set_rows<D: Device>(
-    gpu: &D,
+    ctx: &Ctx<D>,
     src: &TensorDesc,
     idx: &TensorDesc,
     dst_in: &TensorDesc,
     dst: &TensorDesc,
 ) -> Result<(), Error> {
+    let gpu = ctx.dev;
     if dst_in.dtype != dst.dtype {
         return Err(Error::Invalid(
             "set_rows: dst input and output formats differ".into(),
         ));
     }
-    let rows = host::i32s(&host::gather(idx));
+    let rows = host::i32s(&ctx.host_bytes(idx)?);
     if let Some((m, &r)) = rows
         .iter()
         .enumerate()
@@ -559,7 +568,10 @@ unsafe fn set_rows<D: Device>(
     }
     let f16 = dt(dst) == DType::F16;
     let n = n_el(src) as u32;
-    let sb = gpu.upload("src", &host::gather(src))?;
+    let sb = ctx.input(src, "src")?;
+    if dst.buffer != 0 || dst_in.buffer != 0 {
+        return set_rows_device(ctx, &sb, &rows, src.ne[0] as usize, f16, dst_in, dst);
+    }
     let ob = gpu.empty("rows", n as u64 * 4)?;
     let launch = Launch {
         kernel: "set_rows",
@@ -596,4 +608,47 @@ unsafe fn set_rows<D: Device>(
         }
     }
     Ok(())
+}
+
+/// set_rows into a device tensor, in place: `set_rows_dev` writes each row's words where
+/// `rows` puts it (an f16 row packs two elements a word, so its length must be even).
+fn set_rows_device<D: Device>(
+    ctx: &Ctx<D>,
+    sb: &D::Buf,
+    rows: &[i32],
+    k: usize,
+    f16: bool,
+    dst_in: &TensorDesc,
+    dst: &TensorDesc,
+) -> Result<(), Error> {
+    if dst_in.buffer != dst.buffer || dst_in.data != dst.data || dst_in.nb != dst.nb {
+        return Err(Error::Unsupported(
+            "set_rows: a device destination is written in place only".into(),
+        ));
+    }
+    let es = if f16 { 2 } else { 4 };
+    if dst.nb[0] != es || (k * es as usize) % 4 != 0 {
+        return Err(Error::Unsupported(format!(
+            "set_rows: device rows of {k} {} elements are not whole words",
+            dt(dst)
+        )));
+    }
+    let place = ctx.place(dst)?;
+    let per_row = (k * es as usize / 4) as u32;
+    let words = rows.len() as u32 * per_row;
+    let ib = ctx.dev.upload("rows", bytes(rows))?;
+    let launch = Launch {
+        kernel: "set_rows_dev",
+        meta: vec![
+            words,
+            per_row,
+            f16 as u32,
+            k as u32,
+            (place.off / 4) as u32,
+            (dst.nb[1] / 4) as u32,
+        ],
+        bufs: vec![sb, &ib, &place.buf],
+        groups: words.div_ceil(64),
+    };
+    ctx.dev.enqueue(&[launch])
 }

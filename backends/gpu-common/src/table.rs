@@ -28,6 +28,8 @@ pub struct Ctx<D: Device> {
     pub dev: &'static D,
     name: &'static str,
     weights: Mutex<HashMap<u64, Arc<DevWeight<D::Buf>>>>,
+    /// The engine's buffers (`buffer_alloc`) and their sizes.
+    bufs: Mutex<HashMap<u64, (Arc<D::Buf>, u64)>>,
     next: AtomicU64,
     error: Mutex<String>,
     /// ggml's GELU table (`f16(gelu(x))` by the f16 bits of x), uploaded on first use.
@@ -40,6 +42,7 @@ impl<D: Device> Ctx<D> {
             dev,
             name,
             weights: Mutex::new(HashMap::new()),
+            bufs: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             error: Mutex::new(String::new()),
             gelu: std::sync::OnceLock::new(),
@@ -54,6 +57,18 @@ impl<D: Device> Ctx<D> {
             .cloned()
             .ok_or_else(|| {
                 Error::Invalid(format!("buffer {handle} is not a weight of this backend"))
+            })
+    }
+
+    /// A buffer from `buffer_alloc` and its size.
+    pub(crate) fn buffer(&self, handle: u64) -> Result<(Arc<D::Buf>, u64), Error> {
+        self.bufs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Invalid(format!("buffer {handle} is not a buffer of this backend"))
             })
     }
 
@@ -114,15 +129,38 @@ pub unsafe fn check<D: Device>(
 ) -> Result<(), Error> {
     abi::validate(op, ins, outs, p).map_err(Error::Invalid)?;
     let max = c.dev.max_binding();
+    let exact = op == Op::MatMul && ops::exact(ins, p);
     for (i, t) in ins.iter().chain(outs).enumerate() {
+        if t.buffer != 0 && i == 0 && matches!(op, Op::MatMul | Op::GetRows) {
+            c.weight(t.buffer)?;
+            continue;
+        }
         if t.buffer != 0 {
-            if !matches!(op, Op::MatMul | Op::GetRows) || i != 0 {
+            let place = c.place(t)?;
+            if !crate::mem::on_device_ok(op, i, ins.len(), exact) {
                 return Err(Error::Unsupported(format!(
-                    "{}: device buffers are taken as mat_mul weights and get_rows tables only",
+                    "{}: operand {i} is read on the host: pass it in host memory",
                     op.name()
                 )));
             }
-            c.weight(t.buffer)?;
+            // The caches and set_rows' destination are bound whole.
+            let whole = matches!((op, i), (Op::Attention, 1 | 2) | (Op::SetRows, 2 | 3));
+            let (_, cap) = c.buffer(t.buffer)?;
+            if whole && cap > max {
+                return Err(Error::Unsupported(format!(
+                    "{}: a {cap}-byte device buffer exceeds the device's {} MiB binding",
+                    op.name(),
+                    max >> 20
+                )));
+            }
+            if !whole && place.size > max {
+                return Err(Error::Unsupported(format!(
+                    "{}: operand {i} ({} bytes) exceeds the device's {} MiB buffer limit",
+                    op.name(),
+                    place.size,
+                    max >> 20
+                )));
+            }
             continue;
         }
         reference::tensor::check_layout(t, op.name())?;
@@ -270,7 +308,57 @@ extern "C" fn buffer_free<B: GpuBackend>(ctx_p: *mut c_void, buffer: u64) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&buffer);
+        c.bufs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&buffer);
     }
+}
+
+/// `buffer_alloc`: device memory for the engine (activations, KV cache), zeroed.
+extern "C" fn buffer_alloc<B: GpuBackend>(ctx_p: *mut c_void, size: usize, out: *mut u64) -> i32 {
+    // SAFETY: as `compute`; `out` valid for the call.
+    let Some(c) = (unsafe { ctx::<B::Dev>(ctx_p) }) else {
+        return Status::InvalidArgument as i32;
+    };
+    c.guard(|| unsafe {
+        let out = out
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("null output".into()))?;
+        let b = c.dev.alloc("buffer_alloc", size as u64)?;
+        let h = c.next.fetch_add(1, Ordering::Relaxed);
+        c.bufs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(h, (Arc::new(b), size as u64));
+        *out = h;
+        Ok(())
+    })
+}
+
+extern "C" fn buffer_copy<B: GpuBackend>(
+    ctx_p: *mut c_void,
+    dst: *const TensorDesc,
+    src: *const TensorDesc,
+) -> i32 {
+    // SAFETY: as `compute`; `dst` and `src` valid for the call.
+    let Some(c) = (unsafe { ctx::<B::Dev>(ctx_p) }) else {
+        return Status::InvalidArgument as i32;
+    };
+    c.guard(|| unsafe {
+        match (dst.as_ref(), src.as_ref()) {
+            (Some(d), Some(s)) => c.copy(d, s),
+            _ => Err(Error::Invalid("null tensor".into())),
+        }
+    })
+}
+
+extern "C" fn synchronize<B: GpuBackend>(ctx_p: *mut c_void) -> i32 {
+    // SAFETY: as `compute`.
+    let Some(c) = (unsafe { ctx::<B::Dev>(ctx_p) }) else {
+        return Status::InvalidArgument as i32;
+    };
+    c.guard(|| c.dev.sync())
 }
 
 /// The function table of backend `B`.
@@ -282,10 +370,10 @@ pub const fn table<B: GpuBackend>() -> BackendTable {
         last_error: last_error::<B>,
         score: Some(score::<B>),
         supports: Some(supports::<B>),
-        synchronize: None,
-        buffer_alloc: None,
+        synchronize: Some(synchronize::<B>),
+        buffer_alloc: Some(buffer_alloc::<B>),
         buffer_free: Some(buffer_free::<B>),
-        buffer_copy: None,
+        buffer_copy: Some(buffer_copy::<B>),
         prepare_weight: Some(prepare_weight::<B>),
         buffer_host_ptr: None,
         unavailable_reason: Some(unavailable_reason::<B>),

@@ -1,5 +1,5 @@
 //! The device: which adapter this backend opens and why it may not, the compiled kernels, and
-//! the few things every op does with buffers (upload, dispatch, read back).
+//! the few things every op does with buffers (upload, queue launches and copies, read back).
 //!
 //! Apple machines open their Metal device. Elsewhere there is none, unless
 //! `MOLLM_METAL_ADAPTER=vulkan` asks for a Vulkan adapter: the same WGSL kernels then run there
@@ -31,6 +31,8 @@ pub struct Gpu {
     /// Whether shaders may use f64: the reference's f64 sums (rms_norm, softmax) are then
     /// `wide` = f64 in the kernels, else f32.
     pub has_f64: bool,
+    /// Largest buffer, in bytes.
+    pub max_buffer: u64,
     pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
     /// The first error the device reported since the last check (validation, out of memory,
     /// device lost): wgpu's default would panic.
@@ -105,6 +107,7 @@ fn open() -> Result<Gpu, String> {
         max_binding: limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
+        max_buffer: limits.max_buffer_size,
         rows_per_group: (64 / info.subgroup_max_size.clamp(1, 64)).max(1),
         fma_fused: false,
         has_f64,
@@ -130,6 +133,15 @@ pub fn gpu() -> Result<&'static Gpu, &'static str> {
     })
     .as_ref()
     .map_err(|e| e.as_str())
+}
+
+thread_local! {
+    /// Commands recorded and not yet submitted, per thread (a backend context is used from
+    /// one thread at a time; threads' work is independent): launches and copies queue here,
+    /// and a wait (or a host write, which the queue runs before the next submission) submits
+    /// them.
+    static PENDING: std::cell::RefCell<Option<wgpu::CommandEncoder>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Rounds a byte size up to what a storage buffer may have (a multiple of 4, at least 4).
@@ -252,14 +264,52 @@ impl Gpu {
                 self.max_binding >> 20
             )));
         }
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+        self.buffer(what, size)
+    }
+
+    fn buffer(&self, what: &str, size: u64) -> Result<wgpu::Buffer, Error> {
+        if size > self.max_buffer {
+            return Err(Error::Unsupported(format!(
+                "{what}: {size} bytes exceed the device's largest buffer ({} MiB)",
+                self.max_buffer >> 20
+            )));
+        }
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: padded(size),
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        }))
+        });
+        self.check()
+            .map_err(|e| Error::Device(format!("{}: {what} ({size} bytes): {e}", self.name)))?;
+        Ok(b)
+    }
+
+    /// Records into this thread's pending command encoder.
+    fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            let enc =
+                p.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            f(enc)
+        })
+    }
+
+    /// Submits this thread's pending commands, if any.
+    fn submit(&self) {
+        if let Some(enc) = PENDING.with(|p| p.borrow_mut().take()) {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    fn wait(&self) -> Result<(), Error> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;
+        self.check()
+            .map_err(|e| Error::Device(format!("{}: {e}", self.name)))
     }
 }
 
@@ -268,6 +318,10 @@ impl Device for Gpu {
 
     fn max_binding(&self) -> u64 {
         self.max_binding
+    }
+
+    fn max_buffer(&self) -> u64 {
+        self.max_buffer
     }
 
     fn matmul_rows_per_group(&self) -> u32 {
@@ -282,14 +336,13 @@ impl Device for Gpu {
         Gpu::empty(self, what, size)
     }
 
-    /// One command buffer: each launch's meta words as its binding 0, then its buffers; one
-    /// submission and one wait.
-    fn run(
-        &self,
-        launches: &[Launch<'_, wgpu::Buffer>],
-        out: &wgpu::Buffer,
-        size: u64,
-    ) -> Result<Vec<u8>, Error> {
+    fn alloc(&self, what: &str, size: u64) -> Result<wgpu::Buffer, Error> {
+        self.buffer(what, size)
+    }
+
+    /// Each launch's meta words as its binding 0, then its buffers, recorded after the
+    /// pending commands.
+    fn enqueue(&self, launches: &[Launch<'_, wgpu::Buffer>]) -> Result<(), Error> {
         let metas = launches
             .iter()
             .map(|l| {
@@ -297,75 +350,62 @@ impl Device for Gpu {
                 self.upload("meta", &words)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut enc = self.device.create_command_encoder(&Default::default());
         for (l, m) in launches.iter().zip(&metas) {
             let mut bufs = vec![m];
             bufs.extend(l.bufs.iter().copied());
-            self.dispatch(&mut enc, l.kernel, &bufs, l.groups)?;
+            let pipe = self.pipeline(l.kernel)?;
+            self.record(|enc| self.dispatch(enc, &pipe, l.kernel, &bufs, l.groups));
         }
-        self.finish(enc, out, size)
-    }
-}
-
-impl Gpu {
-    /// Records `groups` workgroups of kernel `name` with `bufs` at bindings 0, 1, ...
-    fn dispatch(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        name: &'static str,
-        bufs: &[&wgpu::Buffer],
-        groups: u32,
-    ) -> Result<(), Error> {
-        if groups == 0 {
-            return Ok(());
-        }
-        let pipe = self.pipeline(name)?;
-        let entries: Vec<_> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(name),
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        let x = groups.min(MAX_GROUPS_X);
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&pipe);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(x, groups.div_ceil(x), 1);
         Ok(())
     }
 
-    /// Submits `enc` and returns the first `size` bytes of `buf` once it has run: the one
-    /// synchronisation of an op.
-    fn finish(
+    fn copy(
         &self,
-        mut enc: wgpu::CommandEncoder,
-        buf: &wgpu::Buffer,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
         size: u64,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<(), Error> {
+        if (src_off | dst_off | size) % 4 != 0 {
+            return Err(Error::Invalid(format!(
+                "device copy of {size} bytes from {src_off} to {dst_off}: not whole words"
+            )));
+        }
+        if size > 0 {
+            self.record(|enc| enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, size));
+        }
+        Ok(())
+    }
+
+    fn write(&self, dst: &wgpu::Buffer, off: u64, bytes: &[u8]) -> Result<(), Error> {
+        if (off as usize | bytes.len()) % 4 != 0 {
+            return Err(Error::Invalid(format!(
+                "device write of {} bytes at {off}: not whole words",
+                bytes.len()
+            )));
+        }
+        // The queue runs writes before the next submission: what is recorded goes first.
+        self.submit();
+        self.queue.write_buffer(dst, off, bytes);
+        Ok(())
+    }
+
+    fn read(&self, src: &wgpu::Buffer, off: u64, size: u64) -> Result<Vec<u8>, Error> {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read back"),
             size: padded(size),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, padded(size));
-        self.queue.submit([enc.finish()]);
+        let whole = padded(size).min(src.size().saturating_sub(off));
+        self.record(|enc| enc.copy_buffer_to_buffer(src, off, &staging, 0, whole));
+        self.submit();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;
-        self.check()
-            .map_err(|e| Error::Device(format!("{}: {e}", self.name)))?;
+        self.wait()?;
         match rx.recv() {
             Ok(Ok(())) => {}
             _ => {
@@ -384,5 +424,44 @@ impl Gpu {
         };
         staging.unmap();
         Ok(out)
+    }
+
+    fn sync(&self) -> Result<(), Error> {
+        self.submit();
+        self.wait()
+    }
+}
+
+impl Gpu {
+    /// Records `groups` workgroups of kernel `pipe` with `bufs` at bindings 0, 1, ...
+    fn dispatch(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        pipe: &wgpu::ComputePipeline,
+        name: &'static str,
+        bufs: &[&wgpu::Buffer],
+        groups: u32,
+    ) {
+        if groups == 0 {
+            return;
+        }
+        let entries: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let x = groups.min(MAX_GROUPS_X);
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(pipe);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(x, groups.div_ceil(x), 1);
     }
 }

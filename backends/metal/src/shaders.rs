@@ -13,6 +13,8 @@ const KERNELS: &[(&str, &str)] = &[
     ("rope", include_str!("shaders/rope.wgsl")),
     ("attention", include_str!("shaders/attention.wgsl")),
     ("set_rows", include_str!("shaders/set_rows.wgsl")),
+    ("set_rows_dev", include_str!("shaders/set_rows_dev.wgsl")),
+    ("gather_words", include_str!("shaders/gather_words.wgsl")),
     ("glu", include_str!("shaders/glu.wgsl")),
     ("elementwise", include_str!("shaders/elementwise.wgsl")),
     ("softmax", include_str!("shaders/softmax.wgsl")),

@@ -3,7 +3,7 @@
 
 use super::*;
 use abi::{DeviceKind, Op, OpCall, OpParams, TensorDesc};
-use mollm_gpu_common::{host, ops, weights, weights::DevWeight};
+use mollm_gpu_common::{host, ops, weights, weights::DevWeight, Device, Launch};
 
 /// Opens the Vulkan adapter for this test process; false (with a note) when there is none.
 fn device() -> bool {
@@ -127,8 +127,9 @@ fn weights_split_into_chunks() {
     assert_eq!(split.chunks[5].rows, 5);
     let x: Vec<f32> = (0..k * 3).map(|i| (i as f32 * 0.37).sin()).collect();
     let sums = vec![0f32; 3 * k / 32];
-    let a = ops::product(gpu, &whole, host::bytes(&x), host::bytes(&sums), 3).unwrap();
-    let b = ops::product(gpu, &split, host::bytes(&x), host::bytes(&sums), 3).unwrap();
+    let run = |l: &[Launch<'_, wgpu::Buffer>], ob: &wgpu::Buffer, size| gpu.run(l, ob, size);
+    let a = ops::product(gpu, &whole, host::bytes(&x), host::bytes(&sums), 3, run).unwrap();
+    let b = ops::product(gpu, &split, host::bytes(&x), host::bytes(&sums), 3, run).unwrap();
     assert_eq!(a, b, "the same rows, the same kernel: the same bits");
     // And the values are the weight's: column 1, row 39 against the reference dequantization.
     let mut deq = vec![0f32; k];
@@ -343,4 +344,37 @@ fn block_format_matmuls_match_the_reference_in_every_chain() {
         }
     }
     assert!(bad.is_empty(), "differ from the reference: {bad:?}");
+}
+
+/// Operands in device memory (`buffer_alloc`, ABI 1.7) give the bytes of the same call in
+/// host memory, for every op: the engine's activations and KV cache can stay on the device.
+#[test]
+fn every_op_takes_device_operands() {
+    if !device() {
+        return;
+    }
+    let host = reference::serial_host();
+    let dev = conformance::Instance::open(&TABLE, &host).unwrap();
+    let mut missing = Vec::new();
+    for &op in Op::ALL {
+        let mut moved = 0;
+        for (name, mut c) in conformance::cases::cases(op, 6) {
+            if conformance::declines(&dev, &mut c).is_some() {
+                continue;
+            }
+            let mut on_dev = c.clone();
+            let want = dev.run(&mut c).unwrap();
+            if let Some(got) = dev.run_on_device(&mut on_dev).unwrap() {
+                assert_eq!(got, want, "{} {name} ({})", op.name(), c.label);
+                moved += 1;
+            }
+        }
+        if moved == 0 {
+            missing.push(op.name());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "no case ran on device operands: {missing:?}"
+    );
 }

@@ -123,3 +123,16 @@ extern "C" __global__ void attention(AttnMeta p, const float* q, const u32* kv, 
         out[q0 + e] = r;
     }
 }
+
+// Chunks of `per_chunk` words from `src` (chunk c from word `starts[c]`) one after another
+// into `dst` from word `dst_off`: attention's rows gathered from a device cache.
+struct GatherMeta {
+    u32 n, per_chunk, dst_off;
+};
+
+extern "C" __global__ void gather_words(GatherMeta p, const u32* starts, const u32* src,
+                                        u32* dst) {
+    u32 i = block_index() * 64 + threadIdx.x;
+    if (i >= p.n) return;
+    dst[p.dst_off + i] = src[(size_t)starts[i / p.per_chunk] + i % p.per_chunk];
+}

@@ -70,3 +70,23 @@ extern "C" __global__ void set_rows(SetRowsMeta p, const float* src, u32* out) {
     if (i >= p.n) return;
     out[i] = p.f16 ? f16_bits(src[i]) : __float_as_uint(src[i]);
 }
+
+// set_rows into a device tensor, in place: one thread per destination word (f32 bits, or two
+// f16 elements), each row where `idx` puts it.
+struct SetRowsDevMeta {
+    u32 words, per_row, f16, k, base, stride;
+};
+
+extern "C" __global__ void set_rows_dev(SetRowsDevMeta p, const float* src, const int* idx,
+                                        u32* dst) {
+    u32 i = block_index() * 64 + threadIdx.x;
+    if (i >= p.words) return;
+    u32 m = i / p.per_row, w = i % p.per_row;
+    size_t at = (size_t)p.base + (size_t)(u32)idx[m] * p.stride + w;
+    if (p.f16) {
+        u32 e = m * p.k + 2 * w;
+        dst[at] = f16_bits(src[e]) | (f16_bits(src[e + 1]) << 16);
+    } else {
+        dst[at] = __float_as_uint(src[m * p.k + w]);
+    }
+}
