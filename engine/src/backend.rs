@@ -232,6 +232,55 @@ impl Backend {
         Some((handle, p))
     }
 
+    /// Whether this backend computes on operands in its own device memory (ABI 1.7): it
+    /// allocates buffers without host addresses and copies in and out of them.
+    pub fn has_device_memory(&self) -> bool {
+        let t = self.table;
+        self.abi_minor >= 7
+            && t.buffer_alloc.is_some()
+            && t.buffer_copy.is_some()
+            && t.synchronize.is_some()
+            && t.buffer_host_ptr.is_none()
+    }
+
+    fn status(&self, what: &'static str, rc: i32) -> Result<()> {
+        match Status::from_raw(rc) {
+            Status::Ok => Ok(()),
+            st => Err(EngineError::Backend {
+                backend: self.name.clone(),
+                op: what,
+                msg: format!("{st:?}: {}", self.last_error()),
+            }),
+        }
+    }
+
+    /// `size` bytes of device memory (see [`Backend::has_device_memory`]): its handle.
+    pub fn device_alloc(&self, size: usize) -> Result<u64> {
+        let alloc = self.table.buffer_alloc.ok_or_else(|| {
+            EngineError::Invalid(format!("backend {} allocates no memory", self.name))
+        })?;
+        let mut handle = 0u64;
+        self.status("buffer_alloc", alloc(self.ctx, size, &mut handle))?;
+        Ok(handle)
+    }
+
+    /// `buffer_copy`: `src` into `dst` (host memory or this backend's buffers); a copy into
+    /// host memory waits for the backend's queued work.
+    pub fn copy(&self, dst: &TensorDesc, src: &TensorDesc) -> Result<()> {
+        let f = self.table.buffer_copy.ok_or_else(|| {
+            EngineError::Invalid(format!("backend {} copies no buffers", self.name))
+        })?;
+        self.status("buffer_copy", in_backend(|| f(self.ctx, dst, src)))
+    }
+
+    /// Waits for the backend's queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        match self.table.synchronize {
+            Some(f) => self.status("synchronize", f(self.ctx)),
+            None => Ok(()),
+        }
+    }
+
     /// Frees a buffer of this backend (a prepared weight, a host buffer).
     pub fn free_buffer(&self, buffer: u64) {
         if let Some(f) = self.table.buffer_free {

@@ -113,6 +113,13 @@ pub struct Exec {
     /// Posts the weights of the next matrix product to the pool's idle workers (see
     /// [`Exec::warm_weight`]); `None`: no pool workers, or off (MOLLM_WARM=0).
     warmer: Option<crate::pool::Warmer>,
+    /// The backend whose device memory holds the activations and the KV cache
+    /// ([`Exec::use_device_memory`]); `None`: host memory.
+    device: Option<usize>,
+    /// Waits for the device: copies of device tensors into host memory (the logits, the
+    /// operands of ops the device declines), and steps run, for profiles and tests.
+    round_trips: std::cell::Cell<u64>,
+    steps: std::cell::Cell<u64>,
 }
 
 /// Activation memory: a host buffer a backend lent (`buffer_alloc` + `buffer_host_ptr`), or
@@ -126,6 +133,12 @@ enum ArenaMem {
         size: usize,
     },
     Own(Vec<AlignedLine>),
+    /// Device memory (`data` of a tensor there is its offset).
+    Device {
+        backend: usize,
+        handle: u64,
+        size: usize,
+    },
 }
 
 #[repr(C, align(64))]
@@ -136,7 +149,7 @@ impl ArenaMem {
     fn size(&self) -> usize {
         match self {
             ArenaMem::None => 0,
-            ArenaMem::Backend { size, .. } => *size,
+            ArenaMem::Backend { size, .. } | ArenaMem::Device { size, .. } => *size,
             ArenaMem::Own(v) => v.len() * 64,
         }
     }
@@ -170,6 +183,28 @@ fn trace(op: Op, t: &TensorDesc) {
         head.join(", "),
         tail.join(", ")
     );
+}
+
+/// Bytes from a tensor's first element to one past its last.
+fn span_bytes(d: &TensorDesc) -> usize {
+    let Some(dt) = d.dtype() else { return 0 };
+    let blocks = [
+        d.ne[0] / dt.info().block_len as i64,
+        d.ne[1],
+        d.ne[2],
+        d.ne[3],
+    ];
+    if blocks.iter().any(|&n| n <= 0) {
+        return 0;
+    }
+    (0..4).map(|i| (blocks[i] - 1) * d.nb[i]).sum::<i64>() as usize + dt.info().block_bytes as usize
+}
+
+/// `bytes` bytes at `data` (an address, or an offset in `buffer`) as one I32 row.
+fn flat(data: *mut u8, buffer: u64, bytes: usize) -> TensorDesc {
+    let mut d = TensorDesc::contiguous(data, DType::I32, &[(bytes / 4) as i64]);
+    d.buffer = buffer;
+    d
 }
 
 /// Drops the process's resident pages of a weight a backend repacked: the executor no
@@ -276,6 +311,9 @@ impl Exec {
             repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
             experts: Default::default(),
             warmer: None,
+            device: None,
+            round_trips: Default::default(),
+            steps: Default::default(),
             expert_layers: Default::default(),
             profile: match std::env::var("MOLLM_PROFILE").as_deref() {
                 Ok("1") => 1,
@@ -287,35 +325,162 @@ impl Exec {
     }
 
     /// At least `bytes` of 64-byte aligned activation memory, valid until a later call asks
-    /// for more (or the executor drops). Allocated through the first backend that lends host
-    /// buffers, so that the memory is the backend's (a device backend will keep activations
-    /// on its device the same way); the engine's own memory otherwise. Grows, never shrinks:
-    /// a steady-state step allocates nothing.
-    pub(crate) fn arena(&self, bytes: usize) -> *mut u8 {
+    /// for more (or the executor drops): its address, and its buffer handle (0: host memory).
+    /// In device memory where [`Exec::use_device_memory`] chose a backend (the address is then
+    /// null: tensors there carry offsets); else allocated through the first backend that lends
+    /// host buffers, so that the memory is the backend's; the engine's own otherwise. Grows,
+    /// never shrinks: a steady-state step allocates nothing.
+    pub(crate) fn arena(&self, bytes: usize) -> Result<(*mut u8, u64)> {
         let bytes = bytes.max(64);
         let mut a = self.arena.borrow_mut();
         if a.size() < bytes {
             let old = std::mem::replace(&mut *a, ArenaMem::None);
             self.free_arena(old);
-            *a = self
-                .backends
-                .iter()
-                .enumerate()
-                .find_map(|(i, b)| {
-                    b.host_buffer(bytes).map(|(handle, ptr)| ArenaMem::Backend {
-                        backend: i,
-                        handle,
-                        ptr,
-                        size: bytes,
+            *a = match self.device {
+                Some(bi) => ArenaMem::Device {
+                    backend: bi,
+                    handle: self.backends[bi].device_alloc(bytes)?,
+                    size: bytes,
+                },
+                None => self
+                    .backends
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, b)| {
+                        b.host_buffer(bytes).map(|(handle, ptr)| ArenaMem::Backend {
+                            backend: i,
+                            handle,
+                            ptr,
+                            size: bytes,
+                        })
                     })
-                })
-                .unwrap_or_else(|| ArenaMem::Own(vec![AlignedLine([0; 64]); bytes.div_ceil(64)]));
+                    .unwrap_or_else(|| {
+                        ArenaMem::Own(vec![AlignedLine([0; 64]); bytes.div_ceil(64)])
+                    }),
+            };
         }
-        match &mut *a {
+        Ok(match &mut *a {
             ArenaMem::None => unreachable!("sized above"),
-            ArenaMem::Backend { ptr, .. } => *ptr,
-            ArenaMem::Own(v) => v.as_mut_ptr() as *mut u8,
+            ArenaMem::Backend { ptr, .. } => (*ptr, 0),
+            ArenaMem::Own(v) => (v.as_mut_ptr() as *mut u8, 0),
+            ArenaMem::Device { handle, .. } => (core::ptr::null_mut(), *handle),
+        })
+    }
+
+    /// Holds the activations and the KV cache in the device memory of the first backend when
+    /// it has its own (ABI 1.7) and `p` suits: ops then pass device tensors, with no host
+    /// round trip between them, and a step waits once, for its logits. Off with
+    /// MOLLM_DEVICE_MEMORY=0, and for MoE programs (their routing reads host memory). The
+    /// backend's name where it is on.
+    pub fn use_device_memory(&mut self, p: &crate::graph::Program) -> Option<&str> {
+        use crate::graph::program::Kind;
+        let moe = p
+            .nodes
+            .iter()
+            .any(|n| matches!(n.kind, Kind::Moe { .. } | Kind::SharedExpert { .. }));
+        let off = std::env::var("MOLLM_DEVICE_MEMORY").as_deref() == Ok("0");
+        if moe || off || !self.backends[0].has_device_memory() || self.experts.borrow().is_some() {
+            return None;
         }
+        self.device = Some(0);
+        Some(self.backends[0].name())
+    }
+
+    /// `size` bytes of device memory of the backend [`Exec::use_device_memory`] chose: its
+    /// handle (freed with the backend).
+    pub(crate) fn device_alloc(&self, size: usize) -> Result<u64> {
+        let bi = self
+            .device
+            .ok_or_else(|| EngineError::Invalid("no device memory".into()))?;
+        self.backends[bi].device_alloc(size)
+    }
+
+    /// `buffer_copy` on the device backend; a copy into host memory counts as a round trip.
+    pub(crate) fn device_copy(&self, dst: &TensorDesc, src: &TensorDesc) -> Result<()> {
+        let bi = self
+            .device
+            .ok_or_else(|| EngineError::Invalid("no device memory".into()))?;
+        if dst.buffer == 0 && src.buffer != 0 {
+            self.round_trips.set(self.round_trips.get() + 1);
+        }
+        self.backends[bi].copy(dst, src)
+    }
+
+    /// A step ran (for the round trips a step makes, see [`Exec::arena_report`]).
+    pub(crate) fn count_step(&self) {
+        self.steps.set(self.steps.get() + 1);
+    }
+
+    /// (host round trips, steps) so far.
+    pub fn round_trips(&self) -> (u64, u64) {
+        (self.round_trips.get(), self.steps.get())
+    }
+
+    /// A call some of whose operands lie in device memory, which the device backend declined:
+    /// those operands are copied into host memory (whole spans, so strided caches too), the
+    /// call goes to the backends as a host call, and its outputs are copied back.
+    fn staged(
+        &self,
+        op: Op,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: OpParams,
+        first: Option<(usize, &[TensorDesc])>,
+    ) -> Result<()> {
+        // (device tensor, its host copy); the same tensor twice (set_rows in place) shares one.
+        let mut copies: Vec<(TensorDesc, TensorDesc, Vec<AlignedLine>)> = Vec::new();
+        let mut host = |d: &TensorDesc, read: bool| -> Result<TensorDesc> {
+            if d.buffer == 0 {
+                return Ok(*d);
+            }
+            if let Some((_, h, _)) = copies
+                .iter()
+                .find(|(x, _, _)| x.buffer == d.buffer && x.data == d.data && x.nb == d.nb)
+            {
+                return Ok(*h);
+            }
+            let span = span_bytes(d).next_multiple_of(4);
+            let mut mem = vec![AlignedLine([0; 64]); span.div_ceil(64)];
+            let mut h = *d;
+            h.buffer = 0;
+            h.data = mem.as_mut_ptr() as *mut u8;
+            if read {
+                self.device_copy(&flat(h.data, 0, span), &flat(d.data, d.buffer, span))?;
+            }
+            copies.push((*d, h, mem));
+            Ok(h)
+        };
+        let ins = inputs
+            .iter()
+            .map(|d| host(d, true))
+            .collect::<Result<Vec<_>>>()?;
+        let outs = outputs
+            .iter()
+            .map(|d| host(d, false))
+            .collect::<Result<Vec<_>>>()?;
+        // The backend's own weight stays (operand 0); the rest are the host copies.
+        let first = first.map(|(bi, f)| {
+            let mut v = ins.clone();
+            v[0] = f[0];
+            (bi, v)
+        });
+        self.call_with(
+            op,
+            &ins,
+            &outs,
+            params,
+            first.as_ref().map(|(b, v)| (*b, &v[..])),
+        )?;
+        for (d, h, _) in &copies {
+            if outputs
+                .iter()
+                .any(|o| o.buffer == d.buffer && o.data == d.data)
+            {
+                let span = span_bytes(d).next_multiple_of(4);
+                self.device_copy(&flat(d.data, d.buffer, span), &flat(h.data, 0, span))?;
+            }
+        }
+        Ok(())
     }
 
     /// The backend whose buffer holds the activation arena (`None`: the engine's memory, or
@@ -330,6 +495,14 @@ impl Exec {
     /// One line on where the activation arena lives, for MOLLM_PROFILE reports.
     pub fn arena_report(&self) -> String {
         let mib = self.arena.borrow().size() as f64 / (1 << 20) as f64;
+        if let ArenaMem::Device { backend, .. } = &*self.arena.borrow() {
+            let (trips, steps) = self.round_trips();
+            return format!(
+                "activation arena: {mib:.1} MiB of {}'s device memory, with the KV cache; {trips} \
+                 host round trips in {steps} steps",
+                self.backends[*backend].name()
+            );
+        }
         match self.arena_backend() {
             Some(b) => format!("activation arena: {mib:.1} MiB, a host buffer of {b}"),
             None => format!("activation arena: {mib:.1} MiB of the engine's memory"),
@@ -338,6 +511,9 @@ impl Exec {
 
     fn free_arena(&self, a: ArenaMem) {
         if let ArenaMem::Backend {
+            backend, handle, ..
+        }
+        | ArenaMem::Device {
             backend, handle, ..
         } = a
         {
@@ -415,6 +591,23 @@ impl Exec {
         first: Option<(usize, &[TensorDesc])>,
     ) -> Result<()> {
         let t0 = self.clock();
+        // Operands in device memory: the device backend takes the call as it is, or it is
+        // staged through host memory.
+        if let Some(bi) = self
+            .device
+            .filter(|_| inputs.iter().chain(outputs).any(|t| t.buffer != 0))
+        {
+            let b = &self.backends[bi];
+            let ins = match first {
+                Some((fb, f)) if fb == bi => f,
+                _ => inputs,
+            };
+            if b.try_compute(op, ins, outputs, params)? {
+                self.record(op, ins, outputs, b, t0);
+                return Ok(());
+            }
+            return self.staged(op, inputs, outputs, params, first);
+        }
         if let Some((bi, ins)) = first {
             let b = &self.backends[bi];
             if b.try_compute(op, ins, outputs, params)? {

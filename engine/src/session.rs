@@ -378,7 +378,10 @@ impl<'m> Session<'m> {
         } else {
             n_ctx
         };
-        let kv_pool = KvPool::new(&model.program, opts.kv_dtype, rows, n_batch);
+        let mut kv_pool = KvPool::new(&model.program, opts.kv_dtype, rows, n_batch);
+        if exec.use_device_memory(&model.program).is_some() {
+            kv_pool.to_device(&exec)?;
+        }
         let kv = kv_pool.sequence(n_ctx);
         let runner = Runner::new(&model.program, n_batch, opts.max_outputs.clamp(1, n_batch));
         if let Some((cache, layers)) = expert_cache(model, opts, kv_pool.bytes())? {

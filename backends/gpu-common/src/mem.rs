@@ -26,7 +26,9 @@ pub struct Place<B> {
 pub fn on_device_ok(op: Op, i: usize, n_in: usize, exact: bool) -> bool {
     match op {
         Op::MatMul => i == 2 || (i == 1 && exact),
-        Op::GetRows | Op::Rope => i != 1,
+        Op::Rope => i != 1,
+        // A table in device memory is an activation (f32 rows, copied row by row).
+        Op::GetRows => i != 1,
         Op::Attention => i <= 2 || i >= n_in,
         Op::SetRows => i != 1,
         _ => true,
@@ -76,7 +78,7 @@ impl<D: Device> Ctx<D> {
     }
 
     /// Device operand `t`, packed: its place, refused unless its elements lie densely.
-    fn packed(&self, t: &TensorDesc) -> Result<Place<D::Buf>, Error> {
+    pub(crate) fn packed(&self, t: &TensorDesc) -> Result<Place<D::Buf>, Error> {
         if !t.is_contiguous() {
             return Err(Error::Unsupported(
                 "a strided device tensor (only packed ones are read whole)".into(),
@@ -137,6 +139,24 @@ impl<D: Device> Ctx<D> {
         self.dev.copy(ob, 0, &p.buf, p.off, p.size)
     }
 
+    /// Queues a copy of `src` into `dst` (sizes as `src`'s). Within one buffer (a cache's page
+    /// copies, rows of the arena) through a scratch buffer: devices copy between distinct
+    /// buffers only.
+    pub(crate) fn copy_places(
+        &self,
+        src: &Place<D::Buf>,
+        dst: &Place<D::Buf>,
+    ) -> Result<(), Error> {
+        if !Arc::ptr_eq(&src.buf, &dst.buf) {
+            return self
+                .dev
+                .copy(&src.buf, src.off, &dst.buf, dst.off, src.size);
+        }
+        let tmp = self.dev.alloc("copy", src.size)?;
+        self.dev.copy(&src.buf, src.off, &tmp, 0, src.size)?;
+        self.dev.copy(&tmp, 0, &dst.buf, dst.off, src.size)
+    }
+
     /// `buffer_copy`: `src` into `dst`, either of them in host memory or in this context's
     /// buffers. A copy into host memory waits for the queued work.
     ///
@@ -175,7 +195,7 @@ impl<D: Device> Ctx<D> {
             }
             _ => {
                 let (s, d) = (self.packed(src)?, self.packed(dst)?);
-                self.dev.copy(&s.buf, s.off, &d.buf, d.off, s.size)
+                self.copy_places(&s, &d)
             }
         }
     }

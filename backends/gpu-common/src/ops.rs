@@ -444,6 +444,9 @@ unsafe fn get_rows<D: Device>(
             "get_rows: ids[{m}] = {bad} outside the table's {v} rows"
         )));
     }
+    if table.buffer != 0 && !ctx.is_weight(table.buffer) {
+        return rows_of_device_table(ctx, table, &id, out);
+    }
     let dev: Arc<DevWeight<D::Buf>> = if table.buffer != 0 {
         ctx.weight(table.buffer)?
     } else {
@@ -651,4 +654,49 @@ fn set_rows_device<D: Device>(
         groups: words.div_ceil(64),
     };
     ctx.dev.enqueue(&[launch])
+}
+
+/// get_rows from a table in device memory (activations: the rows that produce logits), one
+/// queued copy a row.
+///
+/// # Safety
+/// A host `out` is writable for its shape and strides.
+unsafe fn rows_of_device_table<D: Device>(
+    ctx: &Ctx<D>,
+    table: &TensorDesc,
+    ids: &[i32],
+    out: &TensorDesc,
+) -> Result<(), Error> {
+    let el = dt(table).info();
+    if el.block_len != 1 || table.nb[0] != el.block_bytes as i64 || table.ne[2] * table.ne[3] != 1 {
+        return Err(Error::Unsupported(
+            "get_rows: a device table of packed 2-D rows only".into(),
+        ));
+    }
+    let row = table.ne[0] as u64 * el.block_bytes as u64;
+    let tp = ctx.place(table)?;
+    let dst = if out.buffer != 0 {
+        ctx.packed(out)?
+    } else {
+        crate::mem::Place {
+            buf: Arc::new(ctx.dev.empty("rows", row * ids.len() as u64)?),
+            off: 0,
+            size: row * ids.len() as u64,
+        }
+    };
+    for (m, &i) in ids.iter().enumerate() {
+        let at = |buf: &Arc<D::Buf>, off| crate::mem::Place {
+            buf: buf.clone(),
+            off,
+            size: row,
+        };
+        ctx.copy_places(
+            &at(&tp.buf, tp.off + i as u64 * table.nb[1] as u64),
+            &at(&dst.buf, dst.off + m as u64 * row),
+        )?;
+    }
+    if out.buffer == 0 {
+        host::scatter(out, &ctx.dev.read(&dst.buf, 0, dst.size)?);
+    }
+    Ok(())
 }

@@ -60,6 +60,13 @@ impl<D: Device> Ctx<D> {
             })
     }
 
+    pub(crate) fn is_weight(&self, handle: u64) -> bool {
+        self.weights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&handle)
+    }
+
     /// A buffer from `buffer_alloc` and its size.
     pub(crate) fn buffer(&self, handle: u64) -> Result<(Arc<D::Buf>, u64), Error> {
         self.bufs
@@ -131,8 +138,11 @@ pub unsafe fn check<D: Device>(
     let max = c.dev.max_binding();
     let exact = op == Op::MatMul && ops::exact(ins, p);
     for (i, t) in ins.iter().chain(outs).enumerate() {
-        if t.buffer != 0 && i == 0 && matches!(op, Op::MatMul | Op::GetRows) {
-            c.weight(t.buffer)?;
+        if t.buffer != 0
+            && i == 0
+            && matches!(op, Op::MatMul | Op::GetRows)
+            && c.is_weight(t.buffer)
+        {
             continue;
         }
         if t.buffer != 0 {

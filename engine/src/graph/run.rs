@@ -83,6 +83,11 @@ pub struct Runner {
     /// Per product node: the weight of the next product (posted for warming before the node
     /// runs, see [`Exec::warm_weight`]).
     warm_next: Vec<Option<usize>>,
+    /// The arena's buffer this step (0: host memory; else device memory, where node tensors
+    /// carry offsets).
+    arena_buf: u64,
+    /// The logits read back from device memory.
+    logits: Vec<f32>,
 }
 
 impl Runner {
@@ -102,6 +107,8 @@ impl Runner {
             seq_tables: Vec::new(),
             seq_info: Vec::new(),
             warm_next: warm_targets(p),
+            arena_buf: 0,
+            logits: Vec::new(),
             plan,
         }
     }
@@ -200,19 +207,23 @@ impl Runner {
         col_groups(seqs.iter().map(|s| s.n_out), &mut self.out_groups);
 
         let (ti, oi) = (t as i64, o as i64);
-        let base = ex.arena(self.plan.arena_bytes);
+        let (base, arena_buf) = ex.arena(self.plan.arena_bytes)?;
+        self.arena_buf = arena_buf;
+        if arena_buf != 0 {
+            pool.flush_copies(ex)?;
+        }
+        ex.count_step();
         for (i, node) in p.nodes.iter().enumerate() {
             let shape = super::dim::eval_shape(&node.shape, ti, oi);
             self.shapes[i] = shape;
             if matches!(node.kind, Kind::Reshape) || shape.iter().product::<i64>() == 0 {
                 continue;
             }
-            // SAFETY: the plan gives every node a slot inside the arena sized for max_t/max_o.
-            let out = TensorDesc::contiguous(
-                unsafe { base.add(self.plan.offset[i]) },
-                node.dtype,
-                &shape,
-            );
+            // The plan gives every node a slot inside the arena sized for max_t/max_o (an
+            // offset from null in device memory).
+            let mut out =
+                TensorDesc::contiguous(base.wrapping_add(self.plan.offset[i]), node.dtype, &shape);
+            out.buffer = arena_buf;
             let mut ins = [out; 8];
             for (k, s) in node.inputs.iter().enumerate() {
                 ins[k] = self.desc(p, *s, base);
@@ -299,6 +310,15 @@ impl Runner {
             s.kv.n_past += s.n_tokens;
         }
         let n = (n_vocab as usize) * o;
+        if arena_buf != 0 {
+            // The step's one wait: its logits into host memory.
+            self.logits.resize(n, 0.0);
+            let src = self.desc(p, Src::Node(p.output), base);
+            let dst =
+                TensorDesc::contiguous(self.logits.as_mut_ptr() as *mut u8, DType::F32, &src.ne);
+            ex.device_copy(&dst, &src)?;
+            return Ok(&self.logits[..n]);
+        }
         // SAFETY: the output node's slot holds n f32 values written by this step.
         Ok(unsafe {
             std::slice::from_raw_parts(base.add(self.plan.offset[p.output]) as *const f32, n)
@@ -325,12 +345,16 @@ impl Runner {
 
     fn desc(&self, p: &Program, s: Src, base: *mut u8) -> TensorDesc {
         match s {
-            Src::Node(j) => TensorDesc::contiguous(
-                // SAFETY: inside the arena (see step).
-                unsafe { base.add(self.plan.offset[j]) },
-                p.nodes[j].dtype,
-                &self.shapes[j],
-            ),
+            Src::Node(j) => {
+                // Inside the arena (see step).
+                let mut d = TensorDesc::contiguous(
+                    base.wrapping_add(self.plan.offset[j]),
+                    p.nodes[j].dtype,
+                    &self.shapes[j],
+                );
+                d.buffer = self.arena_buf;
+                d
+            }
             Src::Weight(w) => p.weights[w].desc,
             Src::Tokens => i32d(&self.tokens),
             Src::Positions => i32d(&self.positions),
@@ -355,7 +379,7 @@ impl Runner {
         let t = self.kv_rows.len();
         // q and out: f32, contiguous, one token's heads after another.
         let tok_bytes = (q.ne[0] * q.ne[1]) as usize * 4;
-        let out = TensorDesc::contiguous(out.data, DType::F32, &[q.ne[0], q.ne[1], t as i64]);
+        let out = f32_view(&out, out.data, &[q.ne[0], q.ne[1], t as i64]);
         // Every token's keys and values into its cache rows, one row per KV head (the pool is
         // stored by head, see `CacheTensor::desc`): one call each for the step.
         let (hd, nh) = (k.ne[0], k.ne[1]);
@@ -364,10 +388,10 @@ impl Runner {
         crate::kv::head_rows(&self.kv_rows, nh as usize, cache.k.rows(), &mut idx);
         let rd = i32d(&idx);
         let kc = cache.k.desc_2d();
-        let kd = TensorDesc::contiguous(k.data, DType::F32, &[hd, nh * t as i64]);
+        let kd = f32_view(&k, k.data, &[hd, nh * t as i64]);
         ex.call_desc(Op::SetRows, &[kd, rd, kc], &[kc], OpParams::default())?;
         let vc = cache.v.desc_2d();
-        let vd = TensorDesc::contiguous(v.data, DType::F32, &[hd, nh * t as i64]);
+        let vd = f32_view(&v, v.data, &[hd, nh * t as i64]);
         ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
         drop(idx);
         let (kc, vc) = (cache.k.desc(), cache.v.desc());
@@ -406,13 +430,13 @@ impl Runner {
             let mut p0 = prm;
             p0.i[0] = self.seq_info[2] as i64;
             let one = [
-                TensorDesc::contiguous(q.data, DType::F32, &[q.ne[0], q.ne[1], c0]),
+                f32_view(&q, q.data, &[q.ne[0], q.ne[1], c0]),
                 kc,
                 vc,
                 i32d(&self.positions[..c0 as usize]),
                 s0.kv.table_desc(),
             ];
-            let o1 = TensorDesc::contiguous(out.data, DType::F32, &[q.ne[0], q.ne[1], c0]);
+            let o1 = f32_view(&out, out.data, &[q.ne[0], q.ne[1], c0]);
             if ex.same_taker(Op::Attention, (&ins, &[out], &all), (&one, &[o1], &p0)) {
                 return ex.call_desc(Op::Attention, &ins, &[out], all);
             }
@@ -424,9 +448,9 @@ impl Runner {
                 continue;
             }
             let cols = |d: &TensorDesc| {
-                TensorDesc::contiguous(
+                f32_view(
+                    d,
                     d.data.wrapping_add(t0 * tok_bytes),
-                    DType::F32,
                     &[q.ne[0], q.ne[1], n as i64],
                 )
             };
@@ -438,6 +462,13 @@ impl Runner {
         }
         Ok(())
     }
+}
+
+/// Packed f32 `shape` at `data` in `like`'s memory (host, or the same device buffer).
+fn f32_view(like: &TensorDesc, data: *mut u8, shape: &[i64]) -> TensorDesc {
+    let mut d = TensorDesc::contiguous(data, DType::F32, shape);
+    d.buffer = like.buffer;
+    d
 }
 
 /// Steps of at most this many tokens warm each product's successor: their products stream
