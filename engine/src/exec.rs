@@ -563,8 +563,15 @@ impl Exec {
         if let (2, Some(t)) = (self.profile, inputs.first()) {
             dt = format!("{dt} {:?}", &t.ne[..t.ndim as usize]);
         }
-        if inputs.first().is_some_and(|t| t.buffer != 0) {
-            dt.push_str(" (repacked)");
+        let arena = match &*self.arena.borrow() {
+            ArenaMem::Device { handle, .. } => *handle,
+            _ => 0,
+        };
+        match inputs.first().map(|t| t.buffer) {
+            Some(0) | None => {}
+            Some(h) if h == arena => dt.push_str(" (device)"),
+            Some(_) if matches!(op, Op::MatMul | Op::GetRows) => dt.push_str(" (repacked)"),
+            Some(_) => dt.push_str(" (device)"),
         }
         let e = st
             .detail
@@ -616,7 +623,16 @@ impl Exec {
             }
         }
         let last = self.backends.len() - 1;
+        // With device memory, a host call of an op other than a product or a lookup (the
+        // sampler's argmax over logits already read back) would upload and wait again: the
+        // backends after the device take it.
+        let skip = self
+            .device
+            .filter(|&d| !self.strict && d != last && !matches!(op, Op::MatMul | Op::GetRows));
         for (i, b) in self.backends.iter().enumerate() {
+            if Some(i) == skip {
+                continue;
+            }
             if i == last && !self.strict {
                 b.compute(op, inputs, outputs, params)?;
                 self.record(op, inputs, outputs, b, t0);

@@ -64,6 +64,9 @@ pub struct Cuda {
     ctx: CuCtx,
     functions: HashMap<&'static str, CuFunction>,
     pub name: String,
+    /// Allocations dropped since the last wait: freed after it, as queued work may still
+    /// use them (and cuMemFree would wait for the device on every op's scratch).
+    retired: std::sync::Mutex<Vec<Ptr>>,
 }
 
 // SAFETY: the driver API is thread-safe; the context is made current on each calling thread,
@@ -71,7 +74,7 @@ pub struct Cuda {
 unsafe impl Send for Cuda {}
 unsafe impl Sync for Cuda {}
 
-/// A device allocation, freed when dropped.
+/// A device allocation, freed after the next wait once dropped.
 pub struct Buf {
     ptr: Ptr,
 }
@@ -79,11 +82,10 @@ pub struct Buf {
 impl Drop for Buf {
     fn drop(&mut self) {
         if let Ok(c) = cuda() {
-            // SAFETY: an allocation of this context, freed once.
-            unsafe {
-                (c.api.set_current)(c.ctx);
-                (c.api.free)(self.ptr);
-            }
+            c.retired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.ptr);
         }
     }
 }
@@ -243,6 +245,7 @@ fn open() -> Result<Cuda, String> {
             ctx,
             functions,
             name: format!("{name} (compute {major}.{minor}, {arch} PTX)"),
+            retired: std::sync::Mutex::new(Vec::new()),
         })
     }
 }
@@ -269,7 +272,18 @@ impl Cuda {
         self.current()?;
         let mut ptr: Ptr = 0;
         // SAFETY: an out-parameter; at least one byte so that every buffer is a real one.
-        let rc = unsafe { (self.api.alloc)(&mut ptr, size.max(4) as usize) };
+        let mut rc = unsafe { (self.api.alloc)(&mut ptr, size.max(4) as usize) };
+        let waiting = !self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if rc == OUT_OF_MEMORY && waiting {
+            // What queued work still holds comes back after a wait.
+            self.sync()?;
+            // SAFETY: as above.
+            rc = unsafe { (self.api.alloc)(&mut ptr, size.max(4) as usize) };
+        }
         if rc == OUT_OF_MEMORY {
             let (mut free, mut total) = (0usize, 0usize);
             // SAFETY: two out-parameters.
@@ -372,7 +386,13 @@ impl Device for Cuda {
         self.current()?;
         // SAFETY: no arguments.
         let rc = unsafe { (self.api.synchronize)() };
-        self.api.ok("cuCtxSynchronize", rc).map_err(Error::Device)
+        self.api.ok("cuCtxSynchronize", rc).map_err(Error::Device)?;
+        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|p| p.into_inner()));
+        for p in retired {
+            // SAFETY: allocations of this context, dropped, and no queued work is left.
+            unsafe { (self.api.free)(p) };
+        }
+        Ok(())
     }
 
     /// Each launch: its meta words by value (zero-padded to the largest kernel parameter

@@ -7,7 +7,10 @@
 // Weights: i8 codes in element order (Q4_K 0..15, Q6_K q - 32), four to a word, and per
 // super block the `kscales` words (weights.rs `k_scales`). Activations: Q8_K as the column's
 // kernel quantizes it, codes four to a word and per super block `[d, bsums 0..16]` (`xk`).
-// Integer sums are exact (and wrap where ggml's do); one invocation per output.
+// Integer sums are exact (and wrap where ggml's do). One invocation per row of up to `tile`
+// (at most 4) columns, each super block's weights read for them all in turn (from the cache:
+// a prompt's product reads its weights once per tile, not per column), each output in its own
+// chain.
 
 struct Meta {
     k: u32,
@@ -15,6 +18,15 @@ struct Meta {
     cols: u32,
     out_rows: u32,
     row0: u32,
+    tile: u32,
+}
+
+// One output's accumulators.
+struct KState {
+    acc: array<f32, 8>,
+    accm: array<f32, 4>,
+    a1: f32,
+    am: f32,
 }
 
 @group(0) @binding(0) var<storage, read> p: Meta;
@@ -50,132 +62,145 @@ fn bsum(x0: u32, i: u32) -> i32 {
     return bitcast<i32>(xk[x0 + 1u + i]);
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    fma_init(nw);
-    let at = col_row(wg, nw, li, p.rows);
-    let m = at.x;
-    let n = at.y;
-    if (m >= p.cols || n >= p.rows) {
-        return;
-    }
-    let mode = modes[m];
+// `st0` after super block `b` of row `n` times column `m` (whose chain is `mode`). (By value:
+// naga's SPIR-V writer cannot pass a pointer to an element of a local array.)
+fn block(st0: KState, mode: u32, n: u32, m: u32, b: u32) -> KState {
+    var st = st0;
     let nsb = p.k / 256u;
     let kw = p.k / 4u;
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    var accm = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    var a1 = 0.0;
-    var am = 0.0;
-    for (var b = 0u; b < nsb; b++) {
-        let k0 = (n * nsb + b) * 8u;
-        let xd = bitcast<f32>(ks[k0]);
-        let xdmin = bitcast<f32>(ks[k0 + 1u]);
-        let x0 = (m * nsb + b) * XK_WORDS;
-        let yd = bitcast<f32>(xk[x0]);
-        let wo = n * kw + b * 64u;
-        let ao = m * kw + b * 64u;
-        if (mode <= 3u) {
-            // Q4_K: 6-bit scales sc[s] at bytes 0..8 and mins m[s] at 8..16 of ks[k0 + 2..].
-            if (mode == 0u) {
-                let d = yd * xd;
-                let dmin = -yd * xdmin;
-                for (var j = 0u; j < 4u; j++) {
-                    var prod = 0;
-                    for (var h = 0u; h < 2u; h++) {
-                        let s = 2u * j + h;
-                        // ggml sums the bsum pair in 16 bits.
-                        let q8s = (bsum(x0, 2u * s) + bsum(x0, 2u * s + 1u)) << 16u >> 16u;
-                        prod += i32(kbyte(k0 + 2u, 8u + s)) * q8s;
-                    }
-                    accm[j] = fma_x(dmin, f32(prod), accm[j]);
+    let k0 = (n * nsb + b) * 8u;
+    let xd = bitcast<f32>(ks[k0]);
+    let xdmin = bitcast<f32>(ks[k0 + 1u]);
+    let x0 = (m * nsb + b) * XK_WORDS;
+    let yd = bitcast<f32>(xk[x0]);
+    let wo = n * kw + b * 64u;
+    let ao = m * kw + b * 64u;
+    if (mode <= 3u) {
+        // Q4_K: 6-bit scales sc[s] at bytes 0..8 and mins m[s] at 8..16 of ks[k0 + 2..].
+        if (mode == 0u) {
+            let d = yd * xd;
+            let dmin = -yd * xdmin;
+            for (var j = 0u; j < 4u; j++) {
+                var prod = 0;
+                for (var h = 0u; h < 2u; h++) {
+                    let s = 2u * j + h;
+                    // ggml sums the bsum pair in 16 bits.
+                    let q8s = (bsum(x0, 2u * s) + bsum(x0, 2u * s + 1u)) << 16u >> 16u;
+                    prod += i32(kbyte(k0 + 2u, 8u + s)) * q8s;
                 }
-                var sumi = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
-                for (var s = 0u; s < 8u; s++) {
-                    let sc = i32(kbyte(k0 + 2u, s));
-                    for (var l = 0u; l < 8u; l++) {
-                        sumi[l] += sc * dot4I8Packed(codes[wo + 8u * s + l], xq[ao + 8u * s + l]);
-                    }
-                }
+                st.accm[j] = fma_x(dmin, f32(prod), st.accm[j]);
+            }
+            var sumi = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+            for (var s = 0u; s < 8u; s++) {
+                let sc = i32(kbyte(k0 + 2u, s));
                 for (var l = 0u; l < 8u; l++) {
-                    acc[l] = fma_x(d, f32(sumi[l]), acc[l]);
+                    sumi[l] += sc * dot4I8Packed(codes[wo + 8u * s + l], xq[ao + 8u * s + l]);
                 }
-            } else {
-                var isum = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
-                var imin = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+            }
+            for (var l = 0u; l < 8u; l++) {
+                st.acc[l] = fma_x(d, f32(sumi[l]), st.acc[l]);
+            }
+        } else {
+            var isum = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+            var imin = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+            for (var s = 0u; s < 8u; s++) {
+                let raw = dot16(wo + 8u * s, ao + 8u * s) + dot16(wo + 8u * s + 4u, ao + 8u * s + 4u);
+                isum[s] = i32(kbyte(k0 + 2u, s)) * raw;
+                imin[s] = i32(kbyte(k0 + 2u, 8u + s)) * (bsum(x0, 2u * s) + bsum(x0, 2u * s + 1u));
+            }
+            if (mode == 3u) {
+                // Tiled: wrapping sums, then `res = s1 * d; res = fma(-dmin, s2, res);
+                // acc = fma(res, d8, acc)`.
+                var s1 = 0;
+                var s2 = 0;
                 for (var s = 0u; s < 8u; s++) {
-                    let raw = dot16(wo + 8u * s, ao + 8u * s) + dot16(wo + 8u * s + 4u, ao + 8u * s + 4u);
-                    isum[s] = i32(kbyte(k0 + 2u, s)) * raw;
-                    imin[s] = i32(kbyte(k0 + 2u, 8u + s)) * (bsum(x0, 2u * s) + bsum(x0, 2u * s + 1u));
+                    s1 += isum[s];
+                    s2 += imin[s];
                 }
-                if (mode == 3u) {
-                    // Tiled: wrapping sums, then `res = s1 * d; res = fma(-dmin, s2, res);
-                    // acc = fma(res, d8, acc)`.
+                let res = fma_x(-xdmin, f32(s2), f32(s1) * xd);
+                st.a1 = fma_x(res, yd, st.a1);
+            } else {
+                let dw = xd * yd;
+                let dm = xdmin * yd;
+                if (mode == 1u) {
                     var s1 = 0;
                     var s2 = 0;
                     for (var s = 0u; s < 8u; s++) {
                         s1 += isum[s];
                         s2 += imin[s];
                     }
-                    let res = fma_x(-xdmin, f32(s2), f32(s1) * xd);
-                    a1 = fma_x(res, yd, a1);
+                    st.a1 = fma_x(f32(s1), dw, st.a1);
+                    st.am = fma_x(f32(s2), dm, st.am);
                 } else {
-                    let dw = xd * yd;
-                    let dm = xdmin * yd;
-                    if (mode == 1u) {
-                        var s1 = 0;
-                        var s2 = 0;
-                        for (var s = 0u; s < 8u; s++) {
-                            s1 += isum[s];
-                            s2 += imin[s];
-                        }
-                        a1 = fma_x(f32(s1), dw, a1);
-                        am = fma_x(f32(s2), dm, am);
-                    } else {
-                        for (var sb = 0u; sb < 4u; sb++) {
-                            a1 = fma_x(f32(isum[2u * sb] + isum[2u * sb + 1u]), dw, a1);
-                            am = fma_x(f32(imin[2u * sb] + imin[2u * sb + 1u]), dm, am);
-                        }
+                    for (var sb = 0u; sb < 4u; sb++) {
+                        st.a1 = fma_x(f32(isum[2u * sb] + isum[2u * sb + 1u]), dw, st.a1);
+                        st.am = fma_x(f32(imin[2u * sb] + imin[2u * sb + 1u]), dm, st.am);
                     }
                 }
             }
-        } else if (mode == 4u) {
-            // Q6_K vec_dot: lanes of (q - 32 + 32)·q8 with the scale of their 16-half, less
-            // 32 · bsums · scales per lane.
-            let d = yd * xd;
-            var sumi = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
-            for (var gi = 0u; gi < 8u; gi++) {
-                for (var l = 0u; l < 8u; l++) {
-                    let sc = kbyte_i(k0 + 2u, 2u * gi + select(0u, 1u, l >= 4u));
-                    let a = xq[ao + 8u * gi + l];
-                    let s = dot4I8Packed(codes[wo + 8u * gi + l], a) + 32 * dot4I8Packed(0x01010101u, a);
-                    sumi[l] += sc * s;
-                }
-            }
+        }
+    } else if (mode == 4u) {
+        // Q6_K vec_dot: lanes of (q - 32 + 32)·q8 with the scale of their 16-half, less
+        // 32 · bsums · scales per lane.
+        let d = yd * xd;
+        var sumi = array<i32, 8>(0, 0, 0, 0, 0, 0, 0, 0);
+        for (var gi = 0u; gi < 8u; gi++) {
             for (var l = 0u; l < 8u; l++) {
-                let sub = (bsum(x0, 2u * l) * kbyte_i(k0 + 2u, 2u * l)
-                    + bsum(x0, 2u * l + 1u) * kbyte_i(k0 + 2u, 2u * l + 1u)) << 5u;
-                acc[l] = fma_x(d, f32(sumi[l] - sub), acc[l]);
+                let sc = kbyte_i(k0 + 2u, 2u * gi + select(0u, 1u, l >= 4u));
+                let a = xq[ao + 8u * gi + l];
+                let s = dot4I8Packed(codes[wo + 8u * gi + l], a) + 32 * dot4I8Packed(0x01010101u, a);
+                sumi[l] += sc * s;
             }
-        } else {
-            // Q6_K tiled: Σ over 16-element sub-blocks of scale · Σ (q - 32)·q8, wrapping.
-            var s1 = 0;
-            for (var s = 0u; s < 16u; s++) {
-                s1 += dot16(wo + 4u * s, ao + 4u * s) * kbyte_i(k0 + 2u, s);
-            }
-            a1 = fma_x(f32(s1) * xd, yd, a1);
         }
-    }
-    var r: f32;
-    if (mode == 0u || mode == 4u) {
-        r = ((acc[4] + acc[0]) + (acc[6] + acc[2])) + ((acc[5] + acc[1]) + (acc[7] + acc[3]));
-        if (mode == 0u) {
-            r = r + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+        for (var l = 0u; l < 8u; l++) {
+            let sub = (bsum(x0, 2u * l) * kbyte_i(k0 + 2u, 2u * l)
+                + bsum(x0, 2u * l + 1u) * kbyte_i(k0 + 2u, 2u * l + 1u)) << 5u;
+            st.acc[l] = fma_x(d, f32(sumi[l] - sub), st.acc[l]);
         }
-    } else if (mode == 3u || mode == 5u) {
-        r = a1;
     } else {
-        r = a1 - am;
+        // Q6_K tiled: Σ over 16-element sub-blocks of scale · Σ (q - 32)·q8, wrapping.
+        var s1 = 0;
+        for (var s = 0u; s < 16u; s++) {
+            s1 += dot16(wo + 4u * s, ao + 4u * s) * kbyte_i(k0 + 2u, s);
+        }
+        st.a1 = fma_x(f32(s1) * xd, yd, st.a1);
     }
-    out[m * p.out_rows + p.row0 + n] = r;
+    return st;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    fma_init(nw);
+    let at = col_row(wg, nw, li, p.rows);
+    let m0 = at.x * p.tile;
+    let n = at.y;
+    if (m0 >= p.cols || n >= p.rows) {
+        return;
+    }
+    let tc = min(p.tile, p.cols - m0);
+    let nsb = p.k / 256u;
+    var sts: array<KState, 4>;
+    for (var b = 0u; b < nsb; b++) {
+        for (var c = 0u; c < tc; c++) {
+            sts[c] = block(sts[c], modes[m0 + c], n, m0 + c, b);
+        }
+    }
+    for (var c = 0u; c < tc; c++) {
+        let m = m0 + c;
+        let mode = modes[m];
+        let st = sts[c];
+        var r: f32;
+        if (mode == 0u || mode == 4u) {
+            r = ((st.acc[4] + st.acc[0]) + (st.acc[6] + st.acc[2])) + ((st.acc[5] + st.acc[1]) + (st.acc[7] + st.acc[3]));
+            if (mode == 0u) {
+                r = r + ((st.accm[0] + st.accm[2]) + (st.accm[1] + st.accm[3]));
+            }
+        } else if (mode == 3u || mode == 5u) {
+            r = st.a1;
+        } else {
+            r = st.a1 - st.am;
+        }
+        out[m * p.out_rows + p.row0 + n] = r;
+    }
 }

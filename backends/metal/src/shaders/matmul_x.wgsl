@@ -8,7 +8,9 @@
 //   `m * s` terms summed on the side for Q4_1 / Q5_1;
 // - lanes 1 (Q4_0 in ggml's repack layout): one accumulator, `acc = fma(sum, dx * dy, acc)`
 //   over whole-block sums.
-// One invocation per output element: 64 rows of one column per workgroup.
+// One invocation per row of up to `tile` (at most 8) columns: the row's weight words are
+// read once for them all (a prompt's product reads its weights once per tile, not per
+// column), and each output keeps its own chain. 64 rows per workgroup.
 
 struct Meta {
     k: u32,
@@ -18,6 +20,7 @@ struct Meta {
     row0: u32,
     lanes: u32,    // 8 or 1
     has_m: u32,    // Q4_1 / Q5_1
+    tile: u32,     // columns per invocation, 1..8
 }
 
 @group(0) @binding(0) var<storage, read> p: Meta;
@@ -32,43 +35,54 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<
         @builtin(local_invocation_index) li: u32) {
     fma_init(nw);
     let at = col_row(wg, nw, li, p.rows);
-    let m = at.x;
+    let m0 = at.x * p.tile;
     let n = at.y;
-    if (m >= p.cols || n >= p.rows) {
+    if (m0 >= p.cols || n >= p.rows) {
         return;
     }
+    let tc = min(p.tile, p.cols - m0);
     let nb = p.k / 32u;
     let kw = p.k / 4u;
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    var summs = 0.0;
+    var acc: array<array<f32, 8>, 8>;
+    var summs: array<f32, 8>;
+    var w: array<u32, 8>;
     for (var b = 0u; b < nb; b++) {
         let ws = scales[n * nb + b];
-        let as_ = xs[m * nb + b];
-        let d = ws.x * as_.x;
         let wo = n * kw + b * 8u;
-        let xo = m * kw + b * 8u;
+        for (var l = 0u; l < 8u; l++) {
+            w[l] = codes[wo + l];
+        }
+        for (var c = 0u; c < tc; c++) {
+            let m = m0 + c;
+            let as_ = xs[m * nb + b];
+            let d = ws.x * as_.x;
+            let xo = m * kw + b * 8u;
+            if (p.lanes == 8u) {
+                for (var l = 0u; l < 8u; l++) {
+                    let s = dot4I8Packed(w[l], xq[xo + l]);
+                    acc[c][l] = fma_x(d, f32(s), acc[c][l]);
+                }
+            } else {
+                var s = 0;
+                for (var l = 0u; l < 8u; l++) {
+                    s += dot4I8Packed(w[l], xq[xo + l]);
+                }
+                acc[c][0] = fma_x(f32(s), d, acc[c][0]);
+            }
+            if (p.has_m != 0u) {
+                summs[c] = fma_x(ws.y, as_.y, summs[c]);
+            }
+        }
+    }
+    for (var c = 0u; c < tc; c++) {
+        let a = acc[c];
+        var r = a[0];
         if (p.lanes == 8u) {
-            for (var l = 0u; l < 8u; l++) {
-                let s = dot4I8Packed(codes[wo + l], xq[xo + l]);
-                acc[l] = fma_x(d, f32(s), acc[l]);
-            }
-        } else {
-            var s = 0;
-            for (var l = 0u; l < 8u; l++) {
-                s += dot4I8Packed(codes[wo + l], xq[xo + l]);
-            }
-            acc[0] = fma_x(f32(s), d, acc[0]);
+            r = ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]));
         }
         if (p.has_m != 0u) {
-            summs = fma_x(ws.y, as_.y, summs);
+            r = r + summs[c];
         }
+        out[(m0 + c) * p.out_rows + p.row0 + n] = r;
     }
-    var r = acc[0];
-    if (p.lanes == 8u) {
-        r = ((acc[4] + acc[0]) + (acc[6] + acc[2])) + ((acc[5] + acc[1]) + (acc[7] + acc[3]));
-    }
-    if (p.has_m != 0u) {
-        r = r + summs;
-    }
-    out[m * p.out_rows + p.row0 + n] = r;
 }
