@@ -252,3 +252,63 @@ fn teacher_forcing_agrees_with_the_reference() {
         );
     }
 }
+
+/// A GPU without room (`MOLLM_GPU_MEMORY_LIMIT`, a smaller device) fails the load with how
+/// much was asked and how much is free; a device lost mid-run (`MOLLM_GPU_LOSE_AFTER`: its
+/// copies out fail from the third step on) ends the run with an error after the text of the
+/// steps before, never with text from a lost device.
+#[test]
+fn out_of_memory_and_a_lost_device_are_errors() {
+    let cache = scratch("lost");
+    let Some(m) = model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    if !vulkan(&cache) {
+        return;
+    }
+    let args = [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--backend",
+        "metal",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--json",
+    ];
+    let full: serde_json::Value =
+        serde_json::from_str(&out(&mollm(&args, &cache, Some("vulkan"), &[]))).unwrap();
+    let o = mollm(
+        &args,
+        &cache,
+        Some("vulkan"),
+        &[("MOLLM_GPU_MEMORY_LIMIT", "20000000")],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "ran in 20 MB: {err}");
+    assert!(
+        err.contains("out of device memory") && err.contains("asked for") && err.contains("free"),
+        "{err}"
+    );
+    let mut text = args.to_vec();
+    text.truncate(text.len() - 1);
+    let o = mollm(
+        &text,
+        &cache,
+        Some("vulkan"),
+        &[("MOLLM_GPU_LOSE_AFTER", "3")],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "a lost device did not end the run: {err}"
+    );
+    assert!(err.contains("the device was lost"), "{err}");
+    // What was printed is the start of the full run's text: three steps' tokens at most.
+    let said = String::from_utf8_lossy(&o.stdout);
+    let whole = full["text"].as_str().unwrap_or_default();
+    assert!(whole.starts_with(said.trim_end()), "{said:?} vs {whole:?}");
+    assert!(said.len() < whole.len(), "{said:?}");
+}

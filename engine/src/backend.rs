@@ -185,7 +185,7 @@ impl Backend {
     /// backend wants it; the descriptor's `buffer` is the handle to free.
     /// `mapped`: `w` lies in the model file's read-only mapping, so a backend of ABI 1.6 may
     /// drop its pages as its repack reads them (`PREPARE_SOURCE_MAPPED`).
-    pub fn prepare_weight(&self, w: &TensorDesc, mapped: bool) -> Option<TensorDesc> {
+    pub fn prepare_weight(&self, w: &TensorDesc, mapped: bool) -> Result<Option<TensorDesc>> {
         let mut out = *w;
         let st = match (self.table.prepare_weight_ex, self.table.prepare_weight) {
             (Some(f), _) if self.abi_minor >= 6 => {
@@ -197,9 +197,18 @@ impl Backend {
                 f(self.ctx, w, flags, &mut out)
             }
             (_, Some(f)) => f(self.ctx, w, &mut out),
-            _ => return None,
+            _ => return Ok(None),
         };
-        (Status::from_raw(st) == Status::Ok && out.buffer != 0).then_some(out)
+        match Status::from_raw(st) {
+            // A device without room for the weight: said plainly, not run slower elsewhere.
+            Status::OutOfMemory => Err(EngineError::Backend {
+                backend: self.name.clone(),
+                op: "prepare_weight",
+                msg: self.last_error(),
+            }),
+            Status::Ok if out.buffer != 0 => Ok(Some(out)),
+            _ => Ok(None),
+        }
     }
 
     /// `prepare_weight_into` (ABI 1.5): the weight repacked into `cap` bytes at `dst` (which

@@ -750,7 +750,7 @@ impl Exec {
         out: TensorDesc,
         params: OpParams,
     ) -> Result<()> {
-        let prepared = self.prepared(w);
+        let prepared = self.prepared(w)?;
         if let (Some((bi, d)), true) = (prepared, w.cache_slot) {
             // Repacked in place: the file's layout is gone, so no other backend can take the
             // call (the one that repacked it takes every call it prepared for).
@@ -848,32 +848,38 @@ impl Exec {
         }
     }
 
-    fn prepared(&self, w: &Weight) -> Option<(usize, TensorDesc)> {
+    fn prepared(&self, w: &Weight) -> Result<Option<(usize, TensorDesc)>> {
         if w.cache_slot {
             self.drop_retired();
             if !self.repack {
-                return None;
+                return Ok(None);
             }
-            return self.slot_prepared(w, self.slot_repack_after?);
+            return Ok(self
+                .slot_repack_after
+                .and_then(|after| self.slot_prepared(w, after)));
         }
         if !self.repack {
-            return None;
+            return Ok(None);
         }
         let key = w.desc.data as usize;
         if let Some(p) = self.prepared.borrow().get(&key) {
-            return *p;
+            return Ok(*p);
         }
-        let p = self.backends.iter().enumerate().find_map(|(i, b)| {
+        let mut p = None;
+        for (i, b) in self.backends.iter().enumerate() {
             if b.is_refused(Op::MatMul) {
-                return None;
+                continue;
             }
-            b.prepare_weight(&w.desc, w.file_mapped).map(|d| (i, d))
-        });
+            if let Some(d) = b.prepare_weight(&w.desc, w.file_mapped)? {
+                p = Some((i, d));
+                break;
+            }
+        }
         if p.is_some() && w.file_mapped {
             release_pages(&w.desc);
         }
         self.prepared.borrow_mut().insert(key, p);
-        p
+        Ok(p)
     }
 
     /// `w x (+ b)`: a linear layer with an optional bias.

@@ -288,7 +288,7 @@ impl Cuda {
             let (mut free, mut total) = (0usize, 0usize);
             // SAFETY: two out-parameters.
             unsafe { (self.api.mem_info)(&mut free, &mut total) };
-            return Err(Error::Device(format!(
+            return Err(Error::OutOfMemory(format!(
                 "{}: out of memory: {what} asked for {size} bytes, {free} of {total} free",
                 self.name
             )));

@@ -23,8 +23,10 @@ pub use table::{check, header, table, Ctx, GpuBackend};
 pub enum Error {
     Invalid(String),
     Unsupported(String),
-    /// The device failed (validation, out of memory, lost).
+    /// The device failed (validation, lost).
     Device(String),
+    /// Device memory ran out: the message names what was asked and what is free.
+    OutOfMemory(String),
 }
 
 impl Error {
@@ -33,12 +35,16 @@ impl Error {
             Error::Invalid(_) => abi::Status::InvalidArgument,
             Error::Unsupported(_) => abi::Status::Unsupported,
             Error::Device(_) => abi::Status::Internal,
+            Error::OutOfMemory(_) => abi::Status::OutOfMemory,
         }
     }
 
     pub fn message(&self) -> &str {
         match self {
-            Error::Invalid(m) | Error::Unsupported(m) | Error::Device(m) => m,
+            Error::Invalid(m)
+            | Error::Unsupported(m)
+            | Error::Device(m)
+            | Error::OutOfMemory(m) => m,
         }
     }
 }

@@ -189,6 +189,7 @@ impl<D: Device> Ctx<D> {
                 self.dev.write(&p.buf, p.off, &host::gather(src))
             }
             (_, 0) => {
+                self.read_allowed()?;
                 let b = self.host_bytes(src)?;
                 host::scatter(dst, &b);
                 Ok(())

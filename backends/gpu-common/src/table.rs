@@ -27,13 +27,28 @@ pub trait GpuBackend: 'static {
 pub struct Ctx<D: Device> {
     pub dev: &'static D,
     name: &'static str,
-    weights: Mutex<HashMap<u64, Arc<DevWeight<D::Buf>>>>,
+    weights: Mutex<HashMap<u64, (Arc<DevWeight<D::Buf>>, u64)>>,
     /// The engine's buffers (`buffer_alloc`) and their sizes.
     bufs: Mutex<HashMap<u64, (Arc<D::Buf>, u64)>>,
     next: AtomicU64,
     error: Mutex<String>,
     /// ggml's GELU table (`f16(gelu(x))` by the f16 bits of x), uploaded on first use.
     pub gelu: std::sync::OnceLock<D::Buf>,
+    /// Bytes of the weights and buffers this context holds on the device.
+    resident: AtomicU64,
+    /// Copies into host memory so far (see [`LOSE_ENV`]).
+    reads: AtomicU64,
+}
+
+/// A test flag: the device memory in bytes (a smaller GPU), counting the weights and buffers
+/// a context holds; what does not fit fails as out of memory.
+pub const MEMORY_ENV: &str = "MOLLM_GPU_MEMORY_LIMIT";
+/// A test flag: the device is lost after this many copies into host memory (the engine's
+/// one a step); every copy out after that fails.
+pub const LOSE_ENV: &str = "MOLLM_GPU_LOSE_AFTER";
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
 impl<D: Device> Ctx<D> {
@@ -46,6 +61,38 @@ impl<D: Device> Ctx<D> {
             next: AtomicU64::new(1),
             error: Mutex::new(String::new()),
             gelu: std::sync::OnceLock::new(),
+            resident: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts `size` more resident bytes, or says the device is out of memory
+    /// ([`MEMORY_ENV`]).
+    fn reserve(&self, what: &str, size: u64) -> Result<(), Error> {
+        let held = self.resident.fetch_add(size, Ordering::Relaxed);
+        match env_u64(MEMORY_ENV) {
+            Some(limit) if held + size > limit => {
+                self.resident.fetch_sub(size, Ordering::Relaxed);
+                Err(Error::OutOfMemory(format!(
+                    "{}: out of device memory: {what} asked for {size} bytes, {} of {limit} free \
+                     ({MEMORY_ENV})",
+                    self.name,
+                    limit.saturating_sub(held)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A copy into host memory: fails once the device is lost ([`LOSE_ENV`]).
+    pub(crate) fn read_allowed(&self) -> Result<(), Error> {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed);
+        match env_u64(LOSE_ENV) {
+            Some(after) if n >= after => Err(Error::Device(format!(
+                "{}: the device was lost ({LOSE_ENV}={after}, a test flag)",
+                self.name
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -54,7 +101,7 @@ impl<D: Device> Ctx<D> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&handle)
-            .cloned()
+            .map(|(w, _)| w.clone())
             .ok_or_else(|| {
                 Error::Invalid(format!("buffer {handle} is not a weight of this backend"))
             })
@@ -113,12 +160,20 @@ impl<D: Device> Ctx<D> {
             .dtype()
             .ok_or_else(|| Error::Invalid("unknown weight format".into()))?;
         let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
-        let dev = DevWeight::upload(self.dev, dt, k, n, |r| host::row(w, r))?;
+        let bytes = quant::row_bytes(dt, k).unwrap_or(0) as u64 * n as u64;
+        self.reserve("a weight", bytes)?;
+        let dev = match DevWeight::upload(self.dev, dt, k, n, |r| host::row(w, r)) {
+            Ok(d) => d,
+            Err(e) => {
+                self.resident.fetch_sub(bytes, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         let h = self.next.fetch_add(1, Ordering::Relaxed);
         self.weights
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(h, Arc::new(dev));
+            .insert(h, (Arc::new(dev), bytes));
         Ok(h)
     }
 }
@@ -314,14 +369,20 @@ extern "C" fn prepare_weight<B: GpuBackend>(
 extern "C" fn buffer_free<B: GpuBackend>(ctx_p: *mut c_void, buffer: u64) {
     // SAFETY: as `compute`.
     if let Some(c) = unsafe { ctx::<B::Dev>(ctx_p) } {
-        c.weights
+        let w = c
+            .weights
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&buffer);
-        c.bufs
+            .remove(&buffer)
+            .map(|(_, n)| n);
+        let b = c
+            .bufs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&buffer);
+            .remove(&buffer)
+            .map(|(_, n)| n);
+        let freed = w.or(b).unwrap_or(0);
+        c.resident.fetch_sub(freed, Ordering::Relaxed);
     }
 }
 
@@ -335,7 +396,10 @@ extern "C" fn buffer_alloc<B: GpuBackend>(ctx_p: *mut c_void, size: usize, out: 
         let out = out
             .as_mut()
             .ok_or_else(|| Error::Invalid("null output".into()))?;
-        let b = c.dev.alloc("buffer_alloc", size as u64)?;
+        c.reserve("a buffer", size as u64)?;
+        let b = c.dev.alloc("buffer_alloc", size as u64).inspect_err(|_| {
+            c.resident.fetch_sub(size as u64, Ordering::Relaxed);
+        })?;
         let h = c.next.fetch_add(1, Ordering::Relaxed);
         c.bufs
             .lock()

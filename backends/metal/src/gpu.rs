@@ -282,8 +282,17 @@ impl Gpu {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.check()
-            .map_err(|e| Error::Device(format!("{}: {what} ({size} bytes): {e}", self.name)))?;
+        self.check().map_err(|e| {
+            if e.to_lowercase().contains("out of memory") {
+                Error::OutOfMemory(format!(
+                    "{}: out of device memory: {what} asked for {size} bytes (the device does \
+                     not say how much is free): {e}",
+                    self.name
+                ))
+            } else {
+                Error::Device(format!("{}: {what} ({size} bytes): {e}", self.name))
+            }
+        })?;
         Ok(b)
     }
 
