@@ -142,7 +142,14 @@ thread_local! {
     /// them.
     static PENDING: std::cell::RefCell<Option<wgpu::CommandEncoder>> =
         const { std::cell::RefCell::new(None) };
+    /// Launches recorded since the last submission.
+    static RECORDED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
+
+/// Launches after which the pending commands are submitted without a wait: the device starts
+/// on them while the host records the rest of the step, and the scratch buffers of what it
+/// finished are freed as it goes instead of at the step's end.
+const SUBMIT_EVERY: u32 = 32;
 
 /// Rounds a byte size up to what a storage buffer may have (a multiple of 4, at least 4).
 fn padded(n: u64) -> u64 {
@@ -308,6 +315,7 @@ impl Gpu {
 
     /// Submits this thread's pending commands, if any.
     fn submit(&self) {
+        RECORDED.set(0);
         if let Some(enc) = PENDING.with(|p| p.borrow_mut().take()) {
             self.queue.submit([enc.finish()]);
         }
@@ -364,6 +372,11 @@ impl Device for Gpu {
             bufs.extend(l.bufs.iter().copied());
             let pipe = self.pipeline(l.kernel)?;
             self.record(|enc| self.dispatch(enc, &pipe, l.kernel, &bufs, l.groups));
+        }
+        let n = RECORDED.get() + launches.len() as u32;
+        RECORDED.set(n);
+        if n >= SUBMIT_EVERY {
+            self.submit();
         }
         Ok(())
     }
