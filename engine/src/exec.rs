@@ -117,7 +117,8 @@ pub struct Exec {
     /// ([`Exec::use_device_memory`]); `None`: host memory.
     device: Option<usize>,
     /// Waits for the device: copies of device tensors into host memory (the logits, the
-    /// operands of ops the device declines), and steps run, for profiles and tests.
+    /// operands of ops the device declines) and host calls the device takes (each waits for
+    /// its result); and steps run, for profiles and tests.
     round_trips: std::cell::Cell<u64>,
     steps: std::cell::Cell<u64>,
 }
@@ -615,9 +616,16 @@ impl Exec {
             }
             return self.staged(op, inputs, outputs, params, first);
         }
+        // A host call the device takes waits for its result: a round trip.
+        let waited = |bi: usize| {
+            if self.device == Some(bi) {
+                self.round_trips.set(self.round_trips.get() + 1);
+            }
+        };
         if let Some((bi, ins)) = first {
             let b = &self.backends[bi];
             if b.try_compute(op, ins, outputs, params)? {
+                waited(bi);
                 self.record(op, ins, outputs, b, t0);
                 return Ok(());
             }
@@ -635,10 +643,12 @@ impl Exec {
             }
             if i == last && !self.strict {
                 b.compute(op, inputs, outputs, params)?;
+                waited(i);
                 self.record(op, inputs, outputs, b, t0);
                 return Ok(());
             }
             if b.try_compute(op, inputs, outputs, params)? {
+                waited(i);
                 self.record(op, inputs, outputs, b, t0);
                 return Ok(());
             }
