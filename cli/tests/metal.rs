@@ -41,6 +41,23 @@ fn out(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `mollm run` of model `m` on metal, greedy on "The capital of France is" for `n` tokens,
+/// as JSON.
+fn france<'a>(m: &'a Path, n: &'a str) -> [&'a str; 10] {
+    [
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "--backend",
+        "metal",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        n,
+        "--json",
+    ]
+}
+
 fn metal_line(devices: &str) -> &str {
     devices
         .lines()
@@ -97,18 +114,7 @@ fn on_vulkan_the_gate_passes_every_op_and_smollm2_generates() {
     let d = out(&mollm(&["devices"], &cache, Some("vulkan"), &[]));
     let l = metal_line(&d);
     assert!(l.contains("12/12") && l.contains("available"), "{l}");
-    let args = [
-        "run",
-        "-m",
-        m.to_str().unwrap(),
-        "--backend",
-        "metal",
-        "--prompt",
-        "The capital of France is",
-        "--max-tokens",
-        "6",
-        "--json",
-    ];
+    let args = france(&m, "6");
     let o = mollm(&args, &cache, Some("vulkan"), &[("MOLLM_PROFILE", "1")]);
     let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -266,18 +272,7 @@ fn out_of_memory_and_a_lost_device_are_errors() {
     if !vulkan(&cache) {
         return;
     }
-    let args = [
-        "run",
-        "-m",
-        m.to_str().unwrap(),
-        "--backend",
-        "metal",
-        "--prompt",
-        "The capital of France is",
-        "--max-tokens",
-        "8",
-        "--json",
-    ];
+    let args = france(&m, "8");
     let full: serde_json::Value =
         serde_json::from_str(&out(&mollm(&args, &cache, Some("vulkan"), &[]))).unwrap();
     let o = mollm(
