@@ -2,7 +2,7 @@
 # The GPU backends on a machine with an NVIDIA GPU, from prebuilt files (such a machine here has
 # no network and takes a few tens of MiB beside the source tree):
 #   DIR/mollm, DIR/libmollm_metal.so, DIR/libmollm_cuda.so (stripped release builds),
-#   DIR/model.gguf (scripts/make_small_model.py: SmolLM2's first 6 layers, 31 MB),
+#   DIR/model.gguf (scripts/make_small_model.py: 7 of SmolLM2's 30 layers, 31 MB),
 #   DIR/lee-news-100.txt (scripts/fetch-ppl-text.sh),
 #   DIR/cuda-ptx/ (scripts/build-cuda-ptx.sh: the machine has the driver but no NVRTC).
 # What it runs: `mollm devices` (both GPU plugins, with their reasons), the conformance gate of
