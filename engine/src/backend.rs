@@ -282,14 +282,6 @@ impl Backend {
         self.status("buffer_copy", in_backend(|| f(self.ctx, dst, src)))
     }
 
-    /// Waits for the backend's queued work.
-    pub fn synchronize(&self) -> Result<()> {
-        match self.table.synchronize {
-            Some(f) => self.status("synchronize", f(self.ctx)),
-            None => Ok(()),
-        }
-    }
-
     /// Frees a buffer of this backend (a prepared weight, a host buffer).
     pub fn free_buffer(&self, buffer: u64) {
         if let Some(f) = self.table.buffer_free {

@@ -202,7 +202,7 @@ fn span_bytes(d: &TensorDesc) -> usize {
 }
 
 /// `bytes` bytes at `data` (an address, or an offset in `buffer`) as one I32 row.
-fn flat(data: *mut u8, buffer: u64, bytes: usize) -> TensorDesc {
+pub(crate) fn flat(data: *mut u8, buffer: u64, bytes: usize) -> TensorDesc {
     let mut d = TensorDesc::contiguous(data, DType::I32, &[(bytes / 4) as i64]);
     d.buffer = buffer;
     d

@@ -484,25 +484,12 @@ impl KvPool {
         Ok(())
     }
 
-    /// Whether the pool lies in device memory.
-    pub fn on_device(&self) -> bool {
-        self.layers.first().is_some_and(|l| l.k.device != 0)
-    }
-
     /// Runs the page copies queued on a device pool (before a step reads it).
     pub fn flush_copies(&mut self, ex: &crate::exec::Exec) -> Result<()> {
         for l in &mut self.layers {
             for t in [&mut l.k, &mut l.v] {
                 for (from, to, bytes) in t.pending.drain(..) {
-                    let at = |off: usize| {
-                        let mut d = TensorDesc::contiguous(
-                            off as *mut u8,
-                            DType::I32,
-                            &[(bytes / 4) as i64],
-                        );
-                        d.buffer = t.device;
-                        d
-                    };
+                    let at = |off: usize| crate::exec::flat(off as *mut u8, t.device, bytes);
                     ex.device_copy(&at(to), &at(from))?;
                 }
             }

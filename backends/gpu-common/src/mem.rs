@@ -13,9 +13,10 @@ use crate::{Ctx, Device, Error, Launch};
 use abi::{Op, TensorDesc};
 use std::sync::Arc;
 
-/// A device operand: its buffer and the byte range it spans there.
+/// A device operand: its buffer (of `cap` bytes) and the byte range it spans there.
 pub struct Place<B> {
     pub buf: Arc<B>,
+    pub cap: u64,
     pub off: u64,
     pub size: u64,
 }
@@ -50,7 +51,12 @@ impl<D: Device> Ctx<D> {
         let mut end = off + el;
         for d in 0..4 {
             if t.ne[d] <= 0 {
-                return Ok(Place { buf, off, size: 0 });
+                return Ok(Place {
+                    buf,
+                    cap,
+                    off,
+                    size: 0,
+                });
             }
             if t.nb[d] < 0 {
                 return Err(Error::Invalid("negative stride in a device tensor".into()));
@@ -74,7 +80,12 @@ impl<D: Device> Ctx<D> {
                 t.nb
             )));
         }
-        Ok(Place { buf, off, size })
+        Ok(Place {
+            buf,
+            cap,
+            off,
+            size,
+        })
     }
 
     /// Device operand `t`, packed: its place, refused unless its elements lie densely.
@@ -139,22 +150,23 @@ impl<D: Device> Ctx<D> {
         self.dev.copy(ob, 0, &p.buf, p.off, p.size)
     }
 
-    /// Queues a copy of `src` into `dst` (sizes as `src`'s). Within one buffer (a cache's page
-    /// copies, rows of the arena) through a scratch buffer: devices copy between distinct
-    /// buffers only.
-    pub(crate) fn copy_places(
+    /// Queues a copy of `size` bytes from `src` at `so` to `dst` at `d_off`. Within one buffer
+    /// (a cache's page copies, rows of the arena) through a scratch buffer: devices copy
+    /// between distinct buffers only.
+    pub(crate) fn copy_buf(
         &self,
-        src: &Place<D::Buf>,
-        dst: &Place<D::Buf>,
+        src: &Arc<D::Buf>,
+        so: u64,
+        dst: &Arc<D::Buf>,
+        d_off: u64,
+        size: u64,
     ) -> Result<(), Error> {
-        if !Arc::ptr_eq(&src.buf, &dst.buf) {
-            return self
-                .dev
-                .copy(&src.buf, src.off, &dst.buf, dst.off, src.size);
+        if !Arc::ptr_eq(src, dst) {
+            return self.dev.copy(src, so, dst, d_off, size);
         }
-        let tmp = self.dev.alloc("copy", src.size)?;
-        self.dev.copy(&src.buf, src.off, &tmp, 0, src.size)?;
-        self.dev.copy(&tmp, 0, &dst.buf, dst.off, src.size)
+        let tmp = self.dev.alloc("copy", size)?;
+        self.dev.copy(src, so, &tmp, 0, size)?;
+        self.dev.copy(&tmp, 0, dst, d_off, size)
     }
 
     /// `buffer_copy`: `src` into `dst`, either of them in host memory or in this context's
@@ -196,7 +208,7 @@ impl<D: Device> Ctx<D> {
             }
             _ => {
                 let (s, d) = (self.packed(src)?, self.packed(dst)?);
-                self.copy_places(&s, &d)
+                self.copy_buf(&s.buf, s.off, &d.buf, d.off, s.size)
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::weights::{DevWeight, Layout};
 use crate::{Ctx, Device, Error, Launch};
 use abi::{DType, Op, OpParams, TensorDesc};
 use reference::ops::rope::{corr_dims, rope_cache, RopeParams};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// get_rows tables above this many bytes are refused (they would be decoded and uploaded on
 /// every call: only mat_mul weights are offered to `prepare_weight`).
@@ -189,25 +189,24 @@ pub fn exact(ins: &[TensorDesc], p: &OpParams) -> bool {
 /// MOLLM_GPU_X_TILE (1..=8), default 8 (lavapipe, SmolLM2 pp128: 5.8 t/s at 1, 7.6 at 4, 8.0
 /// at 8).
 fn x_tile() -> u32 {
-    static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        std::env::var("MOLLM_GPU_X_TILE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8)
-            .clamp(1, 8)
-    })
+    static T: OnceLock<u32> = OnceLock::new();
+    tile(&T, "MOLLM_GPU_X_TILE", 8)
 }
 
 /// Columns one `matmul_k` invocation computes: MOLLM_GPU_K_TILE (1..=4), default 4.
 fn k_tile() -> u32 {
-    static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        std::env::var("MOLLM_GPU_K_TILE")
+    static T: OnceLock<u32> = OnceLock::new();
+    tile(&T, "MOLLM_GPU_K_TILE", 4)
+}
+
+/// `env`'s tile size (1..=`max`), read once into `cell`; `max` where unset.
+fn tile(cell: &OnceLock<u32>, env: &str, max: u32) -> u32 {
+    *cell.get_or_init(|| {
+        std::env::var(env)
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(4)
-            .clamp(1, 4)
+            .unwrap_or(max)
+            .clamp(1, max)
     })
 }
 
@@ -704,28 +703,19 @@ unsafe fn rows_of_device_table<D: Device>(
     }
     let row = table.ne[0] as u64 * el.block_bytes as u64;
     let tp = ctx.place(table)?;
-    let dst = if out.buffer != 0 {
-        ctx.packed(out)?
+    let size = row * ids.len() as u64;
+    let (buf, off) = if out.buffer != 0 {
+        let p = ctx.packed(out)?;
+        (p.buf, p.off)
     } else {
-        crate::mem::Place {
-            buf: Arc::new(ctx.dev.empty("rows", row * ids.len() as u64)?),
-            off: 0,
-            size: row * ids.len() as u64,
-        }
+        (Arc::new(ctx.dev.empty("rows", size)?), 0)
     };
     for (m, &i) in ids.iter().enumerate() {
-        let at = |buf: &Arc<D::Buf>, off| crate::mem::Place {
-            buf: buf.clone(),
-            off,
-            size: row,
-        };
-        ctx.copy_places(
-            &at(&tp.buf, tp.off + i as u64 * table.nb[1] as u64),
-            &at(&dst.buf, dst.off + m as u64 * row),
-        )?;
+        let from = tp.off + i as u64 * table.nb[1] as u64;
+        ctx.copy_buf(&tp.buf, from, &buf, off + m as u64 * row, row)?;
     }
     if out.buffer == 0 {
-        host::scatter(out, &ctx.dev.read(&dst.buf, 0, dst.size)?);
+        host::scatter(out, &ctx.dev.read(&buf, 0, size)?);
     }
     Ok(())
 }

@@ -210,7 +210,7 @@ pub unsafe fn check<D: Device>(
             }
             // The caches and set_rows' destination are bound whole.
             let whole = matches!((op, i), (Op::Attention, 1 | 2) | (Op::SetRows, 2 | 3));
-            let (_, cap) = c.buffer(t.buffer)?;
+            let cap = place.cap;
             if whole && cap > max {
                 return Err(Error::Unsupported(format!(
                     "{}: a {cap}-byte device buffer exceeds the device's {} MiB binding",
