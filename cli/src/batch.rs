@@ -3,7 +3,7 @@
 //! request in input order. A bad line gets an error result naming the line and the field; the
 //! others still run.
 
-use crate::common::{chat_tokens, token_ids, CliResult, ModelArgs, SamplingArgs};
+use crate::common::{chat_tokens, text_tokens, token_ids, CliResult, ModelArgs, SamplingArgs};
 use clap::Args;
 use engine::sched::{Event, Request, SchedOptions, Scheduler};
 use engine::{Model, Sampler, SamplerParams};
@@ -81,7 +81,7 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
             FIELDS.join(", ")
         ));
     }
-    let num = |k: &str, lo: f64, hi: f64| -> Result<Option<f64>, String> {
+    let range = |k: &str, lo: f64, hi: f64| -> Result<Option<f64>, String> {
         match o.get(k) {
             None | Some(Value::Null) => Ok(None),
             Some(x) => {
@@ -95,8 +95,11 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
             }
         }
     };
+    // Sampling values: any number here, the ranges are the sampler's own (one validation for
+    // `run`, `batch` and `serve`).
+    let num = |k: &str| range(k, -f64::MAX, f64::MAX);
     let int = |k: &str, hi: f64| -> Result<Option<u64>, String> {
-        match num(k, 0.0, hi)? {
+        match range(k, 0.0, hi)? {
             Some(f) if f.fract() != 0.0 => Err(format!("field '{k}': must be an integer")),
             x => Ok(x.map(|f| f as u64)),
         }
@@ -108,6 +111,9 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
     if given > 1 {
         return Err("fields 'prompt', 'messages' and 'prompt_ids': give one".into());
     }
+    // A sequence is at most the training context (the scheduler's longest sequence): a longer
+    // prompt is refused before it is tokenized whole.
+    let limit = model.hp.n_ctx_train;
     let prompt = match (o.get("prompt"), o.get("messages")) {
         _ if o.contains_key("prompt_ids") => {
             let ids = o["prompt_ids"]
@@ -116,10 +122,9 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
             token_ids(ids, model).map_err(|e| format!("field 'prompt_ids': {e}"))?
         }
         (Some(_), Some(_)) => unreachable!("checked above"),
-        (Some(Value::String(p)), None) => model
-            .tokenizer
-            .encode(p, true, true)
-            .map_err(|e| format!("field 'prompt': {e}"))?,
+        (Some(Value::String(p)), None) => {
+            text_tokens(model, p, true, limit).map_err(|e| format!("field 'prompt': {e}"))?
+        }
         (Some(_), None) => return Err("field 'prompt': must be a string".into()),
         (None, Some(Value::Array(m))) => {
             let mut msgs = Vec::with_capacity(m.len());
@@ -135,7 +140,7 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
                     content: get("content")?,
                 });
             }
-            chat_tokens(model, &msgs, true).map_err(|e| format!("field 'messages': {e}"))?
+            chat_tokens(model, &msgs, true, limit).map_err(|e| format!("field 'messages': {e}"))?
         }
         (None, Some(_)) => return Err("field 'messages': must be a list".into()),
         (None, None) => return Err("field 'prompt' or 'messages' is required".into()),
@@ -146,18 +151,19 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
     let d = &a.sampling;
     let seed = int("seed", u64::MAX as f64)?.or(d.seed).unwrap_or(0);
     let params = SamplerParams {
-        temperature: num("temperature", 0.0, 100.0)?.map_or(d.temperature, |f| f as f32),
+        temperature: num("temperature")?.map_or(d.temperature, |f| f as f32),
         top_k: int("top_k", 1e9)?.map_or(d.top_k, |x| x as usize),
-        top_p: num("top_p", 0.0, 1.0)?.map_or(d.top_p, |f| f as f32),
-        min_p: num("min_p", 0.0, 1.0)?.map_or(d.min_p, |f| f as f32),
-        repeat_penalty: num("repeat_penalty", 0.0, 100.0)?.map_or(d.repeat_penalty, |f| f as f32),
-        presence_penalty: num("presence_penalty", -100.0, 100.0)?
-            .map_or(d.presence_penalty, |f| f as f32),
-        frequency_penalty: num("frequency_penalty", -100.0, 100.0)?
-            .map_or(d.frequency_penalty, |f| f as f32),
+        top_p: num("top_p")?.map_or(d.top_p, |f| f as f32),
+        min_p: num("min_p")?.map_or(d.min_p, |f| f as f32),
+        repeat_penalty: num("repeat_penalty")?.map_or(d.repeat_penalty, |f| f as f32),
+        presence_penalty: num("presence_penalty")?.map_or(d.presence_penalty, |f| f as f32),
+        frequency_penalty: num("frequency_penalty")?.map_or(d.frequency_penalty, |f| f as f32),
         repeat_last_n: int("repeat_last_n", 1e9)?.map_or(d.repeat_last_n, |x| x as usize),
         seed,
     };
+    params
+        .validate()
+        .map_err(|e| format!("field '{}': {}", e.field, e.msg))?;
     let ignore_eos = match o.get("ignore_eos") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -176,9 +182,9 @@ pub fn batch(a: BatchArgs) -> CliResult {
     if a.parallel == 0 {
         return Err("--parallel must be at least 1".into());
     }
+    a.sampling.sampler()?; // the defaults every line gets, checked once
     let (_path, model) = a.model.load()?;
-    let text =
-        std::fs::read_to_string(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
+    let bytes = std::fs::read(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
     let budget = a.ctx.unwrap_or((4096 * a.parallel).min(65536));
     if budget == 0 {
         return Err("--ctx must be at least 1".into());
@@ -196,12 +202,16 @@ pub fn batch(a: BatchArgs) -> CliResult {
     // Every line gets a result slot; bad lines are filled at once.
     let mut results: Vec<Option<Value>> = Vec::new();
     let mut ids: Vec<Value> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
+    // Line by line, so that a line that is not UTF-8 is one error result, not the file's end.
+    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let (line, parsed) = match std::str::from_utf8(raw) {
+            Ok(l) if l.trim().is_empty() => continue,
+            Ok(l) => (l, parse_line(l, &model, &a)),
+            Err(e) => ("", Err(format!("not valid UTF-8: {e}"))),
+        };
         let k = results.len();
-        match parse_line(line, &model, &a) {
+        match parsed {
             Ok(p) => {
                 ids.push(p.id);
                 results.push(None);

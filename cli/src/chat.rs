@@ -2,7 +2,9 @@
 //! persists across turns: each turn re-renders the whole conversation, keeps the cached prefix
 //! it shares with the tokens already processed, and evaluates only the rest.
 
-use crate::common::{chat_tokens, model_ftype, warm_up, CliResult, ModelArgs, SamplingArgs};
+use crate::common::{
+    chat_tokens, model_ftype, warm_up, CliResult, ModelArgs, PromptError, SamplingArgs,
+};
 use crate::signals;
 use clap::Args;
 use engine::{Model, Sampler, Session};
@@ -127,10 +129,12 @@ impl<'m> Chat<'m> {
     fn fitted_prompt(&mut self) -> CliResult<Vec<u32>> {
         let n_ctx = self.session.n_ctx();
         let first = usize::from(self.system.is_some());
+        let limit = n_ctx.saturating_sub(MIN_REPLY_ROOM);
         loop {
-            let toks = chat_tokens(self.model, &self.messages, true)?;
-            if toks.len() + MIN_REPLY_ROOM <= n_ctx {
-                return Ok(toks);
+            match chat_tokens(self.model, &self.messages, true, limit) {
+                Ok(t) => return Ok(t),
+                Err(PromptError::TooLong { .. }) => {}
+                Err(e) => return Err(e.into()),
             }
             // Keep the system message and the new user message; drop the oldest exchange.
             if self.messages.len() - first > 1 {
@@ -141,8 +145,7 @@ impl<'m> Chat<'m> {
             }
             self.messages.pop();
             return Err(format!(
-                "this message needs {} tokens with the template, but the context holds {n_ctx} (raise --ctx)",
-                toks.len()
+                "this message needs more than {limit} tokens with the template, but the context holds {n_ctx} and {MIN_REPLY_ROOM} are kept for the reply (raise --ctx)"
             )
             .into());
         }
@@ -207,6 +210,7 @@ impl<'m> Chat<'m> {
 }
 
 pub fn chat(a: ChatArgs) -> CliResult {
+    let sampler = a.sampling.sampler()?;
     let (path, model) = a.model.load()?;
     if model.chat_template.is_none() {
         return Err(format!(
@@ -233,7 +237,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     let mut chat = Chat {
         model: &model,
         session,
-        sampler: a.sampling.sampler(),
+        sampler,
         messages: Vec::new(),
         system: a.system.clone(),
         max_tokens: a.max_tokens,

@@ -153,9 +153,18 @@ pub fn token_ids(list: &[serde_json::Value], model: &Model) -> Result<Vec<u32>, 
 }
 
 impl SamplingArgs {
-    pub fn sampler(&self) -> Sampler {
-        let seed = self.seed.unwrap_or_else(clock_seed);
-        Sampler::new(SamplerParams {
+    /// The flags as sampler parameters, checked as `batch` and `serve` check theirs
+    /// ([`SamplerParams::validate`]); an error names the flag.
+    pub fn sampler(&self) -> CliResult<Sampler> {
+        let p = self.params(self.seed.unwrap_or_else(clock_seed));
+        p.validate()
+            .map_err(|e| format!("--{} {}", e.field.replace('_', "-"), e.msg))?;
+        Ok(Sampler::new(p))
+    }
+
+    /// The flags as sampler parameters with `seed`, unchecked.
+    pub fn params(&self, seed: u64) -> SamplerParams {
+        SamplerParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -165,7 +174,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
-        })
+        }
     }
 }
 
@@ -345,26 +354,105 @@ pub fn peak_rss_bytes() -> u64 {
     0
 }
 
+/// Why a prompt has no token ids: longer than the context allows (found before or while
+/// tokenizing, never after a whole oversized text was tokenized), or another error.
+#[derive(Debug)]
+pub enum PromptError {
+    /// More than `limit` tokens. `bytes`: set when the text's bytes alone said so, to the
+    /// most that `limit` tokens can hold (the text has more); `rendered`: the text is the
+    /// chat template's output.
+    TooLong {
+        limit: usize,
+        bytes: Option<usize>,
+        rendered: bool,
+    },
+    Other(String),
+}
+
+impl std::fmt::Display for PromptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromptError::TooLong {
+                limit,
+                bytes,
+                rendered,
+            } => {
+                let what = if *rendered {
+                    "the prompt the chat template renders"
+                } else {
+                    "the prompt"
+                };
+                match bytes {
+                    None => write!(f, "{what} has more than {limit} tokens, the most the context takes"),
+                    Some(b) => write!(f, "{what} has more than {b} bytes, more than {limit} tokens can hold (the most the context takes)"),
+                }
+            }
+            PromptError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for PromptError {}
+
+impl From<loader::LoadError> for PromptError {
+    fn from(e: loader::LoadError) -> Self {
+        PromptError::Other(e.to_string())
+    }
+}
+
+/// Token ids of a prompt text of at most `limit` tokens: a longer text is refused by its byte
+/// length first, or as soon as tokenizing passes `limit` (see `Tokenizer::encode_limited`).
+pub fn text_tokens(
+    model: &Model,
+    text: &str,
+    add_special: bool,
+    limit: usize,
+) -> Result<Vec<u32>, PromptError> {
+    let tok = &model.tokenizer;
+    tok.encode_limited(text, add_special, true, limit)?
+        .ok_or(PromptError::TooLong {
+            limit,
+            bytes: Some(tok.max_text_bytes(limit)).filter(|&b| text.len() > b),
+            rendered: false,
+        })
+}
+
 /// Token ids for a conversation rendered through the model's chat template, ending with the
-/// assistant's turn opened when `add_generation_prompt`.
+/// assistant's turn opened when `add_generation_prompt`; at most `limit` tokens (the
+/// rendering itself stops at the bytes that many tokens can hold).
 pub fn chat_tokens(
     model: &Model,
     msgs: &[loader::ChatMessage],
     add_generation_prompt: bool,
-) -> CliResult<Vec<u32>> {
+    limit: usize,
+) -> Result<Vec<u32>, PromptError> {
     let tmpl = model.chat_template.as_ref().ok_or_else(|| {
-        format!(
+        PromptError::Other(format!(
             "{}: the model has no chat template (tokenizer.chat_template)",
             model.gguf.path.display()
-        )
+        ))
     })?;
-    let text = tmpl.render(msgs, add_generation_prompt)?;
-    // A chat template that writes the BOS text itself (Gemma's does) must not get a second BOS.
     let tok = &model.tokenizer;
+    let max_bytes = tok.max_text_bytes(limit);
+    let text = tmpl
+        .render_limited(msgs, add_generation_prompt, max_bytes)?
+        .ok_or(PromptError::TooLong {
+            limit,
+            bytes: Some(max_bytes),
+            rendered: true,
+        })?;
+    // A chat template that writes the BOS text itself (Gemma's does) must not get a second BOS.
     let template_has_bos = tok
         .bos()
         .is_some_and(|b| text.starts_with(tok.token_text(b)));
-    Ok(tok.encode(&text, !template_has_bos, true)?)
+    text_tokens(model, &text, !template_has_bos, limit).map_err(|e| match e {
+        PromptError::TooLong { limit, bytes, .. } => PromptError::TooLong {
+            limit,
+            bytes,
+            rendered: true,
+        },
+        e => e,
+    })
 }
 
 /// The user pressed Ctrl-C: what was produced stands, the exit status says it was cut short.

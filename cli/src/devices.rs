@@ -275,7 +275,7 @@ pub fn devices(a: DevicesArgs) -> Res {
     }
     let libs = a.libs;
     let assessed = assess_all(&libs)?;
-    let pool = Pool::new(1);
+    let pool = Pool::new(1)?;
     let mut rows = vec![vec![
         "NAME".to_string(),
         "DEVICE".into(),
@@ -327,7 +327,7 @@ pub fn devices(a: DevicesArgs) -> Res {
 
 pub fn backends(libs: LibArgs) -> Res {
     let assessed = assess_all(&libs)?;
-    let pool = Pool::new(1);
+    let pool = Pool::new(1)?;
     let mut first = true;
     let mut show = |name: &str, header: String, b: Option<&Backend>, a: Option<&Assessed>| {
         if !first {

@@ -177,7 +177,7 @@ pub fn ops(a: OpsArgs) -> Res {
             Some(_) => {}
         }
     }
-    let pool = Pool::new(1);
+    let pool = Pool::new(1)?;
     let probes: Vec<(DType, Option<Case>)> = match formats {
         None => {
             let c = probe_case(op, None).ok_or("no conformance case to probe")?;

@@ -1,4 +1,6 @@
-use crate::common::{chat_tokens, CliResult, Interrupted, ModelArgs, SamplingArgs};
+use crate::common::{
+    chat_tokens, text_tokens, CliResult, Interrupted, ModelArgs, PromptError, SamplingArgs,
+};
 use crate::signals;
 use clap::Args;
 use loader::{ChatMessage, StreamDecoder};
@@ -34,12 +36,16 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> CliResult {
+    let mut sampler = a.sampling.sampler()?;
     let (_path, model) = a.model.load()?;
     let n_ctx = a.model.n_ctx(&model, a.ctx, 4096)?;
     let mut session = a.model.session(&model, n_ctx)?;
     session.stop_at_eog = !a.ignore_eos;
 
     let tok = &model.tokenizer;
+    // At most n_ctx - 1 prompt tokens (one position is left to generate); a longer prompt is
+    // refused before it is tokenized whole.
+    let limit = n_ctx - 1;
     let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
@@ -52,22 +58,17 @@ pub fn run(a: RunArgs) -> CliResult {
             role: "user".into(),
             content: a.prompt.clone(),
         });
-        chat_tokens(&model, &msgs, true)?
+        chat_tokens(&model, &msgs, true, limit)
     } else {
-        tok.encode(&a.prompt, true, true)?
-    };
+        text_tokens(&model, &a.prompt, true, limit)
+    }
+    .map_err(|e| match e {
+        PromptError::TooLong { .. } => format!("{e}: the context holds {n_ctx} (raise --ctx)"),
+        e => e.to_string(),
+    })?;
     if prompt.is_empty() {
         return Err("the prompt is empty after tokenization".into());
     }
-    if prompt.len() >= n_ctx {
-        return Err(format!(
-            "the prompt has {} tokens but the context holds {n_ctx} (raise --ctx)",
-            prompt.len()
-        )
-        .into());
-    }
-
-    let mut sampler = a.sampling.sampler();
 
     let mut stream = StreamDecoder::new(tok, false);
     let mut stdout = std::io::stdout().lock();

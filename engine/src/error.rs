@@ -12,7 +12,9 @@ pub enum EngineError {
         op: &'static str,
         msg: String,
     },
-    #[error("{file}: {msg}")]
+    /// `file` and `msg` may quote the model file's own bytes: shown through
+    /// [`loader::printable`].
+    #[error("{}: {}", loader::printable(.file), loader::printable(.msg))]
     Model { file: String, msg: String },
     #[error("context is full: {need} tokens needed, the context holds {n_ctx}")]
     ContextFull { need: usize, n_ctx: usize },
@@ -23,7 +25,7 @@ pub enum EngineError {
         held: usize,
         total: usize,
     },
-    #[error("{0}")]
+    #[error("{}", loader::printable(.0))]
     Invalid(String),
 }
 

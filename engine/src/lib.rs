@@ -22,5 +22,5 @@ pub mod tensor;
 pub mod trace;
 
 pub use error::{EngineError, Result};
-pub use sampler::{Sampler, SamplerParams};
+pub use sampler::{ParamError, Sampler, SamplerParams};
 pub use session::{BackendChoice, Model, Sequence, Session, SessionOptions, Timings, Work};

@@ -246,8 +246,9 @@ extern "C" fn parallel_for(host_ctx: *mut c_void, n_tasks: u32, task: TaskFn, us
 }
 
 impl Pool {
-    /// `n_threads == 0` means one per available core. The calling thread counts as one.
-    pub fn new(n_threads: usize) -> Pool {
+    /// `n_threads == 0` means one per available core. The calling thread counts as one. An
+    /// error when the system refuses a thread (the ones already started are stopped).
+    pub fn new(n_threads: usize) -> std::io::Result<Pool> {
         let n = if n_threads == 0 {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -267,20 +268,25 @@ impl Pool {
             wake: Condvar::new(),
             warm: WarmHint::default(),
         });
-        let workers = (1..n)
-            .map(|i| {
-                let s = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("mollm-compute-{i}"))
-                    .spawn(move || s.worker(i - 1))
-                    .expect("cannot start compute threads")
-            })
-            .collect();
-        Pool {
+        let mut pool = Pool {
             shared,
-            workers,
+            workers: Vec::with_capacity(n - 1),
             n_threads: n,
+        };
+        for i in 1..n {
+            let s = Arc::clone(&pool.shared);
+            let w = std::thread::Builder::new()
+                .name(format!("mollm-compute-{i}"))
+                .spawn(move || s.worker(i - 1))
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot start compute thread {i} of {n}: {e}"),
+                    )
+                })?; // `pool` drops here: the started workers are stopped and joined
+            pool.workers.push(w);
         }
+        Ok(pool)
     }
 
     pub fn n_threads(&self) -> usize {
@@ -336,7 +342,7 @@ mod tests {
     /// interrupts it (and resumes from there); addresses that map nothing do not fault.
     #[test]
     fn warming_covers_a_share_stops_for_jobs_and_never_faults() {
-        let pool = Pool::new(3);
+        let pool = Pool::new(3).unwrap();
         let buf = vec![1u8; 200_000];
         let sh = &pool.shared;
         pool.warmer().warm(buf.as_ptr(), buf.len());
@@ -373,7 +379,7 @@ mod tests {
     #[test]
     fn every_task_runs_once() {
         for threads in [1, 2, 3] {
-            let pool = Pool::new(threads);
+            let pool = Pool::new(threads).unwrap();
             let host = pool.host_api();
             for n in [0u32, 1, 2, 5, 100, 1000] {
                 for _ in 0..50 {
@@ -397,11 +403,11 @@ mod tests {
     #[test]
     fn drop_before_workers_start() {
         for _ in 0..2000 {
-            let pool = Pool::new(3);
+            let pool = Pool::new(3).unwrap();
             drop(pool);
         }
         for _ in 0..500 {
-            let pool = Pool::new(2);
+            let pool = Pool::new(2).unwrap();
             let host = pool.host_api();
             let v: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
             (host.parallel_for)(host.host_ctx, 4, count, &v as *const _ as *mut c_void);
@@ -411,7 +417,7 @@ mod tests {
 
     #[test]
     fn callers_on_several_threads() {
-        let pool = Pool::new(2);
+        let pool = Pool::new(2).unwrap();
         let host = pool.host_api();
         let (pf, ctx) = (host.parallel_for, host.host_ctx as usize);
         std::thread::scope(|s| {

@@ -629,14 +629,16 @@ pub fn gate_child(lib: Option<&Path>) -> String {
         None => Verdict::Refused(format!("no library given ({GATE_LIB_ENV} unset)")),
         Some(path) => match load(&path) {
             Err(e) => Verdict::Refused(e),
-            Ok(p) => {
-                let pool = Pool::new(0);
-                let host = pool.host_api();
-                match conformance::check_backend(p.table(), &host, gate_cases()) {
-                    Ok(failed) => Verdict::Ran { failed },
-                    Err(e) => Verdict::Refused(format!("conformance gate: {e}")),
+            Ok(p) => match Pool::new(0) {
+                Err(e) => Verdict::Refused(format!("conformance gate: {e}")),
+                Ok(pool) => {
+                    let host = pool.host_api();
+                    match conformance::check_backend(p.table(), &host, gate_cases()) {
+                        Ok(failed) => Verdict::Ran { failed },
+                        Err(e) => Verdict::Refused(format!("conformance gate: {e}")),
+                    }
                 }
-            }
+            },
         },
     };
     format!("{GATE_LINE}{}", verdict_json(&v))
@@ -840,7 +842,20 @@ pub fn select(
         BackendChoice::Named(n) => Some(vec![n.clone()]),
         BackendChoice::Auto => None,
     };
-    let assessed = assess(discover(&opts.libs), &opts.gate, cap, only.as_deref());
+    let found = discover(&opts.libs);
+    // A library the user named that cannot be loaded is an error, not a silent fallback
+    // (`mollm devices` lists it with the same reason).
+    if let Some(c) = found
+        .iter()
+        .find(|c| c.origin == Origin::Explicit && c.plugin.is_err())
+    {
+        let why = c.plugin.as_ref().err().map(String::as_str).unwrap_or("?");
+        return Err(EngineError::Invalid(format!(
+            "--backend-lib {}: {why}",
+            c.path.display()
+        )));
+    }
+    let assessed = assess(found, &opts.gate, cap, only.as_deref());
     if let BackendChoice::Named(n) = choice {
         match assessed
             .iter()

@@ -38,6 +38,55 @@ impl Default for SamplerParams {
     }
 }
 
+/// A sampling value out of its range: `field` is the parameter's name as the caller spells it
+/// (`temperature`, `top_p`...; a command line prefixes `--` and uses dashes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamError {
+    pub field: &'static str,
+    pub msg: String,
+}
+
+/// The accepted range of each sampling value, declared once: `run`, `chat`, `batch` and
+/// `serve` all check through [`SamplerParams::validate`].
+pub const RANGES: &[(&str, f32, f32, &str)] = &[
+    ("temperature", 0.0, 100.0, "0 = greedy"),
+    ("top_p", 0.0, 1.0, "above 0; 1 = off"),
+    ("min_p", 0.0, 1.0, "0 = off"),
+    ("repeat_penalty", 0.001, 100.0, "1 = off"),
+    ("presence_penalty", -100.0, 100.0, "0 = off"),
+    ("frequency_penalty", -100.0, 100.0, "0 = off"),
+];
+
+impl SamplerParams {
+    /// Every value finite and in its [`RANGES`] entry (`top_p` above 0). The values are
+    /// checked as the sampler uses them, in f32: a penalty of 5e-324 is 0 there.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        for &(field, lo, hi, note) in RANGES {
+            let v = self.value(field);
+            let bad = !v.is_finite() || v < lo || v > hi || (field == "top_p" && v <= 0.0);
+            if bad {
+                return Err(ParamError {
+                    field,
+                    msg: format!("{v} is outside {lo}..={hi} ({note})"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn value(&self, field: &str) -> f32 {
+        match field {
+            "temperature" => self.temperature,
+            "top_p" => self.top_p,
+            "min_p" => self.min_p,
+            "repeat_penalty" => self.repeat_penalty,
+            "presence_penalty" => self.presence_penalty,
+            "frequency_penalty" => self.frequency_penalty,
+            _ => unreachable!("RANGES names only fields of SamplerParams"),
+        }
+    }
+}
+
 /// xoshiro256** seeded through splitmix64: small, fast, and the same stream on every platform,
 /// so a seed reproduces a text anywhere.
 #[derive(Clone, Debug)]
@@ -174,6 +223,11 @@ impl Sampler {
         for c in cand.iter_mut() {
             c.1 /= p.temperature;
         }
+        // A temperature so small that the division overflows (below ~1e-37 for logits of a
+        // few units) is the greedy limit: the best candidate, not a draw over infinities.
+        if !cand[0].1.is_finite() {
+            return cand[0].0;
+        }
         let probs = softmax(&cand);
         let r = self.rng.next_f64();
         let mut cum = 0.0;
@@ -221,6 +275,52 @@ mod tests {
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn tiny_temperatures_take_the_best_candidate() {
+        let l = logits();
+        let best = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
+        for t in [1e-45f32, 1e-40, 1e-38, 1e-30] {
+            let mut s = Sampler::new(SamplerParams {
+                temperature: t,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 3,
+                ..Default::default()
+            });
+            for _ in 0..20 {
+                assert_eq!(s.sample(&l), best, "temperature {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn validation_refuses_non_finite_and_out_of_range_values() {
+        assert_eq!(SamplerParams::default().validate(), Ok(()));
+        let bad = |f: fn(&mut SamplerParams)| {
+            let mut p = SamplerParams::default();
+            f(&mut p);
+            p.validate().unwrap_err().field
+        };
+        assert_eq!(bad(|p| p.temperature = f32::NAN), "temperature");
+        assert_eq!(bad(|p| p.temperature = f32::INFINITY), "temperature");
+        assert_eq!(bad(|p| p.temperature = -0.5), "temperature");
+        assert_eq!(bad(|p| p.top_p = 0.0), "top_p");
+        assert_eq!(bad(|p| p.top_p = 1.5), "top_p");
+        assert_eq!(bad(|p| p.min_p = f32::NAN), "min_p");
+        // 5e-324 as f64 is 0 in f32: the sampler would multiply logits by 0.
+        assert_eq!(
+            bad(|p| p.repeat_penalty = 5e-324f64 as f32),
+            "repeat_penalty"
+        );
+        assert_eq!(bad(|p| p.repeat_penalty = 1e-40), "repeat_penalty");
+        assert_eq!(
+            bad(|p| p.presence_penalty = f32::NEG_INFINITY),
+            "presence_penalty"
+        );
+        assert_eq!(bad(|p| p.frequency_penalty = 1e9), "frequency_penalty");
     }
 
     #[test]

@@ -365,9 +365,69 @@ fn expert_cache(
     Ok(Some((cache, by_gate)))
 }
 
+/// More compute threads than this many per core only add switching; far more cannot start.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+/// Most prompt tokens a step may take (`--batch`): the activation arena grows with it.
+pub const MAX_BATCH: usize = 1 << 16;
+
+/// Refuses, with one line naming the flag, a session this machine cannot hold: more threads
+/// than it can run, a batch beyond [`MAX_BATCH`], or a KV cache larger than the memory
+/// available (checked before anything is allocated, so an absurd `--ctx` is an error, not an
+/// abort in the allocator).
+fn check_resources(model: &Model, opts: &SessionOptions) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = cores * MAX_THREADS_PER_CORE;
+    if opts.n_threads > most {
+        return Err(EngineError::Invalid(format!(
+            "--threads {}: this machine has {cores} cores; at most {most} threads ({MAX_THREADS_PER_CORE} a core)",
+            opts.n_threads
+        )));
+    }
+    if opts.n_batch > MAX_BATCH {
+        return Err(EngineError::Invalid(format!(
+            "--batch {}: at most {MAX_BATCH} tokens a step",
+            opts.n_batch
+        )));
+    }
+    let rows = if opts.kv_pool_rows > 0 {
+        opts.kv_pool_rows
+    } else {
+        opts.n_ctx.max(1)
+    };
+    let bytes = kv_bytes(&model.program, opts.kv_dtype, rows);
+    let avail = crate::experts::mem_available();
+    if bytes.is_none_or(|b| avail.is_some_and(|a| b > a)) {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let need = bytes.map_or("more than 2^64 bytes".into(), |b| {
+            format!("{:.1} GiB", gib(b))
+        });
+        let have = avail.map_or(String::new(), |a| {
+            format!(", this machine has {:.1} GiB available", gib(a))
+        });
+        return Err(EngineError::Invalid(format!(
+            "--ctx {rows}: the KV cache would take {need}{have}: lower --ctx (or use --kv-type f16)"
+        )));
+    }
+    Ok(())
+}
+
+/// Bytes of a KV pool of `rows` positions (whole pages) for `p`'s cached layers; `None` past
+/// 2^64.
+pub fn kv_bytes(p: &crate::graph::Program, dtype: DType, rows: usize) -> Option<u64> {
+    let rows =
+        (rows.max(1).div_ceil(crate::kv::KV_PAGE) as u64).checked_mul(crate::kv::KV_PAGE as u64)?;
+    let per_row: u64 = p
+        .kv_layers
+        .iter()
+        .map(|&[d, h]| 2 * d as u64 * h as u64 * dtype.info().block_bytes as u64)
+        .sum();
+    per_row.checked_mul(rows)
+}
+
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model, opts: &SessionOptions) -> Result<Session<'m>> {
-        let pool = Pool::new(opts.n_threads);
+        check_resources(model, opts)?;
+        let pool = Pool::new(opts.n_threads).map_err(|e| EngineError::Invalid(e.to_string()))?;
         let (backends, fallback) = open_backends(opts, &pool)?;
         let mut exec = Exec::with_fallback(backends, fallback)?;
         exec.set_warmer(&pool);

@@ -43,6 +43,33 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// Instructions one rendering may run. A real template spends a few hundred a message, so this
+/// holds conversations of thousands of messages; a template with nested loops (a "template
+/// bomb") stops here instead of running for minutes.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// An `io::Write` into a string that refuses to grow past `max` bytes.
+struct Capped {
+    out: Vec<u8>,
+    max: usize,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.max {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn raise_exception(msg: String) -> Result<String, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
@@ -80,6 +107,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned("chat_template", source.to_string())
             .map_err(|e| LoadError::Template {
                 file: file.to_string(),
@@ -105,19 +133,51 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, LoadError> {
+        // No text reaches usize::MAX bytes: `None` cannot come back.
+        Ok(self
+            .render_limited(messages, add_generation_prompt, usize::MAX)?
+            .unwrap_or_default())
+    }
+
+    /// [`ChatTemplate::render`] that stops, with `None`, once the text passes `max_bytes`
+    /// (callers pass what their context could hold). Every rendering also runs on at most
+    /// [`TEMPLATE_FUEL`] instructions.
+    pub fn render_limited(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        max_bytes: usize,
+    ) -> Result<Option<String>, LoadError> {
         let err = |e: Error| LoadError::Template {
             file: self.file.clone(),
-            msg: describe(&e),
+            msg: if e.kind() == ErrorKind::OutOfFuel {
+                format!("rendering stopped after {TEMPLATE_FUEL} instructions (a template that loops this long is refused)")
+            } else {
+                describe(&e)
+            },
         };
         let tmpl = self.env.get_template("chat_template").map_err(err)?;
-        tmpl.render(context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
-            tools => (),
-        })
-        .map_err(err)
+        let mut out = Capped {
+            out: Vec::new(),
+            max: max_bytes,
+            over: false,
+        };
+        let r = tmpl.render_captured_to(
+            context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+                tools => (),
+            },
+            &mut out,
+        );
+        if out.over {
+            return Ok(None);
+        }
+        r.map_err(err)?;
+        // minijinja writes whole strings: what it wrote is UTF-8.
+        Ok(Some(String::from_utf8_lossy(&out.out).into_owned()))
     }
 }
 

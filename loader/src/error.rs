@@ -3,31 +3,51 @@
 
 use std::path::Path;
 
+/// Every text field is shown through [`printable`]: a corrupted or hostile file can put any
+/// bytes into a key name or a string, and an error message must not carry raw control bytes
+/// (terminal escapes) to a terminal or a log.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The file could not be opened or mapped.
-    #[error("{file}: {source}")]
+    #[error("{}: {source}", printable(.file))]
     Io {
         file: String,
         #[source]
         source: std::io::Error,
     },
     /// The bytes are not a valid GGUF file (bad magic, truncation, absurd sizes, bad ids...).
-    #[error("{file}: {msg}")]
+    #[error("{}: {}", printable(.file), printable(.msg))]
     Format { file: String, msg: String },
     /// A metadata key is present but has the wrong type or an invalid value.
-    #[error("{file}: metadata key '{key}': {msg}")]
+    #[error("{}: metadata key '{}': {}", printable(.file), printable(.key), printable(.msg))]
     Metadata {
         file: String,
         key: String,
         msg: String,
     },
     /// The vocabulary cannot be turned into a tokenizer, or encoding failed.
-    #[error("{file}: tokenizer: {msg}")]
+    #[error("{}: tokenizer: {}", printable(.file), printable(.msg))]
     Tokenizer { file: String, msg: String },
     /// The chat template does not compile or failed to render.
-    #[error("{file}: chat template: {msg}")]
+    #[error("{}: chat template: {}", printable(.file), printable(.msg))]
     Template { file: String, msg: String },
+}
+
+/// `s` with control characters (C0, DEL, C1: terminal escapes, NUL, newlines) written as
+/// `\u{..}` escapes; borrowed when there are none.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
 }
 
 pub(crate) fn file_label(path: &Path) -> String {

@@ -8,7 +8,7 @@ pub mod gguf;
 pub mod hf;
 pub mod package;
 
-pub use error::LoadError;
+pub use error::{printable, LoadError};
 pub use gguf::{Array, GgufFile, StrArray, TensorInfo, Value, ValueType};
 pub mod tokenizer;
 
@@ -21,6 +21,16 @@ pub use chat::{ChatMessage, ChatTemplate};
 /// GGUF file.
 pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<GgufFile, LoadError> {
     let path = path.as_ref();
+    // Only regular files and directories (symlinks followed, as the Hugging Face cache's
+    // layout needs): opening a FIFO would block until a writer comes, a device never ends.
+    if let Ok(md) = std::fs::metadata(path) {
+        if !md.is_file() && !md.is_dir() {
+            return Err(LoadError::Format {
+                file: path.display().to_string(),
+                msg: "not a regular file or a directory (a FIFO, socket or device): refusing to read it".into(),
+            });
+        }
+    }
     if path.is_dir() {
         if !hf::is_hf_dir(path) {
             return Err(LoadError::Format {

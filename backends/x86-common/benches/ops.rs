@@ -112,7 +112,7 @@ fn ops(c: &mut Criterion) {
     // The engine's pool, as a model runs: its workers and their per-thread scratch persist
     // between calls (scoped threads would spawn two threads and fault in fresh scratch pages
     // per call, more than a decode step's attention takes).
-    let pool = engine::pool::Pool::new(2);
+    let pool = engine::pool::Pool::new(2).unwrap();
     let host = pool.host_api();
     let backends: Vec<_> = tables()
         .into_iter()

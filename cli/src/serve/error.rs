@@ -109,6 +109,36 @@ impl ApiError {
         )
     }
 
+    pub fn too_many_connections(max: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            format!("the server has {max} connections open (--max-connections); retry later"),
+        )
+    }
+
+    pub fn request_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s (--io-timeout)",
+                limit.as_secs()
+            ),
+        )
+    }
+
+    pub fn payload_too_large(limit: usize) -> ApiError {
+        ApiError {
+            code: Some("payload_too_large"),
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the body is larger than the limit of {limit} bytes (--max-body)"),
+            )
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
@@ -126,7 +156,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        // Loading, draining and full: a router or client may retry, here or elsewhere.
+        if self.status == StatusCode::TOO_MANY_REQUESTS
+            || self.status == StatusCode::SERVICE_UNAVAILABLE
+        {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

@@ -4,6 +4,7 @@
 //! (`request`), submits it, and streams the answer back. The server listens at once and
 //! answers `/health` with 503 while the model loads.
 
+mod conn;
 mod error;
 mod metrics;
 mod request;
@@ -61,13 +62,30 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_prefix_cache: bool,
     /// Seconds the requests running at SIGTERM/Ctrl-C may take to finish before they are
-    /// cancelled (a second signal cancels them at once).
-    #[arg(long, default_value_t = 10)]
+    /// cancelled (a second signal cancels them at once); the process exits at most a second
+    /// after that.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=MAX_SECONDS))]
     pub shutdown_grace: u64,
+    /// Seconds a client has to send a request's headers, from its connection opening or its
+    /// previous answer (so an idle keep-alive connection closes after this long).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body (408 past it), and that a response write
+    /// may wait on a client that reads nothing (the connection ends).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
+    pub io_timeout: u64,
+    /// Most open connections; one more is answered 503 with Retry-After and closed.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_connections: u64,
     /// Sampling defaults for requests that do not set a field (default: greedy).
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
+
+/// The longest timeout or grace a flag takes (a day).
+const MAX_SECONDS: u64 = 86_400;
+/// Most sequences computed at once (`--parallel`): each has its own step state.
+pub const MAX_PARALLEL: usize = 1024;
 
 pub struct Ready {
     pub model: Arc<Model>,
@@ -99,6 +117,9 @@ pub struct App {
     max_body: usize,
     /// Seconds running requests get after SIGTERM.
     grace: u64,
+    limits: conn::Limits,
+    /// Requests being validated and tokenized at once (one per core): the others wait.
+    admissions: tokio::sync::Semaphore,
     next_id: AtomicUsize,
     /// Generation requests submitted and not yet answered (running + queued).
     inflight: AtomicUsize,
@@ -107,14 +128,18 @@ pub struct App {
 }
 
 pub fn serve(a: ServeArgs) -> CliResult {
-    if a.parallel == 0 {
-        return Err("--parallel must be at least 1".into());
+    if a.parallel == 0 || a.parallel > MAX_PARALLEL {
+        return Err(format!("--parallel {}: must be 1 to {MAX_PARALLEL}", a.parallel).into());
     }
     if a.ctx == Some(0) {
         return Err("--ctx must be at least 1".into());
     }
     if a.max_tokens == 0 {
         return Err("--max-tokens must be at least 1".into());
+    }
+    a.sampling.sampler()?; // the defaults of every request, checked once
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err("--api-key (or MOLLM_API_KEY) is empty: give a key, or leave both out to serve without one".into());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -133,13 +158,21 @@ async fn serve_async(a: ServeArgs) -> CliResult {
     let app = Arc::new(App {
         ready: OnceLock::new(),
         metrics: Arc::new(metrics::Metrics::new()),
-        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        api_key: a.api_key.as_deref().map(|k| k.trim().to_string()),
         defaults: a.sampling.clone(),
         parallel: a.parallel,
         queue: a.queue,
         max_tokens: a.max_tokens,
         max_body: a.max_body,
         grace: a.shutdown_grace,
+        limits: conn::Limits {
+            header: Duration::from_secs(a.header_timeout),
+            io: Duration::from_secs(a.io_timeout),
+            max_connections: a.max_connections as usize,
+        },
+        admissions: tokio::sync::Semaphore::new(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
         next_id: AtomicUsize::new(0),
         inflight: AtomicUsize::new(0),
         stopping: AtomicBool::new(false),
@@ -159,71 +192,136 @@ async fn serve_async(a: ServeArgs) -> CliResult {
         })?;
 
     let router = router(app.clone());
-    let (fail_tx, mut fail_rx) = tokio::sync::watch::channel(None::<String>);
-    let shutdown = {
-        let app = app.clone();
-        async move {
-            tokio::select! {
-                r = load_rx => match r {
-                    Ok(Ok(msg)) => eprintln!("mollm serve: ready on http://{local}: {msg}"),
-                    Ok(Err(e)) => { let _ = fail_tx.send(Some(e)); return; }
-                    Err(_) => { let _ = fail_tx.send(Some("the engine thread ended while loading".into())); return; }
-                },
-                _ = signal() => { begin_stop(&app); return; }
-            }
-            signal().await;
-            begin_stop(&app);
+    let mut conns = conn::Conns::new(app.limits);
+    let mut signals = Signals::new()?;
+
+    // Loading, then serving, until the model fails to load or the first signal.
+    let mut load_rx = load_rx;
+    let serving = async {
+        tokio::select! {
+            r = &mut load_rx => match r {
+                Ok(Ok(msg)) => eprintln!("mollm serve: ready on http://{local}: {msg}"),
+                Ok(Err(e)) => return Some(e),
+                Err(_) => return Some("the engine thread ended while loading".to_string()),
+            },
+            _ = signals.recv() => return None,
         }
+        signals.recv().await;
+        None
     };
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let mut failed = None;
+    conn::accept_until(&listener, &mut conns, &router, async {
+        failed = serving.await;
+    })
+    .await;
+    if failed.is_none() {
+        drain(&app, &listener, &mut conns, &router, &mut signals).await;
+    }
+    drop(listener);
     if let Some(r) = app.ready.get() {
         let _ = r.send(Cmd::CancelAll);
         let _ = r.send(Cmd::Exit);
     }
-    let _ = engine.join();
-    if let Some(e) = fail_rx.borrow_and_update().clone() {
+    // Answers still being written get a moment; then whatever is left is dropped.
+    conns
+        .close(tokio::time::Instant::now() + Duration::from_millis(500))
+        .await;
+    // The engine ends after its current step; one that is mid-way through a long prompt chunk
+    // is not waited for past the deadline (the process exit ends it).
+    let deadline = std::time::Instant::now() + Duration::from_millis(400);
+    while !engine.is_finished() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Some(e) = failed {
         return Err(e.into());
     }
     eprintln!("mollm serve: stopped");
     Ok(())
 }
 
-/// SIGTERM or Ctrl-C.
-async fn signal() {
+/// SIGTERM and SIGINT (Ctrl-C), as one stream.
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
 }
 
-/// New requests get 503 and queued ones are refused; running ones may finish within the
-/// grace period (or until a second signal), then they are cancelled.
-fn begin_stop(app: &Arc<App>) {
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// After the first signal: new requests get 503 with Retry-After (connections are still
+/// accepted, so that a router sees the answer and moves on), queued ones are refused, and
+/// running ones may finish within the grace period. Returns when none is left, or when the
+/// grace period ends or a second signal comes (then they are cancelled and get at most a
+/// second to end; what is left after that is dropped).
+async fn drain(
+    app: &Arc<App>,
+    listener: &tokio::net::TcpListener,
+    conns: &mut conn::Conns,
+    router: &Router,
+    signals: &mut Signals,
+) {
     app.stopping.store(true, SeqCst);
-    let grace = app.grace;
-    eprintln!("mollm serve: stopping (running requests get {grace} s to finish; a second signal ends them now)");
+    let grace = Duration::from_secs(app.grace);
+    eprintln!(
+        "mollm serve: stopping (running requests get {} s to finish; a second signal ends them now)",
+        app.grace
+    );
     if let Some(r) = app.ready.get() {
         let _ = r.send(Cmd::Drain);
     }
-    let app = app.clone();
-    tokio::spawn(async move {
+    let idle = || async {
+        while app.inflight.load(SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let mut cut_short = false;
+    conn::accept_until(listener, conns, router, async {
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(grace)) => {}
-            _ = signal() => {}
+            _ = idle() => {}
+            _ = tokio::time::sleep(grace) => cut_short = true,
+            _ = signals.recv() => cut_short = true,
         }
-        if let Some(r) = app.ready.get() {
-            let _ = r.send(Cmd::CancelAll);
+    })
+    .await;
+    if !cut_short {
+        return;
+    }
+    eprintln!("mollm serve: cancelling the requests still running");
+    if let Some(r) = app.ready.get() {
+        let _ = r.send(Cmd::CancelAll);
+    }
+    let hard = tokio::time::sleep(Duration::from_millis(500));
+    conn::accept_until(listener, conns, router, async {
+        tokio::select! {
+            _ = idle() => {}
+            _ = hard => {}
         }
-    });
+    })
+    .await;
 }
 
 fn load_and_run(
@@ -309,6 +407,8 @@ fn router(app: Arc<App>) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
         .layer(DefaultBodyLimit::max(app.max_body))
+        .layer(from_fn_with_state(app.clone(), conn::body_deadline))
+        .layer(from_fn_with_state(app.clone(), draining))
         .layer(from_fn_with_state(app.clone(), auth))
         .layer(from_fn_with_state(app.clone(), count))
         .with_state(app)
@@ -328,6 +428,15 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
                 return ApiError::unauthorized().into_response();
             }
         }
+    }
+    next.run(req).await
+}
+
+/// While draining, every route but /metrics answers 503 with Retry-After (a router moves on;
+/// /health says the same), before reading the body.
+async fn draining(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if app.stopping.load(SeqCst) && req.uri().path() != "/metrics" {
+        return ApiError::shutting_down().into_response();
     }
     next.run(req).await
 }

@@ -4,7 +4,7 @@
 //! unknown field is refused too, never silently ignored.
 
 use super::error::ApiError;
-use crate::common::{chat_tokens, clock_seed, token_ids, SamplingArgs};
+use crate::common::{chat_tokens, clock_seed, text_tokens, token_ids, PromptError, SamplingArgs};
 use engine::{Model, SamplerParams};
 use loader::ChatMessage;
 use serde_json::{Map, Value};
@@ -137,11 +137,22 @@ pub const MAX_STOP_BYTES: usize = 1024;
 /// The most alternatives per token in `top_logprobs` / completions' `logprobs`.
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
+/// The request's error for a prompt that has no ids: longer than `limit` tokens (400
+/// `context_length_exceeded`, found before tokenizing it whole), or another reason.
+fn prompt_error(e: PromptError, param: &str) -> ApiError {
+    match e {
+        PromptError::TooLong { .. } => ApiError::context_length(e.to_string(), param),
+        PromptError::Other(msg) => ApiError::field(param, msg),
+    }
+}
+
+/// Validates a generation request; its prompt may have at most `limit` tokens.
 pub fn parse(
     endpoint: Endpoint,
     body: &[u8],
     model: &Model,
     defaults: &SamplingArgs,
+    limit: usize,
 ) -> Result<GenRequest, ApiError> {
     let o = &json_object(body)?;
     let own = match endpoint {
@@ -180,9 +191,9 @@ pub fn parse(
                     "this model has no chat template: use /v1/completions",
                 ));
             }
-            chat_tokens(model, &msgs, true).map_err(|e| ApiError::field("messages", e))?
+            chat_tokens(model, &msgs, true, limit).map_err(|e| prompt_error(e, "messages"))?
         }
-        Endpoint::Completion => completion_prompt(f.get("prompt"), model)?,
+        Endpoint::Completion => completion_prompt(f.get("prompt"), model, limit)?,
     };
     if prompt.is_empty() {
         let k = if endpoint == Endpoint::Chat {
@@ -293,35 +304,24 @@ pub fn parse(
         Some(-1) | Some(0) => 0,
         Some(k) => k as usize,
     };
+    // Any finite number here; the ranges are the sampler's own ([`SamplerParams::validate`]),
+    // the same for `run`, `batch` and this server.
+    let num = |k| f.num(k, -f64::MAX, f64::MAX);
     let params = SamplerParams {
-        temperature: f
-            .num("temperature", 0.0, 2.0)?
-            .map_or(defaults.temperature, |x| x as f32),
+        temperature: num("temperature")?.map_or(defaults.temperature, |x| x as f32),
         top_k,
-        top_p: match f.num("top_p", 0.0, 1.0)? {
-            Some(p) if p <= 0.0 => {
-                return Err(ApiError::field("top_p", "must be above 0 (at most 1)"))
-            }
-            p => p.map_or(defaults.top_p, |x| x as f32),
-        },
-        min_p: f
-            .num("min_p", 0.0, 1.0)?
-            .map_or(defaults.min_p, |x| x as f32),
-        repeat_penalty: match f.num("repeat_penalty", 0.0, 100.0)? {
-            Some(p) if p <= 0.0 => {
-                return Err(ApiError::field("repeat_penalty", "must be above 0"))
-            }
-            p => p.map_or(defaults.repeat_penalty, |x| x as f32),
-        },
-        presence_penalty: f
-            .num("presence_penalty", -2.0, 2.0)?
-            .map_or(defaults.presence_penalty, |x| x as f32),
-        frequency_penalty: f
-            .num("frequency_penalty", -2.0, 2.0)?
+        top_p: num("top_p")?.map_or(defaults.top_p, |x| x as f32),
+        min_p: num("min_p")?.map_or(defaults.min_p, |x| x as f32),
+        repeat_penalty: num("repeat_penalty")?.map_or(defaults.repeat_penalty, |x| x as f32),
+        presence_penalty: num("presence_penalty")?.map_or(defaults.presence_penalty, |x| x as f32),
+        frequency_penalty: num("frequency_penalty")?
             .map_or(defaults.frequency_penalty, |x| x as f32),
         repeat_last_n: defaults.repeat_last_n,
         seed,
     };
+    params
+        .validate()
+        .map_err(|e| ApiError::field(e.field, e.msg))?;
     Ok(GenRequest {
         n,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
@@ -450,13 +450,8 @@ pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn completion_prompt(v: Option<&Value>, model: &Model) -> Result<Vec<u32>, ApiError> {
-    let text = |s: &str| {
-        model
-            .tokenizer
-            .encode(s, true, true)
-            .map_err(|e| ApiError::field("prompt", e))
-    };
+fn completion_prompt(v: Option<&Value>, model: &Model, limit: usize) -> Result<Vec<u32>, ApiError> {
+    let text = |s: &str| text_tokens(model, s, true, limit).map_err(|e| prompt_error(e, "prompt"));
     match v {
         None => Err(ApiError::field("prompt", "required")),
         Some(Value::String(s)) => text(s),

@@ -147,8 +147,15 @@ struct Sym {
 }
 
 impl Bpe {
-    /// Appends the ids of one raw-text fragment.
-    pub fn tokenize(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), LoadError> {
+    /// Appends the ids of one raw-text fragment; stops between words once `out` holds more
+    /// than `limit` ids.
+    pub fn tokenize(
+        &self,
+        vocab: &Vocab,
+        text: &str,
+        out: &mut Vec<u32>,
+        limit: usize,
+    ) -> Result<(), LoadError> {
         if text.is_empty() {
             return Ok(());
         }
@@ -160,6 +167,9 @@ impl Bpe {
         let mut heap = BinaryHeap::new();
         for (piece, _, _) in pts.get_splits(OffsetReferential::Original, OffsetType::Byte) {
             self.piece(vocab, piece, &mut syms, &mut heap, out);
+            if out.len() > limit {
+                break;
+            }
         }
         Ok(())
     }

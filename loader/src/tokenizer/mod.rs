@@ -47,6 +47,9 @@ pub struct Tokenizer {
     clean_spaces: bool,
     model: String,
     pre: String,
+    /// The longest token text in bytes: no token stands for more input bytes, so a text of
+    /// more than `n * max_token_bytes` bytes has more than `n` tokens.
+    max_token_bytes: usize,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -89,6 +92,7 @@ impl Tokenizer {
                     None => None,
                 };
                 Ok(Tokenizer {
+                    max_token_bytes: vocab.max_text_len(),
                     vocab,
                     engine: Engine::Spm(hf),
                     clean_spaces: false,
@@ -124,6 +128,7 @@ impl Tokenizer {
                     None => Engine::Bpe(Box::new(bpe::build(gguf, &vocab, &cfg)?)),
                 };
                 Ok(Tokenizer {
+                    max_token_bytes: vocab.max_text_len(),
                     vocab,
                     engine,
                     clean_spaces: cfg.clean_spaces,
@@ -146,6 +151,37 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, LoadError> {
+        self.encode_limited(text, add_special, parse_special, usize::MAX)
+            .map(|ids| ids.unwrap_or_default())
+    }
+
+    /// The longest token text in bytes (see [`Tokenizer::max_text_bytes`]).
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// The most bytes a text of at most `tokens` tokens can have: a longer one is refused
+    /// before tokenizing. (A text whose normalization drops characters could in principle be
+    /// longer; none of the supported pipelines drops enough to matter.)
+    pub fn max_text_bytes(&self, tokens: usize) -> usize {
+        tokens.saturating_mul(self.max_token_bytes.max(1))
+    }
+
+    /// [`Tokenizer::encode`] that gives up, with `None`, as soon as the text is known to have
+    /// more than `limit` tokens: at once when it has more than [`Tokenizer::max_text_bytes`]
+    /// bytes, otherwise when the ids so far pass `limit` (checked between special-token
+    /// fragments and, with the GGUF's BPE merges, between pre-tokenized words). Memory and
+    /// time stay proportional to what the limit allows, not to the text.
+    pub fn encode_limited(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        limit: usize,
+    ) -> Result<Option<Vec<u32>>, LoadError> {
+        if text.len() > self.max_text_bytes(limit) {
+            return Ok(None);
+        }
         let v = &self.vocab;
         let frags = self.partition(text, parse_special);
         let mut out = Vec::new();
@@ -176,13 +212,19 @@ impl Tokenizer {
                             prev_special = true;
                         }
                     }
+                    if out.len() > limit {
+                        return Ok(None);
+                    }
                 }
             }
             Engine::Bpe(_) | Engine::HfBpe(_) | Engine::Spm(Some(_)) => {
                 for f in &frags {
                     match *f {
-                        Frag::Text(s, e) => self.bpe_text(&text[s..e], &mut out)?,
+                        Frag::Text(s, e) => self.bpe_text(&text[s..e], &mut out, limit)?,
                         Frag::Token(id) => out.push(id),
+                    }
+                    if out.len() > limit {
+                        return Ok(None);
                     }
                 }
             }
@@ -193,15 +235,16 @@ impl Tokenizer {
                     .ok_or_else(|| v.err("model asks for EOS but has no EOS token"))?,
             );
         }
-        Ok(out)
+        Ok((out.len() <= limit).then_some(out))
     }
 
-    /// Appends the ids of one raw-text fragment through the BPE engine: the GGUF's merges, or
-    /// the model's own `tokenizer.json` pipeline.
-    fn bpe_text(&self, text: &str, out: &mut Vec<u32>) -> Result<(), LoadError> {
+    /// Appends the ids of one raw-text fragment through the BPE engine: the GGUF's merges
+    /// (stopping once `out` holds more than `limit` ids), or the model's own `tokenizer.json`
+    /// pipeline.
+    fn bpe_text(&self, text: &str, out: &mut Vec<u32>, limit: usize) -> Result<(), LoadError> {
         let v = &self.vocab;
         match &self.engine {
-            Engine::Bpe(bpe) => bpe.tokenize(v, text, out),
+            Engine::Bpe(bpe) => bpe.tokenize(v, text, out, limit),
             Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => bpe::tokenize_hf(tk, v, text, out),
             Engine::Spm(None) => Err(v.err("a SentencePiece vocabulary has no BPE pipeline")),
         }

@@ -58,6 +58,14 @@ impl Vocab {
         self.texts.len()
     }
 
+    /// The longest token text, in bytes.
+    pub fn max_text_len(&self) -> usize {
+        (0..self.n_tokens())
+            .map(|i| self.text(i as u32).len())
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn text(&self, id: u32) -> &[u8] {
         self.texts.get_bytes(id as usize).unwrap_or(&[])
     }
