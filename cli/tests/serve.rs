@@ -353,3 +353,327 @@ fn bad_flags_and_models_fail_cleanly() {
     let o = mollm(&["serve", "--port", "0", "-m", "/nonexistent/model.gguf"]);
     common::assert_clean_error(&o, "/nonexistent/model.gguf");
 }
+
+/// Resident and peak memory of a process, in bytes (VmRSS, VmHWM).
+fn memory(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |k: &str| {
+        s.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+#[test]
+fn hostile_requests_are_refused_quickly() {
+    let o = mollm(&["serve", "--port", "0", "--api-key", ""]);
+    common::assert_clean_error(&o, "--api-key");
+    let o = mollm(&["serve", "--port", "0", "--api-key", "  "]);
+    common::assert_clean_error(&o, "--api-key");
+    let Some((m, _one)) = setup() else { return };
+    let bomb = common::with_template(
+        std::path::Path::new(&m),
+        "serve-bomb.gguf",
+        common::QUIET_BOMB,
+    );
+    let s = Server::start(
+        &[
+            "-m",
+            bomb.to_str().unwrap(),
+            "--parallel",
+            "1",
+            "--queue",
+            "2",
+        ],
+        true,
+    );
+    let chat = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let t = Instant::now();
+    let (status, body) = http(&s.addr(), "POST", "/v1/chat/completions", chat);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("instructions"), "{body}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // n that can never be admitted is the request's fault, not a reason to retry.
+    let (status, body) = http(
+        &s.addr(),
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 2, "n": 4}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["param"], "n", "{body}");
+    // Degenerate sampling values: the same rule as `run`; a tiny temperature is greedy.
+    let (status, body) = http(
+        &s.addr(),
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 2, "repeat_penalty": 5e-324}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("repeat_penalty"), "{body}");
+    let complete = |t: &str| {
+        let (status, body) = http(
+            &s.addr(),
+            "POST",
+            "/v1/completions",
+            &format!(
+                r#"{{"prompt": "The capital of France is", "max_tokens": 6, "temperature": {t}, "seed": 5}}"#
+            ),
+        );
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(complete("1e-40"), complete("0"));
+}
+
+/// The issue's soak: slow clients (headers and bodies trickled, keep-alive left idle), more
+/// connections than allowed, prompts far over the context (eight at once, each just under the
+/// body limit), streams dropped mid-way, then SIGTERM with a stream running and requests
+/// half-sent. Memory stays under a stated bound throughout, every normal request is answered,
+/// and the process exits 0 within the grace period plus a second. Bounded: about 30 s.
+#[test]
+fn soak_slow_clients_big_prompts_disconnects_and_sigterm() {
+    let Some((m, _one)) = setup() else { return };
+    const GRACE: u64 = 3;
+    let s = Server::start(
+        &[
+            "-m",
+            &m,
+            "--parallel",
+            "2",
+            "--header-timeout",
+            "2",
+            "--io-timeout",
+            "3",
+            "--shutdown-grace",
+            &GRACE.to_string(),
+            "--max-connections",
+            "48",
+        ],
+        true,
+    );
+    let addr = s.addr();
+    let pid = s.child.id();
+    let (base, _) = memory(pid);
+    // Peak resident memory allowed: the loaded server plus this much (two prompts tokenized
+    // at once, each bounded by the context's bytes).
+    const HEADROOM: u64 = 640 << 20;
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (rss, _) = memory(pid);
+                peak.fetch_max(rss, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let ok = |addr: &str| {
+        let (status, body) = http(
+            addr,
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": "Hello", "max_tokens": 4}"#,
+        );
+        assert_eq!(status, 200, "{body}");
+    };
+
+    // 1. Slow clients: 30 with half a request line, 10 with headers and half a body, one
+    // idle keep-alive connection. Normal requests are still served beside them, and the
+    // server closes every one of them within its timeout.
+    let mut slow: Vec<TcpStream> = Vec::new();
+    for i in 0..40 {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        if i < 30 {
+            c.write_all(b"POST /v1/compl").unwrap();
+        } else {
+            c.write_all(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro",
+            )
+            .unwrap();
+        }
+        slow.push(c);
+    }
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    assert!(idle.read(&mut buf).unwrap() > 0);
+    ok(&addr);
+    // Over --max-connections: answered 503 with Retry-After, not left hanging.
+    let extra: Vec<TcpStream> = (0..10)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    let mut refused = 0;
+    for mut c in extra {
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        if out.starts_with("HTTP/1.1 503") {
+            assert!(out.to_lowercase().contains("retry-after"), "{out}");
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 1,
+        "no connection over --max-connections was refused"
+    );
+    let t = Instant::now();
+    for (i, c) in slow
+        .iter_mut()
+        .chain(std::iter::once(&mut idle))
+        .enumerate()
+    {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        let out = String::from_utf8_lossy(&out);
+        if (30..40).contains(&i) {
+            assert!(out.starts_with("HTTP/1.1 408"), "slow body {i}: {out}");
+        }
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "slow clients held on for {:?}",
+        t.elapsed()
+    );
+    ok(&addr);
+
+    // 2. Prompts far over the context, eight at once on three routes: each refused with 400,
+    // by its bytes or within the context's tokens.
+    let words = "héllo wörld ".repeat(90_000); // 1.3 MB, under --max-body's 2 MiB
+    let bodies = [
+        ("/v1/completions", json_string("prompt", &words, "")),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"messages": [{{"role": "user", "content": {}}}]}}"#,
+                serde_json::to_string(&words).unwrap()
+            ),
+        ),
+        ("/tokenize", json_string("content", &words, "")),
+    ];
+    let big: Vec<_> = (0..8)
+        .map(|i| {
+            let (path, body) = bodies[i % 3].clone();
+            let addr = addr.clone();
+            std::thread::spawn(move || http(&addr, "POST", path, &body))
+        })
+        .collect();
+    for h in big {
+        let (status, body) = h.join().unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("context_length_exceeded"), "{body}");
+    }
+    ok(&addr);
+
+    // 3. Streams dropped mid-way: their slots come back.
+    for _ in 0..6 {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let body = r#"{"prompt": "Once upon a time", "max_tokens": 500, "stream": true, "ignore_eos": true}"#;
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let _ = c.read(&mut buf);
+        drop(c);
+    }
+    ok(&addr);
+    let t = Instant::now();
+    loop {
+        let (_, metrics) = http(&addr, "GET", "/metrics", "");
+        let running = metrics
+            .lines()
+            .find(|l| l.starts_with("mollm:num_requests_running"))
+            .unwrap_or("")
+            .to_string();
+        if running.ends_with(" 0") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{running}\n{metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 4. SIGTERM with a stream running and five requests half-sent: new requests get 503
+    // with Retry-After, and the process exits 0 within the grace period plus a second.
+    let mut long = TcpStream::connect(&addr).unwrap();
+    let body =
+        r#"{"prompt": "Once upon a time", "max_tokens": 4000, "stream": true, "ignore_eos": true}"#;
+    write!(
+        long,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let _ = long.read(&mut buf);
+    let half: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+                .unwrap();
+            c
+        })
+        .collect();
+    let t = Instant::now();
+    s.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = TcpStream::connect(&addr).unwrap();
+    write!(
+        c,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+    assert!(out.to_lowercase().contains("retry-after: 1"), "{out}");
+    let mut s = s;
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(GRACE + 1),
+            "still running {:?} after SIGTERM (grace {GRACE} s): {}",
+            t.elapsed(),
+            s.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", s.log.lock().unwrap());
+    drop(half);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    sampler.join().unwrap();
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        peak < base + HEADROOM,
+        "peak RSS {} MiB over the bound of {} MiB (loaded: {} MiB)",
+        peak >> 20,
+        (base + HEADROOM) >> 20,
+        base >> 20
+    );
+    eprintln!(
+        "soak: loaded {} MiB, peak {} MiB, exit {:?} after SIGTERM",
+        base >> 20,
+        peak >> 20,
+        t.elapsed()
+    );
+}
+
+/// `{"key": value}` with `value` as a JSON string, and `more` fields after it.
+fn json_string(key: &str, value: &str, more: &str) -> String {
+    format!(
+        r#"{{"{key}": {}{more}}}"#,
+        serde_json::to_string(value).unwrap()
+    )
+}

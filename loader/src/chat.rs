@@ -231,6 +231,108 @@ mod tests {
         );
     }
 
+    #[test]
+    fn template_bombs_run_out_of_fuel_or_room() {
+        // Nested loops that write nothing: stopped by fuel, quickly.
+        let quiet = ChatTemplate::new(
+            "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
+            "",
+            "",
+            "bomb.gguf",
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        let e = quiet.render(&convo(), true).unwrap_err().to_string();
+        assert!(e.contains("bomb.gguf") && e.contains("instructions"), "{e}");
+        assert!(t.elapsed().as_secs() < 5, "{:?}", t.elapsed());
+        // Few instructions, a huge output: stopped at the byte cap, with None.
+        let loud = ChatTemplate::new(
+            "{% for i in range(10000) %}{{ 'x' * 100000 }}{% endfor %}",
+            "",
+            "",
+            "loud.gguf",
+        )
+        .unwrap();
+        assert_eq!(loud.render_limited(&convo(), true, 1 << 20).unwrap(), None);
+        // A real template is untouched by either bound, and fits a cap of its own length.
+        let src = fixture_template("Qwen-Qwen2.5-7B-Instruct.jinja");
+        let t = ChatTemplate::new(&src, "", "<|im_end|>", "qwen.jinja").unwrap();
+        let whole = t.render(&convo(), true).unwrap();
+        let capped = t.render_limited(&convo(), true, whole.len()).unwrap();
+        assert_eq!(capped.as_deref(), Some(whole.as_str()));
+        assert_eq!(
+            t.render_limited(&convo(), true, whole.len() - 1).unwrap(),
+            None
+        );
+        // A thousand-message conversation stays within the fuel.
+        let many: Vec<ChatMessage> = (0..1000)
+            .map(|i| ChatMessage::new(["user", "assistant"][i % 2], format!("message {i}")))
+            .collect();
+        assert!(t.render(&many, true).unwrap().contains("message 999"));
+    }
+
+    /// The chat-template fuzz target's property on seeded random templates built from the
+    /// pieces hostile ones are made of (loops, ranges, repetition, recursion through macros,
+    /// unbalanced tags): an error or a text within the cap, never a panic, each in bounded time.
+    #[test]
+    fn random_templates_end_within_their_bounds() {
+        const PIECES: &[&str] = &[
+            "{% for i in range(10000) %}",
+            "{% for m in messages %}",
+            "{% endfor %}",
+            "{{ 'ab' * 99999 }}",
+            "{{ messages[0].content * 1000 }}",
+            "{% if add_generation_prompt %}",
+            "{% endif %}",
+            "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+            "{{ raise_exception('x') }}",
+            "{{ messages | tojson }}",
+            "{% set ns = namespace(x='') %}{% for i in range(1000) %}{% set ns.x = ns.x ~ 'abcdefgh' %}{% endfor %}{{ ns.x }}",
+            "{{ m.content.strip().split(' ') | join('-') }}",
+            "<|im_start|>",
+            "{{ bos_token }}",
+            "{{",
+            "{% for",
+            "}}",
+        ];
+        const CAP: usize = 1 << 16;
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut rendered, mut refused) = (0, 0);
+        for _ in 0..300 {
+            let n = 1 + next() % 6;
+            let src: String = (0..n)
+                .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                .collect();
+            let Ok(t) = ChatTemplate::new(&src, "<s>", "</s>", "fuzz.gguf") else {
+                refused += 1;
+                continue;
+            };
+            let start = std::time::Instant::now();
+            match t.render_limited(&convo(), true, CAP) {
+                Ok(Some(out)) => {
+                    assert!(out.len() <= CAP, "{src}");
+                    rendered += 1;
+                }
+                Ok(None) | Err(_) => refused += 1,
+            }
+            assert!(
+                start.elapsed().as_secs() < 5,
+                "{src}: {:?}",
+                start.elapsed()
+            );
+        }
+        assert!(
+            rendered > 0 && refused > 0,
+            "{rendered} rendered, {refused} refused"
+        );
+    }
+
     /// Templates copied from llama.cpp's models/templates (see fixtures/templates/README.md).
     fn fixture_template(name: &str) -> String {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -53,3 +53,24 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
 pub(crate) fn file_label(path: &Path) -> String {
     path.display().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_bytes_in_messages_are_escaped() {
+        assert_eq!(printable("plain 'text' é"), "plain 'text' é");
+        let e = LoadError::Metadata {
+            file: "m\u{1b}[2J.gguf".into(),
+            key: "general.\u{0}arch\u{9b}".into(),
+            msg: "bad\nvalue\u{7f}".into(),
+        }
+        .to_string();
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(
+            e.contains("\\u{1b}[2J") && e.contains("\\u{0}") && e.contains("\\u{a}"),
+            "{e}"
+        );
+    }
+}

@@ -224,11 +224,12 @@ async fn serve_async(a: ServeArgs) -> CliResult {
     }
     // Answers still being written get a moment; then whatever is left is dropped.
     conns
-        .close(tokio::time::Instant::now() + Duration::from_millis(500))
+        .close(tokio::time::Instant::now() + Duration::from_millis(300))
         .await;
     // The engine ends after its current step; one that is mid-way through a long prompt chunk
-    // is not waited for past the deadline (the process exit ends it).
-    let deadline = std::time::Instant::now() + Duration::from_millis(400);
+    // is not waited for past the deadline (the process exit ends it). All the waits after the
+    // grace period add up to under a second.
+    let deadline = std::time::Instant::now() + Duration::from_millis(200);
     while !engine.is_finished() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -275,8 +276,8 @@ impl Signals {
 /// After the first signal: new requests get 503 with Retry-After (connections are still
 /// accepted, so that a router sees the answer and moves on), queued ones are refused, and
 /// running ones may finish within the grace period. Returns when none is left, or when the
-/// grace period ends or a second signal comes (then they are cancelled and get at most a
-/// second to end; what is left after that is dropped).
+/// grace period ends or a second signal comes (then they are cancelled and get 300 ms to end;
+/// what is left after that is dropped).
 async fn drain(
     app: &Arc<App>,
     listener: &tokio::net::TcpListener,
@@ -314,7 +315,7 @@ async fn drain(
     if let Some(r) = app.ready.get() {
         let _ = r.send(Cmd::CancelAll);
     }
-    let hard = tokio::time::sleep(Duration::from_millis(500));
+    let hard = tokio::time::sleep(Duration::from_millis(300));
     conn::accept_until(listener, conns, router, async {
         tokio::select! {
             _ = idle() => {}

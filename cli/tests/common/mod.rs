@@ -162,3 +162,65 @@ pub fn test_backends() -> Vec<String> {
     }
     out
 }
+
+/// A copy of `model` whose `tokenizer.chat_template` is `template`, written in place of the
+/// original string (padded with spaces to its length, so no offset moves). For hostile
+/// templates: the test fails if the original is shorter than `template`.
+pub fn with_template(model: &Path, name: &str, template: &str) -> PathBuf {
+    let mut b = std::fs::read(model).unwrap();
+    let key = b"tokenizer.chat_template";
+    let mut pat = (key.len() as u64).to_le_bytes().to_vec();
+    pat.extend_from_slice(key);
+    let at = b
+        .windows(pat.len())
+        .position(|w| w == pat.as_slice())
+        .expect("the model has a chat template")
+        + pat.len();
+    assert_eq!(
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap()),
+        8,
+        "a string"
+    );
+    let n = u64::from_le_bytes(b[at + 4..at + 12].try_into().unwrap()) as usize;
+    assert!(
+        template.len() <= n,
+        "the model's template has only {n} bytes"
+    );
+    let text = &mut b[at + 12..at + 12 + n];
+    text.fill(b' ');
+    text[..template.len()].copy_from_slice(template.as_bytes());
+    let dir = std::env::temp_dir().join(format!("mollm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// Nested loops that write nothing: minijinja's own range limit does not catch them.
+pub const QUIET_BOMB: &str =
+    "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}";
+/// Few instructions, 10^9 bytes of output.
+pub const LOUD_BOMB: &str = "{% for i in range(10000) %}{{ 'x' * 100000 }}{% endfor %}";
+
+/// `mollm args`, killed after `secs` (then the test fails): for inputs that used to hang.
+pub fn mollm_within(args: &[&str], secs: u64) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mollm");
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed().as_secs() >= secs {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "mollm {args:?} still running after {secs} s: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}

@@ -295,6 +295,49 @@ fn duplicates_are_refused() {
     assert!(err(w.buf.clone()).contains("duplicate tensor name 'w'"));
 }
 
+#[test]
+fn control_bytes_from_the_file_are_escaped_in_errors() {
+    // A terminal escape in a key name: the message names the key, escaped.
+    let mut w = Writer::default();
+    w.header(3, 0, 2)
+        .kv("\u{1b}]0;pwned\u{7}", &Value::U8(1))
+        .kv("\u{1b}]0;pwned\u{7}", &Value::U8(2));
+    let e = err(w.buf.clone());
+    assert!(!e.chars().any(char::is_control), "{e:?}");
+    assert!(e.contains("\\u{1b}]0;pwned\\u{7}"), "{e}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_fifo_is_refused_not_waited_on() {
+    let dir = std::env::temp_dir().join(format!("mollm-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("model.gguf");
+    let _ = std::fs::remove_file(&p);
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a path we own.
+    assert_eq!(unsafe { libc_mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = crate::open_model(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("model.gguf") && e.contains("not a regular file"),
+        "{e}"
+    );
+    // A symlink to a regular file is still followed.
+    let real = dir.join("real.gguf");
+    std::fs::write(&real, sample_file(3)).unwrap();
+    let link = dir.join("link.gguf");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    assert!(crate::open_model(&link).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(target_os = "linux")]
+extern "C" {
+    #[link_name = "mkfifo"]
+    fn libc_mkfifo(path: *const std::os::raw::c_char, mode: u32) -> i32;
+}
+
 /// xorshift64*: deterministic, dependency-free.
 struct Rng(u64);
 impl Rng {

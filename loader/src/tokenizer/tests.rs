@@ -264,3 +264,41 @@ fn random_text_round_trips_through_qwen2_and_spm() {
         }
     }
 }
+
+#[test]
+fn encode_limited_agrees_below_the_limit_and_gives_up_above_it() {
+    let mut n = 0;
+    for name in ["qwen2", "llama-spm", "gpt-2"] {
+        let Some(path) = find_vocab(name) else {
+            continue;
+        };
+        n += 1;
+        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        assert!(tok.max_token_bytes() > 0, "{name}");
+        for (text, _) in read_cases(&path) {
+            let all = tok.encode(&text, true, true).unwrap();
+            let exact = tok.encode_limited(&text, true, true, all.len()).unwrap();
+            assert_eq!(exact.as_ref(), Some(&all), "{name}: {text:?}");
+            if !all.is_empty() {
+                let short = tok
+                    .encode_limited(&text, true, true, all.len() - 1)
+                    .unwrap();
+                assert_eq!(short, None, "{name}: {text:?}");
+            }
+            // No text has more bytes than its tokens can hold.
+            assert!(
+                text.len() <= tok.max_text_bytes(all.len()),
+                "{name}: {text:?}"
+            );
+        }
+        // A text past the byte bound is refused before tokenizing: a long one returns at once.
+        let long = "word ".repeat(1 << 20);
+        let t = std::time::Instant::now();
+        assert_eq!(tok.encode_limited(&long, true, true, 100).unwrap(), None);
+        assert!(t.elapsed().as_millis() < 50, "{name}: {:?}", t.elapsed());
+        // Under the byte bound but over the limit: tokenizing stops, and the answer is None.
+        let words = "a ".repeat(tok.max_text_bytes(100) / 2);
+        assert_eq!(tok.encode_limited(&words, true, true, 100).unwrap(), None);
+    }
+    assert!(n > 0, "no committed vocabulary found");
+}
