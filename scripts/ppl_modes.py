@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Perplexity of models converted to each `mollm convert` mode, next to the source GGUF, in one
-markdown table (the README's quality table).
+markdown table (the quality table of docs/src/formats.md).
 
 Protocol (printed with the table): `mollm ppl` on the project's ppl text (scripts/fetch-ppl-text.sh:
 lee-news-100.txt), windows of --ctx 512 tokens, the first --chunks windows, the second half of

@@ -18,6 +18,7 @@ pub mod cpu;
 mod dtype;
 mod ops;
 mod paged;
+pub mod settings;
 mod table;
 mod tensor;
 

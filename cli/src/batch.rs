@@ -305,7 +305,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
         }
     }
     out.flush()?;
-    if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1" || v == "2") {
+    if abi::settings::profile_level() > 0 {
         eprintln!("{}", session.exec().stats().report());
         eprintln!("{}", session.exec().arena_report());
     }

@@ -179,13 +179,7 @@ impl SamplingArgs {
 }
 
 pub fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MOLLM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache/mollm/models")
+    abi::settings::models_dir()
 }
 
 pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf, String> {

@@ -68,7 +68,7 @@ impl Mode {
     }
 }
 
-/// `--fit`'s candidates, best quality first (the README's perplexity table backs the order).
+/// `--fit`'s candidates, best quality first (the perplexity table of docs/src/formats.md backs the order).
 pub const FIT_ORDER: [Mode; 6] = [
     Mode::Fp16,
     Mode::W8pc,

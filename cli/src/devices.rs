@@ -49,10 +49,7 @@ pub(crate) const PROBE_SEEDS: u64 = 48;
 /// Seeded cases per op the gate runs (as the engine's gate child reads them), besides the
 /// fixed cases.
 fn gate_seeds() -> u64 {
-    std::env::var(registry::GATE_CASES_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(registry::DEFAULT_GATE_CASES)
+    registry::gate_cases()
 }
 
 /// The operand whose format names a case: the weight, the KV cache or the destination.

@@ -6,6 +6,8 @@ mod chat;
 mod common;
 mod convert;
 mod devices;
+mod docs;
+mod env;
 mod ops;
 mod ppl;
 mod probe;
@@ -58,6 +60,8 @@ enum Command {
     Backends(devices::LibArgs),
     /// Which backend an op call goes to, and why each other one is rejected.
     Ops(ops::OpsArgs),
+    /// List the MOLLM_* environment variables, their values and what they do.
+    Env(env::EnvArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -66,6 +70,12 @@ enum Command {
     /// Conformance gate child (run by mollm itself on a backend library).
     #[command(name = "__gate", hide = true)]
     Gate(devices::GateArgs),
+    /// A generated page of the docs (scripts/gen-docs.sh writes them all).
+    #[command(name = "__docs", hide = true)]
+    Docs {
+        #[arg(value_enum)]
+        page: docs::Page,
+    },
 }
 
 fn main() -> ExitCode {
@@ -100,6 +110,11 @@ fn main() -> ExitCode {
         Command::Backends(a) => devices::backends(a),
         Command::Ops(a) => ops::ops(a),
         Command::Gate(a) => devices::gate(a),
+        Command::Env(a) => env::env(a),
+        Command::Docs { page } => {
+            print!("{}", docs::page(page, &Cli::command()));
+            Ok(())
+        }
         Command::Architectures => {
             for (name, desc, _) in engine::model::ARCHITECTURES {
                 println!("{name:<10} {desc}");

@@ -89,7 +89,7 @@ pub fn run(a: RunArgs) -> CliResult {
     })?;
     let interrupted = signals::interrupted();
     let rest = stream.finish();
-    if std::env::var("MOLLM_PROFILE").is_ok_and(|v| v == "1" || v == "2") {
+    if abi::settings::profile_level() > 0 {
         eprintln!("{}", session.exec().stats().report());
         eprintln!("{}", session.exec().arena_report());
     }

@@ -274,14 +274,15 @@ fn a_library_that_is_not_a_backend_is_refused_clearly() {
 }
 
 fn smollm2() -> Option<PathBuf> {
-    let dir = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    };
-    let p = dir.join("smollm2-135m-instruct-q4_1.gguf");
+    let p = abi::settings::models_dir().join("smollm2-135m-instruct-q4_1.gguf");
     if p.exists() {
         Some(p)
     } else {
+        assert!(
+            !abi::settings::REQUIRE_MODELS.on(false),
+            "{} missing",
+            p.display()
+        );
         eprintln!("SKIP: {} not found", p.display());
         None
     }

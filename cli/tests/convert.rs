@@ -59,7 +59,7 @@ fn every_mode_converts_and_runs() {
         assert!(msg.contains(&format!("{mode} mode")), "{msg}");
         let text = generate(&pkg);
         // Modes that keep the embeddings and the output in 8 bits or more stay fluent on this
-        // 135M model; the all-4-bit ones run but lose it (see the README's perplexity table).
+        // 135M model; the all-4-bit ones run but lose it (see the perplexity table of docs/src/formats.md).
         if !mode.starts_with("w4g") {
             assert!(text.split_whitespace().count() >= 3, "{mode}: {text:?}");
         }

@@ -71,10 +71,10 @@ fn check_model(key: &str) {
     let mut runs = 0;
     let all = backends();
     let first_native = all.iter().find(|b| *b != "reference").cloned();
-    let max_prompt = std::env::var("MOLLM_GOLDEN_MAX_PROMPT").map_or(usize::MAX, |v| {
-        v.parse::<usize>()
-            .unwrap_or_else(|_| panic!("MOLLM_GOLDEN_MAX_PROMPT={v:?}: not a token count"))
-    });
+    let max_prompt = abi::settings::GOLDEN_MAX_PROMPT
+        .int()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map_or(usize::MAX, |v| v as usize);
     for backend in all {
         let limit = match backend.as_str() {
             "reference" if key == "qwen15" => max_prompt.min(REFERENCE_MAX_PROMPT_QWEN15),

@@ -213,3 +213,15 @@ fn a_fifo_model_and_a_non_library_plugin_are_refused() {
     assert_one_line_error(&o, "--backend-lib");
     assert!(stderr(&o).contains("libnot-a-backend.so"), "{}", stderr(&o));
 }
+
+#[test]
+fn help_never_shows_the_api_key() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mollm"))
+        .args(["serve", "--help"])
+        .env("MOLLM_API_KEY", "sk-do-not-print")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("MOLLM_API_KEY"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("sk-do-not-print"), "{}", stdout(&o));
+}

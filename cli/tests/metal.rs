@@ -72,7 +72,7 @@ fn vulkan(cache: &Path) -> bool {
     let l = metal_line(&d);
     if l.contains("unavailable") {
         assert!(
-            std::env::var("MOLLM_REQUIRE_VULKAN").as_deref() != Ok("1"),
+            !abi::settings::REQUIRE_VULKAN.on(false),
             "MOLLM_REQUIRE_VULKAN=1 but: {l}"
         );
         eprintln!("SKIP: no Vulkan adapter here: {l}");
@@ -199,7 +199,7 @@ fn a_broken_kernel_is_refused_and_its_op_runs_on_the_cpu() {
 /// scored), SmolLM2 and Qwen2.5-Coder-0.5B: the most likely next token agrees with the
 /// reference's at 99% of the positions or more and the perplexity is within 0.5% (the issue's
 /// bar). Every kernel these models use follows the reference's float order, so on lavapipe
-/// both agree at every position and the perplexity is the same number (README, "GPU
+/// both agree at every position and the perplexity is the same number (docs/src/gpu.md, "GPU
 /// backends").
 #[test]
 fn teacher_forcing_agrees_with_the_reference() {

@@ -4,7 +4,7 @@
 //! after the same number of windows must be within 1% of it. SmolLM2 is scored over the whole
 //! text (24,061 tokens); Qwen2.5-Coder-0.5B, whose 151,936-token output layer makes each window
 //! cost far more, over its first windows (the full-text numbers of both are in the fixture and
-//! the README).
+//! docs/src/usage/chat-bench-ppl.md).
 
 mod common;
 

@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 /// Checks the libraries in this directory as they are (no build).
-const LIB_DIR_ENV: &str = "MOLLM_CONFORMANCE_LIB_DIR";
+const LIB_DIR_ENV: &str = abi::settings::CONFORMANCE_LIB_DIR.name;
 /// Seeded cases per op (on top of the fixed ones).
 const CASES: u64 = 16;
 
@@ -176,7 +176,7 @@ fn profile_args(dir: &Path) -> Vec<String> {
 fn built(backends: &[BackendCrate]) -> &'static Result<PathBuf, String> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT.get_or_init(|| {
-        if let Some(d) = std::env::var_os(LIB_DIR_ENV) {
+        if let Some(d) = abi::settings::CONFORMANCE_LIB_DIR.get_os() {
             say(&format!(
                 "conformance: checking the libraries in {} as they are ({LIB_DIR_ENV})",
                 Path::new(&d).display()

@@ -165,7 +165,7 @@ fn trace(op: Op, t: &TensorDesc) {
     // SAFETY: the op just wrote this contiguous f32 output.
     let v = unsafe { std::slice::from_raw_parts(t.data as *const f32, n) };
     let sum: f64 = v.iter().map(|&x| x as f64).sum();
-    if let Ok(dir) = std::env::var("MOLLM_TRACE_DIR") {
+    if let Some(dir) = abi::settings::TRACE_DIR.get() {
         static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let i = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -291,7 +291,7 @@ impl Exec {
         if backends.is_empty() {
             return Err(EngineError::Invalid("no backend available".into()));
         }
-        let trace = std::env::var("MOLLM_TRACE").is_ok_and(|v| v == "1");
+        let trace = abi::settings::TRACE.on(false);
         Ok(Exec {
             backends,
             strict: !fallback,
@@ -300,27 +300,21 @@ impl Exec {
             prepared: Default::default(),
             slot_prepared: Default::default(),
             slot_seen: Default::default(),
-            slot_repack_after: (std::env::var("MOLLM_SLOT_REPACK").as_deref() != Ok("0")).then(
-                || {
-                    std::env::var("MOLLM_SLOT_REPACK_AFTER")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(SLOT_REPACK_AFTER)
-                },
-            ),
+            slot_repack_after: abi::settings::SLOT_REPACK.on(true).then(|| {
+                abi::settings::SLOT_REPACK_AFTER
+                    .int_or(SLOT_REPACK_AFTER as u64)
+                    .try_into()
+                    .unwrap_or(SLOT_REPACK_AFTER)
+            }),
             retired: Default::default(),
-            repack: std::env::var("MOLLM_REPACK").map_or(true, |v| v != "0"),
+            repack: abi::settings::REPACK.on(true),
             experts: Default::default(),
             warmer: None,
             device: None,
             round_trips: Default::default(),
             steps: Default::default(),
             expert_layers: Default::default(),
-            profile: match std::env::var("MOLLM_PROFILE").as_deref() {
-                Ok("1") => 1,
-                Ok("2") => 2,
-                _ => 0,
-            },
+            profile: abi::settings::profile_level(),
             arena: std::cell::RefCell::new(ArenaMem::None),
         })
     }
@@ -379,7 +373,7 @@ impl Exec {
             .nodes
             .iter()
             .any(|n| matches!(n.kind, Kind::Moe { .. } | Kind::SharedExpert { .. }));
-        let off = std::env::var("MOLLM_DEVICE_MEMORY").as_deref() == Ok("0");
+        let off = !abi::settings::DEVICE_MEMORY.on(true);
         if moe || off || !self.backends[0].has_device_memory() || self.experts.borrow().is_some() {
             return None;
         }
@@ -708,7 +702,7 @@ impl Exec {
 
     /// Lets [`Exec::warm_weight`] post to `pool`'s idle workers (unless MOLLM_WARM=0).
     pub fn set_warmer(&mut self, pool: &crate::pool::Pool) {
-        self.warmer = (std::env::var("MOLLM_WARM").as_deref() != Ok("0")).then(|| pool.warmer());
+        self.warmer = abi::settings::WARM.on(true).then(|| pool.warmer());
     }
 
     /// The memory a product with `w` reads first (up to [`WARM_MAX`] bytes of the copy a

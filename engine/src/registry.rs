@@ -33,15 +33,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Directories searched for plugins, `:`-separated (the platform's path-list separator).
-pub const DIR_ENV: &str = "MOLLM_BACKEND_DIR";
+pub const DIR_ENV: &str = abi::settings::BACKEND_DIR.name;
 /// `scalar|avx2|avx512|auto`: which x86 backends may be selected.
-pub const ISA_ENV: &str = "MOLLM_X86_ISA";
+pub const ISA_ENV: &str = abi::settings::X86_ISA.name;
 /// The gate child reads the library to check from here.
-pub const GATE_LIB_ENV: &str = "MOLLM_GATE_LIB";
+pub const GATE_LIB_ENV: &str = abi::settings::GATE_LIB.name;
 /// Seeded cases per op in the gate (default [`DEFAULT_GATE_CASES`]).
-pub const GATE_CASES_ENV: &str = "MOLLM_GATE_CASES";
+pub const GATE_CASES_ENV: &str = abi::settings::GATE_CASES.name;
 /// Seconds the gate child may run (default 300).
-pub const GATE_TIMEOUT_ENV: &str = "MOLLM_GATE_TIMEOUT";
+pub const GATE_TIMEOUT_ENV: &str = abi::settings::GATE_TIMEOUT.name;
 /// The gate child prints its verdict on one line starting with this.
 pub const GATE_LINE: &str = "MOLLM_GATE_VERDICT ";
 pub const DEFAULT_GATE_CASES: u64 = abi::WEIGHT_DTYPES.len() as u64;
@@ -150,7 +150,7 @@ pub fn is_plugin_file_name(file: &str) -> bool {
 /// The directories searched, in order: `MOLLM_BACKEND_DIR`'s, then the executable's.
 pub fn search_dirs() -> Vec<(PathBuf, Origin)> {
     let mut dirs = Vec::new();
-    if let Some(v) = std::env::var_os(DIR_ENV) {
+    if let Some(v) = abi::settings::BACKEND_DIR.get_os() {
         for d in std::env::split_paths(&v) {
             if !d.as_os_str().is_empty() {
                 dirs.push((d, Origin::EnvDir));
@@ -365,7 +365,7 @@ impl Caps {
 }
 
 /// `neon|i8mm|scalar|auto`: which ARM backends may be selected.
-pub const ARM_ISA_ENV: &str = "MOLLM_ARM_ISA";
+pub const ARM_ISA_ENV: &str = abi::settings::ARM_ISA.name;
 
 /// The `MOLLM_ARM_ISA` cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -378,7 +378,7 @@ pub enum ArmIsaCap {
 
 impl ArmIsaCap {
     pub fn from_env() -> Result<ArmIsaCap> {
-        match std::env::var(ARM_ISA_ENV).ok().as_deref() {
+        match abi::settings::ARM_ISA.get().as_deref() {
             None | Some("") | Some("auto") => Ok(ArmIsaCap::Auto),
             Some("scalar") => Ok(ArmIsaCap::Scalar),
             Some("neon") => Ok(ArmIsaCap::Neon),
@@ -417,7 +417,7 @@ pub enum IsaCap {
 
 impl IsaCap {
     pub fn from_env() -> Result<IsaCap> {
-        match std::env::var(ISA_ENV).ok().as_deref() {
+        match abi::settings::X86_ISA.get().as_deref() {
             None | Some("") | Some("auto") => Ok(IsaCap::Auto),
             Some("scalar") => Ok(IsaCap::Scalar),
             Some("avx2") => Ok(IsaCap::Avx2),
@@ -486,10 +486,7 @@ impl GateRunner {
     /// Runs the gate child for `lib`. Returns the verdict and whether it may be cached (only a
     /// verdict the child reported itself is).
     pub fn run(&self, lib: &Path) -> (Verdict, bool) {
-        let timeout = std::env::var(GATE_TIMEOUT_ENV)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(300);
+        let timeout = abi::settings::GATE_TIMEOUT.int_or(300);
         let mut child = match Command::new(&self.program)
             .args(&self.args)
             .env(GATE_LIB_ENV, lib)
@@ -612,11 +609,9 @@ fn parse_verdict(s: &str) -> Option<Verdict> {
     }
 }
 
-fn gate_cases() -> u64 {
-    std::env::var(GATE_CASES_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_GATE_CASES)
+/// Seeded cases per op the gate runs, besides the fixed cases ([`GATE_CASES_ENV`]).
+pub fn gate_cases() -> u64 {
+    abi::settings::GATE_CASES.int_or(DEFAULT_GATE_CASES)
 }
 
 /// The gate child's work: loads the library named by [`GATE_LIB_ENV`] (or `lib`), runs the
@@ -624,7 +619,7 @@ fn gate_cases() -> u64 {
 pub fn gate_child(lib: Option<&Path>) -> String {
     let path = lib
         .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(GATE_LIB_ENV).map(PathBuf::from));
+        .or_else(|| abi::settings::GATE_LIB.get_os().map(PathBuf::from));
     let v = match path {
         None => Verdict::Refused(format!("no library given ({GATE_LIB_ENV} unset)")),
         Some(path) => match load(&path) {
@@ -664,7 +659,8 @@ pub fn gate_cache_dir() -> Option<PathBuf> {
 
 /// Environment variables whose values are part of a verdict's key: the metal backend's adapter
 /// (a verdict on lavapipe is not one on a Mac's GPU) and its deliberately broken kernel.
-pub const GATE_ENV_KEYS: &[&str] = &["MOLLM_METAL_ADAPTER", "MOLLM_GPU_BROKEN"];
+pub const GATE_ENV_KEYS: &[&abi::settings::Setting] =
+    &[&abi::settings::METAL_ADAPTER, &abi::settings::GPU_BROKEN];
 
 /// The cache file for `lib`'s verdict: keyed by the library's bytes, this host's ABI version,
 /// the case set (version, counts), [`GATE_ENV_KEYS`] and the CPU signature.
@@ -687,8 +683,8 @@ pub fn gate_cache_path(lib: &Path) -> Option<PathBuf> {
     h = fnv1a(host.as_bytes(), h);
     // Settings that change what a library computes: which device it opens, a test variant.
     for key in GATE_ENV_KEYS {
-        let v = std::env::var(key).unwrap_or_default();
-        h = fnv1a(format!("{key}={v}").as_bytes(), h);
+        let v = key.get().unwrap_or_default();
+        h = fnv1a(format!("{}={v}", key.name).as_bytes(), h);
     }
     Some(gate_cache_dir()?.join(format!("{h:016x}-{}.json", cpu_signature())))
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// prints the verdict; otherwise this test does nothing.
 #[test]
 fn gate_child_entry() {
-    if std::env::var_os(registry::GATE_LIB_ENV).is_some() {
+    if abi::settings::GATE_LIB.get_os().is_some() {
         println!("{}", registry::gate_child(None));
     }
 }

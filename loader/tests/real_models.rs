@@ -6,16 +6,17 @@ use std::path::PathBuf;
 use loader::{GgufFile, StreamDecoder, Tokenizer};
 
 fn models_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("MOLLM_MODELS_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(".cache/mollm/models")
+    abi::settings::models_dir()
 }
 
 fn model(file: &str) -> Option<GgufFile> {
     let p = models_dir().join(file);
     if !p.exists() {
+        assert!(
+            !abi::settings::REQUIRE_MODELS.on(false),
+            "{} missing",
+            p.display()
+        );
         eprintln!(
             "note: {} not found, skipping (set MOLLM_MODELS_DIR)",
             p.display()

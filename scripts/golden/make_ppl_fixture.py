@@ -2,7 +2,7 @@
 """Record llama-perplexity's perplexity on the ppl text (scripts/fetch-ppl-text.sh) for the
 models `mollm ppl` is checked on, next to mollm's own value on the same file, into
 fixtures/ppl/lee-news-100.json. cli/tests/ppl.rs compares mollm against the recorded running
-estimates; the README's perplexity table is these numbers.
+estimates; the perplexity table of docs/src/formats.md is these numbers.
 
 llama-perplexity configuration (recorded in the fixture): -c 512 -b 512 -t 2, flash attention
 off, F32 K/V cache (mollm's cache type), everything else default. Also recorded: llama.cpp's

@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::OnceLock;
 
 /// A directory of prebuilt PTX (`scripts/build-cuda-ptx.sh`), for machines without NVRTC.
-pub const PTX_ENV: &str = "MOLLM_CUDA_PTX";
+pub const PTX_ENV: &str = abi::settings::CUDA_PTX.name;
 
 const DRIVER_LIBS: &[&str] = &["libcuda.so.1", "libcuda.so"];
 const NO_DEVICE: c_int = 100;
@@ -162,7 +162,7 @@ fn ptx(file: &str, arch: &str) -> Result<String, String> {
     let src = kernels::source(file).expect("listed");
     match crate::nvrtc::ptx(file, &src, arch) {
         Ok(p) => Ok(p),
-        Err(nvrtc) => match std::env::var_os(PTX_ENV) {
+        Err(nvrtc) => match abi::settings::CUDA_PTX.get_os() {
             Some(dir) => {
                 let p = std::path::Path::new(&dir)
                     .join(format!("{}-{arch}.ptx", file.trim_end_matches(".cu")));

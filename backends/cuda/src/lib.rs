@@ -99,7 +99,7 @@ mod kernel_tests {
             Ok(d) => eprintln!("{d}"),
             Err(why) => {
                 assert!(
-                    std::env::var("MOLLM_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                    !abi::settings::REQUIRE_NVRTC.on(false),
                     "MOLLM_REQUIRE_NVRTC=1 but {why}"
                 );
                 eprintln!("SKIPPED: {why} (scripts/install-nvrtc.sh fetches it)");

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-pub const ENV: &str = "MOLLM_NVRTC";
+pub const ENV: &str = abi::settings::NVRTC.name;
 const NAMES: &[&str] = &["libnvrtc.so.12", "libnvrtc.so", "libnvrtc.so.13"];
 
 type Prog = *mut c_void;
@@ -38,7 +38,7 @@ struct Api {
 
 fn candidates() -> Vec<String> {
     let mut v = Vec::new();
-    if let Ok(p) = std::env::var(ENV) {
+    if let Some(p) = abi::settings::NVRTC.get() {
         v.push(p);
         return v;
     }

@@ -61,7 +61,7 @@ pub unsafe fn run<D: Device>(
 
 /// Names a kernel whose results are made wrong on purpose, to test that the conformance gate
 /// refuses it (and the engine then runs that op on the CPU).
-pub const BROKEN_ENV: &str = "MOLLM_GPU_BROKEN";
+pub const BROKEN_ENV: &str = abi::settings::GPU_BROKEN.name;
 
 thread_local! {
     /// The same for one thread (unit tests, which share a process).
@@ -71,7 +71,7 @@ thread_local! {
 /// Whether `kernel` is to be broken ([`BROKEN_ENV`]).
 fn broken(kernel: &str) -> bool {
     BROKEN.with(|b| *b.borrow() == Some(kernel))
-        || std::env::var(BROKEN_ENV).is_ok_and(|v| v.split(',').any(|k| k == kernel))
+        || abi::settings::GPU_BROKEN.list().iter().any(|k| k == kernel)
 }
 
 /// Kernels whose operands are the meta words, the inputs packed, and the output: `groups`
@@ -190,24 +190,18 @@ pub fn exact(ins: &[TensorDesc], p: &OpParams) -> bool {
 /// at 8).
 fn x_tile() -> u32 {
     static T: OnceLock<u32> = OnceLock::new();
-    tile(&T, "MOLLM_GPU_X_TILE", 8)
+    tile(&T, &abi::settings::GPU_X_TILE, 8)
 }
 
 /// Columns one `matmul_k` invocation computes: MOLLM_GPU_K_TILE (1..=4), default 4.
 fn k_tile() -> u32 {
     static T: OnceLock<u32> = OnceLock::new();
-    tile(&T, "MOLLM_GPU_K_TILE", 4)
+    tile(&T, &abi::settings::GPU_K_TILE, 4)
 }
 
 /// `env`'s tile size (1..=`max`), read once into `cell`; `max` where unset.
-fn tile(cell: &OnceLock<u32>, env: &str, max: u32) -> u32 {
-    *cell.get_or_init(|| {
-        std::env::var(env)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(max)
-            .clamp(1, max)
-    })
+fn tile(cell: &OnceLock<u32>, env: &abi::settings::Setting, max: u32) -> u32 {
+    *cell.get_or_init(|| env.int_or(max as u64).clamp(1, max as u64) as u32)
 }
 
 /// How a block-format product follows the reference's float order (see [`exact_chain`]).

@@ -42,14 +42,10 @@ pub struct Ctx<D: Device> {
 
 /// A test flag: the device memory in bytes (a smaller GPU), counting the weights and buffers
 /// a context holds; what does not fit fails as out of memory.
-pub const MEMORY_ENV: &str = "MOLLM_GPU_MEMORY_LIMIT";
+pub const MEMORY_ENV: &str = abi::settings::GPU_MEMORY_LIMIT.name;
 /// A test flag: the device is lost after this many copies into host memory (the engine's
 /// one a step); every copy out after that fails.
-pub const LOSE_ENV: &str = "MOLLM_GPU_LOSE_AFTER";
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.parse().ok()
-}
+pub const LOSE_ENV: &str = abi::settings::GPU_LOSE_AFTER.name;
 
 impl<D: Device> Ctx<D> {
     pub fn new(dev: &'static D, name: &'static str) -> Ctx<D> {
@@ -70,7 +66,7 @@ impl<D: Device> Ctx<D> {
     /// ([`MEMORY_ENV`]).
     fn reserve(&self, what: &str, size: u64) -> Result<(), Error> {
         let held = self.resident.fetch_add(size, Ordering::Relaxed);
-        match env_u64(MEMORY_ENV) {
+        match abi::settings::GPU_MEMORY_LIMIT.int().ok().flatten() {
             Some(limit) if held + size > limit => {
                 self.resident.fetch_sub(size, Ordering::Relaxed);
                 Err(Error::OutOfMemory(format!(
@@ -87,7 +83,7 @@ impl<D: Device> Ctx<D> {
     /// A copy into host memory: fails once the device is lost ([`LOSE_ENV`]).
     pub(crate) fn read_allowed(&self) -> Result<(), Error> {
         let n = self.reads.fetch_add(1, Ordering::Relaxed);
-        match env_u64(LOSE_ENV) {
+        match abi::settings::GPU_LOSE_AFTER.int().ok().flatten() {
             Some(after) if n >= after => Err(Error::Device(format!(
                 "{}: the device was lost ({LOSE_ENV}={after}, a test flag)",
                 self.name

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// `metal` (the default) or `vulkan`.
-pub const ADAPTER_ENV: &str = "MOLLM_METAL_ADAPTER";
+pub const ADAPTER_ENV: &str = abi::settings::METAL_ADAPTER.name;
 
 /// Workgroups per dispatch row; more work spreads over y (`wg_index` in common.wgsl).
 const MAX_GROUPS_X: u32 = 32768;
@@ -58,7 +58,7 @@ pub fn requested(env: Option<&str>) -> Result<wgpu::Backends, String> {
 }
 
 fn open() -> Result<Gpu, String> {
-    let backends = requested(std::env::var(ADAPTER_ENV).ok().as_deref())?;
+    let backends = requested(abi::settings::METAL_ADAPTER.get().as_deref())?;
     let api = if backends == wgpu::Backends::VULKAN {
         "Vulkan"
     } else {

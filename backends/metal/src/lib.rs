@@ -9,7 +9,7 @@
 //! decoded and uploaded once at load and stay on the device; everything else is host memory
 //! that each call uploads, computes on and reads back (one submission and one wait per op).
 //! Keeping activations and the KV cache on the device between ops is the next step
-//! (`README.md`, issue 16). GPU float order differs from the reference's, so the conformance
+//! (`docs/src/gpu.md`, issue 16). GPU float order differs from the reference's, so the conformance
 //! gate holds it to per-op tolerances, not to bits.
 
 mod gpu;

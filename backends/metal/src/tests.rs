@@ -14,7 +14,7 @@ fn device() -> bool {
         Ok(_) => true,
         Err(why) => {
             assert!(
-                std::env::var("MOLLM_REQUIRE_VULKAN").as_deref() != Ok("1"),
+                !abi::settings::REQUIRE_VULKAN.on(false),
                 "MOLLM_REQUIRE_VULKAN=1 but no adapter: {why}"
             );
             eprintln!("SKIPPED: no Vulkan adapter here ({why}); install mesa-vulkan-drivers");

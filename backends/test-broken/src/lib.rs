@@ -84,7 +84,7 @@ extern "C" fn compute(ctx: *mut c_void, call: *const OpCall) -> i32 {
             return Status::Unsupported as i32;
         }
     };
-    if op == Op::Mul && std::env::var("MOLLM_TEST_BROKEN_CRASH").as_deref() == Ok("1") {
+    if op == Op::Mul && abi::settings::TEST_BROKEN_CRASH.on(false) {
         std::process::abort();
     }
     let n = a.ne;

@@ -14,7 +14,7 @@
 pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
-        if std::env::var("MOLLM_AMX").is_ok_and(|v| v == "0") {
+        if !abi::settings::AMX.on(true) {
             return false;
         }
         cpu_has_amx_int8() && request_tile_data()

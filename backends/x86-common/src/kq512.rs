@@ -86,10 +86,10 @@ pub unsafe fn prefetch_here(p: *const u8) {
 /// instead of the vendor.
 pub fn q4k16_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("MOLLM_Q4K_PREFETCH").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => !amd(),
+    *ON.get_or_init(|| {
+        abi::settings::Q4K_PREFETCH
+            .forced()
+            .unwrap_or_else(|| !amd())
     })
 }
 

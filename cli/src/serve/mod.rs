@@ -49,7 +49,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
     /// Require `Authorization: Bearer KEY` on every route but /health.
-    #[arg(long, env = "MOLLM_API_KEY")]
+    #[arg(long, env = "MOLLM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// max_tokens of a request that does not set it (capped by what the context has left).
     #[arg(long, short = 'n', default_value_t = 1024)]

@@ -59,14 +59,11 @@ pub fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 pub fn models_dir() -> PathBuf {
-    match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models"),
-    }
+    abi::settings::models_dir()
 }
 
 pub fn required() -> bool {
-    std::env::var("MOLLM_REQUIRE_MODELS").as_deref() == Ok("1")
+    abi::settings::REQUIRE_MODELS.on(false)
 }
 
 /// The cached model `name`, or `None` (with a note) when it is missing and not required.
@@ -133,8 +130,9 @@ pub fn assert_one_line_error(o: &Output, needle: &str) {
 /// `mollm` that can run on this CPU (MOLLM_TEST_BACKENDS=a,b overrides the list; `auto` is
 /// `--backend auto`).
 pub fn test_backends() -> Vec<String> {
-    let wanted = std::env::var("MOLLM_TEST_BACKENDS")
-        .unwrap_or_else(|_| "reference,x86-avx2,x86-avx512,arm-neon,arm-i8mm".into());
+    let wanted = abi::settings::TEST_BACKENDS
+        .get()
+        .unwrap_or_else(|| abi::settings::TEST_BACKENDS.default.into());
     let devices = std::process::Command::new(env!("CARGO_BIN_EXE_mollm"))
         .arg("devices")
         .output()

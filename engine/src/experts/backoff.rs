@@ -1,7 +1,7 @@
 //! Prefetch back-off: next-layer prefetch pays only while the disk has time to spare beside the
 //! demand reads. Where the demand reads alone keep it busy (a cache of a few percent of the
 //! experts, a slow disk), every wrong prediction's read (about half of them) delays a read a
-//! layer waits for, and prefetching makes decoding slower (the README's large-model table: 1.06
+//! layer waits for, and prefetching makes decoding slower (docs/src/perf/moe.md's large-model table: 1.06
 //! against 1.30 t/s at 5%).
 //!
 //! Whether that is so depends on the disk, the cache size, the route and the hour, so it is

@@ -5,12 +5,7 @@
 /// is missing and how to get it.
 pub fn random_checkpoint(name: &str) -> std::path::PathBuf {
     static MADE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-    let models = match std::env::var_os("MOLLM_MODELS_DIR") {
-        Some(d) => std::path::PathBuf::from(d),
-        None => {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/mollm/models")
-        }
-    };
+    let models = abi::settings::models_dir();
     let p = models.join("random").join(name);
     let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
     if !p.exists() && !*made {
