@@ -15,14 +15,12 @@ use crate::common::{
 use clap::Args;
 use engine::sampler::Rng;
 use engine::{Model, Session};
-use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Model: a GGUF file, a .mollm package or a Hugging Face directory (config.json, *.safetensors, tokenizer.json) [default: SmolLM2-135M-Instruct from the model cache]
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub load: crate::common::LoadArgs,
     /// Prompt lengths to measure (comma-separated: one pp row each; 0 = none).
     #[arg(long, short = 'p', value_delimiter = ',', default_value = "256")]
     pub prompt_tokens: Vec<usize>,
@@ -41,14 +39,6 @@ pub struct BenchArgs {
     /// Prompt tokens per forward pass (comma-separated: rows for each).
     #[arg(long, short = 'b', value_delimiter = ',', default_value = "512")]
     pub batch: Vec<usize>,
-    /// Backend: auto, reference, or a backend name (see `mollm devices`).
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
-    /// Never fall back to the reference.
-    #[arg(long)]
-    pub require_native: bool,
-    #[command(flatten)]
-    pub libs: crate::devices::LibArgs,
     /// Print a JSON array of rows (llama-bench's fields plus median_ts, backend, ttft_ms,
     /// tpot_ms, peak_rss_bytes) instead of the table.
     #[arg(long)]
@@ -64,11 +54,6 @@ pub struct BenchArgs {
     /// Seed of the random token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
-    /// K/V cache format (as `run --kv-type`; llama-bench's `-ctk`/`-ctv`).
-    #[arg(long, value_enum, default_value = "f32")]
-    pub kv_type: crate::common::KvType,
-    #[command(flatten)]
-    pub experts: crate::common::ExpertArgs,
     /// Decode rows: after every step, the bandwidth probe reads a slice of its buffer on the
     /// same threads, timed apart from the step, so that the weights' GB/s is set against the
     /// bandwidth of the same seconds (`read_share_between`: per run, the steps' weight GB/s
@@ -82,9 +67,6 @@ pub struct BenchArgs {
     /// MiB read after each step (--probe-between).
     #[arg(long, default_value_t = 64, requires = "probe_between")]
     pub probe_slice_mb: usize,
-    /// No progress display.
-    #[arg(long, short = 'q')]
-    pub quiet: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -297,15 +279,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
         return Err("nothing to measure: --prompt-tokens and --gen-tokens are all 0".into());
     }
     let base = ModelArgs {
-        model: a.model.clone(),
-        backend: a.backend.clone(),
-        require_native: a.require_native,
-        libs: a.libs.clone(),
+        load: a.load.clone(),
         threads: 0,
         batch: 512,
-        kv_type: a.kv_type,
-        experts: a.experts.clone(),
-        quiet: a.quiet,
     };
     let (_, model) = base.load()?;
     let need = tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
@@ -350,7 +326,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             for &test in &tests {
                 let probe = slices.as_ref().filter(|_| test.steps() > 0);
                 let total = (a.warmup + a.reps) as u64;
-                let bar = crate::progress::bar(a.quiet, total, &test.name());
+                let bar = crate::progress::bar(a.load.quiet, total, &test.name());
                 let mut samples = Vec::new();
                 let mut before = None;
                 for i in 0..a.warmup + a.reps {

@@ -221,8 +221,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
     }
     let n_ctx = a.model.n_ctx(&model, a.ctx, 4096)?;
     let mut session = a.model.session(&model, n_ctx)?;
-    warm_up(&mut session, &model, a.model.quiet)?;
-    if !a.model.quiet {
+    warm_up(&mut session, &model, a.model.load.quiet)?;
+    if !a.model.load.quiet {
         eprintln!(
             "mollm chat · model {} · architecture {} · quant {} · context {} · threads {} · backend {}",
             model.file_name(),

@@ -11,8 +11,10 @@ pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1.gguf";
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+/// What to load and where to run it: the flags every command that runs a model shares,
+/// `bench` included (which sweeps lists of --threads and --batch of its own).
 #[derive(Args, Debug, Clone)]
-pub struct ModelArgs {
+pub struct LoadArgs {
     /// Model: a GGUF file, a .mollm package or a Hugging Face directory (config.json, *.safetensors, tokenizer.json) [default: SmolLM2-135M-Instruct from the model cache]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
@@ -25,12 +27,6 @@ pub struct ModelArgs {
     pub require_native: bool,
     #[command(flatten)]
     pub libs: crate::devices::LibArgs,
-    /// Compute threads [default: one per core].
-    #[arg(long, short = 't', default_value_t = 0)]
-    pub threads: usize,
-    /// Prompt tokens processed per step.
-    #[arg(long, short = 'b', default_value_t = 512)]
-    pub batch: usize,
     /// K/V cache format: f32 computes what llama.cpp does with `-fa off -ctk f32 -ctv f32`,
     /// f16 what it does with `-fa off` and its default F16 cache (half the memory).
     #[arg(long, value_enum, default_value = "f32")]
@@ -41,6 +37,20 @@ pub struct ModelArgs {
     /// terminal).
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+/// [`LoadArgs`] with one thread count and one batch size: `run`, `chat`, `batch`, `serve`,
+/// `ppl`.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Compute threads [default: one per core].
+    #[arg(long, short = 't', default_value_t = 0)]
+    pub threads: usize,
+    /// Prompt tokens processed per step.
+    #[arg(long, short = 'b', default_value_t = 512)]
+    pub batch: usize,
 }
 
 /// The expert cache's flags (MoE models), shared by every command that runs a model.
@@ -199,8 +209,8 @@ pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf, String> {
 impl ModelArgs {
     /// Loads the model, with a spinner when that is worth showing.
     pub fn load(&self) -> CliResult<(PathBuf, Model)> {
-        let path = resolve_model(&self.model)?;
-        let spin = progress::spinner(self.quiet, format!("loading {}", path.display()));
+        let path = resolve_model(&self.load.model)?;
+        let spin = progress::spinner(self.load.quiet, format!("loading {}", path.display()));
         let model = Model::load(&path);
         spin.finish_and_clear();
         Ok((path, model?))
@@ -222,8 +232,8 @@ impl ModelArgs {
 
     fn expert_memory(&self) -> engine::experts::ExpertMemory {
         use engine::experts::{ExpertMemory, Policy};
-        let policy = Policy::parse(&self.experts.cache_policy).unwrap_or(Policy::NextUse);
-        match self.experts.expert_cache {
+        let policy = Policy::parse(&self.load.experts.cache_policy).unwrap_or(Policy::NextUse);
+        match self.load.experts.expert_cache {
             Some(mb) => ExpertMemory::Cache {
                 bytes: mb << 20,
                 policy,
@@ -252,30 +262,31 @@ impl ModelArgs {
             n_ctx,
             n_batch: self.batch,
             n_threads: self.threads,
-            backend: BackendChoice::parse(&self.backend),
-            kv_dtype: match self.kv_type {
+            backend: BackendChoice::parse(&self.load.backend),
+            kv_dtype: match self.load.kv_type {
                 KvType::F32 => abi::DType::F32,
                 KvType::F16 => abi::DType::F16,
             },
             plugins: Some(engine::registry::PluginOptions {
-                libs: self.libs.backend_lib.clone(),
+                libs: self.load.libs.backend_lib.clone(),
                 gate: engine::registry::GateRunner::self_exec()?,
-                require_native: self.require_native,
+                require_native: self.load.require_native,
             }),
             kv_pool_rows: pool_rows,
             experts: self.expert_memory(),
-            io_workers: self.experts.io_workers as usize,
-            prefetch: !self.experts.no_prefetch && self.experts.prefetch != PrefetchMode::Off,
-            prefetch_auto: self.experts.prefetch == PrefetchMode::Auto,
+            io_workers: self.load.experts.io_workers as usize,
+            prefetch: !self.load.experts.no_prefetch
+                && self.load.experts.prefetch != PrefetchMode::Off,
+            prefetch_auto: self.load.experts.prefetch == PrefetchMode::Auto,
             ..Default::default()
         };
-        if let Some(path) = &self.experts.trace {
+        if let Some(path) = &self.load.experts.trace {
             // Created now, so that a path that cannot be written fails before the run.
             std::fs::File::create(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
             let _ = TRACE_PATH.set(path.clone());
             engine::trace::start();
         }
-        let spin = progress::spinner(self.quiet, "preparing backends".to_string());
+        let spin = progress::spinner(self.load.quiet, "preparing backends".to_string());
         let s = Session::new(model, &opts);
         spin.finish_and_clear();
         Ok(s?)

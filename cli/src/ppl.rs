@@ -92,8 +92,8 @@ pub fn ppl(a: PplArgs) -> CliResult {
             session.backend_names().join(",")
         );
     }
-    let bar = crate::progress::bar(a.model.quiet, n_chunk as u64, "windows");
-    let show_bar = crate::progress::enabled(a.model.quiet);
+    let bar = crate::progress::bar(a.model.load.quiet, n_chunk as u64, "windows");
+    let show_bar = crate::progress::enabled(a.model.load.quiet);
     let t0 = Instant::now();
     let (mut sum, mut sum2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(n_chunk);

@@ -331,7 +331,7 @@ fn load_and_run(
     load_tx: tokio::sync::oneshot::Sender<Result<String, String>>,
 ) -> CliResult {
     let mut quiet = a.model.clone();
-    quiet.quiet = true;
+    quiet.load.quiet = true;
     let loaded = (|| -> CliResult<_> {
         let (_path, model) = quiet.load()?;
         let model = Arc::new(model);
