@@ -108,8 +108,19 @@ pub fn flow_start(name: &str) -> Option<u64> {
     Some(id)
 }
 
+/// What an expert read was, for its span: the (layer, expert, part) it started with, whether
+/// it was a prefetch, how many experts it covered, its file offset and its flow.
+pub(crate) struct ReadSpan {
+    pub what: (usize, usize, usize),
+    pub prefetch: bool,
+    pub experts: usize,
+    pub offset: u64,
+    /// The flow from the prediction that asked for it, if any.
+    pub flow: Option<u64>,
+}
+
 /// One expert read on I/O worker `worker`, from `start` to now (and the end of its flow).
-pub(crate) fn read(worker: usize, req: &crate::experts::io::Req, start: Instant, bytes: u64) {
+pub(crate) fn read(worker: usize, req: ReadSpan, start: Instant, bytes: u64) {
     if !enabled() {
         return;
     }
@@ -129,8 +140,7 @@ pub(crate) fn read(worker: usize, req: &crate::experts::io::Req, start: Instant,
         id: 0,
         args: format!(
             "\"bytes\":{bytes},\"experts\":{},\"offset\":{}",
-            req.slots.len(),
-            req.job.0
+            req.experts, req.offset
         ),
     });
     if let Some(id) = req.flow {

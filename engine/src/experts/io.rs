@@ -278,7 +278,14 @@ fn worker(sh: &Shared, index: usize) {
         }
         let r = r.map(|_| ());
         let ns = t0.elapsed().as_nanos() as u64;
-        crate::trace::read(index, &req, t0, bytes);
+        let span = crate::trace::ReadSpan {
+            what: req.what,
+            prefetch: req.prefetch,
+            experts: req.slots.len(),
+            offset: *offset,
+            flow: req.flow,
+        };
+        crate::trace::read(index, span, t0, bytes);
         let mut st = sh.lock();
         if req.prefetch {
             st.prefetching -= 1;

@@ -6,6 +6,8 @@
 pub mod build;
 pub mod dim;
 pub mod ir;
+pub mod matmul;
+pub mod moe;
 pub mod plan;
 pub mod program;
 pub mod run;

@@ -5,7 +5,6 @@
 
 pub mod gemma3;
 pub mod llama;
-pub mod moe;
 pub mod qwen2;
 pub mod qwen2moe;
 pub mod qwen3;

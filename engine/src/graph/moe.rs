@@ -18,10 +18,10 @@
 //! matmuls, grouped by sequence like the dense FFNs) scaled per token by a sigmoid gate, which
 //! llama.cpp computes as `silu(g) / g` of the gate's logit `g`.
 
+use super::matmul::{matmul_grouped, ColGroup};
 use crate::error::Result;
 use crate::exec::Exec;
 use crate::graph::program::Src;
-use crate::graph::run::{matmul_grouped, ColGroup};
 use crate::tensor::{Act, Weight};
 use abi::{OpParams, TensorDesc};
 
