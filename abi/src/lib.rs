@@ -14,6 +14,7 @@
 //! - [`Op`], [`OpSchema`], [`SCHEMAS`]: operators, their operands, attributes and shape rules.
 //! - [`BackendHeader`], [`BackendTable`], [`HostApi`], [`OpCall`], [`Status`]: the table.
 
+mod attrs;
 pub mod cpu;
 mod dtype;
 mod ops;
@@ -22,6 +23,7 @@ pub mod settings;
 mod table;
 mod tensor;
 
+pub use attrs::*;
 pub use dtype::{DType, DTypeInfo};
 pub use ops::*;
 pub use paged::{attention_seqs, PagedRows, SeqCall};

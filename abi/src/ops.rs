@@ -8,6 +8,7 @@
 //! Append-only: ops get new ids at the end, attributes take unused slots, operands are only
 //! ever added as optional trailing ones.
 
+use crate::attrs::*;
 use crate::{DType, TensorDesc, MAX_DIMS};
 
 /// Operator ids. `#[repr(u32)]`: they cross the plugin boundary.
@@ -162,24 +163,6 @@ macro_rules! operand {
             dtypes: $dt,
             doc: $doc,
             optional: true,
-        }
-    };
-}
-macro_rules! attr {
-    ($name:expr, F32, $slot:expr, $doc:expr) => {
-        Attr {
-            name: $name,
-            kind: AttrKind::F32,
-            slot: $slot,
-            doc: $doc,
-        }
-    };
-    ($name:expr, I64, $slot:expr, $doc:expr) => {
-        Attr {
-            name: $name,
-            kind: AttrKind::I64,
-            slot: $slot,
-            doc: $doc,
         }
     };
 }
@@ -357,7 +340,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
             operand!("weight", F32, "[K] per-channel gain"),
         ],
         outputs: &[operand!("out", F32, "same shape as x")],
-        attrs: &[attr!("eps", F32, 0, "added to the mean square")],
+        attrs: RmsNormAttrs::ATTRS,
         shape_rule: rms_norm_shape,
     },
     OpSchema {
@@ -373,27 +356,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
             operand!("positions", I32, "[T]"),
         ],
         outputs: &[operand!("out", F32, "[D, H, T]")],
-        attrs: &[
-            attr!(
-                "mode",
-                I64,
-                0,
-                "0 = normal (adjacent pairs), 2 = neox (split halves)"
-            ),
-            attr!("n_dims", I64, 1, "rotated dimensions per head, even, <= D"),
-            attr!("n_ctx_orig", I64, 2, "original training context (YaRN)"),
-            attr!("freq_base", F32, 0, "theta base"),
-            attr!("freq_scale", F32, 1, "1 / linear scaling factor"),
-            attr!(
-                "ext_factor",
-                F32,
-                2,
-                "YaRN extrapolation mix; 0 disables YaRN"
-            ),
-            attr!("attn_factor", F32, 3, "magnitude scale applied to cos/sin"),
-            attr!("beta_fast", F32, 4, "YaRN ramp"),
-            attr!("beta_slow", F32, 5, "YaRN ramp"),
-        ],
+        attrs: RopeAttrs::ATTRS,
         shape_rule: rope_shape,
     },
     OpSchema {
@@ -414,12 +377,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
             operand!("x", F32, "[K, M, ...] activations"),
         ],
         outputs: &[operand!("out", F32, "[N, M, ...]")],
-        attrs: &[attr!(
-            "chain_cols",
-            I64,
-            0,
-            "0 = the chain follows M; g > 0: as separate calls of g columns"
-        )],
+        attrs: MatMulAttrs::ATTRS,
         shape_rule: matmul_shape,
     },
     OpSchema {
@@ -461,23 +419,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
             ),
         ],
         outputs: &[operand!("out", F32, "[D, Hq, T]")],
-        attrs: &[
-            attr!(
-                "n_kv",
-                I64,
-                0,
-                "valid cache rows (with seqs: at least each sequence's)"
-            ),
-            attr!("window", I64, 1, "sliding window length; 0 = unlimited"),
-            attr!(
-                "page_rows",
-                I64,
-                2,
-                "rows per page with a block_table; 0 without"
-            ),
-            attr!("scale", F32, 0, "applied to q.k"),
-            attr!("softcap", F32, 1, "logit soft-capping; 0 = off"),
-        ],
+        attrs: AttentionAttrs::ATTRS,
         shape_rule: attention_shape,
     },
     OpSchema {
@@ -505,12 +447,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
             operand!("up", F32, "same shape"),
         ],
         outputs: &[operand!("out", F32, "same shape")],
-        attrs: &[attr!(
-            "act",
-            I64,
-            0,
-            "0 = SiLU, 1 = GELU (tanh approximation)"
-        )],
+        attrs: GluAttrs::ATTRS,
         shape_rule: glu_shape,
     },
     OpSchema {
@@ -543,7 +480,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
         doc: "out = x * s.",
         inputs: &[operand!("x", F32, "any")],
         outputs: &[operand!("out", F32, "same shape")],
-        attrs: &[attr!("s", F32, 0, "factor")],
+        attrs: ScaleAttrs::ATTRS,
         shape_rule: same_shape,
     },
     OpSchema {
@@ -552,7 +489,7 @@ pub static SCHEMAS: [OpSchema; 12] = [
         doc: "Per row: p = exp(x*scale - max) / sum, the sum accumulated in f64.",
         inputs: &[operand!("x", F32, "[K, ...]")],
         outputs: &[operand!("out", F32, "same shape")],
-        attrs: &[attr!("scale", F32, 0, "applied before the exponent")],
+        attrs: SoftmaxAttrs::ATTRS,
         shape_rule: same_shape,
     },
     OpSchema {

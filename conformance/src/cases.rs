@@ -269,7 +269,9 @@ pub fn fixed_case(op: Op, i: u64) -> Option<Case> {
                 kv_dt,
             );
             c.inputs.push(Owned::i32(table));
-            c.params.i[2] = page;
+            let mut a = abi::AttentionAttrs::from_params(&c.params);
+            a.page_rows = page;
+            c.params = a.to_params();
             c.label = format!("{} paged: {page}-row pages {table:?} of {pages}", c.label);
             Some(c)
         }
@@ -291,11 +293,14 @@ pub fn attention_seqs(r: &mut Rng, shape: &SeqsShape) -> Case {
         pos.extend((n_kv - t..n_kv).map(|p| p as i32));
         table[s * width..s * width + tab.len()].copy_from_slice(tab);
     }
-    let mut p = OpParams::default();
-    p.i[0] = seqs.iter().map(|s| s.2).max().unwrap_or(1);
-    p.i[1] = window;
-    p.i[2] = page;
-    p.f[0] = 1.0 / (d as f32).sqrt();
+    let p = abi::AttentionAttrs {
+        n_kv: seqs.iter().map(|s| s.2).max().unwrap_or(1),
+        window,
+        page_rows: page,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap: 0.0,
+    }
+    .to_params();
     let rows = pages * page;
     let n = (d * hkv * rows) as usize;
     let i32s = |shape: &[i64], v: &[i32]| Owned {
@@ -337,13 +342,16 @@ pub fn attention(
     kv_dt: DType,
 ) -> Case {
     assert!(hq % hkv == 0 && t <= n_kv && n_kv <= cache);
-    let mut p = OpParams::default();
     let pos0 = n_kv - t;
     let pos: Vec<i32> = (0..t).map(|i| (pos0 + i) as i32).collect();
-    p.i[0] = n_kv;
-    p.i[1] = window;
-    p.f[0] = 1.0 / (d as f32).sqrt();
-    p.f[1] = softcap;
+    let p = abi::AttentionAttrs {
+        n_kv,
+        window,
+        page_rows: 0,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap,
+    }
+    .to_params();
     let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
     let n = (d * hkv * cache) as usize;
     let kc = Owned::quantized(kv_dt, &[d, hkv, cache], &r.vec(n, 1.0));
@@ -379,7 +387,10 @@ pub fn case(op: Op, seed: u64) -> Case {
         }
         Op::RmsNorm => {
             let k = r.pick(&[1i64, 8, 64, 576, 1000]);
-            p.f[0] = r.pick(&[1e-5f32, 1e-6]);
+            p = abi::RmsNormAttrs {
+                eps: r.pick(&[1e-5f32, 1e-6]),
+            }
+            .to_params();
             let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 2.0));
             let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
             (
@@ -391,16 +402,16 @@ pub fn case(op: Op, seed: u64) -> Case {
         Op::Rope => {
             let d = r.pick(&[2i64, 64, 128, 256]);
             let h = r.pick(&[1i64, 3, 9]);
-            p.i[0] = r.pick(&[ROPE_NORMAL, ROPE_NEOX]);
-            p.i[1] = if r.below(4) == 0 && d > 2 { d / 2 } else { d };
-            p.i[2] = 4096;
-            p.f[..6].copy_from_slice(&[r.pick(&[10000.0f32, 1e6]), 1.0, 0.0, 1.0, 32.0, 1.0]);
+            let mode = r.pick(&[ROPE_NORMAL, ROPE_NEOX]);
+            let n_dims = if r.below(4) == 0 && d > 2 { d / 2 } else { d };
+            let freq_base = r.pick(&[10000.0f32, 1e6]);
+            p = abi::RopeAttrs::new(mode, n_dims, freq_base, 4096).to_params();
             let pos: Vec<i32> = (0..rows).map(|_| r.below(5000) as i32).collect();
             let x = Owned::f32(&[d, h, rows], &r.vec((d * h * rows) as usize, 1.0));
             (
                 vec![x, Owned::i32(&pos)],
                 vec![Owned::zeros(DType::F32, &[d, h, rows])],
-                format!("d={d} h={h} t={rows} mode={}", p.i[0]),
+                format!("d={d} h={h} t={rows} mode={mode}"),
             )
         }
         Op::MatMul => {
@@ -432,9 +443,14 @@ pub fn case(op: Op, seed: u64) -> Case {
             let t = rows.min(cache);
             let pos0 = r.below((cache - t + 1) as u64) as i64;
             let pos: Vec<i32> = (0..t).map(|i| (pos0 + i) as i32).collect();
-            p.i[0] = pos0 + t;
-            p.i[1] = r.pick(&[0i64, 0, 3]);
-            p.f[0] = 1.0 / (d as f32).sqrt();
+            let a = abi::AttentionAttrs {
+                n_kv: pos0 + t,
+                window: r.pick(&[0i64, 0, 3]),
+                page_rows: 0,
+                scale: 1.0 / (d as f32).sqrt(),
+                softcap: 0.0,
+            };
+            p = a.to_params();
             let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
             let kc = Owned::quantized(
                 kv_dt,
@@ -448,7 +464,7 @@ pub fn case(op: Op, seed: u64) -> Case {
             );
             let label = format!(
                 "d={d} hq={hq} hkv={hkv} t={t} n_kv={} window={} {kv_dt}",
-                p.i[0], p.i[1]
+                a.n_kv, a.window
             );
             (
                 vec![q, kc, vc, Owned::i32(&pos)],
@@ -476,13 +492,14 @@ pub fn case(op: Op, seed: u64) -> Case {
         }
         Op::Glu => {
             let k = r.pick(&[1i64, 17, 1536]);
-            p.i[0] = r.pick(&[GLU_SILU, GLU_GELU_TANH]);
+            let act = r.pick(&[GLU_SILU, GLU_GELU_TANH]);
+            p = abi::GluAttrs { act }.to_params();
             let g = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 3.0));
             let u = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
             (
                 vec![g, u],
                 vec![Owned::zeros(DType::F32, &[k, rows])],
-                format!("k={k} act={}", p.i[0]),
+                format!("k={k} act={act}"),
             )
         }
         Op::Argmax => {
@@ -511,7 +528,10 @@ pub fn case(op: Op, seed: u64) -> Case {
                     )
                 }
                 _ => {
-                    p.f[0] = r.pick(&[1.0f32, 0.125, 3.0]);
+                    p = abi::ScaleAttrs {
+                        s: r.pick(&[1.0f32, 0.125, 3.0]),
+                    }
+                    .to_params();
                     (vec![a], vec![Owned::zeros(DType::F32, &[k, rows])], label)
                 }
             }

@@ -62,7 +62,7 @@ extern "C" fn first_block_only(ctx: *mut c_void, call: *const OpCall) -> i32 {
     // SAFETY: the host passes a valid call (ABI contract).
     let mut c = unsafe { *call };
     if c.op == Op::Attention as u32 {
-        c.params.i[0] = c.params.i[0].min(256);
+        abi::AttentionAttrs::edit(&mut c.params, |a| a.n_kv = a.n_kv.min(256));
     }
     (reference::TABLE.compute)(ctx, &c)
 }
@@ -72,8 +72,12 @@ extern "C" fn first_block_only(ctx: *mut c_void, call: *const OpCall) -> i32 {
 extern "C" fn whole_steps_only(ctx: *mut c_void, call: *const OpCall) -> i32 {
     // SAFETY: the host passes a valid call (ABI contract).
     let mut c = unsafe { *call };
-    if c.op == Op::Attention as u32 && c.params.i[0] > 64 {
-        c.params.i[0] &= !63;
+    if c.op == Op::Attention as u32 {
+        abi::AttentionAttrs::edit(&mut c.params, |a| {
+            if a.n_kv > 64 {
+                a.n_kv &= !63;
+            }
+        });
     }
     (reference::TABLE.compute)(ctx, &c)
 }
@@ -273,7 +277,7 @@ extern "C" fn ignores_block_table(ctx: *mut c_void, call: *const OpCall) -> i32 
     let mut c = unsafe { *call };
     if c.op == Op::Attention as u32 && c.n_inputs == 5 {
         c.n_inputs = 4;
-        c.params.i[2] = 0;
+        abi::AttentionAttrs::edit(&mut c.params, |a| a.page_rows = 0);
     }
     (reference::TABLE.compute)(ctx, &c)
 }
@@ -308,7 +312,7 @@ fn paged_attention_equals_attention_over_the_gathered_rows() {
         let mut paged = fixed_case(Op::Attention, (ATTENTION_FIXED.len() + i) as u64).unwrap();
         let mut flat = paged.clone();
         flat.inputs.pop();
-        flat.params.i[2] = 0;
+        abi::AttentionAttrs::edit(&mut flat.params, |a| a.page_rows = 0);
         for kv in 1..3 {
             let src = &paged.inputs[kv];
             let row = src.data.len() / src.shape[2] as usize; // bytes per cache row
@@ -363,7 +367,7 @@ fn attention_of_several_sequences_equals_one_call_each() {
             one.inputs[3] = Owned::i32(&pos);
             one.inputs[4] = Owned::i32(table);
             one.outputs[0] = Owned::zeros(abi::DType::F32, &[d, hq, t as i64]);
-            one.params.i[0] = n_kv;
+            abi::AttentionAttrs::edit(&mut one.params, |a| a.n_kv = n_kv);
             let alone = run_ref(&mut one).unwrap();
             let part = &all[t0 * col..(t0 + t) * col];
             assert!(
@@ -382,7 +386,7 @@ fn attention_of_several_sequences_equals_one_call_each() {
         assert!(e.contains("in order"), "{e}");
         // An n_kv past the call's.
         let mut bad = multi.clone();
-        let past = (multi.params.i[0] + 1) as i32;
+        let past = (abi::AttentionAttrs::from_params(&multi.params).n_kv + 1) as i32;
         bad.inputs[5].data[8..12].copy_from_slice(&past.to_le_bytes());
         let e = run_ref(&mut bad).unwrap_err();
         assert!(e.contains("n_kv must be"), "{e}");

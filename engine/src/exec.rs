@@ -6,36 +6,8 @@ use crate::error::{EngineError, Result};
 use crate::tensor::{Act, Weight};
 use abi::{DType, Op, OpParams, TensorDesc};
 
-/// Rotary embedding settings of one layer.
-#[derive(Clone, Copy, Debug)]
-pub struct RopeParams {
-    pub mode: i64,
-    pub n_dims: i64,
-    pub n_ctx_orig: i64,
-    pub freq_base: f32,
-    pub freq_scale: f32,
-    pub ext_factor: f32,
-    pub attn_factor: f32,
-    pub beta_fast: f32,
-    pub beta_slow: f32,
-}
-
-impl RopeParams {
-    pub fn new(mode: i64, n_dims: i64, freq_base: f32, n_ctx_orig: i64) -> RopeParams {
-        // ggml/llama.cpp defaults when the model has no rope scaling.
-        RopeParams {
-            mode,
-            n_dims,
-            n_ctx_orig,
-            freq_base,
-            freq_scale: 1.0,
-            ext_factor: 0.0,
-            attn_factor: 1.0,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        }
-    }
-}
+/// Rotary embedding settings of one layer: the `rope` op's attributes.
+pub use abi::RopeAttrs as RopeParams;
 
 /// Counts of op calls, for tests and diagnostics.
 #[derive(Default, Debug, Clone)]
@@ -889,16 +861,14 @@ impl Exec {
     /// `w x (+ b)`: a linear layer with an optional bias.
     pub fn glu(&self, gate: &Act, up: &Act, act: i64) -> Result<Act> {
         let mut out = Act::zeros(&gate.ne);
-        let mut p = OpParams::default();
-        p.i[0] = act;
+        let p = abi::GluAttrs { act }.to_params();
         self.call(Op::Glu, &[gate.desc(), up.desc()], &[out.desc_mut()], p)?;
         Ok(out)
     }
 
     pub fn softmax(&self, x: &Act, scale: f32) -> Result<Act> {
         let mut out = Act::zeros(&x.ne);
-        let mut p = OpParams::default();
-        p.f[0] = scale;
+        let p = abi::SoftmaxAttrs { scale }.to_params();
         self.call(Op::Softmax, &[x.desc()], &[out.desc_mut()], p)?;
         Ok(out)
     }

@@ -23,8 +23,7 @@ fn rms_norm_small() {
     let mut x = vec![1.0, 2.0, 3.0, 4.0];
     let mut w = vec![1.0, 1.0, 2.0, 0.5];
     let mut y = vec![0.0; 4];
-    let mut p = OpParams::default();
-    p.f[0] = 0.0;
+    let p = abi::RmsNormAttrs { eps: 0.0 }.to_params();
     run(
         Op::RmsNorm,
         &[f32d(&mut x, &[4]), f32d(&mut w, &[4])],
@@ -39,16 +38,7 @@ fn rms_norm_small() {
 }
 
 fn rope_params(mode: i64, n_dims: i64) -> OpParams {
-    let mut p = OpParams::default();
-    p.i[0] = mode;
-    p.i[1] = n_dims;
-    p.i[2] = 4096;
-    p.f[0] = 10000.0;
-    p.f[1] = 1.0;
-    p.f[3] = 1.0;
-    p.f[4] = 32.0;
-    p.f[5] = 1.0;
-    p
+    abi::RopeAttrs::new(mode, n_dims, 10000.0, 4096).to_params()
 }
 
 #[test]
@@ -90,11 +80,14 @@ fn rope_identity_at_zero_and_known_angle() {
 }
 
 fn attn_params(n_kv: i64, window: i64, scale: f32) -> OpParams {
-    let mut p = OpParams::default();
-    p.i[0] = n_kv;
-    p.i[1] = window;
-    p.f[0] = scale;
-    p
+    abi::AttentionAttrs {
+        n_kv,
+        window,
+        page_rows: 0,
+        scale,
+        softcap: 0.0,
+    }
+    .to_params()
 }
 
 #[test]
@@ -190,8 +183,9 @@ fn attention_softcap_and_scale() {
     let mut v = vec![1.0f32, 0.0, 0.0, 1.0];
     let mut pos = vec![1];
     let mut out = vec![0f32; 2];
-    let mut p = attn_params(2, 0, 0.5);
-    p.f[1] = 2.0;
+    let mut a = abi::AttentionAttrs::from_params(&attn_params(2, 0, 0.5));
+    a.softcap = 2.0;
+    let p = a.to_params();
     run(
         Op::Attention,
         &[
@@ -250,8 +244,7 @@ fn argmax_ties_and_nan() {
 fn softmax_rows() {
     let mut x: Vec<f32> = (0..40).map(|i| (i % 7) as f32 - 3.0).collect(); // 2 rows of 20
     let mut y = vec![0f32; 40];
-    let mut p = OpParams::default();
-    p.f[0] = 0.5;
+    let p = abi::SoftmaxAttrs { scale: 0.5 }.to_params();
     run(
         Op::Softmax,
         &[f32d(&mut x, &[20, 2])],
@@ -279,8 +272,7 @@ fn glu_silu_and_gelu() {
     let mut u: Vec<f32> = (0..20).map(|i| 1.0 + i as f32 * 0.1).collect();
     for act in [abi::GLU_SILU, abi::GLU_GELU_TANH] {
         let mut y = vec![0f32; 20];
-        let mut p = OpParams::default();
-        p.i[0] = act;
+        let p = abi::GluAttrs { act }.to_params();
         run(
             Op::Glu,
             &[f32d(&mut g, &[20]), f32d(&mut u, &[20])],
@@ -326,8 +318,7 @@ fn add_mul_scale_broadcast() {
         OpParams::default(),
     );
     assert_eq!(out[5], 5.0 * 30.0);
-    let mut p = OpParams::default();
-    p.f[0] = -0.5;
+    let p = abi::ScaleAttrs { s: -0.5 }.to_params();
     run(
         Op::Scale,
         &[f32d(&mut a, &[3, 4])],
@@ -343,7 +334,7 @@ fn add_mul_scale_broadcast() {
     let mut at = ad;
     at.ne = [4, 3, 1, 1];
     at.nb = [12, 4, 48, 48];
-    p.f[0] = 1.0;
+    let p = abi::ScaleAttrs { s: 1.0 }.to_params();
     run(Op::Scale, &[at], &[f32d(&mut t, &[4, 3])], p);
     assert_eq!(t[1], a[3]); // t[0][1] = a[1][0]
 }
@@ -579,8 +570,7 @@ fn abi_errors_are_statuses() {
     let mut y = vec![0f32; 4];
     let (xd, yd) = (f32d(&mut x, &[4]), f32d(&mut y, &[4]));
     // Good call through the table.
-    let mut p = OpParams::default();
-    p.f[0] = 2.0;
+    let p = abi::ScaleAttrs { s: 2.0 }.to_params();
     let ins = [xd];
     let outs = [yd];
     assert_eq!(
@@ -627,8 +617,7 @@ fn abi_errors_are_statuses() {
         Status::Unsupported
     );
     // Bad glu activation id / rope mode are argument errors.
-    let mut gp = OpParams::default();
-    gp.i[0] = 9;
+    let gp = abi::GluAttrs { act: 9 }.to_params();
     assert_eq!(
         call(&b, &OpCall::new(Op::Glu, &[xd, xd], &outs, gp)).0,
         Status::InvalidArgument

@@ -130,7 +130,11 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
             }));
         }
         match op {
-            Op::MatMul => matmul::check(inputs, outputs, params.i[0].max(0) as usize),
+            Op::MatMul => matmul::check(
+                inputs,
+                outputs,
+                abi::MatMulAttrs::from_params(params).chain(),
+            ),
             // The shared ops' portable variant: the reference's formulas in plain Rust,
             // vectorized by the compiler for NEON (AArch64's baseline).
             _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
@@ -151,7 +155,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
                 false,
                 inputs,
                 outputs,
-                params.i[0].max(0) as usize,
+                abi::MatMulAttrs::from_params(params).chain(),
             ),
             _ => mollm_cpu_common::ops::run(
                 mollm_cpu_common::ops::Isa::Portable,
@@ -209,7 +213,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
             true,
             inputs,
             outputs,
-            params.i[0].max(0) as usize,
+            abi::MatMulAttrs::from_params(params).chain(),
         )
     }
 }

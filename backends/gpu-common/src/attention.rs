@@ -43,7 +43,8 @@ pub unsafe fn run<D: Device>(
     let (q, k, v, pos) = (&ins[0], &ins[1], &ins[2], &ins[3]);
     let (d, hq, t) = (q.ne[0] as usize, q.ne[1] as usize, q.ne[2] as usize);
     let hkv = k.ne[1] as usize;
-    let (n_kv, window, page) = (p.i[0] as usize, p.i[1], p.i[2] as usize);
+    let a = abi::AttentionAttrs::from_params(p);
+    let (n_kv, window, page) = (a.n_kv as usize, a.window, a.page_rows as usize);
     let f16 = k.dtype() == Some(DType::F16);
     if v.dtype != k.dtype {
         return Err(Error::Unsupported(
@@ -180,8 +181,8 @@ pub unsafe fn run<D: Device>(
         f16 as u32,
         window.max(0) as u32,
         v_off as u32,
-        p.f[0].to_bits(),
-        p.f[1].to_bits(),
+        a.scale.to_bits(),
+        a.softcap.to_bits(),
     ];
     let qb = ctx.input(q, "q")?;
     let qsb = gpu.upload("queries", bytes(&queries))?;

@@ -37,13 +37,17 @@ pub unsafe fn run<D: Device>(
             let (x, w, out) = (&ins[0], &ins[1], &outs[0]);
             let k = x.ne[0] as u32;
             let rows = x.nrows() as u32;
-            let meta = [k, rows, p.f[0].to_bits()];
+            let meta = [k, rows, abi::RmsNormAttrs::from_params(p).eps.to_bits()];
             rowwise(ctx, "rms_norm", &meta, &[x, w], out, rows)
         }
         Op::Softmax => {
             let (x, out) = (&ins[0], &outs[0]);
             let rows = x.nrows() as u32;
-            let meta = [x.ne[0] as u32, rows, p.f[0].to_bits()];
+            let meta = [
+                x.ne[0] as u32,
+                rows,
+                abi::SoftmaxAttrs::from_params(p).scale.to_bits(),
+            ];
             rowwise(ctx, "softmax", &meta, &[x], out, rows)
         }
         Op::Argmax => {
@@ -51,7 +55,13 @@ pub unsafe fn run<D: Device>(
             let rows = x.nrows() as u32;
             rowwise(ctx, "argmax", &[x.ne[0] as u32, rows], &[x], out, rows)
         }
-        Op::Glu => glu(ctx, &ins[0], &ins[1], &outs[0], p.i[0]),
+        Op::Glu => glu(
+            ctx,
+            &ins[0],
+            &ins[1],
+            &outs[0],
+            abi::GluAttrs::from_params(p).act,
+        ),
         Op::Add | Op::Mul | Op::Scale => elementwise(ctx, op, ins, &outs[0], p),
         Op::Rope => rope(ctx, &ins[0], &ins[1], &outs[0], p),
         Op::Attention => crate::attention::run(ctx, ins, &outs[0], p),
@@ -161,7 +171,7 @@ unsafe fn mat_mul<D: Device>(
         Layout::Dense => 0,
     };
     let done = |l: &[Launch<'_, D::Buf>], ob: &D::Buf, _: u64| ctx.deliver(l, ob, out, |_| {});
-    match exact_chain(dt(w), k, n, cols, p.i[0].max(0) as usize) {
+    match exact_chain(dt(w), k, n, cols, abi::MatMulAttrs::from_params(p).chain()) {
         Some(chain) => {
             let xb = ctx.input(x, "activations")?;
             product_exact(gpu, &dev, dt(w), &chain, &xb, cols, done)
@@ -182,7 +192,7 @@ pub fn exact(ins: &[TensorDesc], p: &OpParams) -> bool {
         w.ne[1] as usize,
         x.nrows().max(0) as usize,
     );
-    exact_chain(d, k, n, cols, p.i[0].max(0) as usize).is_some()
+    exact_chain(d, k, n, cols, abi::MatMulAttrs::from_params(p).chain()).is_some()
 }
 
 /// Columns one `matmul_x` invocation computes (it reads the row's weights once for them):
@@ -518,7 +528,8 @@ unsafe fn elementwise<D: Device>(
         _ => 2,
     };
     let d = |t: &TensorDesc| t.ne.map(|x| x as u32);
-    let mut meta = vec![n, code, p.f[0].to_bits(), 0];
+    // The factor of `scale` (0 for add and mul, which have no attribute).
+    let mut meta = vec![n, code, abi::ScaleAttrs::from_params(p).s.to_bits(), 0];
     meta.extend(d(a));
     meta.extend(d(b));
     let inputs: Vec<&TensorDesc> = if op == Op::Scale {
@@ -536,7 +547,7 @@ unsafe fn rope<D: Device>(
     out: &TensorDesc,
     op: &OpParams,
 ) -> Result<(), Error> {
-    let p = RopeParams::from_op(op);
+    let p = RopeParams::from_params(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
     let gpu = ctx.dev;

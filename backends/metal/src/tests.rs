@@ -210,9 +210,15 @@ fn exact_case(c: &conformance::cases::Case) -> bool {
             conformance::cases::format(c),
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q6_K
         ),
-        Op::Glu => c.params.i[0] != abi::GLU_SILU || c.inputs[0].shape[0] % 16 == 0,
+        Op::Glu => {
+            abi::GluAttrs::from_params(&c.params).act != abi::GLU_SILU
+                || c.inputs[0].shape[0] % 16 == 0
+        }
         Op::Softmax => c.inputs[0].shape[0] % 16 == 0,
-        Op::Attention => c.inputs[1].shape[2] % 16 == 0 && c.params.f[1] == 0.0,
+        Op::Attention => {
+            c.inputs[1].shape[2] % 16 == 0
+                && abi::AttentionAttrs::from_params(&c.params).softcap == 0.0
+        }
         _ => true,
     }
 }

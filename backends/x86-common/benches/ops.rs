@@ -64,8 +64,7 @@ fn cases() -> Vec<(&'static str, Case, u64, bool)> {
         let c = attention(&mut r, d, hq, hkv, cache, t, n_kv, window, 0.0, DType::F32);
         v.push(("attention", c, (n_kv * hq * t) as u64, refr));
     }
-    let mut p = OpParams::default();
-    p.f[0] = 1e-5;
+    let p = abi::RmsNormAttrs { eps: 1e-5 }.to_params();
     for (k, rows) in [(576i64, 1i64), (1536, 64)] {
         let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 2.0));
         let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
@@ -77,11 +76,7 @@ fn cases() -> Vec<(&'static str, Case, u64, bool)> {
             rows == 1,
         ));
     }
-    let mut p = OpParams::default();
-    p.i[0] = ROPE_NEOX;
-    p.i[1] = 64;
-    p.i[2] = 4096;
-    p.f[..6].copy_from_slice(&[10000.0f32, 1.0, 0.0, 1.0, 32.0, 1.0]);
+    let p = abi::RopeAttrs::new(ROPE_NEOX, 64, 10000.0, 4096).to_params();
     for rows in [1i64, 64] {
         let (d, h) = (64i64, 9i64);
         let x = Owned::f32(&[d, h, rows], &r.vec((d * h * rows) as usize, 1.0));
@@ -91,16 +86,14 @@ fn cases() -> Vec<(&'static str, Case, u64, bool)> {
         v.push(("rope", c, (d * h * rows) as u64, rows == 1));
     }
     for (act, name) in [(GLU_SILU, "silu"), (GLU_GELU_TANH, "gelu")] {
-        let mut p = OpParams::default();
-        p.i[0] = act;
+        let p = abi::GluAttrs { act }.to_params();
         let (k, rows) = (8960i64, 4i64);
         let g = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 3.0));
         let u = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 1.0));
         let c = unary(Op::Glu, g, vec![u], p, format!("{name} k={k} rows={rows}"));
         v.push(("glu", c, (k * rows) as u64, true));
     }
-    let mut p = OpParams::default();
-    p.f[0] = 1.0;
+    let p = abi::ScaleAttrs { s: 1.0 }.to_params();
     let (k, rows) = (49152i64, 1i64);
     let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, 4.0));
     let c = unary(Op::Softmax, x, vec![], p, format!("k={k} rows={rows}"));

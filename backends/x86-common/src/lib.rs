@@ -225,7 +225,11 @@ pub unsafe fn check(
         return Err(Error::Unsupported(format!("this CPU lacks {isa:?}")));
     }
     match op {
-        Op::MatMul => matmul::check(inputs, outputs, params.i[0].max(0) as usize),
+        Op::MatMul => matmul::check(
+            inputs,
+            outputs,
+            abi::MatMulAttrs::from_params(params).chain(),
+        ),
         _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
     }
 }
@@ -244,7 +248,13 @@ pub unsafe fn compute_op(
 ) -> Result<(), Error> {
     check(isa, op, inputs, outputs, params)?;
     match op {
-        Op::MatMul => matmul::run(isa, host, inputs, outputs, params.i[0].max(0) as usize),
+        Op::MatMul => matmul::run(
+            isa,
+            host,
+            inputs,
+            outputs,
+            abi::MatMulAttrs::from_params(params).chain(),
+        ),
         _ => mollm_cpu_common::ops::run(isa.ops(), host, op, inputs, outputs, params),
     }
 }
@@ -314,7 +324,7 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
             kind,
             inputs,
             outputs,
-            params.i[0].max(0) as usize,
+            abi::MatMulAttrs::from_params(params).chain(),
         )
     }
 
@@ -342,7 +352,7 @@ impl<const ISA: u8> CpuBackend for X86<ISA> {
             kind,
             inputs,
             outputs,
-            params.i[0].max(0) as usize,
+            abi::MatMulAttrs::from_params(params).chain(),
         )
     }
 }

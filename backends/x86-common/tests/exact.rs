@@ -300,8 +300,7 @@ fn check_mat_mul_chain(
     let mut got = vec![f32::NAN; n * cols];
     let od_ref = f32_desc(&mut want, &[n as i64, cols as i64]);
     let od = f32_desc(&mut got, &[n as i64, cols as i64]);
-    let mut p = OpParams::default();
-    p.i[0] = chain;
+    let p = abi::MatMulAttrs { chain_cols: chain }.to_params();
     let (ins_ref, ins, outs_ref, outs) = ([wd, xd], [wme, xd], [od_ref], [od]);
     let call_ref = OpCall::new(Op::MatMul, &ins_ref, &outs_ref, p);
     assert_eq!(
@@ -400,8 +399,7 @@ fn other_ops_and_formats_are_unsupported_and_bad_calls_invalid() {
         // another op
         let mut y = vec![0f32; k];
         let yd = f32_desc(&mut y, &[k as i64, 1]);
-        let mut p = OpParams::default();
-        p.f[0] = 1e-6;
+        let p = abi::RmsNormAttrs { eps: 1e-6 }.to_params();
         let (rin, rout) = ([xd], [yd]);
         let rms = OpCall::new(Op::RmsNorm, &rin, &rout, p);
         assert_eq!(me.supports(&rms), Status::Unsupported);

@@ -174,11 +174,14 @@ fn attention_case(
     let hq = hkv * group;
     let pos0 = n_kv - t;
     let pos: Vec<i32> = (0..t).map(|i| (pos0 + i) as i32).collect();
-    let mut p = OpParams::default();
-    p.i[0] = n_kv;
-    p.i[1] = window;
-    p.f[0] = 1.0 / (d as f32).sqrt();
-    p.f[1] = softcap;
+    let p = abi::AttentionAttrs {
+        n_kv,
+        window,
+        page_rows: 0,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap,
+    }
+    .to_params();
     let q = Owned::f32(&[d, hq, t], &r.vec((d * hq * t) as usize, 1.0));
     let kc = Owned::f32(&[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
     let vc = Owned::f32(&[d, hkv, cache], &r.vec((d * hkv * cache) as usize, 1.0));
@@ -257,7 +260,7 @@ fn f16_caches_are_native_and_unimplemented_variants_unsupported() {
         assert!(n_f16 > 0);
         // YaRN
         let mut c = case(Op::Rope, 1);
-        c.params.f[2] = 1.0;
+        abi::RopeAttrs::edit(&mut c.params, |r| r.ext_factor = 1.0);
         assert_eq!(me.supports(&mut c), Status::Unsupported, "{isa:?} yarn");
         // f16 set_rows: computed natively, equal to the reference.
         for seed in 0..40 {
@@ -277,8 +280,7 @@ fn f16_caches_are_native_and_unimplemented_variants_unsupported() {
         let mut xd = TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, &[8, 1]);
         xd.nb[0] = 8;
         let od = TensorDesc::contiguous(o.as_mut_ptr() as *mut u8, DType::F32, &[8, 1]);
-        let mut p = OpParams::default();
-        p.f[0] = 2.0;
+        let p = abi::ScaleAttrs { s: 2.0 }.to_params();
         let (ins, outs) = ([xd], [od]);
         let call = OpCall::new(Op::Scale, &ins, &outs, p);
         assert_eq!(

@@ -61,9 +61,9 @@ pub(crate) fn matmul_grouped(
             }
             v
         };
-        let mut prm = params;
-        prm.i[0] = if g.len == 1 { 0 } else { g.chain };
-        ex.matmul_desc(w, view(&x), view(&out), prm)?;
+        let mut a = abi::MatMulAttrs::from_params(&params);
+        a.chain_cols = if g.len == 1 { 0 } else { g.chain };
+        ex.matmul_desc(w, view(&x), view(&out), a.to_params())?;
     }
     Ok(())
 }

@@ -126,15 +126,10 @@ fn params_for(op: Op, n: &NodeDef) -> Result<OpParams, String> {
         if !v.is_finite() {
             return Err(format!("attribute '{k}' is not a finite number"));
         }
-        match a.kind {
-            AttrKind::F32 => p.f[a.slot] = v as f32,
-            AttrKind::I64 => {
-                if v.fract() != 0.0 || v.abs() > (1u64 << 53) as f64 {
-                    return Err(format!("attribute '{k}' must be an integer, got {v}"));
-                }
-                p.i[a.slot] = v as i64;
-            }
+        if a.kind == AttrKind::I64 && (v.fract() != 0.0 || v.abs() > (1u64 << 53) as f64) {
+            return Err(format!("attribute '{k}' must be an integer, got {v}"));
         }
+        p.set(a, v);
     }
     Ok(p)
 }

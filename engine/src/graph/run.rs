@@ -365,11 +365,16 @@ impl Runner {
         ex.call_desc(Op::SetRows, &[vd, rd, vc], &[vc], OpParams::default())?;
         drop(idx);
         let (kc, vc) = (cache.k.desc(), cache.v.desc());
-        let mut prm = OpParams::default();
-        prm.i[1] = window as i64;
-        prm.i[2] = KV_PAGE as i64;
-        prm.f[0] = scale;
-        prm.f[1] = softcap;
+        let attrs = |n_kv: i64| {
+            abi::AttentionAttrs {
+                n_kv,
+                window: window as i64,
+                page_rows: KV_PAGE as i64,
+                scale,
+                softcap,
+            }
+            .to_params()
+        };
 
         // All sequences in one call (ABI 1.4), when the backend that would take one sequence's
         // call takes it: a decode step's sequences have one query each, too little work to
@@ -387,18 +392,17 @@ impl Runner {
                 DType::I32,
                 &[3, n_seq as i64],
             );
-            let mut all = prm;
-            all.i[0] = self
-                .seq_info
-                .chunks(3)
-                .map(|c| c[2] as i64)
-                .max()
-                .unwrap_or(1);
+            let all = attrs(
+                self.seq_info
+                    .chunks(3)
+                    .map(|c| c[2] as i64)
+                    .max()
+                    .unwrap_or(1),
+            );
             let pd = i32d(&self.positions);
             let ins = [q, kc, vc, pd, table, info];
             let (s0, c0) = (&seqs[0], self.seq_info[1] as i64);
-            let mut p0 = prm;
-            p0.i[0] = self.seq_info[2] as i64;
+            let p0 = attrs(self.seq_info[2] as i64);
             let one = [
                 f32_view(&q, q.data, &[q.ne[0], q.ne[1], c0]),
                 kc,
@@ -424,7 +428,7 @@ impl Runner {
                     &[q.ne[0], q.ne[1], n as i64],
                 )
             };
-            prm.i[0] = (s.kv.n_past + n) as i64;
+            let prm = attrs((s.kv.n_past + n) as i64);
             let pd = i32d(&self.positions[t0..t0 + n]);
             let ins = [cols(&q), kc, vc, pd, s.kv.table_desc()];
             ex.call_desc(Op::Attention, &ins, &[cols(&out)], prm)?;

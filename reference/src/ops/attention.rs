@@ -54,11 +54,12 @@ pub unsafe fn run(
     let (q, k, v, pos, out) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3], &outputs[0]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
     let hkv = k.ne[1];
-    let rows = abi::PagedRows::new(inputs.get(4), p.i[2], k.ne[2]).map_err(Error::Invalid)?;
+    let a = abi::AttentionAttrs::from_params(p);
+    let rows = abi::PagedRows::new(inputs.get(4), a.page_rows, k.ne[2]).map_err(Error::Invalid)?;
     let c = rows.len;
-    let n_kv = p.i[0];
-    let window = p.i[1];
-    let (scale, softcap) = (p.f[0], p.f[1]);
+    let n_kv = a.n_kv;
+    let window = a.window;
+    let (scale, softcap) = (a.scale, a.softcap);
     let k_f16 = k.dtype() == Some(DType::F16);
     let v_f16 = v.dtype() == Some(DType::F16);
     // The length ggml's kernels see.

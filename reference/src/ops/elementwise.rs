@@ -40,7 +40,7 @@ pub unsafe fn scale(
     outputs: &[TensorDesc],
     p: &OpParams,
 ) -> Result<()> {
-    let (x, out, s) = (&inputs[0], &outputs[0], p.f[0]);
+    let (x, out, s) = (&inputs[0], &outputs[0], abi::ScaleAttrs::from_params(p).s);
     for_rows(host, x.nrows(), x.ne[0], |r| {
         let (i1, i2, i3) = split_row(x, r);
         let v: Vec<f32> = read_row(x, i1, i2, i3).iter().map(|&v| v * s).collect();

@@ -39,7 +39,7 @@ pub unsafe fn run(
     p: &OpParams,
 ) -> Result<()> {
     let (gate, up, out) = (&inputs[0], &inputs[1], &outputs[0]);
-    let act = p.i[0];
+    let act = abi::GluAttrs::from_params(p).act;
     for_rows(host, gate.nrows(), gate.ne[0], |r| {
         let (i1, i2, i3) = split_row(gate, r);
         let x = read_row(gate, i1, i2, i3);

@@ -46,7 +46,7 @@ pub unsafe fn run(
         return Ok(());
     }
     // mat_mul's chain_cols: the columns as separate calls of `chain` columns (0: one call).
-    let chain = p.i[0].max(0) as usize;
+    let chain = abi::MatMulAttrs::from_params(p).chain();
     let group = if chain == 0 { x.ne[1] } else { chain as i64 };
     let col_index: Vec<(i64, i64, i64)> = (0..cols as i64).map(|c| split_row(x, c)).collect();
     let out_ptr = SyncPtr(out.data);

@@ -27,19 +27,32 @@ pub fn check(op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams
         check_layout(t, o.name)?;
     }
     match op {
-        Op::Rope if !matches!(p.i[0], abi::ROPE_NORMAL | abi::ROPE_NEOX) => {
-            return Err(Error::Invalid(format!("rope: unknown mode {}", p.i[0])))
-        }
-        Op::Glu if !matches!(p.i[0], abi::GLU_SILU | abi::GLU_GELU_TANH) => {
+        Op::Rope
+            if !matches!(
+                abi::RopeAttrs::from_params(p).mode,
+                abi::ROPE_NORMAL | abi::ROPE_NEOX
+            ) =>
+        {
             return Err(Error::Invalid(format!(
-                "glu: unknown activation {}",
-                p.i[0]
+                "rope: unknown mode {}",
+                abi::RopeAttrs::from_params(p).mode
             )))
         }
-        Op::Attention if p.i[1] < 0 => {
+        Op::Glu
+            if !matches!(
+                abi::GluAttrs::from_params(p).act,
+                abi::GLU_SILU | abi::GLU_GELU_TANH
+            ) =>
+        {
+            return Err(Error::Invalid(format!(
+                "glu: unknown activation {}",
+                abi::GluAttrs::from_params(p).act
+            )))
+        }
+        Op::Attention if abi::AttentionAttrs::from_params(p).window < 0 => {
             return Err(Error::Invalid(format!(
                 "attention: negative window {}",
-                p.i[1]
+                abi::AttentionAttrs::from_params(p).window
             )))
         }
         Op::MatMul => matmul::check_formats(inputs)?,

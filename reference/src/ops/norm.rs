@@ -29,7 +29,7 @@ pub unsafe fn run(
 ) -> Result<()> {
     let (x, wt, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let w = read_row(wt, 0, 0, 0);
-    let eps = p.f[0];
+    let eps = abi::RmsNormAttrs::from_params(p).eps;
     for_rows(host, x.nrows(), x.ne[0], |r| {
         let (i1, i2, i3) = split_row(x, r);
         let v = read_row(x, i1, i2, i3);

@@ -4,35 +4,8 @@ use super::for_rows;
 use crate::tensor::{read_i32, read_row, split_row, write_row, Result};
 use abi::{HostApi, OpParams, TensorDesc};
 
-/// The YaRN / rope attributes, in ggml's parameter order.
-#[derive(Clone, Copy, Debug)]
-pub struct RopeParams {
-    pub mode: i64,
-    pub n_dims: i64,
-    pub n_ctx_orig: i64,
-    pub freq_base: f32,
-    pub freq_scale: f32,
-    pub ext_factor: f32,
-    pub attn_factor: f32,
-    pub beta_fast: f32,
-    pub beta_slow: f32,
-}
-
-impl RopeParams {
-    pub fn from_op(p: &OpParams) -> RopeParams {
-        RopeParams {
-            mode: p.i[0],
-            n_dims: p.i[1],
-            n_ctx_orig: p.i[2],
-            freq_base: p.f[0],
-            freq_scale: p.f[1],
-            ext_factor: p.f[2],
-            attn_factor: p.f[3],
-            beta_fast: p.f[4],
-            beta_slow: p.f[5],
-        }
-    }
-}
+/// The YaRN / rope attributes (the op's, declared in `abi`).
+pub use abi::RopeAttrs as RopeParams;
 
 fn corr_dim(n_dims: i64, n_ctx_orig: i64, n_rot: f32, base: f32) -> f32 {
     n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
@@ -105,7 +78,7 @@ pub unsafe fn run(
     op: &OpParams,
 ) -> Result<()> {
     let (x, pos, out) = (&inputs[0], &inputs[1], &outputs[0]);
-    let p = RopeParams::from_op(op);
+    let p = RopeParams::from_params(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
     let caches: Vec<Vec<f32>> = (0..x.ne[2])

@@ -25,7 +25,11 @@ pub unsafe fn run(
     outputs: &[TensorDesc],
     p: &OpParams,
 ) -> Result<()> {
-    let (x, out, scale) = (&inputs[0], &outputs[0], p.f[0]);
+    let (x, out, scale) = (
+        &inputs[0],
+        &outputs[0],
+        abi::SoftmaxAttrs::from_params(p).scale,
+    );
     for_rows(host, x.nrows(), x.ne[0], |r| {
         let (i1, i2, i3) = split_row(x, r);
         let mut w: Vec<f32> = read_row(x, i1, i2, i3).iter().map(|&v| v * scale).collect();

@@ -834,9 +834,10 @@ pub(super) unsafe fn attention_call(
     let (q, k, pos) = (inputs[0], inputs[1], inputs[3]);
     let (d, hq, nt) = (q.ne[0], q.ne[1], q.ne[2]);
     let hkv = k.ne[1];
-    let rows = abi::PagedRows::new(inputs.get(4), p.i[2], k.ne[2]).map_err(Error::Invalid)?;
+    let a = abi::AttentionAttrs::from_params(p);
+    let rows = abi::PagedRows::new(inputs.get(4), a.page_rows, k.ne[2]).map_err(Error::Invalid)?;
     let c = rows.len;
-    let n_kv = p.i[0];
+    let n_kv = a.n_kv;
     let n_eff = round_up(n_kv, KV_PAD).min(c).max(n_kv);
     Ok(Attn {
         isa,
@@ -847,9 +848,9 @@ pub(super) unsafe fn attention_call(
         group: hq / hkv,
         n_kv,
         n_eff,
-        window: p.i[1],
-        scale: p.f[0],
-        softcap: p.f[1],
+        window: a.window,
+        scale: a.scale,
+        softcap: a.softcap,
         kqv_tile: nt >= 2 && n_eff % 16 == 0 && d % 4 == 0,
         k_f16: k.dtype() == Some(DType::F16),
         v_f16: inputs[2].dtype() == Some(DType::F16),

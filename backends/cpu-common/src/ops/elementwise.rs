@@ -174,8 +174,7 @@ mod tests {
                         _ => px.add(k / 2),
                     }
                 };
-                let mut p = OpParams::default();
-                p.f[0] = 0.625;
+                let p = abi::ScaleAttrs { s: 0.625 }.to_params();
                 let n = if case == 2 { 1 } else { rows };
                 let (ins, outs) = ([desc(px, n)], [desc(po, n)]);
                 unsafe { run(isa, &host, Op::Scale, &ins, &outs, &p).unwrap() };

@@ -198,8 +198,9 @@ pub fn check(
     }
     match op {
         Op::Attention => {
-            if p.i[1] < 0 {
-                return invalid(format!("attention: negative window {}", p.i[1]));
+            let window = abi::AttentionAttrs::from_params(p).window;
+            if window < 0 {
+                return invalid(format!("attention: negative window {window}"));
             }
             need_dtype(op, &inputs[0], DType::F32)?;
             for t in &inputs[1..3] {
@@ -217,17 +218,19 @@ pub fn check(
             }
         }
         Op::Rope => {
-            if !matches!(p.i[0], abi::ROPE_NORMAL | abi::ROPE_NEOX) {
-                return invalid(format!("rope: unknown mode {}", p.i[0]));
+            let r = abi::RopeAttrs::from_params(p);
+            if !matches!(r.mode, abi::ROPE_NORMAL | abi::ROPE_NEOX) {
+                return invalid(format!("rope: unknown mode {}", r.mode));
             }
-            if p.f[2] != 0.0 {
+            if r.ext_factor != 0.0 {
                 return unsupported("rope: YaRN (ext_factor != 0) is not implemented");
             }
             need_dtype(op, &inputs[0], DType::F32)?;
         }
         Op::Glu => {
-            if !matches!(p.i[0], abi::GLU_SILU | abi::GLU_GELU_TANH) {
-                return invalid(format!("glu: unknown activation {}", p.i[0]));
+            let act = abi::GluAttrs::from_params(p).act;
+            if !matches!(act, abi::GLU_SILU | abi::GLU_GELU_TANH) {
+                return invalid(format!("glu: unknown activation {act}"));
             }
         }
         Op::GetRows => {
@@ -367,13 +370,37 @@ pub unsafe fn run(
     }
     match op {
         Op::Attention => return attention(isa, host, inputs, outputs, p),
-        Op::Glu => glu(isa, host, inputs, outputs, p.i[0]),
-        Op::RmsNorm => rms_norm(isa, host, inputs, outputs, p.f[0]),
+        Op::Glu => glu(
+            isa,
+            host,
+            inputs,
+            outputs,
+            abi::GluAttrs::from_params(p).act,
+        ),
+        Op::RmsNorm => rms_norm(
+            isa,
+            host,
+            inputs,
+            outputs,
+            abi::RmsNormAttrs::from_params(p).eps,
+        ),
         Op::Rope => rope(isa, host, inputs, outputs, p),
         Op::Add => binary(isa, host, inputs, outputs, false),
         Op::Mul => binary(isa, host, inputs, outputs, true),
-        Op::Scale => scale(isa, host, inputs, outputs, p.f[0]),
-        Op::Softmax => softmax(isa, host, inputs, outputs, p.f[0]),
+        Op::Scale => scale(
+            isa,
+            host,
+            inputs,
+            outputs,
+            abi::ScaleAttrs::from_params(p).s,
+        ),
+        Op::Softmax => softmax(
+            isa,
+            host,
+            inputs,
+            outputs,
+            abi::SoftmaxAttrs::from_params(p).scale,
+        ),
         Op::Argmax => argmax(host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
         Op::SetRows => return set_rows(inputs, outputs),

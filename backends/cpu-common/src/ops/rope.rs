@@ -29,8 +29,9 @@ pub(super) unsafe fn rope(
     p: &OpParams,
 ) {
     let (x, pos, out) = (inputs[0], inputs[1], outputs[0]);
-    let (mode, n_dims) = (p.i[0], p.i[1] as usize);
-    let (freq_base, freq_scale, attn_factor) = (p.f[0], p.f[1], p.f[3]);
+    let r = abi::RopeAttrs::from_params(p);
+    let (mode, n_dims) = (r.mode, r.n_dims as usize);
+    let (freq_base, freq_scale, attn_factor) = (r.freq_base, r.freq_scale, r.attn_factor);
     let params = [freq_base, freq_scale, attn_factor].map(f32::to_bits);
     // Every layer of a step rotates its q and k at the same positions with the same
     // parameters: the cos/sin rows are made once per step and parameter set (Gemma 3's local
