@@ -27,33 +27,25 @@ pub fn check(op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams
         check_layout(t, o.name)?;
     }
     match op {
-        Op::Rope
-            if !matches!(
-                abi::RopeAttrs::from_params(p).mode,
-                abi::ROPE_NORMAL | abi::ROPE_NEOX
-            ) =>
-        {
-            return Err(Error::Invalid(format!(
-                "rope: unknown mode {}",
-                abi::RopeAttrs::from_params(p).mode
-            )))
+        Op::Rope => {
+            let mode = abi::RopeAttrs::from_params(p).mode;
+            if !matches!(mode, abi::ROPE_NORMAL | abi::ROPE_NEOX) {
+                return Err(Error::Invalid(format!("rope: unknown mode {mode}")));
+            }
         }
-        Op::Glu
-            if !matches!(
-                abi::GluAttrs::from_params(p).act,
-                abi::GLU_SILU | abi::GLU_GELU_TANH
-            ) =>
-        {
-            return Err(Error::Invalid(format!(
-                "glu: unknown activation {}",
-                abi::GluAttrs::from_params(p).act
-            )))
+        Op::Glu => {
+            let act = abi::GluAttrs::from_params(p).act;
+            if !matches!(act, abi::GLU_SILU | abi::GLU_GELU_TANH) {
+                return Err(Error::Invalid(format!("glu: unknown activation {act}")));
+            }
         }
-        Op::Attention if abi::AttentionAttrs::from_params(p).window < 0 => {
-            return Err(Error::Invalid(format!(
-                "attention: negative window {}",
-                abi::AttentionAttrs::from_params(p).window
-            )))
+        Op::Attention => {
+            let window = abi::AttentionAttrs::from_params(p).window;
+            if window < 0 {
+                return Err(Error::Invalid(format!(
+                    "attention: negative window {window}"
+                )));
+            }
         }
         Op::MatMul => matmul::check_formats(inputs)?,
         _ => {}

@@ -22,6 +22,7 @@
 use crate::par::{parallel_for, SyncPtr};
 use crate::{split_row, Error};
 use abi::{DType, HostApi, Op, OpParams, TensorDesc};
+use abi::{GluAttrs, RmsNormAttrs, ScaleAttrs, SoftmaxAttrs};
 
 /// Which code the ops run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -370,36 +371,18 @@ pub unsafe fn run(
     }
     match op {
         Op::Attention => return attention(isa, host, inputs, outputs, p),
-        Op::Glu => glu(
-            isa,
-            host,
-            inputs,
-            outputs,
-            abi::GluAttrs::from_params(p).act,
-        ),
-        Op::RmsNorm => rms_norm(
-            isa,
-            host,
-            inputs,
-            outputs,
-            abi::RmsNormAttrs::from_params(p).eps,
-        ),
+        Op::Glu => glu(isa, host, inputs, outputs, GluAttrs::from_params(p).act),
+        Op::RmsNorm => rms_norm(isa, host, inputs, outputs, RmsNormAttrs::from_params(p).eps),
         Op::Rope => rope(isa, host, inputs, outputs, p),
         Op::Add => binary(isa, host, inputs, outputs, false),
         Op::Mul => binary(isa, host, inputs, outputs, true),
-        Op::Scale => scale(
-            isa,
-            host,
-            inputs,
-            outputs,
-            abi::ScaleAttrs::from_params(p).s,
-        ),
+        Op::Scale => scale(isa, host, inputs, outputs, ScaleAttrs::from_params(p).s),
         Op::Softmax => softmax(
             isa,
             host,
             inputs,
             outputs,
-            abi::SoftmaxAttrs::from_params(p).scale,
+            SoftmaxAttrs::from_params(p).scale,
         ),
         Op::Argmax => argmax(host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
