@@ -89,11 +89,7 @@ impl Setting {
 
     /// A [`Kind::Bool`]: `1` on, `0` off, anything else (or unset) `default`.
     pub fn on(&self, default: bool) -> bool {
-        match self.get().as_deref() {
-            Some("1") => true,
-            Some("0") => false,
-            _ => default,
-        }
+        self.forced().unwrap_or(default)
     }
 
     /// `Some(true)` for `1`, `Some(false)` for `0`, `None` otherwise (a tri-state: "auto").

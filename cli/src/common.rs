@@ -166,15 +166,7 @@ impl SamplingArgs {
     /// The flags as sampler parameters, checked as `batch` and `serve` check theirs
     /// ([`SamplerParams::validate`]); an error names the flag.
     pub fn sampler(&self) -> CliResult<Sampler> {
-        let p = self.params(self.seed.unwrap_or_else(clock_seed));
-        p.validate()
-            .map_err(|e| format!("--{} {}", e.field.replace('_', "-"), e.msg))?;
-        Ok(Sampler::new(p))
-    }
-
-    /// The flags as sampler parameters with `seed`, unchecked.
-    pub fn params(&self, seed: u64) -> SamplerParams {
-        SamplerParams {
+        let p = SamplerParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -183,8 +175,11 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             repeat_last_n: self.repeat_last_n,
-            seed,
-        }
+            seed: self.seed.unwrap_or_else(clock_seed),
+        };
+        p.validate()
+            .map_err(|e| format!("--{} {}", e.field.replace('_', "-"), e.msg))?;
+        Ok(Sampler::new(p))
     }
 }
 

@@ -46,44 +46,85 @@ pub struct ParamError {
     pub msg: String,
 }
 
+/// The accepted range of one sampling value.
+pub struct Range {
+    /// The parameter's name as the caller spells it.
+    pub field: &'static str,
+    pub get: fn(&SamplerParams) -> f32,
+    pub lo: f32,
+    pub hi: f32,
+    /// `lo` itself is refused (top_p 0 keeps nothing).
+    pub lo_open: bool,
+    pub note: &'static str,
+}
+
 /// The accepted range of each sampling value, declared once: `run`, `chat`, `batch` and
 /// `serve` all check through [`SamplerParams::validate`].
-pub const RANGES: &[(&str, f32, f32, &str)] = &[
-    ("temperature", 0.0, 100.0, "0 = greedy"),
-    ("top_p", 0.0, 1.0, "above 0; 1 = off"),
-    ("min_p", 0.0, 1.0, "0 = off"),
-    ("repeat_penalty", 0.001, 100.0, "1 = off"),
-    ("presence_penalty", -100.0, 100.0, "0 = off"),
-    ("frequency_penalty", -100.0, 100.0, "0 = off"),
+pub const RANGES: &[Range] = &[
+    Range {
+        field: "temperature",
+        get: |p| p.temperature,
+        lo: 0.0,
+        hi: 100.0,
+        lo_open: false,
+        note: "0 = greedy",
+    },
+    Range {
+        field: "top_p",
+        get: |p| p.top_p,
+        lo: 0.0,
+        hi: 1.0,
+        lo_open: true,
+        note: "above 0; 1 = off",
+    },
+    Range {
+        field: "min_p",
+        get: |p| p.min_p,
+        lo: 0.0,
+        hi: 1.0,
+        lo_open: false,
+        note: "0 = off",
+    },
+    Range {
+        field: "repeat_penalty",
+        get: |p| p.repeat_penalty,
+        lo: 0.001,
+        hi: 100.0,
+        lo_open: false,
+        note: "1 = off",
+    },
+    Range {
+        field: "presence_penalty",
+        get: |p| p.presence_penalty,
+        lo: -100.0,
+        hi: 100.0,
+        lo_open: false,
+        note: "0 = off",
+    },
+    Range {
+        field: "frequency_penalty",
+        get: |p| p.frequency_penalty,
+        lo: -100.0,
+        hi: 100.0,
+        lo_open: false,
+        note: "0 = off",
+    },
 ];
 
 impl SamplerParams {
-    /// Every value finite and in its [`RANGES`] entry (`top_p` above 0). The values are
-    /// checked as the sampler uses them, in f32: a penalty of 5e-324 is 0 there.
+    /// Every value finite and in its [`RANGES`] entry. The values are checked as the sampler
+    /// uses them, in f32: a penalty of 5e-324 is 0 there.
     pub fn validate(&self) -> Result<(), ParamError> {
-        for &(field, lo, hi, note) in RANGES {
-            let v = self.value(field);
-            let bad = !v.is_finite() || v < lo || v > hi || (field == "top_p" && v <= 0.0);
-            if bad {
+        for r in RANGES {
+            let v = (r.get)(self);
+            if !v.is_finite() || v < r.lo || v > r.hi || (r.lo_open && v <= r.lo) {
                 return Err(ParamError {
-                    field,
-                    msg: format!("{v} is outside {lo}..={hi} ({note})"),
+                    field: r.field,
+                    msg: format!("{v} is outside {}..={} ({})", r.lo, r.hi, r.note),
                 });
             }
         }
         Ok(())
-    }
-
-    fn value(&self, field: &str) -> f32 {
-        match field {
-            "temperature" => self.temperature,
-            "top_p" => self.top_p,
-            "min_p" => self.min_p,
-            "repeat_penalty" => self.repeat_penalty,
-            "presence_penalty" => self.presence_penalty,
-            "frequency_penalty" => self.frequency_penalty,
-            _ => unreachable!("RANGES names only fields of SamplerParams"),
-        }
     }
 }
 

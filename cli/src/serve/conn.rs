@@ -158,8 +158,7 @@ pub async fn body_deadline(State(app): State<Arc<App>>, req: Request, next: Next
             // The only error `to_bytes` makes itself is the length limit; the others come
             // from the connection.
             let too_long = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             return if too_long {
                 ApiError::payload_too_large(limit).into_response()
             } else {
