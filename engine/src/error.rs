@@ -27,6 +27,9 @@ pub enum EngineError {
     },
     #[error("{}", loader::printable(.0))]
     Invalid(String),
+    /// A graph (a package's, or one a builder wrote) refused by the compiler.
+    #[error(transparent)]
+    Graph(#[from] crate::graph::GraphError),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -217,9 +217,9 @@ impl ExpertCache {
             msg: format!("expert cache: cannot open: {e}"),
         })?;
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        check_spans(&layers, file_len).map_err(|msg| EngineError::Model {
+        check_spans(&layers, file_len).map_err(|e| EngineError::Model {
             file: label.clone(),
-            msg,
+            msg: e.to_string(),
         })?;
         // Each segment in a region of its own, aligned, with room for a direct read's rounding.
         let mut slot_bytes = io::ALIGN as usize;

@@ -92,13 +92,7 @@ impl Model {
         let (hp, graph) = match gguf.get_str(loader::package::GRAPH_KEY)? {
             Some(text) => {
                 let file = gguf.path.display().to_string();
-                let g =
-                    crate::graph::GraphFile::from_json(text.as_bytes(), &file).map_err(|msg| {
-                        EngineError::Model {
-                            file: file.clone(),
-                            msg,
-                        }
-                    })?;
+                let g = crate::graph::GraphFile::from_json(text.as_bytes(), &file)?;
                 (HParams::from_graph(&g, &gguf)?, g)
             }
             None => {

@@ -46,12 +46,13 @@ fn garbage_and_missing_libraries_are_refused_with_the_reason() {
     let d = scratch("garbage");
     let p = d.join("libmollm_fake.so");
     std::fs::write(&p, b"not an ELF file").unwrap();
-    let e = registry::load(&p).err().unwrap();
+    let e = registry::load(&p).err().unwrap().to_string();
     assert!(e.starts_with("cannot load"), "{e}");
     let e = registry::load(&d.join("libmollm_missing.so"))
         .err()
         .unwrap();
-    assert_eq!(e, "no such file");
+    assert_eq!(e, registry::PluginError::NoFile);
+    assert_eq!(e.to_string(), "no such file");
     // A real shared library without the entry symbol.
     let libc = [
         "/lib/x86_64-linux-gnu/libm.so.6",
@@ -62,7 +63,11 @@ fn garbage_and_missing_libraries_are_refused_with_the_reason() {
     .find(|p| p.exists());
     if let Some(libm) = libc {
         let e = registry::load(&libm).err().unwrap();
-        assert!(e.contains("no mollm_backend_entry symbol"), "{e}");
+        assert_eq!(e, registry::PluginError::NoEntry);
+        assert!(
+            e.to_string().contains("no mollm_backend_entry symbol"),
+            "{e}"
+        );
     }
     // The gate child reports the same refusal as a verdict, not a crash.
     let v = runner().run(&p).0;

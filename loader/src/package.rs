@@ -35,7 +35,7 @@ use abi::DType;
 use serde_json::{json, Value as Json};
 
 use crate::gguf::{tensor_bytes, Array, GgufFile, StrArray, TensorInfo, Value};
-use crate::LoadError;
+use crate::{printable, LoadError};
 
 pub const MAGIC: &[u8; 8] = b"MOLLMPKG";
 /// The newest version this build reads and writes (2: interleaved experts; 1 is still read,
@@ -61,18 +61,66 @@ pub fn is_package(path: &Path) -> bool {
         && &m == MAGIC
 }
 
+// ------------------------------------------------------------------------- errors
+
+/// What goes wrong writing a package, or reading one metadata entry of it. Keys and names
+/// may come from a hostile source file, so they are shown through [`printable`].
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("metadata key '{}': {value} is not representable in JSON", printable(.key))]
+    NotJsonNumber { key: String, value: f64 },
+    #[error("metadata key '{}': a string that is not UTF-8", printable(.key))]
+    NotUtf8 { key: String },
+    #[error("metadata key '{}': nested arrays", printable(.key))]
+    NestedArray { key: String },
+    #[error("an entry without a \"key\" string")]
+    NoKey,
+    #[error("metadata key '{}': not a valid {ty:?} value", printable(.key))]
+    BadValue { key: String, ty: String },
+    #[error("metadata key '{}': unknown type {ty:?}", printable(.key))]
+    UnknownType { key: String, ty: String },
+    #[error("tensor '{}': {shape:?} is not whole {dtype} blocks", printable(.tensor))]
+    NotWholeBlocks {
+        tensor: String,
+        shape: Vec<u64>,
+        dtype: DType,
+    },
+    #[error("tensor {index}: {got} bytes, expected {expected}")]
+    TensorBytes {
+        index: usize,
+        got: u64,
+        expected: u64,
+    },
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_at(path: &Path) -> impl Fn(std::io::Error) -> PackError + '_ {
+    move |source| PackError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 // ------------------------------------------------------------------------- values ↔ JSON
 
-fn value_json(key: &str, v: &Value) -> Result<Json, String> {
+fn value_json(key: &str, v: &Value) -> Result<Json, PackError> {
     let f = |x: f64| {
         serde_json::Number::from_f64(x)
             .map(Json::Number)
-            .ok_or_else(|| format!("metadata key '{key}': {x} is not representable in JSON"))
+            .ok_or_else(|| PackError::NotJsonNumber {
+                key: key.into(),
+                value: x,
+            })
     };
     let s = |b: &[u8]| {
         std::str::from_utf8(b)
             .map(|s| Json::String(s.to_string()))
-            .map_err(|_| format!("metadata key '{key}': a string that is not UTF-8"))
+            .map_err(|_| PackError::NotUtf8 { key: key.into() })
     };
     let (ty, val) = match v {
         Value::U8(x) => ("u8", json!(x)),
@@ -109,21 +157,24 @@ fn value_json(key: &str, v: &Value) -> Result<Json, String> {
                 "[str]",
                 Json::Array(v.iter_bytes().map(s).collect::<Result<_, _>>()?),
             ),
-            Array::Array(_) => return Err(format!("metadata key '{key}': nested arrays")),
+            Array::Array(_) => return Err(PackError::NestedArray { key: key.into() }),
         },
     };
     Ok(json!({"key": key, "type": ty, "value": val}))
 }
 
-fn json_value(e: &Json) -> Result<(String, Value), String> {
+fn json_value(e: &Json) -> Result<(String, Value), PackError> {
     let key = e
         .get("key")
         .and_then(|k| k.as_str())
-        .ok_or("an entry without a \"key\" string")?
+        .ok_or(PackError::NoKey)?
         .to_string();
     let ty = e.get("type").and_then(|t| t.as_str()).unwrap_or("");
     let v = e.get("value").unwrap_or(&Json::Null);
-    let bad = || format!("metadata key '{key}': not a valid {ty:?} value");
+    let bad = || PackError::BadValue {
+        key: key.clone(),
+        ty: ty.into(),
+    };
     let int = |x: &Json| x.as_i64().or_else(|| x.as_u64().map(|u| u as i64));
     let list = || v.as_array().ok_or_else(bad);
     macro_rules! ints {
@@ -196,7 +247,12 @@ fn json_value(e: &Json) -> Result<(String, Value), String> {
             }
             Value::Array(Array::String(a))
         }
-        other => return Err(format!("metadata key '{key}': unknown type {other:?}")),
+        other => {
+            return Err(PackError::UnknownType {
+                key,
+                ty: other.into(),
+            })
+        }
     };
     Ok((key, val))
 }
@@ -272,7 +328,7 @@ fn layout(
     source: &str,
     metadata: &[(String, Value)],
     tensors: &[PackTensor],
-) -> Result<Layout, String> {
+) -> Result<Layout, PackError> {
     let mut meta = Vec::new();
     let mut tok = Vec::new();
     let mut template = None;
@@ -298,14 +354,13 @@ fn layout(
     let sizes = tensors
         .iter()
         .map(|t| {
-            tensor_bytes(t.dtype, &t.shape).ok_or_else(|| {
-                format!(
-                    "tensor '{}': {:?} is not whole {} blocks",
-                    t.name, t.shape, t.dtype
-                )
+            tensor_bytes(t.dtype, &t.shape).ok_or_else(|| PackError::NotWholeBlocks {
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
+                dtype: t.dtype,
             })
         })
-        .collect::<Result<Vec<u64>, String>>()?;
+        .collect::<Result<Vec<u64>, PackError>>()?;
     let groups = expert_groups(tensors);
     let mut places: Vec<Option<Place>> = vec![None; tensors.len()];
     let mut off = 0u64;
@@ -423,7 +478,7 @@ pub fn package_len(
     source: &str,
     metadata: &[(String, Value)],
     tensors: &[PackTensor],
-) -> Result<u64, String> {
+) -> Result<u64, PackError> {
     Ok(layout(architecture, quant, source, metadata, tensors)?.file_len)
 }
 
@@ -435,7 +490,7 @@ impl Writer {
         source: &str,
         metadata: &[(String, Value)],
         tensors: &[PackTensor],
-    ) -> Result<Writer, String> {
+    ) -> Result<Writer, PackError> {
         let Layout {
             meta: bytes,
             tok,
@@ -449,8 +504,8 @@ impl Writer {
         let meta_len = bytes.len() as u64;
         let data_len = file_len - data_offset;
         let tmp = out.with_extension("mollm.partial");
-        let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-        let mut file = std::fs::File::create(&tmp).map_err(io)?;
+        let io = io_at(&tmp);
+        let mut file = std::fs::File::create(&tmp).map_err(&io)?;
         let mut h = Vec::with_capacity(HEADER as usize);
         h.extend_from_slice(MAGIC);
         h.extend_from_slice(&version.to_le_bytes());
@@ -458,16 +513,17 @@ impl Writer {
         for v in [HEADER, meta_len, data_offset, data_len, file_len, 0] {
             h.extend_from_slice(&v.to_le_bytes());
         }
-        file.write_all(&h).map_err(io)?;
-        file.write_all(&bytes).map_err(io)?;
-        file.write_all(&tok).map_err(io)?;
+        file.write_all(&h).map_err(&io)?;
+        file.write_all(&bytes).map_err(&io)?;
+        file.write_all(&tok).map_err(&io)?;
         if let Some(t) = &template {
-            file.write_all(t).map_err(io)?;
+            file.write_all(t).map_err(&io)?;
         }
         if let Some(g) = &graph {
-            file.write_all(g).map_err(io)?;
+            file.write_all(g).map_err(&io)?;
         }
-        file.set_len(file_len).map_err(io)?;
+        file.set_len(file_len).map_err(&io)?;
+        drop(io);
         Ok(Writer {
             file,
             tmp,
@@ -480,30 +536,30 @@ impl Writer {
 
     /// Writes tensor `i` (in the order given to [`Writer::create`]); `bytes` must be its size
     /// (its matrices back to back; interleaved experts are spread out here).
-    pub fn tensor(&mut self, i: usize, bytes: &[u8]) -> Result<(), String> {
+    pub fn tensor(&mut self, i: usize, bytes: &[u8]) -> Result<(), PackError> {
         let p = self.places[i];
         if bytes.len() as u64 != p.bytes {
-            return Err(format!(
-                "tensor {i}: {} bytes, expected {}",
-                bytes.len(),
-                p.bytes
-            ));
+            return Err(PackError::TensorBytes {
+                index: i,
+                got: bytes.len() as u64,
+                expected: p.bytes,
+            });
         }
-        let io = |e: std::io::Error| format!("{}: {e}", self.tmp.display());
+        let io = io_at(&self.tmp);
         let per = (p.bytes / p.n.max(1)) as usize;
         if per as u64 == p.stride || per == 0 {
             self.file
                 .seek(SeekFrom::Start(self.data_offset + p.offset))
-                .map_err(io)?;
-            return self.file.write_all(bytes).map_err(io);
+                .map_err(&io)?;
+            return self.file.write_all(bytes).map_err(&io);
         }
         for (e, m) in bytes.chunks(per).enumerate() {
             self.file
                 .seek(SeekFrom::Start(
                     self.data_offset + p.offset + e as u64 * p.stride,
                 ))
-                .map_err(io)?;
-            self.file.write_all(m).map_err(io)?;
+                .map_err(&io)?;
+            self.file.write_all(m).map_err(&io)?;
         }
         Ok(())
     }
@@ -513,11 +569,9 @@ impl Writer {
         self.data_offset + self.data_len
     }
 
-    pub fn finish(self) -> Result<(), String> {
-        self.file
-            .sync_all()
-            .map_err(|e| format!("{}: {e}", self.tmp.display()))?;
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| format!("{}: {e}", self.out.display()))
+    pub fn finish(self) -> Result<(), PackError> {
+        self.file.sync_all().map_err(io_at(&self.tmp))?;
+        std::fs::rename(&self.tmp, &self.out).map_err(io_at(&self.out))
     }
 }
 
@@ -594,7 +648,7 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
         .as_array()
         .ok_or_else(|| err("metadata field 'metadata' is not a list".into()))?;
     for e in entries {
-        metadata.push(json_value(e).map_err(err)?);
+        metadata.push(json_value(e).map_err(|e| err(e.to_string()))?);
     }
     let section = |name: &str| -> Result<Option<&[u8]>, LoadError> {
         match doc.get(name) {
@@ -619,7 +673,7 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
             .as_array()
             .ok_or_else(|| err("tokenizer section is not a list".into()))?
         {
-            metadata.push(json_value(e).map_err(err)?);
+            metadata.push(json_value(e).map_err(|e| err(e.to_string()))?);
         }
     }
     if let Some(t) = section("chat_template")? {

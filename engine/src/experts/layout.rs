@@ -190,22 +190,54 @@ pub fn expert_bytes(layers: &[LayerExperts]) -> u64 {
     layers.iter().map(|l| l.bytes() * l.n_expert as u64).sum()
 }
 
+/// Why the expert ranges a file declares cannot be read as expert matrices.
+#[derive(Debug, thiserror::Error)]
+pub enum SpanError {
+    #[error("{} part {part}: experts of {bytes} bytes, {stride} apart, for a {ne:?} {dtype} matrix", loader::printable(.layer))]
+    Size {
+        layer: String,
+        part: usize,
+        bytes: u64,
+        stride: u64,
+        ne: [i64; 2],
+        dtype: abi::DType,
+    },
+    #[error("{} part {part}: experts at {offset}..+{n_expert}x{stride} lie past the end of the file ({file_len} bytes)", loader::printable(.layer))]
+    PastEnd {
+        layer: String,
+        part: usize,
+        offset: u64,
+        n_expert: usize,
+        stride: u64,
+        file_len: u64,
+    },
+    #[error("expert ranges overlap: {} ({}..{}) and {} ({}..{})", loader::printable(&.a.2), .a.0, .a.1, loader::printable(&.b.2), .b.0, .b.1)]
+    Overlap {
+        a: (u64, u64, String),
+        b: (u64, u64, String),
+    },
+}
+
 /// Refuses expert ranges outside a file of `file_len` bytes, overlapping each other, whose
 /// size is not their matrix's, or closer together than one matrix.
 pub(super) fn check_spans(
     layers: &[LayerExperts],
     file_len: u64,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), SpanError> {
     let mut ranges = Vec::new();
     for l in layers {
         for (pi, p) in l.parts.iter().enumerate() {
             let want = p.dtype.row_bytes(p.ne[0] as u64);
             let mat = want.and_then(|r| r.checked_mul(p.ne[1] as u64));
             if mat != Some(p.bytes) || p.stride < p.bytes {
-                return Err(format!(
-                    "{} part {pi}: experts of {} bytes, {} apart, for a {:?} {} matrix",
-                    l.name, p.bytes, p.stride, p.ne, p.dtype
-                ));
+                return Err(SpanError::Size {
+                    layer: l.name.clone(),
+                    part: pi,
+                    bytes: p.bytes,
+                    stride: p.stride,
+                    ne: p.ne.map(|d| d as i64),
+                    dtype: p.dtype,
+                });
             }
         }
         // Each segment's experts from the first byte to the last.
@@ -218,10 +250,14 @@ pub(super) fn check_spans(
             match end {
                 Some(e) if e <= file_len => ranges.push((s.offset, e, l.name.clone())),
                 _ => {
-                    return Err(format!(
-                        "{} part {si}: experts at {}..+{}x{} lie past the end of the file ({file_len} bytes)",
-                        l.name, s.offset, l.n_expert, s.stride
-                    ))
+                    return Err(SpanError::PastEnd {
+                        layer: l.name.clone(),
+                        part: si,
+                        offset: s.offset,
+                        n_expert: l.n_expert as usize,
+                        stride: s.stride,
+                        file_len,
+                    })
                 }
             }
         }
@@ -229,10 +265,10 @@ pub(super) fn check_spans(
     ranges.sort();
     for w in ranges.windows(2) {
         if w[1].0 < w[0].1 {
-            return Err(format!(
-                "expert ranges overlap: {} ({}..{}) and {} ({}..{})",
-                w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
-            ));
+            return Err(SpanError::Overlap {
+                a: w[0].clone(),
+                b: w[1].clone(),
+            });
         }
     }
     Ok(())

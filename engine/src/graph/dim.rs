@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use super::error::DimError;
+
 /// `c + t*T + o*O`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Lin {
@@ -80,12 +82,9 @@ impl Lin {
 }
 
 /// Parses a dimension expression. Errors say what is wrong with it.
-pub fn parse(expr: &str, consts: &BTreeMap<String, i64>) -> Result<Lin, String> {
+pub fn parse(expr: &str, consts: &BTreeMap<String, i64>) -> Result<Lin, DimError> {
     if expr.len() > 256 {
-        return Err(format!(
-            "dimension expression of {} bytes (limit 256)",
-            expr.len()
-        ));
+        return Err(DimError::TooLong(expr.len()));
     }
     let mut sum = Lin::k(0);
     for term in expr.split('+') {
@@ -101,22 +100,23 @@ pub fn parse(expr: &str, consts: &BTreeMap<String, i64>) -> Result<Lin, String> 
             } else if let Some(&n) = consts.get(f) {
                 Lin::k(n)
             } else if f.is_empty() {
-                return Err(format!("'{expr}': empty term"));
+                return Err(DimError::EmptyTerm(expr.into()));
             } else {
-                return Err(format!(
-                    "'{expr}': unknown name '{f}' (not T, O or a constant)"
-                ));
+                return Err(DimError::UnknownName {
+                    expr: expr.into(),
+                    name: f.into(),
+                });
             };
             prod = prod
                 .mul(v)
-                .ok_or_else(|| format!("'{expr}': not linear in T and O, or overflows"))?;
+                .ok_or_else(|| DimError::NotLinear(expr.into()))?;
         }
         sum = sum
             .add(prod)
-            .ok_or_else(|| format!("'{expr}': overflows"))?;
+            .ok_or_else(|| DimError::Overflow(expr.into()))?;
     }
     if sum.c < 0 || sum.t < 0 || sum.o < 0 {
-        return Err(format!("'{expr}': negative coefficient"));
+        return Err(DimError::Negative(expr.into()));
     }
     Ok(sum)
 }
@@ -145,14 +145,19 @@ mod tests {
         assert_eq!(parse("head_dim*n_head", &c).unwrap(), Lin::k(576));
         assert_eq!(parse("T", &c).unwrap(), Lin::T);
         assert_eq!(parse(" 2*T + O + 3", &c).unwrap(), Lin { c: 3, t: 2, o: 1 });
-        assert!(parse("T*O", &c).unwrap_err().contains("linear"));
+        assert!(parse("T*O", &c).unwrap_err().to_string().contains("linear"));
         assert!(parse("n_embd", &c)
             .unwrap_err()
+            .to_string()
             .contains("unknown name 'n_embd'"));
-        assert!(parse("T+", &c).unwrap_err().contains("empty"));
-        assert!(parse("-1", &c).unwrap_err().contains("negative"));
+        assert!(parse("T+", &c).unwrap_err().to_string().contains("empty"));
+        assert!(parse("-1", &c)
+            .unwrap_err()
+            .to_string()
+            .contains("negative"));
         assert!(parse("9223372036854775807*2", &c)
             .unwrap_err()
+            .to_string()
             .contains("overflows"));
         for l in [Lin::T, Lin::k(7), Lin { c: 3, t: 2, o: 1 }, Lin::O] {
             assert_eq!(parse(&l.to_expr(), &c).unwrap(), l);

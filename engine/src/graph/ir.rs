@@ -10,6 +10,8 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+use super::error::GraphError;
+
 /// Bumped on any change an older mollm cannot run; a newer version is refused by name.
 pub const GRAPH_VERSION: u32 = 1;
 
@@ -94,19 +96,27 @@ impl GraphFile {
     }
 
     /// Parses a graph file; `what` names it in errors (a package path).
-    pub fn from_json(text: &[u8], what: &str) -> Result<GraphFile, String> {
+    pub fn from_json(text: &[u8], what: &str) -> Result<GraphFile, GraphError> {
+        let file = || what.to_string();
         // Version first, so a newer file gets a clear message rather than a field error.
-        let v: serde_json::Value = serde_json::from_slice(text)
-            .map_err(|e| format!("{what}: graph is not valid JSON: {e}"))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(text).map_err(|source| GraphError::Json {
+                file: file(),
+                source,
+            })?;
         match v.get("version").and_then(|x| x.as_u64()) {
             Some(n) if n == GRAPH_VERSION as u64 => {}
-            Some(n) => {
-                return Err(format!(
-                    "{what}: graph version {n}, this mollm runs version {GRAPH_VERSION}"
-                ))
+            Some(found) => {
+                return Err(GraphError::Version {
+                    file: file(),
+                    found,
+                })
             }
-            None => return Err(format!("{what}: graph has no numeric 'version'")),
+            None => return Err(GraphError::NoVersion { file: file() }),
         }
-        serde_json::from_value(v).map_err(|e| format!("{what}: bad graph: {e}"))
+        serde_json::from_value(v).map_err(|source| GraphError::Schema {
+            file: file(),
+            source,
+        })
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod build;
 pub mod dim;
+pub mod error;
 pub mod ir;
 pub mod matmul;
 pub mod moe;
@@ -12,6 +13,7 @@ pub mod plan;
 pub mod program;
 pub mod run;
 
+pub use error::{AttrError, DimError, GraphError, NodeError};
 pub use ir::{GraphFile, NodeDef, GRAPH_VERSION};
 pub use program::{compile, Program};
 pub use run::{Runner, SeqStep};

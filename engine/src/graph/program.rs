@@ -3,6 +3,7 @@
 //! step's `T` and `O`. Anything wrong is refused here, naming the node.
 
 use super::dim::{self, Lin, Shape};
+use super::error::{AttrError, GraphError, NodeError};
 use super::ir::{graph_op, GraphFile, NodeDef};
 use crate::tensor::Weight;
 use abi::{AttrKind, DType, Op, OpParams, TensorDesc};
@@ -111,84 +112,94 @@ fn fit(vals: &[[i64; 4]; 5]) -> Option<Shape> {
     Some(s)
 }
 
-fn params_for(op: Op, n: &NodeDef) -> Result<OpParams, String> {
+fn params_for(op: Op, n: &NodeDef) -> Result<OpParams, AttrError> {
     let schema = op.schema();
     let mut p = OpParams::default();
     for (k, &v) in &n.attrs {
         let a = schema.attrs.iter().find(|a| a.name == k).ok_or_else(|| {
             let names: Vec<&str> = schema.attrs.iter().map(|a| a.name).collect();
-            format!(
-                "{} has no attribute '{k}' (it has: {})",
-                schema.name,
-                names.join(", ")
-            )
+            AttrError::Unknown {
+                op: schema.name,
+                attr: k.clone(),
+                has: names.join(", "),
+            }
         })?;
         if !v.is_finite() {
-            return Err(format!("attribute '{k}' is not a finite number"));
+            return Err(AttrError::NotFinite { attr: k.clone() });
         }
         if a.kind == AttrKind::I64 && (v.fract() != 0.0 || v.abs() > (1u64 << 53) as f64) {
-            return Err(format!("attribute '{k}' must be an integer, got {v}"));
+            return Err(AttrError::NotInteger {
+                attr: k.clone(),
+                value: v,
+            });
         }
         p.set(a, v);
     }
     Ok(p)
 }
 
-fn graph_attr(n: &NodeDef, k: &str) -> Result<f64, String> {
-    let v = *n
-        .attrs
-        .get(k)
-        .ok_or_else(|| format!("missing attribute '{k}'"))?;
+fn graph_attr(n: &NodeDef, k: &'static str) -> Result<f64, AttrError> {
+    let v = *n.attrs.get(k).ok_or(AttrError::Missing { attr: k })?;
     if !v.is_finite() {
-        return Err(format!("attribute '{k}' is not a finite number"));
+        return Err(AttrError::NotFinite { attr: k.into() });
     }
     Ok(v)
 }
 
-fn graph_int(n: &NodeDef, k: &str, max: u64) -> Result<u64, String> {
+fn graph_int(n: &NodeDef, k: &'static str, max: u64) -> Result<u64, AttrError> {
     let v = graph_attr(n, k)?;
     if v.fract() != 0.0 || v < 0.0 || v > max as f64 {
-        return Err(format!(
-            "attribute '{k}' must be an integer in 0..={max}, got {v}"
-        ));
+        return Err(AttrError::OutOfRange {
+            attr: k,
+            max,
+            value: v,
+        });
     }
     Ok(v as u64)
 }
 
 /// Checks `g` and binds it to the weights `weights` finds by name. `file` names the source in
 /// errors.
-pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, String> {
-    let err = |node: &str, msg: String| format!("{file}: graph node '{node}': {msg}");
+pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, GraphError> {
+    let err = |node: &str, error: NodeError| GraphError::Node {
+        file: file.into(),
+        node: node.into(),
+        error,
+    };
     if g.version != super::ir::GRAPH_VERSION {
-        return Err(format!(
-            "{file}: graph version {} is not {}",
-            g.version,
-            super::ir::GRAPH_VERSION
-        ));
+        return Err(GraphError::Version {
+            file: file.into(),
+            found: g.version as u64,
+        });
     }
     if g.nodes.len() > MAX_NODES || g.kv_layers.len() > MAX_KV_LAYERS {
-        return Err(format!(
-            "{file}: graph of {} nodes / {} kv layers (limits {MAX_NODES} / {MAX_KV_LAYERS})",
-            g.nodes.len(),
-            g.kv_layers.len()
-        ));
+        return Err(GraphError::TooLarge {
+            file: file.into(),
+            nodes: g.nodes.len(),
+            kv_layers: g.kv_layers.len(),
+            max_nodes: MAX_NODES,
+            max_kv_layers: MAX_KV_LAYERS,
+        });
     }
     let mut kv_layers = Vec::with_capacity(g.kv_layers.len());
     for (i, &[d, h]) in g.kv_layers.iter().enumerate() {
         if !(1..=1 << 16).contains(&d) || !(1..=1 << 12).contains(&h) {
-            return Err(format!(
-                "{file}: graph kv layer {i}: implausible geometry [{d}, {h}]"
-            ));
+            return Err(GraphError::KvGeometry {
+                file: file.into(),
+                layer: i,
+                geometry: [d as i64, h as i64],
+            });
         }
         kv_layers.push([d as usize, h as usize]);
     }
     let mut by_name: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if n.name.is_empty() || n.name.len() > 256 || n.name.starts_with(['$', '@']) {
-            return Err(format!(
-                "{file}: graph node {i}: bad name '{}'",
-                n.name.escape_debug()
-            ));
+            return Err(GraphError::NodeName {
+                file: file.into(),
+                index: i,
+                name: n.name.clone(),
+            });
         }
         if by_name.insert(&n.name, i).is_some() {
             return Err(err(&n.name, "defined twice".into()));
@@ -203,7 +214,7 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
     let mut kv_used = vec![false; kv_layers.len()];
 
     for (i, n) in g.nodes.iter().enumerate() {
-        let e = |msg: String| err(&n.name, msg);
+        let e = |msg: String| err(&n.name, NodeError::Check(msg));
         if n.inputs.len() > MAX_INPUTS {
             return Err(e(format!("{} inputs (limit {MAX_INPUTS})", n.inputs.len())));
         }
@@ -269,7 +280,8 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
                     return Err(e(format!("input '{}' must be f32, is {dt}", gop.inputs[k])));
                 }
             }
-            compile_graph_op(n, &inputs, &in_info, &kv_layers, &mut kv_used, &g).map_err(e)?
+            compile_graph_op(n, &inputs, &in_info, &kv_layers, &mut kv_used, &g)
+                .map_err(|x| err(&n.name, x))?
         } else {
             let op = Op::from_name(&n.op).ok_or_else(|| e(format!("unknown op '{}'", n.op)))?;
             if matches!(op, Op::SetRows | Op::Attention) {
@@ -295,7 +307,7 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
                     "mat_mul's first operand must be a weight (`@name`)".into()
                 ));
             }
-            let params = params_for(op, n).map_err(e)?;
+            let params = params_for(op, n).map_err(|a| err(&n.name, a.into()))?;
             let out_dt = schema.outputs[0].dtypes[0];
             let mut shapes = [[0i64; 4]; 5];
             for (pi, s) in shapes.iter_mut().enumerate() {
@@ -303,15 +315,14 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
                     .iter()
                     .map(|(dt, sh)| {
                         if sh[pi][0] % dt.info().block_len as i64 != 0 {
-                            return Err(format!(
+                            return Err(e(format!(
                                 "an input of shape {:?} is not whole {dt} blocks",
                                 sh[pi]
-                            ));
+                            )));
                         }
                         Ok(sample_desc(*dt, sh[pi]))
                     })
-                    .collect::<Result<_, String>>()
-                    .map_err(e)?;
+                    .collect::<Result<_, GraphError>>()?;
                 let shp: Vec<[i64; 4]> = descs.iter().map(|d| d.ne).collect();
                 let out = (schema.shape_rule)(&shp, &params)
                     .map_err(|m| e(format!("{}: {m}", schema.name)))?;
@@ -347,7 +358,10 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
     }
     let output = *by_name
         .get(g.output.as_str())
-        .ok_or_else(|| format!("{file}: graph output '{}' is not a node", g.output))?;
+        .ok_or_else(|| GraphError::NoOutput {
+            file: file.into(),
+            name: g.output.clone(),
+        })?;
     let s = nodes[output].shape;
     if nodes[output].dtype != DType::F32
         || !s[0].is_const()
@@ -360,7 +374,8 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, St
             format!(
                 "the output must be f32 [n_vocab, O], is [{}]",
                 shape_str(&s)
-            ),
+            )
+            .into(),
         ));
     }
     Ok(Program {
@@ -377,6 +392,13 @@ pub fn shape_str(s: &Shape) -> String {
     s.iter().map(|l| l.to_expr()).collect::<Vec<_>>().join(", ")
 }
 
+/// A node check's message, formatted.
+macro_rules! check {
+    ($($t:tt)*) => {
+        NodeError::Check(format!($($t)*))
+    };
+}
+
 type Compiled = (Kind, DType, [[i64; 4]; 5]);
 
 fn compile_graph_op(
@@ -386,19 +408,19 @@ fn compile_graph_op(
     kv_layers: &[[usize; 2]],
     kv_used: &mut [bool],
     g: &GraphFile,
-) -> Result<Compiled, String> {
+) -> Result<Compiled, NodeError> {
     match n.op.as_str() {
         "reshape" => {
             if n.shape.is_empty() || n.shape.len() > 4 {
-                return Err(format!(
+                return Err(check!(
                     "reshape needs 1 to 4 dimensions, got {}",
                     n.shape.len()
                 ));
             }
             let mut target = [Lin::k(1); 4];
             for (d, ex) in n.shape.iter().enumerate() {
-                target[d] =
-                    dim::parse(ex, &g.consts).map_err(|m| format!("shape dimension {d}: {m}"))?;
+                target[d] = dim::parse(ex, &g.consts)
+                    .map_err(|source| NodeError::Dim { dim: d, source })?;
             }
             let mut shapes = [[0i64; 4]; 5];
             for (pi, &(t, o)) in POINTS.iter().enumerate() {
@@ -406,7 +428,7 @@ fn compile_graph_op(
                 let src = info[0].1[pi];
                 let n = |v: &[i64; 4]| v.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
                 if n(&s).is_none() || n(&s) != n(&src) {
-                    return Err(format!(
+                    return Err(check!(
                         "reshape of {src:?} to {s:?} changes the element count"
                     ));
                 }
@@ -420,7 +442,7 @@ fn compile_graph_op(
                 return Err("the graph declares no kv layers".into());
             }
             if std::mem::replace(&mut kv_used[layer], true) {
-                return Err(format!("kv layer {layer} is written by two nodes"));
+                return Err(check!("kv layer {layer} is written by two nodes"));
             }
             let window = graph_int(n, "window", 1 << 40)? as usize;
             let scale = graph_attr(n, "scale")? as f32;
@@ -431,10 +453,10 @@ fn compile_graph_op(
                 let (q, k, v) = (info[0].1[pi], info[1].1[pi], info[2].1[pi]);
                 let want = [d as i64, h as i64, t, 1];
                 if k != want || v != want {
-                    return Err(format!("k {k:?} and v {v:?} must be [head_dim, n_head_kv, T] = {want:?} (kv layer {layer})"));
+                    return Err(check!("k {k:?} and v {v:?} must be [head_dim, n_head_kv, T] = {want:?} (kv layer {layer})"));
                 }
                 if q[0] != d as i64 || q[1] % h as i64 != 0 || q[2] != t || q[3] != 1 {
-                    return Err(format!("q {q:?} must be [{d}, a multiple of {h}, T]"));
+                    return Err(check!("q {q:?} must be [{d}, a multiple of {h}, T]"));
                 }
                 shapes[pi] = [q[0] * q[1], t, 1, 1];
             }
@@ -453,7 +475,7 @@ fn compile_graph_op(
             let [x, r, ga, up, dn] = ffn_operands(inputs, info, "router, gate, up and down")?;
             let (e, nx, f) = (x[0], r[1], ga[1]);
             if r != [e, nx, 1, 1] || ga != [e, f, nx, 1] || up != ga || dn != [f, e, nx, 1] {
-                return Err(format!(
+                return Err(check!(
                     "expert shapes do not fit: x {x:?}, router {r:?}, gate {ga:?}, up {up:?}, down {dn:?}"
                 ));
             }
@@ -473,12 +495,12 @@ fn compile_graph_op(
             let [x, gi, ga, up, dn] = ffn_operands(inputs, info, "gate_inp, gate, up and down")?;
             let (e, f) = (x[0], ga[1]);
             if gi != [e, 1, 1, 1] || ga != [e, f, 1, 1] || up != ga || dn != [f, e, 1, 1] {
-                return Err(format!(
+                return Err(check!(
                     "shared-expert shapes do not fit: x {x:?}, gate_inp {gi:?}, gate {ga:?}, up {up:?}, down {dn:?}"
                 ));
             }
             if info[1].0 != DType::F32 {
-                return Err(format!("gate_inp must be f32, is {}", info[1].0));
+                return Err(check!("gate_inp must be f32, is {}", info[1].0));
             }
             let act = graph_int(n, "act", 1)? as i64;
             Ok((Kind::SharedExpert { act }, DType::F32, like_x(info, e)?))
@@ -493,20 +515,20 @@ fn ffn_operands(
     inputs: &[Src],
     info: &[(DType, [[i64; 4]; 5])],
     what: &str,
-) -> Result<[[i64; 4]; 5], String> {
+) -> Result<[[i64; 4]; 5], NodeError> {
     if inputs[1..].iter().any(|s| !matches!(s, Src::Weight(_))) {
-        return Err(format!("{what} must be weights"));
+        return Err(check!("{what} must be weights"));
     }
     Ok(std::array::from_fn(|i| info[i].1[0]))
 }
 
 /// The output shapes of an FFN op: x's, which must be `[e, N]` at every point.
-fn like_x(info: &[(DType, [[i64; 4]; 5])], e: i64) -> Result<[[i64; 4]; 5], String> {
+fn like_x(info: &[(DType, [[i64; 4]; 5])], e: i64) -> Result<[[i64; 4]; 5], NodeError> {
     let mut shapes = [[0i64; 4]; 5];
     for (pi, s) in shapes.iter_mut().enumerate() {
         let xs = info[0].1[pi];
         if xs[0] != e || xs[2] != 1 || xs[3] != 1 {
-            return Err(format!("x must be [{e}, N], is {xs:?}"));
+            return Err(check!("x must be [{e}, N], is {xs:?}"));
         }
         *s = xs;
     }

@@ -113,6 +113,9 @@ pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
 /// Checks `graph` against the file's weights.
 pub fn bind(gguf: &GgufFile, graph: GraphFile) -> Result<Program> {
     let file = gguf.path.display().to_string();
-    crate::graph::compile(graph, &|name| file_weight(gguf, name), &file)
-        .map_err(|msg| EngineError::Model { file, msg })
+    Ok(crate::graph::compile(
+        graph,
+        &|name| file_weight(gguf, name),
+        &file,
+    )?)
 }

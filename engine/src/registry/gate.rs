@@ -194,7 +194,7 @@ pub fn gate_child(lib: Option<&Path>) -> String {
     let v = match path {
         None => Verdict::Refused(format!("no library given ({GATE_LIB_ENV} unset)")),
         Some(path) => match load(&path) {
-            Err(e) => Verdict::Refused(e),
+            Err(e) => Verdict::Refused(e.to_string()),
             Ok(p) => match Pool::new(0) {
                 Err(e) => Verdict::Refused(format!("conformance gate: {e}")),
                 Ok(pool) => {

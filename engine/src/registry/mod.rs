@@ -119,7 +119,26 @@ pub struct Candidate {
     pub path: PathBuf,
     pub origin: Origin,
     /// `Err`: why it cannot be used at all (cannot open, not a backend, wrong ABI, duplicate).
-    pub plugin: std::result::Result<Plugin, String>,
+    pub plugin: std::result::Result<Plugin, PluginError>,
+}
+
+/// Why a library cannot be used as a backend.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginError {
+    #[error("no such file")]
+    NoFile,
+    /// The dynamic loader's message, on one line.
+    #[error("cannot load: {0}")]
+    Open(String),
+    #[error("not a mollm backend: no mollm_backend_entry symbol")]
+    NoEntry,
+    #[error("mollm_backend_entry returned null")]
+    NullHeader,
+    /// The header's magic, version or sizes (the ABI's own message).
+    #[error("{0}")]
+    Layout(String),
+    #[error("duplicate: backend '{name}' already found at {}", .first.display())]
+    Duplicate { name: String, first: PathBuf },
 }
 
 impl Candidate {
@@ -192,11 +211,10 @@ pub fn discover(explicit: &[PathBuf]) -> Vec<Candidate> {
         let mut plugin = load(&path);
         if let Ok(p) = &plugin {
             if let Some((_, first)) = seen_names.iter().find(|(n, _)| *n == p.name) {
-                plugin = Err(format!(
-                    "duplicate: backend '{}' already found at {}",
-                    p.name,
-                    first.display()
-                ));
+                plugin = Err(PluginError::Duplicate {
+                    name: p.name.clone(),
+                    first: first.clone(),
+                });
             } else {
                 seen_names.push((p.name.clone(), path.clone()));
             }
@@ -211,25 +229,25 @@ pub fn discover(explicit: &[PathBuf]) -> Vec<Candidate> {
 }
 
 /// Opens one library and reads its header.
-pub fn load(path: &Path) -> std::result::Result<Plugin, String> {
+pub fn load(path: &Path) -> std::result::Result<Plugin, PluginError> {
     if !path.exists() {
-        return Err("no such file".into());
+        return Err(PluginError::NoFile);
     }
     // SAFETY: loading runs the library's initialisers; that is the trust a plugin asks for.
     let lib = unsafe { libloading::Library::new(path) }
-        .map_err(|e| format!("cannot load: {}", one_line(&e.to_string())))?;
+        .map_err(|e| PluginError::Open(one_line(&e.to_string())))?;
     let entry: extern "C" fn() -> *const BackendHeader = unsafe {
         *lib.get::<extern "C" fn() -> *const BackendHeader>(abi::ENTRY_SYMBOL)
-            .map_err(|_| "not a mollm backend: no mollm_backend_entry symbol".to_string())?
+            .map_err(|_| PluginError::NoEntry)?
     };
     let hp = entry();
     if hp.is_null() {
-        return Err("mollm_backend_entry returned null".into());
+        return Err(PluginError::NullHeader);
     }
     // SAFETY: the entry returns a static header; magic and sizes are checked before any other
     // field is trusted.
     let header: &BackendHeader = unsafe { &*hp };
-    header.check_layout()?;
+    header.check_layout().map_err(PluginError::Layout)?;
     let name = unsafe { std::ffi::CStr::from_ptr(header.name) }
         .to_string_lossy()
         .into_owned();

@@ -7,7 +7,22 @@ use super::*;
 pub struct Assessed {
     pub candidate: Candidate,
     /// `Ok(failed ops)` when usable; `Err(why not)` otherwise.
-    pub status: std::result::Result<Vec<(Op, String)>, String>,
+    pub status: std::result::Result<Vec<(Op, String)>, Unusable>,
+}
+
+/// Why a candidate is not used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unusable {
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// The host cannot run it (CPU features, device kind, ABI minor): the precheck's reason.
+    #[error("{0}")]
+    Host(String),
+    #[error("not selected")]
+    NotSelected,
+    /// The gate child refused the whole library (it crashed or would not load there).
+    #[error("{0}")]
+    Gate(String),
 }
 
 impl Assessed {
@@ -66,15 +81,15 @@ pub fn assess(
         .into_iter()
         .map(|c| {
             let status = match &c.plugin {
-                Err(e) => Err(e.clone()),
+                Err(e) => Err(e.clone().into()),
                 Ok(p) => match precheck(p, cap) {
-                    Some(why) => Err(why),
+                    Some(why) => Err(Unusable::Host(why)),
                     None if gate_names.is_some_and(|n| !n.contains(&p.name)) => {
-                        Err("not selected".into())
+                        Err(Unusable::NotSelected)
                     }
                     None => match gate(&c.path, runner) {
                         Verdict::Ran { failed } => Ok(failed),
-                        Verdict::Refused(e) => Err(e),
+                        Verdict::Refused(e) => Err(Unusable::Gate(e)),
                     },
                 },
             };
@@ -132,7 +147,12 @@ pub fn select(
         .iter()
         .find(|c| c.origin == Origin::Explicit && c.plugin.is_err())
     {
-        let why = c.plugin.as_ref().err().map(String::as_str).unwrap_or("?");
+        let why = c
+            .plugin
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         return Err(EngineError::Invalid(format!(
             "--backend-lib {}: {why}",
             c.path.display()
@@ -179,7 +199,11 @@ pub fn select(
                     format!(
                         "{}: {}",
                         a.candidate.name(),
-                        a.status.as_ref().err().map(String::as_str).unwrap_or("?")
+                        a.status
+                            .as_ref()
+                            .err()
+                            .map(|e| e.to_string())
+                            .unwrap_or_default()
                     )
                 })
                 .collect();

@@ -20,7 +20,7 @@ use reader::Reader;
 pub use value::{Array, StrArray, Value, ValueType};
 
 use crate::error::file_label;
-use crate::LoadError;
+use crate::{printable, LoadError};
 
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -477,7 +477,7 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
                 ))
             })?;
         let rel_offset = r.u64()?;
-        let size = tensor_size(&name, dtype, &shape).map_err(|m| r.err(m))?;
+        let size = tensor_size(&name, dtype, &shape).map_err(|e| r.err(e.to_string()))?;
         if rel_offset % alignment != 0 {
             return Err(r.err(format!(
                 "tensor '{name}' data offset {rel_offset} is not a multiple of the alignment {alignment}"
@@ -537,32 +537,62 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
     })
 }
 
+/// Why a tensor's declared shape has no byte size.
+#[derive(Debug, thiserror::Error)]
+pub enum ShapeError {
+    #[error("tensor '{}' dimension {dim} does not fit in i64 (shape {shape:?})", printable(.name))]
+    DimTooLarge {
+        name: String,
+        dim: u64,
+        shape: Vec<u64>,
+    },
+    #[error("tensor '{}' element count overflows (shape {shape:?})", printable(.name))]
+    ElementsOverflow { name: String, shape: Vec<u64> },
+    #[error("tensor '{}' of type {dtype} has {ne0} elements per row, not a multiple of the block size {}", printable(.name), .dtype.info().block_len)]
+    PartialBlock {
+        name: String,
+        dtype: DType,
+        ne0: u64,
+    },
+    #[error("tensor '{}' byte size overflows (shape {shape:?})", printable(.name))]
+    BytesOverflow { name: String, shape: Vec<u64> },
+}
+
 /// Byte size of a tensor, with the checks ggml applies: non-negative dims (as i64), element
 /// count representable in i64, first dim a whole number of blocks, byte size in u64.
-fn tensor_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, String> {
+fn tensor_size(name: &str, dtype: DType, shape: &[u64]) -> Result<u64, ShapeError> {
     let mut n: u64 = 1;
     for &d in shape {
         if d > i64::MAX as u64 {
-            return Err(format!(
-                "tensor '{name}' dimension {d} does not fit in i64 (shape {shape:?})"
-            ));
+            return Err(ShapeError::DimTooLarge {
+                name: name.into(),
+                dim: d,
+                shape: shape.to_vec(),
+            });
         }
         n = n
             .checked_mul(d)
             .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| format!("tensor '{name}' element count overflows (shape {shape:?})"))?;
+            .ok_or_else(|| ShapeError::ElementsOverflow {
+                name: name.into(),
+                shape: shape.to_vec(),
+            })?;
     }
     let ne0 = shape.first().copied().unwrap_or(1);
-    let row = dtype.row_bytes(ne0).ok_or_else(|| {
-        format!(
-            "tensor '{name}' of type {dtype} has {ne0} elements per row, not a multiple of the block size {}",
-            dtype.info().block_len
-        )
-    })?;
+    let row = dtype
+        .row_bytes(ne0)
+        .ok_or_else(|| ShapeError::PartialBlock {
+            name: name.into(),
+            dtype,
+            ne0,
+        })?;
     if n == 0 {
         return Ok(0);
     }
     let rows: u64 = shape.iter().skip(1).product(); // n != 0, so bounded by n: no overflow
     row.checked_mul(rows)
-        .ok_or_else(|| format!("tensor '{name}' byte size overflows (shape {shape:?})"))
+        .ok_or_else(|| ShapeError::BytesOverflow {
+            name: name.into(),
+            shape: shape.to_vec(),
+        })
 }
