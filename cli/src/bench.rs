@@ -331,7 +331,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 let mut before = None;
                 for i in 0..a.warmup + a.reps {
                     if i == a.warmup {
-                        before = s.exec().expert_stats();
+                        before = s.expert_stats();
                     }
                     let smp = run_once(&mut s, &model, test, &mut rng, probe)?;
                     if i >= a.warmup {
@@ -341,7 +341,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 }
                 bar.finish_and_clear();
                 let mut r = row(&a, &model, &s, batch, test, &samples);
-                if let (Some(b), Some(now)) = (before, s.exec().expert_stats()) {
+                if let (Some(b), Some(now)) = (before, s.expert_stats()) {
                     let tokens = (test.n_tokens() * a.reps) as f64;
                     r["experts"] = crate::common::expert_json(&b, &now, tokens);
                 }

@@ -21,13 +21,13 @@ use crate::common::{human_bytes, CliResult};
 use abi::DType;
 use clap::{Args, ValueEnum};
 use loader::package::{PackTensor, Writer};
-use loader::{GgufFile, TensorInfo};
+use loader::{ModelFile, TensorInfo};
 use std::path::PathBuf;
 
 /// The source's metadata with the model's graph, which the package carries so that running it
 /// needs no architecture code: a package source keeps its own, other sources get the graph
 /// the architecture's builder writes for them.
-fn with_graph(src: &GgufFile) -> CliResult<Vec<(String, loader::Value)>> {
+fn with_graph(src: &ModelFile) -> CliResult<Vec<(String, loader::Value)>> {
     let mut meta = src.metadata.clone();
     if src.get_str(loader::package::GRAPH_KEY)?.is_none() {
         engine::model::check_architecture(src)?;
@@ -162,7 +162,7 @@ pub fn target(mode: Mode, t: &TensorInfo) -> DType {
     }
 }
 
-fn plan(src: &GgufFile, mode: Mode) -> Vec<PackTensor> {
+fn plan(src: &ModelFile, mode: Mode) -> Vec<PackTensor> {
     src.tensors
         .iter()
         .map(|t| PackTensor {
@@ -174,7 +174,7 @@ fn plan(src: &GgufFile, mode: Mode) -> Vec<PackTensor> {
 }
 
 /// Tensor `t` of `src` in format `to`, row by row (dequantize, then quantize), on all cores.
-fn convert_tensor(src: &GgufFile, t: &TensorInfo, to: DType) -> CliResult<Vec<u8>> {
+fn convert_tensor(src: &ModelFile, t: &TensorInfo, to: DType) -> CliResult<Vec<u8>> {
     let packed = src.tensor_packed(t);
     if to == t.dtype {
         return Ok(packed.into_owned());

@@ -112,7 +112,7 @@ pub fn run(a: RunArgs) -> CliResult {
                 "decode_tokens_per_s": timings.decode_tps(),
             }
         });
-        if let Some(st) = session.exec().expert_stats() {
+        if let Some(st) = session.expert_stats() {
             // Per phase: the prompt's steps, then the generated tokens'.
             let zero = engine::experts::ExpertStats::default();
             let mut pre = st.clone();

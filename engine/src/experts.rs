@@ -197,7 +197,7 @@ pub struct ExpertCache {
 }
 
 /// Address ranges of slots whose bytes changed tenant (see [`ExpertCache::retired`]).
-pub type Retired = std::sync::Arc<std::sync::Mutex<Vec<std::ops::Range<usize>>>>;
+pub use crate::exec::Retired;
 
 // SAFETY: the slot memory is owned by the cache and only handed out as weights while pinned.
 unsafe impl Send for ExpertCache {}

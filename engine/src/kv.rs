@@ -17,7 +17,7 @@
 //!   token at a time (generated tokens) are never shared.
 //! - **Partial reuse.** A whole prompt shorter than a chunk keeps a copy of its rows (one
 //!   published page); a later sequence sharing no whole unit copies the longest prefix of it
-//!   whose rows are provably what it would compute itself (`SameRows`: the same kernel
+//!   whose rows are provably what it would compute itself (`KvSpec::allows`: the same kernel
 //!   chain for every column, the same attention padding and p·V chain), then computes the
 //!   rest of its first chunk as one call.
 //! - **Fork** shares every page; **truncate** drops pages. A page is written only while one
@@ -370,43 +370,31 @@ pub struct KvPool {
     chunk: usize,
     unit: usize,
     pages: Arc<Mutex<Pages>>,
-    same: SameRows,
+    same: KvSpec,
 }
 
-/// When rows computed in one prompt chunk are bit for bit those another chunk computes: what
-/// the program's kernels depend on besides a row's own inputs (see [`SameRows::allows`]).
-struct SameRows {
+/// What a pool needs to know of the program it caches for: the geometry of each cached layer
+/// and what decides whether two prompt chunks compute the same rows (see [`KvSpec::allows`]).
+#[derive(Clone, Debug, Default)]
+pub struct KvSpec {
+    /// Per cached layer: `[head_dim, n_head_kv]`.
+    pub layers: Vec<[usize; 2]>,
     /// The weights token columns are multiplied with: `(format, k, n)`.
-    mats: Vec<(DType, usize, usize)>,
+    pub mats: Vec<(DType, usize, usize)>,
     /// False where rows depend on the chunk in ways not modelled here (MoE routing groups).
-    ok: bool,
+    pub chunks_comparable: bool,
 }
 
-impl SameRows {
-    fn new(p: &crate::graph::Program) -> SameRows {
-        use crate::graph::program::{Kind, Src};
-        let mut mats = Vec::new();
-        let mut ok = true;
-        for n in &p.nodes {
-            match n.kind {
-                Kind::Abi(abi::Op::MatMul, _) => {
-                    if let Some(Src::Weight(w)) = n.inputs.first() {
-                        let d = &p.weights[*w].desc;
-                        if let Some(dt) = d.dtype() {
-                            let m = (dt, d.ne[0] as usize, d.ne[1] as usize);
-                            if !mats.contains(&m) {
-                                mats.push(m);
-                            }
-                        }
-                    }
-                }
-                Kind::Moe { .. } | Kind::SharedExpert { .. } => ok = false,
-                _ => {}
-            }
-        }
-        SameRows { mats, ok }
-    }
+/// A pool in device memory: allocations and copies in the memory of the backend that holds
+/// the activations (the executor).
+pub trait DeviceMemory {
+    /// `bytes` of device memory: its buffer handle.
+    fn alloc(&self, bytes: usize) -> Result<u64>;
+    /// Copies `bytes` within `buffer` from offset `from` to offset `to`.
+    fn copy_within(&self, buffer: u64, from: usize, to: usize, bytes: usize) -> Result<()>;
+}
 
+impl KvSpec {
     /// Whether rows `0..p` of a chunk of `a` tokens from position 0 equal those of a chunk of
     /// `b` tokens from position 0, and a chunk of positions `p..b` after them equals rows
     /// `p..b` of the `b` chunk: every matmul takes the same kernel chain for each of these
@@ -420,7 +408,7 @@ impl SameRows {
             DType::F32 | DType::F16 => (None, cols >= 2 && k % 16 == 0 && n % 4 == 0),
             _ => (Some(quant::matmul_kernel_in(dt, k, n, cols, col, 0)), false),
         };
-        self.ok
+        self.chunks_comparable
             && p >= 1
             && a >= p.max(2)
             && b >= p + 2
@@ -436,10 +424,10 @@ impl KvPool {
     /// A pool of `rows` positions (rounded up to whole pages) for every cached layer of `p`;
     /// sequences cut their prompts into chunks of `chunk` tokens (see the module docs on what
     /// is shared).
-    pub fn new(p: &crate::graph::Program, dtype: DType, rows: usize, chunk: usize) -> KvPool {
+    pub fn new(spec: &KvSpec, dtype: DType, rows: usize, chunk: usize) -> KvPool {
         let n_pages = rows.max(1).div_ceil(KV_PAGE);
-        let layers = p
-            .kv_layers
+        let layers = spec
+            .layers
             .iter()
             .map(|&[d, h]| LayerCache {
                 k: CacheTensor::new(dtype, d, h, n_pages * KV_PAGE),
@@ -467,16 +455,16 @@ impl KvPool {
                 _ => 0,
             },
             pages: Arc::new(Mutex::new(pages)),
-            same: SameRows::new(p),
+            same: spec.clone(),
         }
     }
 
-    /// Moves the pool into the device memory `ex` holds activations in (an empty pool: call
-    /// before any sequence writes to it); its host memory is freed.
-    pub fn to_device(&mut self, ex: &crate::exec::Exec) -> Result<()> {
+    /// Moves the pool into `device` (an empty pool: call before any sequence writes to it);
+    /// its host memory is freed.
+    pub fn to_device(&mut self, device: &dyn DeviceMemory) -> Result<()> {
         for l in &mut self.layers {
             for t in [&mut l.k, &mut l.v] {
-                t.device = ex.device_alloc(t.len)?;
+                t.device = device.alloc(t.len)?;
                 t.data = Vec::new();
                 t.off = 0;
             }
@@ -485,12 +473,11 @@ impl KvPool {
     }
 
     /// Runs the page copies queued on a device pool (before a step reads it).
-    pub fn flush_copies(&mut self, ex: &crate::exec::Exec) -> Result<()> {
+    pub fn flush_copies(&mut self, device: &dyn DeviceMemory) -> Result<()> {
         for l in &mut self.layers {
             for t in [&mut l.k, &mut l.v] {
                 for (from, to, bytes) in t.pending.drain(..) {
-                    let at = |off: usize| crate::exec::flat(off as *mut u8, t.device, bytes);
-                    ex.device_copy(&at(to), &at(from))?;
+                    device.copy_within(t.device, from, to, bytes)?;
                 }
             }
         }
@@ -537,7 +524,7 @@ impl KvPool {
     /// that is a whole unit (published).
     pub fn shares_first_chunk(&self, len: usize) -> bool {
         if len < self.chunk {
-            self.same.ok
+            self.same.chunks_comparable
         } else {
             self.unit != 0 && self.unit == self.chunk
         }
@@ -587,7 +574,7 @@ impl KvPool {
 
     /// For an empty `kv` whose prompt shares no whole unit: the longest prefix of `prompt`
     /// that a kept first chunk holds and that gives the rows this sequence would compute
-    /// itself ([`SameRows::allows`], with this sequence's first chunk `min(len, chunk)` long),
+    /// itself ([`KvSpec::allows`], with this sequence's first chunk `min(len, chunk)` long),
     /// copied into a page of its own; returns the positions now filled (0: none). Its next
     /// chunk must then end where its first chunk would have (see the scheduler).
     pub fn reuse_partial(&mut self, kv: &mut KvCache, prompt: &[u32]) -> usize {
@@ -703,7 +690,7 @@ impl KvPool {
         let (c, u) = (kv.chunk, kv.unit);
         // A whole prompt shorter than a chunk (a chat request: the system prompt is what
         // others share): its rows kept for partial reuse.
-        if start == 0 && n >= 2 && n < c && kv.n_past == n && self.same.ok {
+        if start == 0 && n >= 2 && n < c && kv.n_past == n && self.same.chunks_comparable {
             self.keep_partial(kv, history);
         }
         if c == 0 || n != c || start != kv.canon || kv.n_past != start + c {
@@ -735,9 +722,10 @@ mod tests {
     /// would be GEMM where the whole chunk's is GEMV.
     #[test]
     fn rows_are_shared_only_where_every_chain_is_the_same() {
-        let q4k = SameRows {
+        let q4k = KvSpec {
+            layers: Vec::new(),
             mats: vec![(DType::Q4_K, 256, 64)],
-            ok: true,
+            chunks_comparable: true,
         };
         assert!(q4k.allows(75, 69, 40));
         assert!(!q4k.allows(75, 69, 41));
@@ -748,16 +736,18 @@ mod tests {
         // Attention padded to another length: 200 and 300 rows pad to 256 and 512.
         assert!(!q4k.allows(300, 200, 40));
         // tinyBLAS from two columns on (Q8_0): any split of two or more.
-        let q8 = SameRows {
+        let q8 = KvSpec {
+            layers: Vec::new(),
             mats: vec![(DType::Q8_0, 64, 64), (DType::F32, 64, 64)],
-            ok: true,
+            chunks_comparable: true,
         };
         assert!(q8.allows(30, 69, 29) && q8.allows(69, 69, 67));
         assert!(!q8.allows(28, 69, 29), "the rows were never computed");
         // MoE programs: never.
-        let moe = SameRows {
+        let moe = KvSpec {
+            layers: Vec::new(),
             mats: Vec::new(),
-            ok: false,
+            chunks_comparable: false,
         };
         assert!(!moe.allows(75, 69, 40));
     }

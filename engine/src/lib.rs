@@ -1,6 +1,6 @@
 //! The mollm engine: backends behind the ABI, model graphs, KV cache, sampler, sessions.
 //!
-//! Data flow: `loader::GgufFile` (memory-mapped) -> [`model::HParams`] and a graph
+//! Data flow: `loader::ModelFile` (memory-mapped) -> [`model::HParams`] and a graph
 //! ([`graph::GraphFile`], from the architecture's builder or the package) -> a
 //! [`graph::Program`] whose weights point into the map -> [`graph::Runner`] runs steps of one or
 //! more sequences through [`exec::Exec`], which calls each op through a backend's ABI table ->

@@ -4,6 +4,7 @@
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::exec::Exec;
+use crate::graph::moe::Experts;
 use crate::graph::{Program, Runner, SeqStep};
 use crate::kv::{KvCache, KvPool};
 use crate::model::HParams;
@@ -11,7 +12,7 @@ use crate::pool::Pool;
 use crate::sampler::Sampler;
 use crate::tensor::Act;
 use abi::DType;
-use loader::{ChatTemplate, GgufFile, Tokenizer};
+use loader::{ChatTemplate, ModelFile, Tokenizer};
 use std::path::Path;
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ pub struct Model {
     pub hp: HParams,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
-    pub gguf: GgufFile,
+    pub gguf: ModelFile,
     pub load_ms: f64,
 }
 
@@ -33,7 +34,7 @@ pub struct Model {
 /// one readahead window at a time, the disk idle in between). Routed experts (`*_exps`) are
 /// left to the expert cache, and nothing is asked when the dense bytes would take more than
 /// half the memory available.
-fn read_ahead(gguf: &GgufFile) {
+fn read_ahead(gguf: &ModelFile) {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -272,6 +273,8 @@ pub struct Session<'m> {
     model: &'m Model,
     step_tokens: Vec<u32>,
     exec: Exec,
+    /// The MoE runner's expert cache, where routed experts are streamed from the file.
+    experts: Option<Experts>,
     runner: Runner,
     /// The session's own sequence (`eval`, `generate`).
     kv: KvCache,
@@ -432,19 +435,22 @@ impl<'m> Session<'m> {
         } else {
             n_ctx
         };
-        let mut kv_pool = KvPool::new(&model.program, opts.kv_dtype, rows, n_batch);
-        if exec.use_device_memory(&model.program).is_some() {
+        let mut kv_pool = KvPool::new(&model.program.kv_spec(), opts.kv_dtype, rows, n_batch);
+        if exec.use_device_memory(model.program.has_moe()).is_some() {
             kv_pool.to_device(&exec)?;
         }
         let kv = kv_pool.sequence(n_ctx);
         let runner = Runner::new(&model.program, n_batch, opts.max_outputs.clamp(1, n_batch));
-        if let Some((cache, layers)) = expert_cache(model, opts, kv_pool.bytes())? {
-            exec.set_expert_cache(cache, layers);
-        }
+        let experts = expert_cache(model, opts, kv_pool.bytes())?.map(|(cache, layers)| {
+            let x = Experts::new(cache, layers);
+            exec.watch_slots(x.retired());
+            x
+        });
         Ok(Session {
             model,
             step_tokens: Vec::new(),
             exec,
+            experts,
             runner,
             kv,
             kv_pool,
@@ -475,6 +481,10 @@ impl<'m> Session<'m> {
     }
     pub fn exec(&self) -> &Exec {
         &self.exec
+    }
+    /// The expert cache's counters, when routed experts stream from the file.
+    pub fn expert_stats(&self) -> Option<crate::experts::ExpertStats> {
+        self.experts.as_ref().map(|x| x.stats())
     }
     pub fn history(&self) -> &[u32] {
         &self.history
@@ -545,6 +555,7 @@ impl<'m> Session<'m> {
             &self.model.program,
             &self.exec,
             &mut self.kv_pool,
+            self.experts.as_mut(),
             &self.step_tokens,
             &mut seqs,
         )?;
@@ -613,6 +624,7 @@ impl<'m> Session<'m> {
                 &self.model.program,
                 &self.exec,
                 &mut self.kv_pool,
+                self.experts.as_mut(),
                 chunk,
                 &mut seq,
             )?;

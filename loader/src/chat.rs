@@ -8,7 +8,7 @@
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::Serialize;
 
-use crate::gguf::GgufFile;
+use crate::gguf::ModelFile;
 use crate::LoadError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -77,7 +77,7 @@ fn raise_exception(msg: String) -> Result<String, Error> {
 impl ChatTemplate {
     /// The model's template, or `None` when the file has no `tokenizer.chat_template`.
     /// `bos_token`/`eos_token` are the texts of the GGUF's BOS/EOS ids ("" if absent).
-    pub fn from_gguf(gguf: &GgufFile) -> Result<Option<ChatTemplate>, LoadError> {
+    pub fn from_gguf(gguf: &ModelFile) -> Result<Option<ChatTemplate>, LoadError> {
         let Some(src) = gguf.get_str("tokenizer.chat_template")? else {
             return Ok(None);
         };

@@ -9,7 +9,7 @@ pub mod hf;
 pub mod package;
 
 pub use error::{printable, LoadError};
-pub use gguf::{Array, GgufFile, StrArray, TensorInfo, Value, ValueType};
+pub use gguf::{Array, ModelFile, StrArray, TensorInfo, Value, ValueType};
 pub mod tokenizer;
 
 pub use tokenizer::{StreamDecoder, Tokenizer};
@@ -19,7 +19,7 @@ pub use chat::{ChatMessage, ChatTemplate};
 
 /// Opens a model: a Hugging Face directory ([`hf`]), a `.mollm` package ([`package`]) or a
 /// GGUF file.
-pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<GgufFile, LoadError> {
+pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<ModelFile, LoadError> {
     let path = path.as_ref();
     // Only regular files and directories (symlinks followed, as the Hugging Face cache's
     // layout needs): opening a FIFO would block until a writer comes, a device never ends.
@@ -43,5 +43,5 @@ pub fn open_model(path: impl AsRef<std::path::Path>) -> Result<GgufFile, LoadErr
     if package::is_package(path) {
         return package::open(path);
     }
-    GgufFile::open(path)
+    ModelFile::open(path)
 }

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use abi::DType;
 use serde_json::{json, Value as Json};
 
-use crate::gguf::{tensor_bytes, Array, GgufFile, StrArray, TensorInfo, Value};
+use crate::gguf::{tensor_bytes, Array, ModelFile, StrArray, TensorInfo, Value};
 use crate::{printable, LoadError};
 
 pub const MAGIC: &[u8; 8] = b"MOLLMPKG";
@@ -585,7 +585,7 @@ impl Drop for Writer {
 // ------------------------------------------------------------------------- reading
 
 /// Maps and validates a package, returning it as the model the rest of mollm runs.
-pub fn open(path: &Path) -> Result<GgufFile, LoadError> {
+pub fn open(path: &Path) -> Result<ModelFile, LoadError> {
     let file = path.display().to_string();
     let io = |source| LoadError::Io {
         file: file.clone(),
@@ -595,7 +595,7 @@ pub fn open(path: &Path) -> Result<GgufFile, LoadError> {
     // SAFETY: read-only map; the package must not change while it is mapped (as GGUF files).
     let map = unsafe { crate::gguf::map_readonly(&f) }.map_err(io)?;
     let (metadata, tensors) = parse(&map, &file)?;
-    GgufFile::mapped(path.to_path_buf(), metadata, tensors, map)
+    ModelFile::mapped(path.to_path_buf(), metadata, tensors, map)
 }
 
 /// Validates a package image; tensor offsets in the result are absolute.

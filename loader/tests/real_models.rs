@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use loader::{GgufFile, StreamDecoder, Tokenizer};
+use loader::{ModelFile, StreamDecoder, Tokenizer};
 
 fn models_dir() -> PathBuf {
     abi::settings::models_dir()
 }
 
-fn model(file: &str) -> Option<GgufFile> {
+fn model(file: &str) -> Option<ModelFile> {
     let p = models_dir().join(file);
     if !p.exists() {
         assert!(
@@ -23,7 +23,7 @@ fn model(file: &str) -> Option<GgufFile> {
         );
         return None;
     }
-    Some(GgufFile::open(&p).unwrap())
+    Some(ModelFile::open(&p).unwrap())
 }
 
 #[test]

@@ -143,7 +143,7 @@ pub(super) fn repack_margin(l: &LayerExperts, part: &[(usize, u64); 3], seg: usi
 /// file), and each MoE node's cache layer by its gate weight's index.
 pub fn layers_of(
     program: &crate::graph::Program,
-    gguf: &loader::GgufFile,
+    gguf: &loader::ModelFile,
 ) -> Result<(Vec<LayerExperts>, HashMap<usize, usize>)> {
     use crate::graph::program::{Kind, Src};
     let mut layers = Vec::new();

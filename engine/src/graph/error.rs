@@ -3,8 +3,6 @@
 
 use loader::printable;
 
-use super::ir::GRAPH_VERSION;
-
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
     #[error("{}: graph is not valid JSON: {source}", printable(.file))]
@@ -13,8 +11,8 @@ pub enum GraphError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{}: graph version {found}, this mollm runs version {GRAPH_VERSION}", printable(.file))]
-    Version { file: String, found: u64 },
+    #[error("{}: graph version {found}, this mollm runs version {runs}", printable(.file))]
+    Version { file: String, found: u64, runs: u32 },
     #[error("{}: graph has no numeric 'version'", printable(.file))]
     NoVersion { file: String },
     #[error("{}: bad graph: {source}", printable(.file))]

@@ -110,6 +110,7 @@ impl GraphFile {
                 return Err(GraphError::Version {
                     file: file(),
                     found,
+                    runs: GRAPH_VERSION,
                 })
             }
             None => return Err(GraphError::NoVersion { file: file() }),

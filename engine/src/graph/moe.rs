@@ -21,6 +21,32 @@
 use super::matmul::{matmul_grouped, ColGroup};
 use crate::error::Result;
 use crate::exec::Exec;
+use crate::experts::{ExpertCache, ExpertStats, Retired};
+use std::collections::HashMap;
+
+/// The MoE runner's state where routed experts are read from the file into a bounded cache
+/// (without it, they are read from the memory map): the cache, and each MoE node's cache
+/// layer by its gate weight's index in the program.
+pub struct Experts {
+    cache: ExpertCache,
+    layers: HashMap<usize, usize>,
+}
+
+impl Experts {
+    pub fn new(cache: ExpertCache, layers: HashMap<usize, usize>) -> Experts {
+        Experts { cache, layers }
+    }
+
+    /// The cache's counters.
+    pub fn stats(&self) -> ExpertStats {
+        self.cache.stats()
+    }
+
+    /// Where the cache posts the slots that changed tenant (see [`Exec::watch_slots`]).
+    pub fn retired(&self) -> Retired {
+        self.cache.retired()
+    }
+}
 use crate::graph::program::Src;
 use crate::tensor::{Act, Weight};
 use abi::{OpParams, TensorDesc};
@@ -30,6 +56,7 @@ use abi::{OpParams, TensorDesc};
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     ex: &Exec,
+    experts: Option<&mut Experts>,
     weights: &[Weight],
     w: &[Src],
     x: TensorDesc,
@@ -58,8 +85,8 @@ pub(crate) fn run(
     }
     let need: Vec<usize> = (0..n_expert).filter(|&xi| !users[xi].is_empty()).collect();
     // With an expert cache: the layer's experts in waves of what the cache holds at once.
-    let layer = match w[1] {
-        Src::Weight(j) => ex.expert_layer(j),
+    let layer = match (w[1], experts) {
+        (Src::Weight(j), Some(x)) => x.layers.get(&j).map(|&l| (l, &mut x.cache)),
         _ => None,
     };
     let decode = groups.iter().all(|g| g.chain == 1 || g.len == 1);
@@ -76,7 +103,7 @@ pub(crate) fn run(
             &mut slot_out,
         )
     };
-    let Some(l) = layer else {
+    let Some((l, c)) = layer else {
         for &xi in &need {
             run_expert(xi, &[gate.slice(xi), up.slice(xi), down.slice(xi)])?;
         }
@@ -85,36 +112,30 @@ pub(crate) fn run(
     let t_layer = std::time::Instant::now();
     let mut done = 0;
     while done < need.len() {
-        let wave = ex.with_experts(|c| {
-            if done == 0 {
-                c.begin_layer(l, decode);
-            }
-            c.plan(l, &need[done..])
-        })?;
+        if done == 0 {
+            c.begin_layer(l, decode);
+        }
+        let wave = c.plan(l, &need[done..])?;
         if done == 0 {
             // With this layer's reads queued, guess the next layer's route.
-            predict_next(ex, weights, l, &xa, k, groups)?;
+            predict_next(ex, c, weights, l, &xa, k, groups)?;
         }
         // The experts already here first, then each missing one once its read is done.
         let n = wave.items.len();
-        let ready =
-            ex.with_experts(|c| Ok((0..n).map(|i| c.ready(&wave, i)).collect::<Vec<_>>()))?;
+        let ready: Vec<bool> = (0..n).map(|i| c.ready(&wave, i)).collect();
         let order = (0..n)
             .filter(|&i| ready[i])
             .chain((0..n).filter(|&i| !ready[i]));
         let mut r = Ok(());
         for i in order {
-            r = ex
-                .with_experts(|c| c.wait(&wave, i))
+            r = c
+                .wait(&wave, i)
                 .and_then(|()| run_expert(wave.items[i].expert, &wave.items[i].weights));
             if r.is_err() {
                 break;
             }
         }
-        ex.with_experts(|c| {
-            c.release();
-            Ok(())
-        })?;
+        c.release();
         r?;
         done += n;
     }
@@ -140,14 +161,14 @@ pub(crate) fn run(
 /// token its `k + 1` best experts, ranked, go to the cache's prefetch (when on).
 fn predict_next(
     ex: &Exec,
+    c: &mut ExpertCache,
     weights: &[Weight],
     l: usize,
     xa: &Act,
     k: usize,
     groups: &[ColGroup],
 ) -> Result<()> {
-    let next = ex
-        .with_experts(|c| Ok((l + 1 < c.n_layers() && c.prefetching()).then(|| c.router(l + 1))))?;
+    let next = (l + 1 < c.n_layers() && c.prefetching()).then(|| c.router(l + 1));
     let Some(j) = next else { return Ok(()) };
     let t0 = std::time::Instant::now();
     let logits = router_logits(ex, &weights[j], xa, groups)?;
@@ -166,10 +187,7 @@ fn predict_next(
         .map(|x| (x, best[x]))
         .collect();
     preds.sort_by_key(|&(x, r)| (r, x));
-    ex.with_experts(|c| {
-        c.prefetch(l + 1, &preds);
-        Ok(())
-    })?;
+    c.prefetch(l + 1, &preds);
     crate::trace::span(
         "predict",
         || format!("predict L{}", l + 1),

@@ -60,6 +60,37 @@ pub struct Program {
     pub kv_layers: Vec<[usize; 2]>,
 }
 
+impl Program {
+    /// Whether it routes experts (MoE and shared-expert nodes: host code between calls).
+    pub fn has_moe(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| matches!(n.kind, Kind::Moe { .. } | Kind::SharedExpert { .. }))
+    }
+
+    /// What its KV pool needs to know: the cached layers' geometry, the weights token columns
+    /// are multiplied with, and whether chunks can share rows at all (not with MoE routing).
+    pub fn kv_spec(&self) -> crate::kv::KvSpec {
+        let mut mats = Vec::new();
+        for n in &self.nodes {
+            if let (Kind::Abi(Op::MatMul, _), Some(Src::Weight(w))) = (n.kind, n.inputs.first()) {
+                let d = &self.weights[*w].desc;
+                if let Some(dt) = d.dtype() {
+                    let m = (dt, d.ne[0] as usize, d.ne[1] as usize);
+                    if !mats.contains(&m) {
+                        mats.push(m);
+                    }
+                }
+            }
+        }
+        crate::kv::KvSpec {
+            layers: self.kv_layers.clone(),
+            mats,
+            chunks_comparable: !self.has_moe(),
+        }
+    }
+}
+
 /// Limits that keep a hostile graph from costing more than a real one.
 const MAX_NODES: usize = 1 << 20;
 const MAX_INPUTS: usize = 8;
@@ -170,6 +201,7 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
         return Err(GraphError::Version {
             file: file.into(),
             found: g.version as u64,
+            runs: super::ir::GRAPH_VERSION,
         });
     }
     if g.nodes.len() > MAX_NODES || g.kv_layers.len() > MAX_KV_LAYERS {

@@ -101,6 +101,7 @@ impl Runner {
         p: &Program,
         ex: &Exec,
         pool: &mut KvPool,
+        mut experts: Option<&mut super::moe::Experts>,
         tokens: &[u32],
         seqs: &mut [SeqStep],
     ) -> Result<&[f32]> {
@@ -248,6 +249,7 @@ impl Runner {
                 } => self.attention(ex, pool, seqs, ins, out, layer, window, scale, softcap),
                 Kind::Moe { n_used, norm, act } => super::moe::run(
                     ex,
+                    experts.as_deref_mut(),
                     &p.weights,
                     &node.inputs[1..],
                     ins[0],

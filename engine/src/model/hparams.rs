@@ -1,5 +1,5 @@
 use crate::error::{EngineError, Result};
-use loader::GgufFile;
+use loader::ModelFile;
 
 /// Hyper-parameters of a decoder-only model, from GGUF `{arch}.*` keys.
 #[derive(Clone, Debug)]
@@ -36,7 +36,7 @@ pub struct HParams {
 impl HParams {
     /// What the engine needs to know of a model that brings its own graph: the sizes the
     /// graph names as constants (the graph itself holds everything else).
-    pub fn from_graph(g: &crate::graph::GraphFile, file: &GgufFile) -> Result<HParams> {
+    pub fn from_graph(g: &crate::graph::GraphFile, file: &ModelFile) -> Result<HParams> {
         let c = |k: &str| -> Result<usize> {
             g.consts
                 .get(k)
@@ -73,7 +73,7 @@ impl HParams {
         })
     }
 
-    pub fn from_gguf(g: &GgufFile) -> Result<HParams> {
+    pub fn from_gguf(g: &ModelFile) -> Result<HParams> {
         let file = g.path.display().to_string();
         let err = |msg: String| EngineError::Model {
             file: file.clone(),

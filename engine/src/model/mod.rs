@@ -18,7 +18,7 @@ pub use hparams::HParams;
 use crate::error::{EngineError, Result};
 use crate::graph::{GraphFile, Program};
 use crate::tensor::Weight;
-use loader::GgufFile;
+use loader::ModelFile;
 
 /// Writes an architecture's graph; `has(name)` says whether the file has a tensor (tied
 /// output, optional biases).
@@ -59,7 +59,7 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
 ];
 
 /// Refuses a file whose architecture mollm has no builder for, naming what it does have.
-pub fn check_architecture(gguf: &GgufFile) -> Result<()> {
+pub fn check_architecture(gguf: &ModelFile) -> Result<()> {
     let arch = gguf.architecture()?;
     if ARCHITECTURES.iter().any(|(name, _, _)| *name == arch) {
         return Ok(());
@@ -78,7 +78,7 @@ pub fn check_architecture(gguf: &GgufFile) -> Result<()> {
 }
 
 /// The graph the builders write for this file.
-pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<GraphFile> {
+pub fn build_graph(gguf: &ModelFile, hp: &HParams) -> Result<GraphFile> {
     check_architecture(gguf)?;
     let (_, _, build) = ARCHITECTURES
         .iter()
@@ -88,7 +88,7 @@ pub fn build_graph(gguf: &GgufFile, hp: &HParams) -> Result<GraphFile> {
 }
 
 /// The file's tensor `name` as an operand.
-pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
+pub fn file_weight(gguf: &ModelFile, name: &str) -> Option<Weight> {
     let info = gguf.tensor(name)?;
     let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
     if shape.is_empty() || shape.len() > 4 || shape[0] % info.dtype.info().block_len as i64 != 0 {
@@ -111,7 +111,7 @@ pub fn file_weight(gguf: &GgufFile, name: &str) -> Option<Weight> {
 }
 
 /// Checks `graph` against the file's weights.
-pub fn bind(gguf: &GgufFile, graph: GraphFile) -> Result<Program> {
+pub fn bind(gguf: &ModelFile, graph: GraphFile) -> Result<Program> {
     let file = gguf.path.display().to_string();
     Ok(crate::graph::compile(
         graph,

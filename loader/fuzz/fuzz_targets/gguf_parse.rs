@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(f) = loader::GgufFile::from_bytes("fuzz.gguf", data.to_vec()) {
+    if let Ok(f) = loader::ModelFile::from_bytes("fuzz.gguf", data.to_vec()) {
         for t in &f.tensors {
             assert_eq!(f.tensor_data(t).len() as u64, t.size);
         }

@@ -3,7 +3,7 @@
 //! The file is memory-mapped and parsed in place. Everything read from it is untrusted: counts
 //! and lengths are checked against the bytes left in the file before anything is allocated,
 //! tensor shapes are checked for overflow, and every tensor's byte range must lie inside the
-//! file, so [`GgufFile::tensor_data`] can hand out slices without further checks.
+//! file, so [`ModelFile::tensor_data`] can hand out slices without further checks.
 
 mod reader;
 mod value;
@@ -90,7 +90,10 @@ impl Storage {
     }
 }
 
-pub struct GgufFile {
+/// A model as mollm reads it, whatever it came from (a GGUF file, a Hugging Face directory, a
+/// `.mollm` package): GGUF-style metadata and the tensors' places in one byte image (the
+/// file's memory map, or memory the loader filled).
+pub struct ModelFile {
     pub path: PathBuf,
     pub version: u32,
     pub metadata: Vec<(String, Value)>,
@@ -101,9 +104,9 @@ pub struct GgufFile {
     storage: Storage,
 }
 
-impl std::fmt::Debug for GgufFile {
+impl std::fmt::Debug for ModelFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufFile")
+        f.debug_struct("ModelFile")
             .field("path", &self.path)
             .field("version", &self.version)
             .field("n_metadata", &self.metadata.len())
@@ -133,9 +136,9 @@ pub(crate) unsafe fn map_readonly(file: &std::fs::File) -> std::io::Result<memma
     Ok(map)
 }
 
-impl GgufFile {
+impl ModelFile {
     /// Memory-maps and parses `path`.
-    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, LoadError> {
+    pub fn open(path: impl AsRef<Path>) -> Result<ModelFile, LoadError> {
         let path = path.as_ref();
         let io = |source| LoadError::Io {
             file: file_label(path),
@@ -149,7 +152,7 @@ impl GgufFile {
     }
 
     /// Parses an in-memory image (tests, fuzzing). `path` only labels error messages.
-    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<GgufFile, LoadError> {
+    pub fn from_bytes(path: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<ModelFile, LoadError> {
         Self::parse(path.into(), Storage::Owned(bytes))
     }
 
@@ -161,18 +164,18 @@ impl GgufFile {
         metadata: Vec<(String, Value)>,
         tensors: Vec<TensorInfo>,
         data: Vec<u8>,
-    ) -> Result<GgufFile, LoadError> {
+    ) -> Result<ModelFile, LoadError> {
         Self::from_storage(path.into(), metadata, tensors, Storage::Owned(data))
     }
 
-    /// As [`GgufFile::assembled`] over a memory-mapped file (a `.mollm` package): tensor
+    /// As [`ModelFile::assembled`] over a memory-mapped file (a `.mollm` package): tensor
     /// offsets are absolute in `map`, and its pages come back from the file.
     pub fn mapped(
         path: PathBuf,
         metadata: Vec<(String, Value)>,
         tensors: Vec<TensorInfo>,
         map: memmap2::Mmap,
-    ) -> Result<GgufFile, LoadError> {
+    ) -> Result<ModelFile, LoadError> {
         Self::from_storage(path, metadata, tensors, Storage::Mmap(map))
     }
 
@@ -181,7 +184,7 @@ impl GgufFile {
         metadata: Vec<(String, Value)>,
         tensors: Vec<TensorInfo>,
         storage: Storage,
-    ) -> Result<GgufFile, LoadError> {
+    ) -> Result<ModelFile, LoadError> {
         let data = storage.bytes();
         for t in &tensors {
             let want = tensor_bytes(t.dtype, &t.shape);
@@ -196,7 +199,7 @@ impl GgufFile {
                 });
             }
         }
-        Ok(GgufFile {
+        Ok(ModelFile {
             path,
             version: 3,
             metadata,
@@ -207,10 +210,10 @@ impl GgufFile {
         })
     }
 
-    fn parse(path: PathBuf, storage: Storage) -> Result<GgufFile, LoadError> {
+    fn parse(path: PathBuf, storage: Storage) -> Result<ModelFile, LoadError> {
         let label = file_label(&path);
         let parsed = parse_image(storage.bytes(), &label)?;
-        Ok(GgufFile {
+        Ok(ModelFile {
             path,
             version: parsed.version,
             metadata: parsed.metadata,

@@ -1,8 +1,8 @@
 use super::writer::{sample_file, Writer};
 use super::*;
 
-fn parse(bytes: Vec<u8>) -> Result<GgufFile, LoadError> {
-    GgufFile::from_bytes("test.gguf", bytes)
+fn parse(bytes: Vec<u8>) -> Result<ModelFile, LoadError> {
+    ModelFile::from_bytes("test.gguf", bytes)
 }
 
 fn err(bytes: Vec<u8>) -> String {
@@ -91,7 +91,7 @@ fn wrong_type_names_the_key() {
 
 #[test]
 fn missing_file_names_the_path() {
-    let e = GgufFile::open("/nonexistent/dir/model.gguf")
+    let e = ModelFile::open("/nonexistent/dir/model.gguf")
         .unwrap_err()
         .to_string();
     assert!(e.contains("/nonexistent/dir/model.gguf"), "{e}");
@@ -103,7 +103,7 @@ fn open_maps_a_real_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("sample.gguf");
     std::fs::write(&p, sample_file(3)).unwrap();
-    let f = GgufFile::open(&p).unwrap();
+    let f = ModelFile::open(&p).unwrap();
     assert_eq!(f.tensors.len(), 2);
     assert_eq!(f.tensor_data(&f.tensors[0]).len(), 32);
     // The mapping is in small pages (`map_readonly`): smaps flags it `nh` (no huge pages).
@@ -391,7 +391,7 @@ fn fuzz_mutations_never_panic() {
             }
         }
         let r = std::panic::catch_unwind(move || {
-            if let Ok(f) = GgufFile::from_bytes("fuzz.gguf", b) {
+            if let Ok(f) = ModelFile::from_bytes("fuzz.gguf", b) {
                 // Exercise the accessors on whatever parsed.
                 for t in &f.tensors {
                     assert_eq!(f.tensor_data(t).len() as u64, t.size);

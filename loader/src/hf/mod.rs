@@ -18,7 +18,7 @@ mod vocab;
 
 use std::path::{Path, PathBuf};
 
-use crate::gguf::{GgufFile, Value};
+use crate::gguf::{ModelFile, Value};
 use crate::LoadError;
 
 pub use config::SUPPORTED;
@@ -29,7 +29,7 @@ pub fn is_hf_dir(path: &Path) -> bool {
 }
 
 /// Loads a Hugging Face model directory (see the module docs).
-pub fn open_dir(dir: &Path) -> Result<GgufFile, LoadError> {
+pub fn open_dir(dir: &Path) -> Result<ModelFile, LoadError> {
     let cfg = config::Config::load(dir)?;
     let mut meta: Vec<(String, Value)> = Vec::new();
     meta.push((
@@ -43,7 +43,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile, LoadError> {
     cfg.metadata(&mut meta)?;
     vocab::metadata(dir, &cfg, &mut meta)?;
     let (infos, data) = tensors::load(dir, &cfg)?;
-    GgufFile::assembled(dir.to_path_buf(), meta, infos, data)
+    ModelFile::assembled(dir.to_path_buf(), meta, infos, data)
 }
 
 /// A file of the directory, as error messages name it.

@@ -20,7 +20,7 @@ use tokenizers::{
 
 use super::idmap::Merges;
 use super::vocab::Vocab;
-use crate::gguf::GgufFile;
+use crate::gguf::ModelFile;
 use crate::LoadError;
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -93,7 +93,7 @@ pub struct Bpe {
 }
 
 /// Builds the pipeline (pre-tokenizer + merges) for the vocabulary.
-pub fn build(gguf: &GgufFile, vocab: &Vocab, cfg: &PreConfig) -> Result<Bpe, LoadError> {
+pub fn build(gguf: &ModelFile, vocab: &Vocab, cfg: &PreConfig) -> Result<Bpe, LoadError> {
     let merges_arr = gguf
         .get_str_array("tokenizer.ggml.merges")?
         .ok_or_else(|| vocab.err("gpt2 vocabulary without tokenizer.ggml.merges"))?;

@@ -26,7 +26,7 @@ pub use vocab::{
     ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_USER_DEFINED,
 };
 
-use crate::gguf::GgufFile;
+use crate::gguf::ModelFile;
 use crate::LoadError;
 use vocab::{Vocab, VocabKind};
 
@@ -70,7 +70,7 @@ enum Frag {
 }
 
 impl Tokenizer {
-    pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer, LoadError> {
+    pub fn from_gguf(gguf: &ModelFile) -> Result<Tokenizer, LoadError> {
         let file = gguf.file_label();
         let err = |msg: String| LoadError::Tokenizer {
             file: file.clone(),

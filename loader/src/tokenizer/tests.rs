@@ -52,7 +52,7 @@ fn check_vectors(name: &str) -> bool {
         eprintln!("note: ggml-vocab-{name}.gguf test vectors not found, skipping");
         return false;
     };
-    let gguf = GgufFile::open(&path).unwrap();
+    let gguf = ModelFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
     let mut failures = Vec::new();
     let cases = read_cases(&path);
@@ -120,7 +120,7 @@ fn spm_specials_bos_and_detokenize() {
     let Some(path) = find_vocab("llama-spm") else {
         return;
     };
-    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&ModelFile::open(&path).unwrap()).unwrap();
     assert_eq!(
         (tok.bos(), tok.eos(), tok.add_bos(), tok.add_eos()),
         (Some(1), Some(2), true, false)
@@ -153,7 +153,7 @@ fn bpe_special_partition_and_eog() {
     let Some(path) = find_vocab("qwen2") else {
         return;
     };
-    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&ModelFile::open(&path).unwrap()).unwrap();
     let im_start = tok.token_id("<|im_start|>").unwrap();
     let im_end = tok.token_id("<|im_end|>").unwrap();
     let ids = tok
@@ -190,7 +190,7 @@ fn unknown_pre_tokenizer_is_refused() {
             "tokenizer.ggml.merges",
             &Value::Array(Array::String(["a b"].into_iter().collect())),
         );
-    let f = GgufFile::from_bytes("syn.gguf", w.buf.clone()).unwrap();
+    let f = ModelFile::from_bytes("syn.gguf", w.buf.clone()).unwrap();
     let e = Tokenizer::from_gguf(&f).unwrap_err().to_string();
     assert!(e.contains("syn.gguf") && e.contains("no-such-pre"), "{e}");
 }
@@ -208,7 +208,7 @@ fn stream_decoder_holds_partial_utf8() {
                 ["<unk>", "<s>", "</s>"].into_iter().collect(),
             )),
         );
-    let f = GgufFile::from_bytes("syn.gguf", w.buf.clone()).unwrap();
+    let f = ModelFile::from_bytes("syn.gguf", w.buf.clone()).unwrap();
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let mut sd = StreamDecoder::new(&tok, false);
     let e = "é".as_bytes();
@@ -248,14 +248,14 @@ fn random_text_round_trips_through_qwen2_and_spm() {
         })
         .collect();
     if let Some(path) = find_vocab("qwen2") {
-        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let tok = Tokenizer::from_gguf(&ModelFile::open(&path).unwrap()).unwrap();
         for t in &texts {
             let ids = tok.encode(t, false, false).unwrap();
             assert_eq!(&tok.decode(&ids), t);
         }
     }
     if let Some(path) = find_vocab("llama-spm") {
-        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let tok = Tokenizer::from_gguf(&ModelFile::open(&path).unwrap()).unwrap();
         for t in &texts {
             // (With parse_special, a control token mid-text makes llama.cpp add a prefix space to
             // the next fragment, which detokenize keeps: not a round trip by design.)
@@ -273,7 +273,7 @@ fn encode_limited_agrees_below_the_limit_and_gives_up_above_it() {
             continue;
         };
         n += 1;
-        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let tok = Tokenizer::from_gguf(&ModelFile::open(&path).unwrap()).unwrap();
         assert!(tok.max_token_bytes() > 0, "{name}");
         for (text, _) in read_cases(&path) {
             let all = tok.encode(&text, true, true).unwrap();

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use super::idmap::TextIds;
 
-use crate::gguf::{GgufFile, StrArray};
+use crate::gguf::{ModelFile, StrArray};
 use crate::LoadError;
 
 // llama_token_attr bits (llama.h).
@@ -76,7 +76,7 @@ impl Vocab {
 
     /// Reads everything except the algorithm-specific parts (merges, pre-tokenizer).
     /// `bpe_add_bos` is the per-pre-tokenizer default llama.cpp applies before the GGUF flag.
-    pub fn load(gguf: &GgufFile, kind: VocabKind, bpe_add_bos: bool) -> Result<Vocab, LoadError> {
+    pub fn load(gguf: &ModelFile, kind: VocabKind, bpe_add_bos: bool) -> Result<Vocab, LoadError> {
         let file = gguf.file_label();
         let tok_err = |msg: String| LoadError::Tokenizer {
             file: file.clone(),
