@@ -61,8 +61,8 @@ cargo build --release --workspace --target $T
 echo "== qemu-aarch64 -cpu $CPU: mollm devices"
 "$CARGO_TARGET_DIR/$T/release/mollm" devices
 echo "== qemu-aarch64 -cpu $CPU: kernel exactness and the conformance gate"
-cargo test --release --target $T -p mollm-arm-common -p mollm-cpu-common -p conformance
+cargo test --release --target $T -p mollm-arm-common -p mollm-cpu-common -p mollm-conformance
 if [[ $GOLDEN == 1 ]]; then
   echo "== qemu-aarch64 -cpu $CPU: SmolLM2 golden parity, --backend auto"
-  MOLLM_TEST_BACKENDS=auto MOLLM_GOLDEN_MAX_PROMPT=64 cargo test --release --target $T -p cli --test golden golden_smollm2 -- --exact
+  MOLLM_TEST_BACKENDS=auto MOLLM_GOLDEN_MAX_PROMPT=64 cargo test --release --target $T -p mollm-cli --test golden golden_smollm2 -- --exact
 fi

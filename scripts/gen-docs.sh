@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOLLM="${1:-target/release/mollm}"
-[[ -x "$MOLLM" ]] || { echo "gen-docs.sh: $MOLLM not found (cargo build --release -p cli)" >&2; exit 1; }
+[[ -x "$MOLLM" ]] || { echo "gen-docs.sh: $MOLLM not found (cargo build --release -p mollm-cli)" >&2; exit 1; }
 for page in cli settings ops; do
   "$MOLLM" __docs "$page" > "docs/src/reference/$page.md"
   echo "wrote docs/src/reference/$page.md"

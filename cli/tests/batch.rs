@@ -208,7 +208,7 @@ fn f16_kv_cache_is_the_same_on_every_backend() {
     }
 }
 
-#[path = "../../engine/tests/support/random.rs"]
+#[path = "../../engine/tests/common/random.rs"]
 mod random_support;
 
 /// Prefix reuse in `mollm batch`, on every backend: requests that share a long prompt prefix

@@ -11,7 +11,7 @@ fn random(name: &str) -> Option<std::path::PathBuf> {
     Some(random_checkpoint(name))
 }
 
-#[path = "../../engine/tests/support/random.rs"]
+#[path = "../../engine/tests/common/random.rs"]
 mod random_support;
 use random_support::random_checkpoint;
 

@@ -2,7 +2,7 @@
 //!
 //! For every op a backend declares, seeded random [`cases`] and fixed ones at production sizes
 //! run on the backend and on `reference`; outputs are compared with per-op tolerances
-//! ([`tolerance`]), exactly for argmax. Backend authors run `cargo test -p conformance`; the
+//! ([`tolerance`]), exactly for argmax. Backend authors run `cargo test -p mollm-conformance`; the
 //! engine runs [`check_backend`] before it dispatches to a backend and refuses the ops that
 //! fail.
 //!

@@ -4,7 +4,7 @@
 //! that are `cdylib`s named `mollm_*`) for this target's architecture, with the cargo that runs
 //! the test, in the test's own profile, target and target directory (`cargo build -p ...
 //! [--release] [--target T] --target-dir D`), then loads them from that profile's directory.
-//! So `cargo test [--release] -p conformance` works on a fresh clone, and under
+//! So `cargo test [--release] -p mollm-conformance` works on a fresh clone, and under
 //! `scripts/arm-test.sh` (a cross build run under qemu) it builds the ARM libraries for
 //! aarch64. `MOLLM_CONFORMANCE_LIB_DIR=DIR` checks the libraries already in DIR instead and
 //! builds nothing.

@@ -2,7 +2,7 @@
 //! plan's arena, step inputs in scratch sized at creation. Counted with a global allocator on
 //! this thread, outside backend calls (a backend's own scratch is its business).
 
-#[path = "support/smollm2.rs"]
+#[path = "common/smollm2.rs"]
 mod smollm2;
 
 use engine::{Session, SessionOptions};

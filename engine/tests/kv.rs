@@ -3,7 +3,7 @@
 //! released first; an exhausted pool is a clear error. On the small random Qwen3 checkpoint
 //! (2 layers), so that prompts of several pages run quickly on the reference backend.
 
-#[path = "support/random.rs"]
+#[path = "common/random.rs"]
 mod random;
 
 use engine::kv::KV_PAGE;

@@ -20,7 +20,7 @@ fn random_dir(file: &str, _generator: &str) -> Option<PathBuf> {
     Some(random_checkpoint(file).parent().unwrap().to_path_buf())
 }
 
-#[path = "support/random.rs"]
+#[path = "common/random.rs"]
 mod random;
 use random::random_checkpoint;
 

@@ -3,7 +3,7 @@
 //! more, the others go on with the tokens they produce alone; log-probabilities are of the
 //! raw logits and rank the chosen token first under greedy decoding.
 
-#[path = "support/random.rs"]
+#[path = "common/random.rs"]
 mod random;
 
 use engine::kv::KV_PAGE;

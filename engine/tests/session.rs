@@ -1,7 +1,7 @@
 //! Session mechanics on a real model: chunked prompt processing agrees with one batch, the KV
 //! cache continues a sequence exactly as re-processing it would, limits are enforced.
 
-#[path = "support/smollm2.rs"]
+#[path = "common/smollm2.rs"]
 mod smollm2;
 
 use engine::{Sampler, SamplerParams, Session, SessionOptions};

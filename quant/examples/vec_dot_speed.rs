@@ -1,4 +1,4 @@
-//! Single-thread vec_dot throughput: `cargo run --release -p quant --example vec_dot_speed`.
+//! Single-thread vec_dot throughput: `cargo run --release -p mollm-quant --example vec_dot_speed`.
 use abi::DType;
 use std::time::Instant;
 

@@ -310,7 +310,7 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
         // shape conditions). Q5_1 (and Q4_1) have no tinyBLAS instance: always vec_dot.
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 if n_cols >= 2 => Kernel::TinyBlas,
         DType::Q4_0 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => Kernel::VecDot,
-        // K-quants (see src/repack.rs): repack.cpp `ggml_repack_get_optimal_repack_type` puts
+        // K-quants (see src/kquants/repack.rs): repack.cpp `ggml_repack_get_optimal_repack_type` puts
         // Q4_K with `ne[1] % 8 == 0` in the repack buffer on AVX2 (`q4_K_8x8_q8_K`) and Q2_K
         // with `ne[1] % 8 == 0` on AVX-512 (`q2_K_8x8_q8_K`); `forward_mul_mat_one_chunk` then
         // runs GEMM over the first `n_cols - n_cols % 4` columns (if `n_cols > 3`) and GEMV over
@@ -326,7 +326,7 @@ pub fn matmul_kernel(dtype: DType, k: usize, n_rows: usize, n_cols: usize, col: 
         }
         // Everything else of Q2_K..Q6_K reaches `ggml_compute_forward_mul_mat`, which first
         // offers the op to the tiled K-quant matmul (ggml-cpu/tiled/tiled.cpp, see
-        // src/tiled.rs): `ggml_tiled_supported` (x86 AVX+ build, `src0->extra == NULL`, type
+        // src/kquants/tiled.rs): `ggml_tiled_supported` (x86 AVX+ build, `src0->extra == NULL`, type
         // Q2_K..Q6_K or IQ*) and `ggml_tiled_min_batch(src1->ne[1])` = `n_cols >= 8` (unless
         // `GGML_CPU_TILED_MM=0` or `GGML_CPU_TILED_MM_FORCE=1` in the environment). It then
         // computes every column. With fewer columns: `ggml_vec_dot_*_q8_K` (arch/x86/quants.c).

@@ -658,7 +658,7 @@ fn abi_catches_panics() {
     assert!(reference::par::panic_message(&*r.unwrap_err()).contains("task three"));
 }
 
-/// `cargo test -p reference --release -- --ignored --nocapture bench`
+/// `cargo test -p mollm-reference --release -- --ignored --nocapture bench`
 #[test]
 #[ignore]
 fn bench_matmul() {

@@ -1,6 +1,6 @@
 //! The K-quant and repack `mat_mul` chains on ARM: Q4_K (ggml's x86 vec_dot, the repack
 //! GEMV/GEMM and the tiled matmul), Q6_K (vec_dot, tiled) and the Q4_0 repack chain, each
-//! bit-identical to quant's scalar twin of the x86 kernel (quant/src/repack.rs, tiled.rs).
+//! bit-identical to quant's scalar twin of the x86 kernel (quant/src/kquants/repack.rs, tiled.rs).
 //!
 //! Every one of these chains starts from the same exact integers: per 32-element group, the
 //! eight quad sums (lane k = elements 4k..4k+4), which SDOT or SMULL+ADDP produce

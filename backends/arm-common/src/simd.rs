@@ -19,7 +19,7 @@ pub const FORMATS: &[DType] = &[
 
 /// Whether [`vec_dot`] computes `kernel`'s output elements for `dt`: `vec_dot` itself, and
 /// llamafile's tinyBLAS for Q4_0/Q5_0/Q8_0, whose per-element chain is the same (eight lanes,
-/// one FMA per block, `hsum_float_8`; see quant/src/tinyblas.rs).
+/// one FMA per block, `hsum_float_8`; see quant/src/legacy/tinyblas.rs).
 pub fn has_kernel(kernel: quant::Kernel, dt: DType) -> bool {
     match kernel {
         quant::Kernel::VecDot => FORMATS.contains(&dt),

@@ -591,14 +591,12 @@ pub(crate) fn vec_dot(dtype: DType, w: &[u8], act: &[u8]) -> f32 {
 
 // ---------------------------------------------------------------- x86-exact kernels
 
-// The twins of llama.cpp's x86 K-quant kernels live in src/repack.rs (a child module so that
+// The twins of llama.cpp's x86 K-quant kernels live in repack.rs (a child module so that
 // they can use this module's block types).
-#[path = "repack.rs"]
 mod repack;
 pub(crate) use repack::quantize_row_q8_k_4x8;
 
-// The twin of the tiled K-quant matmul (ggml-cpu/tiled/) lives in src/tiled.rs.
-#[path = "tiled.rs"]
+// The twin of the tiled K-quant matmul (ggml-cpu/tiled/) lives in tiled.rs.
 mod tiled;
 
 /// One matmul output element as llama.cpp's x86 build computes it with `kernel` (see

@@ -785,5 +785,4 @@ pub fn parse(b: &[u8], file: &str) -> Result<(Vec<(String, Value)>, Vec<TensorIn
 }
 
 #[cfg(test)]
-#[path = "package_tests.rs"]
 mod tests;

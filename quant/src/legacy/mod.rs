@@ -582,5 +582,4 @@ fn kernel_dot_any(kernel: crate::Kernel, dtype: DType, w: &[u8], act: &[u8]) -> 
 }
 
 /// llamafile tinyBLAS (`tinyBLAS_Q0_AVX`), kept in its own file.
-#[path = "tinyblas.rs"]
 pub(crate) mod tinyblas;
