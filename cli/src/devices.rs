@@ -1,5 +1,5 @@
 //! `mollm devices`, `mollm backends`, `mollm ops`: what native backend plugins were found, what
-//! they declare, and which backend an op call would go to. Also the hidden `__gate` child.
+//! they declare, and which backend an op call would go to.
 
 use abi::{DType, Op};
 use clap::Args;
@@ -29,16 +29,6 @@ pub struct DevicesArgs {
     /// MiB the bandwidth probe reads (larger than the last-level cache).
     #[arg(long, default_value_t = 1024, requires = "probe")]
     pub probe_mb: usize,
-}
-
-#[derive(Args, Debug)]
-pub struct GateArgs {
-    /// The library to check [default: $MOLLM_GATE_LIB].
-    #[arg(long)]
-    pub lib: Option<PathBuf>,
-    /// Print the verdict as JSON (the only format; accepted for clarity).
-    #[arg(long)]
-    pub json: bool,
 }
 
 pub(crate) type Res = Result<(), Box<dyn std::error::Error>>;
@@ -434,11 +424,5 @@ pub fn backends(libs: LibArgs) -> Res {
         Some(&reference),
         None,
     );
-    Ok(())
-}
-
-pub fn gate(a: GateArgs) -> Res {
-    let _ = a.json;
-    println!("{}", registry::gate_child(a.lib.as_deref()));
     Ok(())
 }

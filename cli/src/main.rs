@@ -67,9 +67,6 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Conformance gate child (run by mollm itself on a backend library).
-    #[command(name = "__gate", hide = true)]
-    Gate(devices::GateArgs),
     /// A generated page of the docs (scripts/gen-docs.sh writes them all).
     #[command(name = "__docs", hide = true)]
     Docs {
@@ -79,6 +76,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Started by the registry as the conformance gate's child: answer and exit.
+    engine::registry::serve_gate_child();
     // `mollm devices | head` must end quietly when the reader goes away, as other command-line
     // tools do, instead of panicking inside println!: restore the default SIGPIPE action that
     // Rust's runtime replaces.
@@ -109,7 +108,6 @@ fn main() -> ExitCode {
         Command::Devices(a) => devices::devices(a),
         Command::Backends(a) => devices::backends(a),
         Command::Ops(a) => ops::ops(a),
-        Command::Gate(a) => devices::gate(a),
         Command::Env(a) => env::env(a),
         Command::Docs { page } => {
             print!("{}", docs::page(page, &Cli::command()));

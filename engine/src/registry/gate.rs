@@ -7,11 +7,16 @@
 //! stdout: [`GATE_LINE`] and the verdict as JSON (`{"failed": [[op, why], ...]}` or
 //! `{"refused": why}`). Anything else it prints is ignored; a child that crashes, prints no
 //! such line or runs past `MOLLM_GATE_TIMEOUT` seconds gets its library refused (and that
-//! verdict is not cached). The `mollm` binary is such a child through its hidden
-//! [`GATE_SUBCOMMAND`] (`GateRunner::self_exec`); another program embedding the engine starts
-//! whatever binary of its own calls [`gate_child`].
+//! verdict is not cached).
+//!
+//! **Which program is the child.** [`GateRunner::self_exec`] starts the running executable
+//! with the one argument [`GATE_ARG`]; a program that embeds the engine and uses it calls
+//! [`serve_gate_child`] first thing in `main` (the `mollm` binary does), which answers as the
+//! child and exits when started that way and returns at once otherwise. A program may instead
+//! point [`GateRunner`] at any binary of its own that prints [`gate_child`]'s line.
 
 use super::*;
+use std::io::Write;
 
 /// The gate child reads the library to check from here.
 pub const GATE_LIB_ENV: &str = abi::settings::GATE_LIB.name;
@@ -22,8 +27,9 @@ pub const GATE_TIMEOUT_ENV: &str = abi::settings::GATE_TIMEOUT.name;
 /// The gate child prints its verdict on one line starting with this.
 pub const GATE_LINE: &str = "MOLLM_GATE_VERDICT ";
 pub const DEFAULT_GATE_CASES: u64 = abi::WEIGHT_DTYPES.len() as u64;
-/// The hidden CLI subcommand that runs the gate child.
-pub const GATE_SUBCOMMAND: &str = "__gate";
+/// The argument [`GateRunner::self_exec`] starts the gate child with, and
+/// [`serve_gate_child`] answers to.
+pub const GATE_ARG: &str = "--mollm-gate-child";
 
 /// The gate's result for one library.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,14 +49,15 @@ pub struct GateRunner {
 }
 
 impl GateRunner {
-    /// The running executable with the hidden `__gate` subcommand (the `mollm` CLI).
+    /// The running executable with the one argument [`GATE_ARG`]: its `main` must call
+    /// [`serve_gate_child`] first.
     pub fn self_exec() -> Result<GateRunner> {
         let program = std::env::current_exe().map_err(|e| {
             EngineError::Invalid(format!("cannot find the running executable: {e}"))
         })?;
         Ok(GateRunner {
             program,
-            args: vec![GATE_SUBCOMMAND.into()],
+            args: vec![GATE_ARG.into()],
         })
     }
 
@@ -187,6 +194,21 @@ pub fn gate_cases() -> u64 {
 
 /// The gate child's work: loads the library named by [`GATE_LIB_ENV`] (or `lib`), runs the
 /// conformance check and returns the line to print on stdout (`MOLLM_GATE_VERDICT {json}`).
+/// The gate child's side, for a program that [`GateRunner::self_exec`] may start: call it
+/// first thing in `main`. A process started as the gate child (its only argument
+/// [`GATE_ARG`]) checks the library [`GATE_LIB_ENV`] names, prints the verdict line and exits
+/// with status 0; any other process returns at once.
+pub fn serve_gate_child() {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(GATE_ARG)) || args.next().is_some() {
+        return;
+    }
+    let line = gate_child(None);
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    std::process::exit(0);
+}
+
 pub fn gate_child(lib: Option<&Path>) -> String {
     let path = lib
         .map(Path::to_path_buf)
