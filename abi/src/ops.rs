@@ -27,6 +27,7 @@ pub enum Op {
     Scale = 9,
     Softmax = 10,
     Argmax = 11,
+    SsmConv = 12,
 }
 
 impl Op {
@@ -43,6 +44,7 @@ impl Op {
         Op::Scale,
         Op::Softmax,
         Op::Argmax,
+        Op::SsmConv,
     ];
 
     pub fn from_id(id: u32) -> Option<Op> {
@@ -316,8 +318,29 @@ fn argmax_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     Ok(vec![[x[1], x[2], x[3], 1]])
 }
 
+fn ssm_conv_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (sx, c) = (s[0], s[1]);
+    need(sx[3] == 1, || format!("sx must be 3-D, got {sx:?}"))?;
+    need(c[2] == 1 && c[3] == 1, || {
+        format!("c must be 2-D, got {c:?}")
+    })?;
+    need(c[1] == sx[1], || {
+        format!("c has {} channels, sx has {}", c[1], sx[1])
+    })?;
+    need(c[0] >= 1, || {
+        format!("c has {} taps, at least 1 needed", c[0])
+    })?;
+    need(sx[0] >= c[0], || {
+        format!(
+            "the window ({} columns of sx) is shorter than the {} taps of c",
+            sx[0], c[0]
+        )
+    })?;
+    Ok(vec![[sx[1], sx[0] - c[0] + 1, sx[2], 1]])
+}
+
 /// Indexed by `Op as usize`; a test checks the order.
-pub static SCHEMAS: [OpSchema; 12] = [
+pub static SCHEMAS: [OpSchema; 13] = [
     OpSchema {
         op: Op::GetRows,
         name: "get_rows",
@@ -502,6 +525,30 @@ pub static SCHEMAS: [OpSchema; 12] = [
         attrs: &[],
         shape_rule: argmax_shape,
     },
+    OpSchema {
+        op: Op::SsmConv,
+        name: "ssm_conv",
+        doc: "Depthwise causal convolution (ggml_ssm_conv: Mamba, Qwen3.5's linear attention, \
+              LFM2's short convolution): out[i, t, s] = sum over j in 0..L of sx[t + j, i, s] * \
+              c[j, i]; sx holds each channel's L-1 columns of state followed by its T new \
+              columns. No bias. The sum is f32 from +0, over j in order, as llama.cpp's \
+              AVX-512 build compiles it (read from its binary: groups of 8 taps while 8 remain, \
+              then one of 4, vectorized; the rest scalar and contracted): the first L - L mod 4 \
+              taps add their rounded products one by one, the last L mod 4 are fused, acc = \
+              fma(sx, c, acc). So L = 4 (Qwen3.5) is (((0 + p0) + p1) + p2) + p3, L = 3 (LFM2) \
+              three fmas from 0.",
+        inputs: &[
+            operand!(
+                "sx",
+                F32,
+                "[L-1+T, N, S] per channel and sequence: the state, then the new columns"
+            ),
+            operand!("c", F32, "[L, N] the L taps of each of the N channels"),
+        ],
+        outputs: &[operand!("out", F32, "[N, T, S]")],
+        attrs: &[],
+        shape_rule: ssm_conv_shape,
+    },
 ];
 
 /// Checks a call against its schema: operand counts, formats, attribute hygiene and shapes.
@@ -622,5 +669,33 @@ mod tests {
         assert!(validate(Op::MatMul, &[w, unknown], &[good], &p)
             .unwrap_err()
             .contains("999"));
+        // ssm_conv: L = 4 taps, T = 7 new columns, N = 5 channels, S = 2 sequences.
+        let sx = desc(DType::F32, &[10, 5, 2]);
+        let c = desc(DType::F32, &[4, 5]);
+        let out = desc(DType::F32, &[5, 7, 2]);
+        assert!(validate(Op::SsmConv, &[sx, c], &[out], &p).is_ok());
+        // A window exactly L wide: one column out (a decode step).
+        let one = desc(DType::F32, &[4, 5, 2]);
+        let out1 = desc(DType::F32, &[5, 1, 2]);
+        assert!(validate(Op::SsmConv, &[one, c], &[out1], &p).is_ok());
+        let e = validate(Op::SsmConv, &[sx, c], &[desc(DType::F32, &[5, 6, 2])], &p).unwrap_err();
+        assert!(e.contains("shape"), "{e}");
+        let c6 = desc(DType::F32, &[4, 6]);
+        let e = validate(Op::SsmConv, &[sx, c6], &[out], &p).unwrap_err();
+        assert!(e.contains("channels"), "{e}");
+        let short = desc(DType::F32, &[3, 5, 2]);
+        let e = validate(Op::SsmConv, &[short, c], &[out1], &p).unwrap_err();
+        assert!(e.contains("shorter"), "{e}");
+        let e = validate(Op::SsmConv, &[sx, desc(DType::F32, &[0, 5])], &[out], &p).unwrap_err();
+        assert!(e.contains("taps"), "{e}");
+        let c3d = desc(DType::F32, &[4, 5, 2]);
+        let e = validate(Op::SsmConv, &[sx, c3d], &[out], &p).unwrap_err();
+        assert!(e.contains("2-D"), "{e}");
+        let sx4d = desc(DType::F32, &[10, 5, 2, 2]);
+        let e = validate(Op::SsmConv, &[sx4d, c], &[out], &p).unwrap_err();
+        assert!(e.contains("3-D"), "{e}");
+        let c16 = desc(DType::F16, &[4, 5]);
+        let e = validate(Op::SsmConv, &[sx, c16], &[out], &p).unwrap_err();
+        assert!(e.contains("accept"), "{e}");
     }
 }

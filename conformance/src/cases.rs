@@ -224,7 +224,7 @@ pub const ATTENTION_SEQS: &[SeqsShape] = &[
 ];
 
 /// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
-pub const CASES_VERSION: u32 = 4;
+pub const CASES_VERSION: u32 = 5;
 
 /// How many fixed cases `op` has.
 pub fn fixed_count(op: Op) -> u64 {
@@ -511,6 +511,22 @@ pub fn case(op: Op, seed: u64) -> Case {
                 vec![a],
                 vec![Owned::zeros(DType::I32, &[rows])],
                 format!("k={k} rows={rows}"),
+            )
+        }
+        Op::SsmConv => {
+            // Taps: LFM2's 3 and Qwen3.5's 4 most often, then every split of the sum (fused
+            // taps only, 4 + fused, whole 8-groups, 8 + 4 + fused). Channels up to a model's
+            // conv width, so that the output rows split across the threads.
+            let taps = r.pick(&[3i64, 4, 3, 4, 1, 2, 5, 7, 8, 9, 13]);
+            let n = r.pick(&[1i64, 5, 17, 64, 333, 6144]);
+            let seqs = r.pick(&[1i64, 2, 3]);
+            let w = taps - 1 + rows;
+            let sx = Owned::f32(&[w, n, seqs], &r.vec((w * n * seqs) as usize, 1.0));
+            let c = Owned::f32(&[taps, n], &r.vec((taps * n) as usize, 0.5));
+            (
+                vec![sx, c],
+                vec![Owned::zeros(DType::F32, &[n, rows, seqs])],
+                format!("taps={taps} n={n} t={rows} seqs={seqs}"),
             )
         }
         Op::Add | Op::Mul | Op::Scale | Op::Softmax => {

@@ -109,10 +109,15 @@ impl Backend {
     /// Whether this call uses what the backend's ABI version does not know (it is then
     /// declined, as an unsupported call, instead of sent).
     fn too_new(&self, op: Op, inputs: &[TensorDesc]) -> bool {
-        // ABI 1.2: attention's block_table; 1.4: its seqs (several sequences in one call).
-        op == Op::Attention
-            && ((inputs.len() > 4 && self.abi_minor < 2)
-                || (inputs.len() > 5 && self.abi_minor < 4))
+        // ABI 1.2: attention's block_table; 1.4: its seqs (several sequences in one call);
+        // 1.8: ssm_conv (an older plugin's decode refuses the unknown op id as malformed).
+        match op {
+            Op::Attention => {
+                (inputs.len() > 4 && self.abi_minor < 2) || (inputs.len() > 5 && self.abi_minor < 4)
+            }
+            Op::SsmConv => self.abi_minor < 8,
+            _ => false,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -304,5 +309,32 @@ impl Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         (self.table.shutdown)(self.ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ssm_conv (op 12, ABI 1.8) is not sent to a plugin built before it, whose decode would
+    /// call the unknown op id malformed: it is declined as unsupported and goes elsewhere.
+    #[test]
+    fn ssm_conv_reaches_backends_of_abi_1_8_only() {
+        let (mut sx, mut c, mut out) = (vec![1f32; 4], vec![0.5f32; 4], vec![0f32]);
+        let f32s = |v: &mut [f32], s: &[i64]| {
+            TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, abi::DType::F32, s)
+        };
+        let ins = [f32s(&mut sx, &[4, 1, 1]), f32s(&mut c, &[4, 1])];
+        let outs = [f32s(&mut out, &[1, 1, 1])];
+        let p = OpParams::default();
+        for (minor, takes) in [(7, false), (8, true)] {
+            let host = reference::serial_host();
+            let b =
+                Backend::open_table("ref".into(), &reference::TABLE, minor, host, None).unwrap();
+            assert_eq!(b.supports(Op::SsmConv, &ins, &outs, &p), takes, "1.{minor}");
+            let ran = b.try_compute(Op::SsmConv, &ins, &outs, p).unwrap();
+            assert_eq!(ran, takes, "1.{minor}");
+        }
+        assert_eq!(out, [2.0]);
     }
 }

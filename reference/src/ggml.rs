@@ -13,6 +13,8 @@
 //!   activation batch has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`.
 //! - [`v_expf`]: the AVX-512 `ggml_v_expf` polynomial (used by soft_max on whole 16-blocks and
 //!   by `ggml_v_silu`); tails use libm `expf` exactly as ggml's scalar loops do.
+//! - [`ssm_conv_dot`]: the per-channel sum of `ggml_compute_forward_ssm_conv_f32`, whose
+//!   vectorized and contracted parts split at `L mod 4`.
 //!
 //! The native CPU backends use these same functions (one copy of every chain): the `*_lanes`
 //! bodies are `#[inline(always)]` so that a backend instantiates them inside its own
@@ -214,6 +216,28 @@ pub fn v_silu(x: f32) -> f32 {
 #[inline(always)]
 pub fn silu_scalar(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// One output of `ggml_compute_forward_ssm_conv_f32`: `sumf += s[j] * c[j]` over the taps,
+/// from `0.0f`, as GCC compiles that loop for AVX-512 (read from the disassembly of
+/// llama.cpp 0c1e570's `libggml-cpu.so`). It is vectorized in groups of 8 taps while 8
+/// remain, then one group of 4 if 4 remain: each group's products come from one `vmulps`
+/// (rounded) and are added to the sum one by one in order, which is what `acc += s * c` does
+/// tap by tap. The last `len mod 4` taps take the scalar remainder loop, which GCC contracts
+/// into `vfmadd231ss`. `mul_add` rounds once on every CPU, so the bits are the same
+/// everywhere.
+#[inline(always)]
+pub fn ssm_conv_dot(s: &[f32], c: &[f32]) -> f32 {
+    let n = c.len();
+    let vectorized = n & !3;
+    let mut acc = 0f32;
+    for j in 0..vectorized {
+        acc += s[j] * c[j];
+    }
+    for j in vectorized..n {
+        acc = s[j].mul_add(c[j], acc);
+    }
+    acc
 }
 
 /// `MAX(a, b)` as ggml's macro: `a > b ? a : b` (so a NaN element wins over a number, and a

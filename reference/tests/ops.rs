@@ -266,6 +266,62 @@ fn softmax_rows() {
     }
 }
 
+/// ssm_conv(sx, c): `sx[t, i, s] = 1 + t + 4i + 8s` ([4, 2, 2]: 3 taps, T = 2); channel 0's
+/// taps [1, 0, -1] give x_t - x_{t+2} = -2, channel 1's [1, 2, 3] give 6 x_t + 8.
+#[test]
+fn ssm_conv_slides_each_channels_taps() {
+    let mut sx: Vec<f32> = (1..=16).map(|v| v as f32).collect();
+    let mut c = vec![1.0, 0.0, -1.0, 1.0, 2.0, 3.0];
+    let mut out = vec![0f32; 8];
+    run(
+        Op::SsmConv,
+        &[f32d(&mut sx, &[4, 2, 2]), f32d(&mut c, &[3, 2])],
+        &[f32d(&mut out, &[2, 2, 2])],
+        OpParams::default(),
+    );
+    // out[i, t, s]: channel fastest, then token, then sequence.
+    assert_eq!(out, [-2.0, 38.0, -2.0, 44.0, -2.0, 86.0, -2.0, 92.0]);
+}
+
+/// Which taps are fused (the last `L mod 4`) and which add a rounded product: with
+/// a = -(1 + 2^-11) and b = 1 + 2^-12, `a + b*b` is 2^-24 fused and 0 when b*b is rounded first
+/// (to 1 + 2^-11, a tie to even).
+#[test]
+fn ssm_conv_fuses_only_the_last_taps_mod_4() {
+    let a = -(1.0 + 2f32.powi(-11));
+    let b = 1.0 + 2f32.powi(-12);
+    // (taps, the tap of a; b*b follows it)
+    for (taps, at, fused) in [
+        (2, 0, true),
+        (3, 1, true),
+        (4, 2, false),
+        (5, 3, true),
+        (5, 2, false),
+        (7, 4, true),
+        (8, 6, false),
+        (9, 7, true),
+        (12, 10, false),
+        (13, 11, true),
+    ] {
+        let mut sx = vec![0f32; taps];
+        let mut c = vec![0f32; taps];
+        (sx[at], c[at]) = (a, 1.0);
+        (sx[at + 1], c[at + 1]) = (b, b);
+        let mut out = vec![7f32];
+        run(
+            Op::SsmConv,
+            &[
+                f32d(&mut sx, &[taps as i64, 1, 1]),
+                f32d(&mut c, &[taps as i64, 1]),
+            ],
+            &[f32d(&mut out, &[1, 1, 1])],
+            OpParams::default(),
+        );
+        let want = if fused { 2f32.powi(-24) } else { 0.0 };
+        assert_eq!(out[0].to_bits(), want.to_bits(), "{taps} taps, a at {at}");
+    }
+}
+
 #[test]
 fn glu_silu_and_gelu() {
     let mut g: Vec<f32> = (0..20).map(|i| i as f32 * 0.5 - 5.0).collect();

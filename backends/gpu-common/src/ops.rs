@@ -13,6 +13,11 @@ use std::sync::{Arc, OnceLock};
 /// every call: only mat_mul weights are offered to `prepare_weight`).
 pub const GET_ROWS_MAX_BYTES: u64 = 16 << 20;
 
+/// Why the GPUs decline ssm_conv (in `check`, so `supports` already says so): no kernel has
+/// been written for it yet; a CPU backend takes the call.
+pub const NO_SSM_CONV: &str =
+    "ssm_conv is not implemented on GPU backends yet (no kernel: a CPU backend runs it)";
+
 fn dt(t: &TensorDesc) -> DType {
     t.dtype().expect("validated")
 }
@@ -66,6 +71,7 @@ pub unsafe fn run<D: Device>(
         Op::Rope => rope(ctx, &ins[0], &ins[1], &outs[0], p),
         Op::Attention => crate::attention::run(ctx, ins, &outs[0], p),
         Op::SetRows => set_rows(ctx, &ins[0], &ins[1], &ins[2], &outs[0]),
+        Op::SsmConv => Err(Error::Unsupported(NO_SSM_CONV.into())),
     }
 }
 

@@ -186,6 +186,9 @@ pub unsafe fn check<D: Device>(
     p: &OpParams,
 ) -> Result<(), Error> {
     abi::validate(op, ins, outs, p).map_err(Error::Invalid)?;
+    if op == Op::SsmConv {
+        return Err(Error::Unsupported(ops::NO_SSM_CONV.into()));
+    }
     let max = c.dev.max_binding();
     let exact = op == Op::MatMul && ops::exact(ins, p);
     for (i, t) in ins.iter().chain(outs).enumerate() {

@@ -55,7 +55,8 @@ fn report(cases: u64) -> conformance::Report {
 }
 
 /// Every op passes the gate (per-op tolerances) for every format the kernels take, on the
-/// prepared-weight path too; the formats it declines are skipped with the reason.
+/// prepared-weight path too; the formats it declines are skipped with the reason, and so is
+/// ssm_conv, which has no kernel.
 #[test]
 fn conformance_on_the_device() {
     if !device() {
@@ -64,7 +65,7 @@ fn conformance_on_the_device() {
     let r = report(abi::WEIGHT_DTYPES.len() as u64);
     eprintln!("{r}");
     assert!(r.ok(), "{r}");
-    for &op in Op::ALL {
+    for &op in Op::ALL.iter().filter(|&&op| op != Op::SsmConv) {
         assert!(
             r.passed.iter().any(|p| p.op == op),
             "{} never ran\n{r}",
@@ -72,6 +73,12 @@ fn conformance_on_the_device() {
         );
     }
     use abi::DType::*;
+    // No GPU kernel yet: declined with the reason, and the CPU runs it.
+    let why = r.skipped(Op::SsmConv, F32);
+    assert!(
+        !why.is_empty() && why.iter().all(|w| w.contains("not implemented on GPU")),
+        "ssm_conv: {why:?}\n{r}"
+    );
     for dt in [
         F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, W4G32, W4G128, W8PC,
     ] {
@@ -353,7 +360,8 @@ fn block_format_matmuls_match_the_reference_in_every_chain() {
 }
 
 /// Operands in device memory (`buffer_alloc`, ABI 1.7) give the bytes of the same call in
-/// host memory, for every op: the engine's activations and KV cache can stay on the device.
+/// host memory, for every op with a kernel (all but ssm_conv): the engine's activations and KV
+/// cache can stay on the device.
 #[test]
 fn every_op_takes_device_operands() {
     if !device() {
@@ -375,7 +383,8 @@ fn every_op_takes_device_operands() {
                 moved += 1;
             }
         }
-        if moved == 0 {
+        // ssm_conv has no GPU kernel (every case declined above).
+        if moved == 0 && op != Op::SsmConv {
             missing.push(op.name());
         }
     }

@@ -343,3 +343,66 @@ fn prompt_chunks_on_transposed_blocks_match_reference_bit_for_bit() {
         assert!(same(&cs, &host, &label), "{label}: not supported natively");
     }
 }
+
+/// ssm_conv at every split of its sum (fused taps only, 4 rounded + fused, whole 8-groups,
+/// 8 + 4 + fused), at model sizes (rows split across the threads) and on padded rows (windows
+/// and output rows apart by more than their length), bit for bit on every ISA.
+#[test]
+fn ssm_conv_edge_shapes_match_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let mut r = Rng::new(12);
+    // (taps, T, channels, sequences)
+    #[rustfmt::skip]
+    let shapes: &[(i64, i64, i64, i64)] = &[
+        (1, 3, 9, 2), (2, 1, 7, 1), (5, 2, 33, 3), (6, 1, 5, 2), (7, 5, 17, 2), (8, 4, 40, 1),
+        (9, 3, 16, 2), (12, 2, 8, 1), (13, 9, 100, 2), (17, 1, 3, 1),
+        (3, 1, 2048, 4),  // LFM2-like decode step of four sequences
+        (4, 1, 8192, 1),  // Qwen3.5-like decode step
+        (4, 64, 1024, 1), // a prompt chunk
+    ];
+    for &(taps, t, n, s) in shapes {
+        let w = taps - 1 + t;
+        let c = Case {
+            op: Op::SsmConv,
+            label: format!("taps={taps} t={t} n={n} seqs={s}"),
+            inputs: vec![
+                Owned::f32(&[w, n, s], &r.vec((w * n * s) as usize, 1.0)),
+                Owned::f32(&[taps, n], &r.vec((taps * n) as usize, 0.5)),
+            ],
+            outputs: vec![Owned::zeros(DType::F32, &[n, t, s])],
+            params: OpParams::default(),
+        };
+        let label = c.label.clone();
+        assert!(same(&c, &host, &label), "{label}: not supported natively");
+    }
+    // Padded rows: sx's windows 3 floats apart (and its sequences 5 more), out's rows 2.
+    let (taps, t, n, s) = (4i64, 3i64, 6i64, 2i64);
+    let w = taps - 1 + t;
+    let (sx_row, sx_seq, out_row) = (w + 3, (w + 3) * n + 5, n + 2);
+    let mut sx = r.vec((sx_seq * s) as usize, 1.0);
+    let mut c = r.vec((taps * n) as usize, 0.5);
+    let mk = |p: &mut [f32], ne: [i64; 3], nb: [i64; 3]| {
+        let mut d = TensorDesc::contiguous(p.as_mut_ptr() as *mut u8, DType::F32, &ne);
+        d.nb[..3].copy_from_slice(&nb.map(|b| b * 4));
+        d
+    };
+    let ins = [
+        mk(&mut sx, [w, n, s], [1, sx_row, sx_seq]),
+        mk(&mut c, [taps, n, 1], [1, taps, taps * n]),
+    ];
+    let run = |table: &'static BackendTable| {
+        let me = Instance::new(table, &host);
+        let mut o = vec![f32::NAN; (out_row * t * s) as usize];
+        let outs = [mk(&mut o, [n, t, s], [1, out_row, out_row * t])];
+        let call = OpCall::new(Op::SsmConv, &ins, &outs, OpParams::default());
+        assert_eq!(Status::from_raw((table.compute)(me.ctx, &call)), Status::Ok);
+        o
+    };
+    let want = run(&reference::TABLE);
+    for (isa, table) in tables() {
+        let got = run(table);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{isa:?} padded rows, element {i}");
+        }
+    }
+}

@@ -11,6 +11,7 @@ pub mod norm;
 pub mod rope;
 pub mod set_rows;
 pub mod softmax;
+pub mod ssm_conv;
 
 use crate::par::parallel_for_shared as parallel_for;
 use crate::tensor::{check_data, check_layout, Error, Result};
@@ -85,6 +86,7 @@ pub fn compute(
             Op::Scale => elementwise::scale(host, inputs, outputs, p),
             Op::Softmax => softmax::run(host, inputs, outputs, p),
             Op::Argmax => argmax::run(host, inputs, outputs),
+            Op::SsmConv => ssm_conv::run(host, inputs, outputs),
         }
     }
 }

@@ -15,7 +15,8 @@
 //! Supported: host memory, f32 tensors with packed elements (`nb[0] == 4`), any row strides.
 //! attention: f32 or f16 K/V caches (f16: the reference's ggml_vec_dot_f16 / tinyBLAS chains,
 //! q and the probabilities rounded to f16). rope: no YaRN (`ext_factor != 0` ->
-//! Unsupported). set_rows: f32 or f16 destination (round to nearest even).
+//! Unsupported). set_rows: f32 or f16 destination (round to nearest even). ssm_conv: the
+//! reference's scalar chain per output (any `taps`).
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -75,6 +76,7 @@ pub const OPS: &[Op] = &[
     Op::SetRows,
     Op::Softmax,
     Op::Argmax,
+    Op::SsmConv,
 ];
 
 // ---------------------------------------------------------------- ISA frames
@@ -117,6 +119,7 @@ mod numerics;
 mod rope;
 mod set_rows;
 mod softmax;
+mod ssm_conv;
 
 use argmax::*;
 use attention::*;
@@ -128,6 +131,7 @@ use numerics::*;
 use rope::*;
 use set_rows::*;
 use softmax::*;
+use ssm_conv::*;
 
 #[allow(unused_imports)] // x86 kernels only
 pub(crate) use numerics::reduce16;
@@ -246,6 +250,8 @@ pub fn check(
                 need_dtype(op, &inputs[2], DType::F32)?;
             }
         }
+        // F32 operands (the schema) with packed windows (`layout`): any taps, any strides.
+        Op::SsmConv => {}
         Op::MatMul => unreachable!("handled by matmul"),
         _ => {}
     }
@@ -385,6 +391,7 @@ pub unsafe fn run(
             SoftmaxAttrs::from_params(p).scale,
         ),
         Op::Argmax => argmax(host, inputs, outputs),
+        Op::SsmConv => ssm_conv(isa, host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
         Op::SetRows => return set_rows(inputs, outputs),
         Op::MatMul => unreachable!("handled by matmul"),
