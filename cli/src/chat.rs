@@ -161,7 +161,8 @@ impl<'m> Chat<'m> {
         let hist = self.session.history();
         let mut reused = hist.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
         reused = reused.min(prompt.len() - 1);
-        self.session.truncate(reused);
+        // A model with recurrent state keeps all of its history or none of it.
+        let reused = self.session.truncate(reused);
         let new = &prompt[reused..];
         let room = self.session.n_ctx() - prompt.len();
         let max = self.max_tokens.unwrap_or(room).min(room);

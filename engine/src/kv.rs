@@ -24,6 +24,14 @@
 //!   sequence holds it and it is not published: otherwise the writer copies it first.
 //! - Pages nobody holds but that are published stay cached, and are evicted least recently
 //!   released first when a page is needed.
+//!
+//! **Recurrent state.** A model with recurrent layers (a short convolution's window, a linear
+//! recurrence's matrix) keeps, beside its pages, fixed-size state per sequence
+//! ([`KvCache::states`]): zero for a new sequence, its own copy after a fork, never shared.
+//! Such state summarizes every position so far and cannot be cut back, so truncating a
+//! sequence of such a model anywhere but its end starts it over from position 0 (the caller
+//! sees what is kept), and neither prefix reuse nor partial reuse applies: each sequence
+//! computes its whole prompt.
 
 use crate::error::{EngineError, Result};
 use abi::{DType, TensorDesc};
@@ -286,11 +294,21 @@ pub struct KvCache {
     chunk: usize,
     unit: usize,
     pages: Arc<Mutex<Pages>>,
+    /// Its recurrent states (see the module docs), one buffer per state of the program.
+    pub states: Vec<Vec<f32>>,
 }
 
 impl KvCache {
-    /// Forgets everything after `n` positions, releasing the pages past them.
-    pub fn truncate(&mut self, n: usize) {
+    /// Forgets everything after `n` positions, releasing the pages past them; returns the
+    /// positions kept. With recurrent state, which cannot be cut back, anything short of the
+    /// whole sequence keeps nothing.
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let n = if !self.states.is_empty() && n < self.n_past {
+            self.states.iter_mut().for_each(|s| s.fill(0.0));
+            0
+        } else {
+            n
+        };
         self.n_past = self.n_past.min(n);
         let keep = self.n_past.div_ceil(KV_PAGE);
         if self.table.len() > keep {
@@ -306,6 +324,7 @@ impl KvCache {
         if self.unit > 0 {
             self.units.truncate(self.canon / self.unit);
         }
+        self.n_past
     }
 
     /// A cache that continues independently from the same state, sharing every page until
@@ -325,6 +344,7 @@ impl KvCache {
             chunk: self.chunk,
             unit: self.unit,
             pages: self.pages.clone(),
+            states: self.states.clone(),
         }
     }
 
@@ -381,8 +401,11 @@ pub struct KvSpec {
     pub layers: Vec<[usize; 2]>,
     /// The weights token columns are multiplied with: `(format, k, n)`.
     pub mats: Vec<(DType, usize, usize)>,
-    /// False where rows depend on the chunk in ways not modelled here (MoE routing groups).
+    /// False where rows depend on the chunk in ways not modelled here (MoE routing groups), or
+    /// where rows alone do not resume a sequence (recurrent state).
     pub chunks_comparable: bool,
+    /// f32 values of each recurrent state a sequence keeps (none: a pure transformer).
+    pub states: Vec<usize>,
 }
 
 /// A pool in device memory: allocations and copies in the memory of the backend that holds
@@ -449,6 +472,8 @@ impl KvPool {
             n_pages,
             chunk,
             unit: match chunk {
+                // Pages alone do not resume a sequence with recurrent state.
+                _ if !spec.states.is_empty() => 0,
                 0 => 0,
                 c if c % KV_PAGE == 0 => c,
                 c if KV_PAGE % c == 0 => KV_PAGE,
@@ -516,7 +541,13 @@ impl KvPool {
             chunk: self.chunk,
             unit: self.unit,
             pages: self.pages.clone(),
+            states: self.same.states.iter().map(|&n| vec![0.0; n]).collect(),
         }
+    }
+
+    /// f32 values of recurrent state each sequence keeps.
+    pub fn state_values(&self) -> usize {
+        self.same.states.iter().sum()
     }
 
     /// Whether a sequence whose prompt is `len` tokens leaves rows for others to reuse once
@@ -726,6 +757,7 @@ mod tests {
             layers: Vec::new(),
             mats: vec![(DType::Q4_K, 256, 64)],
             chunks_comparable: true,
+            states: Vec::new(),
         };
         assert!(q4k.allows(75, 69, 40));
         assert!(!q4k.allows(75, 69, 41));
@@ -740,6 +772,7 @@ mod tests {
             layers: Vec::new(),
             mats: vec![(DType::Q8_0, 64, 64), (DType::F32, 64, 64)],
             chunks_comparable: true,
+            states: Vec::new(),
         };
         assert!(q8.allows(30, 69, 29) && q8.allows(69, 69, 67));
         assert!(!q8.allows(28, 69, 29), "the rows were never computed");
@@ -748,6 +781,7 @@ mod tests {
             layers: Vec::new(),
             mats: Vec::new(),
             chunks_comparable: false,
+            states: Vec::new(),
         };
         assert!(!moe.allows(75, 69, 40));
     }

@@ -245,10 +245,13 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// Forgets everything after `n` tokens (the next step writes from there).
-    pub fn truncate(&mut self, n: usize) {
-        self.history.truncate(n);
-        self.kv.truncate(n);
+    /// Forgets everything after `n` tokens (the next step writes from there); returns the
+    /// tokens kept (none, short of the whole history, for a model with recurrent state: see
+    /// [`crate::kv`]).
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let kept = self.kv.truncate(n.min(self.history.len()));
+        self.history.truncate(kept);
+        kept
     }
 
     /// A copy that continues independently from the same state (sharing cache pages until
@@ -436,7 +439,10 @@ impl<'m> Session<'m> {
             n_ctx
         };
         let mut kv_pool = KvPool::new(&model.program.kv_spec(), opts.kv_dtype, rows, n_batch);
-        if exec.use_device_memory(model.program.has_moe()).is_some() {
+        if exec
+            .use_device_memory(model.program.has_moe() || !model.program.states.is_empty())
+            .is_some()
+        {
             kv_pool.to_device(&exec)?;
         }
         let kv = kv_pool.sequence(n_ctx);
@@ -567,10 +573,12 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
-    /// Drops the cached state after `n` tokens.
-    pub fn truncate(&mut self, n: usize) {
-        self.history.truncate(n);
-        self.kv.truncate(n);
+    /// Drops the cached state after `n` tokens; returns the tokens kept (none, short of the
+    /// whole history, for a model with recurrent state: see [`crate::kv`]).
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let kept = self.kv.truncate(n.min(self.history.len()));
+        self.history.truncate(kept);
+        kept
     }
 
     /// Appends `tokens` to the context, `n_batch` at a time, and returns the logits after the

@@ -166,11 +166,11 @@ impl Exec {
     /// Holds the activations and the KV cache in the device memory of the first backend when
     /// it has its own (ABI 1.7) and `p` suits: ops then pass device tensors, with no host
     /// round trip between them, and a step waits once, for its logits. Off with
-    /// MOLLM_DEVICE_MEMORY=0, and for MoE programs (`moe`: their routing reads host memory).
-    /// The backend's name where it is on.
-    pub fn use_device_memory(&mut self, moe: bool) -> Option<&str> {
+    /// MOLLM_DEVICE_MEMORY=0, and for programs that run host code between calls (`host`:
+    /// MoE routing, recurrent state). The backend's name where it is on.
+    pub fn use_device_memory(&mut self, host: bool) -> Option<&str> {
         let off = !abi::settings::DEVICE_MEMORY.on(true);
-        if moe || off || !self.backends[0].has_device_memory() {
+        if host || off || !self.backends[0].has_device_memory() {
             return None;
         }
         self.memory.device = Some(0);

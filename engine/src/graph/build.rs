@@ -33,6 +33,7 @@ impl Builder {
                 arch: arch.to_string(),
                 consts: BTreeMap::new(),
                 kv_layers: Vec::new(),
+                states: Vec::new(),
                 nodes: Vec::new(),
                 output: String::new(),
             },
@@ -49,6 +50,12 @@ impl Builder {
     pub fn kv_layer(&mut self, head_dim: usize, n_head_kv: usize) -> usize {
         self.g.kv_layers.push([head_dim as i64, n_head_kv as i64]);
         self.g.kv_layers.len() - 1
+    }
+
+    /// Declares a recurrent state of `values` f32 each sequence keeps; returns its index.
+    pub fn state(&mut self, values: usize) -> usize {
+        self.g.states.push(values as i64);
+        self.g.states.len() - 1
     }
 
     /// Nodes added from now on carry layer `il` in their names (`None`: no suffix).

@@ -35,6 +35,13 @@ pub enum GraphError {
         layer: usize,
         geometry: [i64; 2],
     },
+    #[error("{}: graph state {state}: {values} values (must be 1 to {max})", printable(.file))]
+    StateSize {
+        file: String,
+        state: usize,
+        values: i64,
+        max: i64,
+    },
     #[error("{}: graph node {index}: bad name '{}'", printable(.file), .name.escape_debug())]
     NodeName {
         file: String,

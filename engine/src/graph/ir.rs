@@ -4,7 +4,8 @@
 //! Operand references are strings: `$tokens`, `$positions`, `$out_ids` (the step's inputs),
 //! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
 //! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
-//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`) declare theirs in
+//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`, `short_conv`)
+//! declare theirs in
 //! [`GRAPH_OPS`]. Dimensions are expressions (see [`super::dim`]).
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,10 @@ pub struct GraphFile {
     pub consts: BTreeMap<String, i64>,
     /// KV cache geometry, one entry per cached attention layer: `[head_dim, n_head_kv]`.
     pub kv_layers: Vec<[i64; 2]>,
+    /// Recurrent state each sequence owns, one entry per state its recurrent layers keep: the
+    /// number of f32 values (a short convolution's window, a recurrence's matrix).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<i64>,
     pub nodes: Vec<NodeDef>,
     /// The node whose value is the logits `[n_vocab, O]`.
     pub output: String,
@@ -83,6 +88,12 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         doc: "Qwen2-MoE's shared expert: per token sigmoid(gate_inp . x) * \
               down(act(gate x) * up x), the sigmoid as silu(g) / g; gate_inp f32 [E]; x [E, N], \
               out [E, N].",
+    },
+    GraphOp {
+        name: "short_conv",
+        inputs: &["bcx", "weight"],
+        attrs: &["state"],
+        doc: "LFM2's gated short convolution: bcx [3n, T] holds b, c and x (rows 0..n, n..2n,               2n..3n); per sequence the ABI ssm_conv of its window (state `state`, the last L-1               columns of b*x before this step, zero for a new sequence) followed by this step's               b*x, with weight [L, n]; out = c * conv [n, T]; the window's last L-1 columns               become the state.",
     },
 ];
 

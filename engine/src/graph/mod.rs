@@ -11,6 +11,7 @@ pub mod matmul;
 pub mod moe;
 pub mod plan;
 pub mod program;
+pub mod recurrent;
 pub mod run;
 
 pub use error::{AttrError, DimError, GraphError, NodeError};

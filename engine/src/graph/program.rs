@@ -37,6 +37,10 @@ pub enum Kind {
     SharedExpert {
         act: i64,
     },
+    /// A short convolution over each sequence's window, kept in recurrent state `state`.
+    ShortConv {
+        state: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -58,6 +62,8 @@ pub struct Program {
     pub output: usize,
     /// `[head_dim, n_head_kv]` per cached layer.
     pub kv_layers: Vec<[usize; 2]>,
+    /// f32 values per recurrent state each sequence keeps.
+    pub states: Vec<usize>,
 }
 
 impl Program {
@@ -86,7 +92,9 @@ impl Program {
         crate::kv::KvSpec {
             layers: self.kv_layers.clone(),
             mats,
-            chunks_comparable: !self.has_moe(),
+            // Recurrent state is not a cache of rows: a prefix's rows alone do not resume it.
+            chunks_comparable: !self.has_moe() && self.states.is_empty(),
+            states: self.states.clone(),
         }
     }
 }
@@ -95,6 +103,8 @@ impl Program {
 const MAX_NODES: usize = 1 << 20;
 const MAX_INPUTS: usize = 8;
 const MAX_KV_LAYERS: usize = 4096;
+/// The most f32 values one recurrent state may hold (64 MiB).
+const MAX_STATE: i64 = 1 << 24;
 /// (T, O) points the shapes are evaluated at: three fix a linear form, the rest check it.
 /// The most tokens (and logit rows) one step may carry.
 pub const MAX_STEP: i64 = 1 << 16;
@@ -224,6 +234,28 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
         }
         kv_layers.push([d as usize, h as usize]);
     }
+    if g.states.len() > MAX_KV_LAYERS {
+        return Err(GraphError::TooLarge {
+            file: file.into(),
+            nodes: g.nodes.len(),
+            kv_layers: g.states.len(),
+            max_nodes: MAX_NODES,
+            max_kv_layers: MAX_KV_LAYERS,
+        });
+    }
+    let mut states = Vec::with_capacity(g.states.len());
+    for (i, &n) in g.states.iter().enumerate() {
+        if !(1..=MAX_STATE).contains(&n) {
+            return Err(GraphError::StateSize {
+                file: file.into(),
+                state: i,
+                values: n,
+                max: MAX_STATE,
+            });
+        }
+        states.push(n as usize);
+    }
+    let mut state_used = vec![false; states.len()];
     let mut by_name: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if n.name.is_empty() || n.name.len() > 256 || n.name.starts_with(['$', '@']) {
@@ -312,8 +344,13 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
                     return Err(e(format!("input '{}' must be f32, is {dt}", gop.inputs[k])));
                 }
             }
-            compile_graph_op(n, &inputs, &in_info, &kv_layers, &mut kv_used, &g)
-                .map_err(|x| err(&n.name, x))?
+            let mem = Memory {
+                kv_layers: &kv_layers,
+                kv_used: &mut kv_used,
+                states: &states,
+                state_used: &mut state_used,
+            };
+            compile_graph_op(n, &inputs, &in_info, mem, &g).map_err(|x| err(&n.name, x))?
         } else {
             let op = Op::from_name(&n.op).ok_or_else(|| e(format!("unknown op '{}'", n.op)))?;
             if matches!(op, Op::SetRows | Op::Attention) {
@@ -417,6 +454,7 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
         weight_names,
         output,
         kv_layers,
+        states,
     })
 }
 
@@ -433,14 +471,27 @@ macro_rules! check {
 
 type Compiled = (Kind, DType, [[i64; 4]; 5]);
 
+/// The per-sequence memory a graph declares, and which of it nodes already write.
+struct Memory<'a> {
+    kv_layers: &'a [[usize; 2]],
+    kv_used: &'a mut [bool],
+    states: &'a [usize],
+    state_used: &'a mut [bool],
+}
+
 fn compile_graph_op(
     n: &NodeDef,
     inputs: &[Src],
     info: &[(DType, [[i64; 4]; 5])],
-    kv_layers: &[[usize; 2]],
-    kv_used: &mut [bool],
+    mem: Memory,
     g: &GraphFile,
 ) -> Result<Compiled, NodeError> {
+    let Memory {
+        kv_layers,
+        kv_used,
+        states,
+        state_used,
+    } = mem;
     match n.op.as_str() {
         "reshape" => {
             if n.shape.is_empty() || n.shape.len() > 4 {
@@ -536,6 +587,39 @@ fn compile_graph_op(
             }
             let act = graph_int(n, "act", 1)? as i64;
             Ok((Kind::SharedExpert { act }, DType::F32, like_x(info, e)?))
+        }
+        "short_conv" => {
+            let state = graph_int(n, "state", states.len().saturating_sub(1) as u64)? as usize;
+            if states.is_empty() {
+                return Err("the graph declares no recurrent states".into());
+            }
+            if std::mem::replace(&mut state_used[state], true) {
+                return Err(check!("state {state} is written by two nodes"));
+            }
+            if !matches!(inputs[1], Src::Weight(_)) || info[1].0 != DType::F32 {
+                return Err(check!("weight must be an f32 weight, is {}", info[1].0));
+            }
+            let wt = info[1].1[0];
+            let (l, ch) = (wt[0], wt[1]);
+            if l < 2 || wt[2] != 1 || wt[3] != 1 {
+                return Err(check!("weight {wt:?} must be [L >= 2, n]"));
+            }
+            if states[state] as i64 != (l - 1) * ch {
+                return Err(check!(
+                    "state {state} holds {} values, the window needs (L-1)*n = {}",
+                    states[state],
+                    (l - 1) * ch
+                ));
+            }
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, &(t, _)) in POINTS.iter().enumerate() {
+                let x = info[0].1[pi];
+                if x != [3 * ch, t, 1, 1] {
+                    return Err(check!("bcx {x:?} must be [3n, T] = [{}, {t}]", 3 * ch));
+                }
+                shapes[pi] = [ch, t, 1, 1];
+            }
+            Ok((Kind::ShortConv { state }, DType::F32, shapes))
         }
         other => unreachable!("graph op {other} is declared but not compiled"),
     }

@@ -259,6 +259,12 @@ impl Runner {
                     act,
                     &self.tok_groups_for(ins[0], node, p),
                 ),
+                Kind::ShortConv { state } => {
+                    let Src::Weight(wi) = node.inputs[1] else {
+                        unreachable!("compile binds short_conv weights")
+                    };
+                    super::recurrent::short_conv(ex, seqs, ins[0], &p.weights[wi], out, state)
+                }
                 Kind::SharedExpert { act } => super::moe::shared(
                     ex,
                     &p.weights,

@@ -32,6 +32,8 @@ fn hp() -> HParams {
         n_expert_used: 0,
         n_ff_exp: 0,
         expert_weights_norm: false,
+        n_head_kv_layers: vec![2; 2],
+        shortconv_l_cache: 0,
     }
 }
 

@@ -31,6 +31,11 @@ pub struct HParams {
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
     pub expert_weights_norm: bool,
+    /// Per layer: its KV heads, where the file gives them per layer (LFM2: 0 for a layer
+    /// without attention); otherwise `n_head_kv` for every layer.
+    pub n_head_kv_layers: Vec<usize>,
+    /// LFM2's short convolution: its length in tokens (`shortconv.l_cache`; 0: none).
+    pub shortconv_l_cache: usize,
 }
 
 impl HParams {
@@ -70,6 +75,8 @@ impl HParams {
             n_expert_used: 0,
             n_ff_exp: 0,
             expert_weights_norm: false,
+            n_head_kv_layers: vec![c("n_head_kv")?; n_layer],
+            shortconv_l_cache: 0,
         })
     }
 
@@ -91,19 +98,66 @@ impl HParams {
         let opt_f = |k: &str| -> Result<Option<f32>> { Ok(g.get_f32(&key(k))?) };
 
         let n_layer = req_u("block_count")?;
+        if n_layer == 0 || n_layer > 1024 {
+            return Err(err(format!("implausible shape: {n_layer} layers")));
+        }
+        // A count per layer, or one for all (llama.cpp's get_key_or_arr).
+        let per_layer = |k: &str| -> Result<Option<Vec<usize>>> {
+            use loader::{Array, Value};
+            let list: Vec<u64> = match g.get(&key(k)) {
+                None => return Ok(None),
+                Some(Value::Array(Array::U32(a))) => a.iter().map(|&x| x as u64).collect(),
+                Some(Value::Array(Array::I32(a))) => a.iter().map(|&x| x.max(0) as u64).collect(),
+                Some(Value::Array(Array::U64(a))) => a.clone(),
+                Some(Value::Array(_)) => {
+                    return Err(err(format!("'{}' must be integers", key(k))));
+                }
+                Some(_) => return Ok(Some(vec![req_u(k)?; n_layer])),
+            };
+            if list.len() != n_layer {
+                return Err(err(format!(
+                    "'{}' has {} entries for {n_layer} layers",
+                    key(k),
+                    list.len()
+                )));
+            }
+            Ok(Some(list.iter().map(|&x| x as usize).collect()))
+        };
         let n_embd = req_u("embedding_length")?;
         let n_ff = req_u("feed_forward_length")?;
-        let n_head = req_u("attention.head_count")?;
-        let n_head_kv = opt_u("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_layer == 0
-            || n_layer > 1024
-            || n_embd == 0
+        let heads = per_layer("attention.head_count")?.ok_or_else(|| {
+            err(format!(
+                "missing metadata key '{}'",
+                key("attention.head_count")
+            ))
+        })?;
+        let n_head = heads.iter().copied().find(|&h| h > 0).unwrap_or(0);
+        let n_head_kv_layers = per_layer("attention.head_count_kv")?.unwrap_or(heads.clone());
+        let n_head_kv = n_head_kv_layers
+            .iter()
+            .copied()
+            .find(|&h| h > 0)
+            .unwrap_or(n_head);
+        let bad_layer = (0..n_layer).find(|&il| {
+            let (h, kv) = (heads[il], n_head_kv_layers[il]);
+            (kv > 0 && (h != n_head || h % kv != 0)) || (kv == 0 && h != 0 && h != n_head)
+        });
+        if n_embd == 0
             || n_head == 0
             || n_head_kv == 0
             || n_head % n_head_kv != 0
+            || bad_layer.is_some()
         {
             return Err(err(format!(
-                "implausible shape: {n_layer} layers, {n_embd} wide, {n_head} heads / {n_head_kv} kv heads"
+                "implausible shape: {n_layer} layers, {n_embd} wide, {n_head} heads / {n_head_kv} kv heads{}",
+                bad_layer.map(|il| format!(" (layer {il}: {} heads / {} kv heads)", heads[il], n_head_kv_layers[il])).unwrap_or_default()
+            )));
+        }
+        let shortconv_l_cache = opt_u("shortconv.l_cache")?.unwrap_or(0);
+        if n_head_kv_layers.contains(&0) && !(2..=64).contains(&shortconv_l_cache) {
+            return Err(err(format!(
+                "layers without attention need '{}' in 2..=64, got {shortconv_l_cache}",
+                key("shortconv.l_cache")
             )));
         }
         let head_dim = opt_u("attention.key_length")?.unwrap_or(n_embd / n_head);
@@ -137,11 +191,12 @@ impl HParams {
         let n_swa = opt_u("attention.sliding_window")?.unwrap_or(0);
         // llama.cpp's default for Gemma 3: five local layers, then one global, unless the file
         // names a pattern; local layers use rope base 10000 unless the file says otherwise.
-        // The pattern is either a period or, as llama.cpp also reads it, one bool per layer.
+        // The pattern is either a period or, as llama.cpp also reads it, one flag per layer
+        // (bools, or integers as llama.cpp's own writers store them).
         let pattern_key = key("attention.sliding_window_pattern");
         let swa_layers = match g.get(&pattern_key) {
             Some(loader::Value::Array(_)) => {
-                let list = g.get_bool_array(&pattern_key)?.unwrap_or(&[]);
+                let list = g.get_flag_array(&pattern_key)?.unwrap_or_default();
                 if list.len() != n_layer {
                     return Err(err(format!(
                         "'{pattern_key}' has {} entries for {n_layer} layers",
@@ -202,6 +257,8 @@ impl HParams {
             n_expert_used,
             n_ff_exp,
             expert_weights_norm,
+            n_head_kv_layers,
+            shortconv_l_cache,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! own and needs none of these.
 
 pub mod gemma3;
+pub mod lfm2;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen2moe;
@@ -55,6 +56,11 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
         "gemma3",
         "Gemma 3 (sliding-window + global layers, q/k norms, GeGLU, sandwich norms)",
         gemma3::build,
+    ),
+    (
+        "lfm2",
+        "LFM2 (attention layers with q/k norms beside gated short-convolution layers, SwiGLU)",
+        lfm2::build,
     ),
 ];
 
@@ -110,12 +116,29 @@ pub fn file_weight(gguf: &ModelFile, name: &str) -> Option<Weight> {
     })
 }
 
-/// Checks `graph` against the file's weights.
+/// Checks `graph` against the file's weights. A weight the graph does not use is refused, as
+/// llama.cpp refuses a file with tensors its architecture does not create: running the model
+/// without it would compute something else than the file means (a bias, a scale).
 pub fn bind(gguf: &ModelFile, graph: GraphFile) -> Result<Program> {
     let file = gguf.path.display().to_string();
-    Ok(crate::graph::compile(
-        graph,
-        &|name| file_weight(gguf, name),
-        &file,
-    )?)
+    let program = crate::graph::compile(graph, &|name| file_weight(gguf, name), &file)?;
+    let used: std::collections::HashSet<&str> =
+        program.weight_names.iter().map(String::as_str).collect();
+    if let Some(t) = gguf
+        .tensors
+        .iter()
+        .find(|t| !used.contains(t.name.as_str()))
+    {
+        return Err(EngineError::Model {
+            file,
+            msg: format!(
+                "tensor '{}' is not used by the {} graph ({} of the file's {} tensors are): mollm does not know what it does here",
+                t.name,
+                program.file.arch,
+                used.len(),
+                gguf.tensors.len()
+            ),
+        });
+    }
+    Ok(program)
 }

@@ -315,6 +315,31 @@ impl ModelFile {
         }
     }
 
+    /// One flag per entry: an array of bools, or of integers (nonzero is true), as llama.cpp
+    /// reads per-layer flags (its writers store `sliding_window_pattern` either way).
+    pub fn get_flag_array(&self, key: &str) -> Result<Option<Vec<bool>>, LoadError> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        macro_rules! nonzero {
+            ($a:expr) => {
+                $a.iter().map(|&x| x != 0).collect()
+            };
+        }
+        Ok(Some(match v {
+            Value::Array(Array::Bool(a)) => a.clone(),
+            Value::Array(Array::U8(a)) => nonzero!(a),
+            Value::Array(Array::I8(a)) => nonzero!(a),
+            Value::Array(Array::U16(a)) => nonzero!(a),
+            Value::Array(Array::I16(a)) => nonzero!(a),
+            Value::Array(Array::U32(a)) => nonzero!(a),
+            Value::Array(Array::I32(a)) => nonzero!(a),
+            Value::Array(Array::U64(a)) => nonzero!(a),
+            Value::Array(Array::I64(a)) => nonzero!(a),
+            _ => return Err(self.type_err(key, "array of bool or integers", v)),
+        }))
+    }
+
     pub fn get_i32_array(&self, key: &str) -> Result<Option<&[i32]>, LoadError> {
         match self.get(key) {
             None => Ok(None),

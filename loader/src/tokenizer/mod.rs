@@ -7,7 +7,12 @@
 //!   ([`spm`] explains why it is not a `tokenizers` model); a model that came with a Hugging
 //!   Face `tokenizer.json` (Gemma's SentencePiece-style BPE) encodes through that instead.
 //!
-//! Special tokens are split out before either algorithm runs, exactly like llama.cpp's
+//! - `tokenizer.ggml.model = "test"`: llama.cpp's test vocabulary (its random-weight
+//!   architecture models): each 5-byte chunk of text hashes to an id, an id reads back as its
+//!   hex digits. Such models are driven by token ids; the text side exists so that every
+//!   command runs on them.
+//!
+//! Special tokens are split out before any algorithm runs, exactly like llama.cpp's
 //! `tokenizer_st_partition`, so `<|im_start|>` in a prompt becomes one id when `parse_special`
 //! is true and plain text otherwise.
 
@@ -38,7 +43,13 @@ enum Engine {
     Bpe(Box<bpe::Bpe>),
     /// Byte-level BPE through the model's own `tokenizer.json` pipeline.
     HfBpe(Box<tokenizers::Tokenizer>),
+    /// llama.cpp's `LLAMA_VOCAB_TYPE_TEST`: text in chunks of [`TEST_CHUNK`] bytes, each
+    /// `hash = hash * 31 + byte` over the chunk, modulo the vocabulary size.
+    Test,
 }
+
+/// The bytes one token of the test vocabulary covers.
+const TEST_CHUNK: usize = 5;
 
 pub struct Tokenizer {
     vocab: Vocab,
@@ -136,8 +147,21 @@ impl Tokenizer {
                     pre,
                 })
             }
+            "test" => {
+                let vocab = Vocab::load(gguf, VocabKind::Test, false)?;
+                Ok(Tokenizer {
+                    // No token covers more input bytes than a chunk, and none reads back as
+                    // more than its id's hex digits.
+                    max_token_bytes: TEST_CHUNK.max(8),
+                    vocab,
+                    engine: Engine::Test,
+                    clean_spaces: false,
+                    model,
+                    pre,
+                })
+            }
             other => Err(err(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama)"
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama, test)"
             ))),
         }
     }
@@ -217,6 +241,25 @@ impl Tokenizer {
                     }
                 }
             }
+            Engine::Test => {
+                let n_vocab = v.texts.len() as u64;
+                for f in &frags {
+                    match *f {
+                        Frag::Text(s, e) => {
+                            for chunk in text.as_bytes()[s..e].chunks(TEST_CHUNK) {
+                                let h = chunk
+                                    .iter()
+                                    .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(b as u64));
+                                out.push((h % n_vocab) as u32);
+                            }
+                        }
+                        Frag::Token(id) => out.push(id),
+                    }
+                    if out.len() > limit {
+                        return Ok(None);
+                    }
+                }
+            }
             Engine::Bpe(_) | Engine::HfBpe(_) | Engine::Spm(Some(_)) => {
                 for f in &frags {
                     match *f {
@@ -246,7 +289,7 @@ impl Tokenizer {
         match &self.engine {
             Engine::Bpe(bpe) => bpe.tokenize(v, text, out, limit),
             Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => bpe::tokenize_hf(tk, v, text, out),
-            Engine::Spm(None) => Err(v.err("a SentencePiece vocabulary has no BPE pipeline")),
+            Engine::Spm(None) | Engine::Test => Err(v.err("this vocabulary has no BPE pipeline")),
         }
     }
 
@@ -308,10 +351,15 @@ impl Tokenizer {
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED) != 0 {
             return text.to_vec();
         }
+        if let Engine::Test = self.engine {
+            // llama.cpp renders every id of the test vocabulary as its hex digits.
+            return format!("{id:x}").into_bytes();
+        }
         if attr & ATTR_NORMAL != 0 {
             return match self.engine {
                 Engine::Spm(_) => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
                 Engine::Bpe(_) | Engine::HfBpe(_) => bpe_decode_text(text),
+                Engine::Test => unreachable!("rendered above"),
             };
         }
         if attr & ATTR_BYTE != 0 {

@@ -24,6 +24,9 @@ pub enum VocabKind {
     Spm,
     /// `tokenizer.ggml.model = "gpt2"`: byte-level BPE with merges.
     Bpe,
+    /// `tokenizer.ggml.model = "test"`: llama.cpp's test vocabulary (the random-weight models
+    /// of `test-llama-archs`): no special tokens by default.
+    Test,
 }
 
 pub struct Vocab {
@@ -143,6 +146,7 @@ impl Vocab {
         let (mut bos, mut eos, mut unk, mut add_bos, mut add_space_prefix) = match kind {
             VocabKind::Spm => (Some(1), Some(2), Some(0), true, true),
             VocabKind::Bpe => (Some(11), Some(11), None, bpe_add_bos, false),
+            VocabKind::Test => (None, None, None, false, false),
         };
         let mut add_eos = false;
         if let Some(v) = gguf.get_bool("tokenizer.ggml.add_space_prefix")? {

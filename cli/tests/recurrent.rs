@@ -1,0 +1,122 @@
+//! Hybrid and recurrent architectures against llama.cpp: on the random-weight LFM2 models of
+//! scripts/make_random_lfm2.py (short-convolution layers beside attention, llama.cpp's test
+//! vocabulary), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
+//! (fixtures/golden/random-lfm2.json, scripts/golden/make_recurrent_golden.py) for a one-token
+//! prompt, a 37-token one and a 230-token one run in 64-token chunks (close to the 256-token
+//! context), on every CPU backend, alone (`--parallel 1`) and batched (`--parallel 4`: each
+//! sequence's recurrent state its own).
+
+mod common;
+
+use common::{mollm, test_backends, tmp};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[path = "../../engine/tests/common/random.rs"]
+mod random_support;
+
+fn golden(family: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../fixtures/golden/random-{family}.json"));
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn sha256(p: &Path) -> String {
+    let o = std::process::Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// id -> generated ids of `mollm batch` on `input`.
+fn batch(model: &Path, input: &Path, backend: &str, parallel: usize) -> BTreeMap<String, Value> {
+    let o = mollm(&[
+        "batch",
+        "-m",
+        model.to_str().unwrap(),
+        "-i",
+        input.to_str().unwrap(),
+        "--parallel",
+        &parallel.to_string(),
+        "--batch",
+        "64",
+        "--backend",
+        backend,
+        "-t",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    common::stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
+        .map(|v| (v["id"].as_str().unwrap().to_string(), v))
+        .collect()
+}
+
+fn check(family: &str) {
+    let g = golden(family);
+    let backends = test_backends();
+    for (key, m) in g["models"].as_object().unwrap() {
+        let path = random_support::random_checkpoint(m["gguf"].as_str().unwrap());
+        assert_eq!(
+            sha256(&path),
+            m["gguf_sha256"].as_str().unwrap(),
+            "{} differs from the file the golden data was made from (numpy or gguf version?)",
+            path.display()
+        );
+        let mut lines = String::new();
+        let mut want = BTreeMap::new();
+        for case in m["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            lines.push_str(&format!(
+                "{{\"id\": \"{name}\", \"prompt_ids\": {}, \"max_tokens\": 16, \"temperature\": 0, \"ignore_eos\": true}}\n",
+                case["tokens"]
+            ));
+            want.insert(name.to_string(), case["generated"].clone());
+        }
+        let input = tmp(&format!("{key}.jsonl"), lines.as_bytes());
+        for b in &backends {
+            for parallel in [1, 4] {
+                let got = batch(&path, &input, b, parallel);
+                for (name, ids) in &want {
+                    assert_eq!(
+                        &got[name]["tokens"], ids,
+                        "{key} {name} on {b}, --parallel {parallel}: {}",
+                        got[name]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lfm2_generates_llama_cpps_tokens_on_every_backend_alone_and_batched() {
+    check("lfm2");
+}
+
+/// llama.cpp's test vocabulary turns text into ids (5-byte chunks), so `mollm run` takes a text
+/// prompt on these models too; the prompt here is the ids 1, 2, 3.
+#[test]
+fn lfm2_runs_from_text_through_the_test_vocabulary() {
+    let path = random_support::random_checkpoint("lfm2-random.gguf");
+    let o = mollm(&[
+        "run",
+        "-m",
+        path.to_str().unwrap(),
+        "--json",
+        "-n",
+        "8",
+        "-p",
+        "aaaddaaadeaaadf",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 8, "{v}");
+}

@@ -1,0 +1,148 @@
+//! Recurrent state in the engine, on the random-weight LFM2 models (scripts/make_random_lfm2.py):
+//! the prompt's last logits equal llama.cpp's (fixtures/golden/random-lfm2.json) at every
+//! recorded id; each sequence owns its state (a fork continues on its own copy, two sequences
+//! in one step compute what each computes alone); and truncating short of a sequence's end
+//! starts it over instead of keeping a state that no longer matches its history.
+
+#[path = "common/random.rs"]
+mod random;
+
+use engine::{Model, Session, SessionOptions, Work};
+use serde_json::Value;
+use std::path::Path;
+
+/// llama.cpp's prompt chunk in the golden data.
+const NB: usize = 64;
+
+fn opts() -> SessionOptions {
+    SessionOptions {
+        n_ctx: 256,
+        n_batch: NB,
+        n_threads: 2,
+        ..Default::default()
+    }
+}
+
+fn golden() -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/golden/random-lfm2.json");
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn prompt_logits_equal_llama_cpps() {
+    let g = golden();
+    for (key, m) in g["models"].as_object().unwrap() {
+        let model = Model::load(&random::random_checkpoint(m["gguf"].as_str().unwrap())).unwrap();
+        let probe = ids(&m["probe_ids"]);
+        for case in m["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let mut s = Session::new(&model, &opts()).unwrap();
+            let row = s.eval(&ids(&case["tokens"]), true).unwrap().unwrap();
+            let mut want: Vec<(usize, f32)> = case["top"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    (
+                        t[0].as_u64().unwrap() as usize,
+                        t[1].as_f64().unwrap() as f32,
+                    )
+                })
+                .collect();
+            let top1 = want[0].0;
+            want.extend(
+                probe
+                    .iter()
+                    .zip(case["probe"].as_array().unwrap())
+                    .map(|(&i, v)| (i as usize, v.as_f64().unwrap() as f32)),
+            );
+            let diff = want
+                .iter()
+                .map(|&(i, v)| (row[i] - v).abs())
+                .fold(0f32, f32::max);
+            let argmax = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap();
+            assert_eq!(argmax, top1, "{key} {name}: top-1");
+            // llama.cpp's F32 chains are mirrored: the same floats, up to its printing.
+            assert!(diff <= 1e-5, "{key} {name}: logits differ by {diff}");
+        }
+    }
+}
+
+#[test]
+fn each_sequence_owns_its_state() {
+    let model = Model::load(&random::random_checkpoint("lfm2-random.gguf")).unwrap();
+    let pool = SessionOptions {
+        kv_pool_rows: 8 * 256,
+        ..opts()
+    };
+    let mut s = Session::new(&model, &pool).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 256).collect();
+    let mut a = s.new_sequence(256);
+    let step = |s: &mut Session, seq: &mut engine::Sequence, t: &[u32]| -> Vec<f32> {
+        let out = s.step(&mut [Work {
+            seq,
+            tokens: t,
+            n_out: 1,
+        }]);
+        out.unwrap().to_vec()
+    };
+    step(&mut s, &mut a, &prompt);
+    let mut b = a.fork();
+    // Each continues with its own tokens; a fresh sequence fed the same stream agrees bit for
+    // bit, whether it steps alone or beside the other.
+    let la = step(&mut s, &mut a, &[7]);
+    let lb = step(&mut s, &mut b, &[9]);
+    let mut fresh_a = s.new_sequence(256);
+    step(&mut s, &mut fresh_a, &prompt);
+    assert!(same_bits(&step(&mut s, &mut fresh_a, &[7]), &la));
+    let mut fresh_b = s.new_sequence(256);
+    step(&mut s, &mut fresh_b, &prompt);
+    let out = s
+        .step(&mut [
+            Work {
+                seq: &mut fresh_b,
+                tokens: &[9],
+                n_out: 1,
+            },
+            Work {
+                seq: &mut a,
+                tokens: &[3],
+                n_out: 1,
+            },
+        ])
+        .unwrap()
+        .to_vec();
+    let v = out.len() / 2;
+    assert!(same_bits(&out[..v], &lb), "batched beside another sequence");
+}
+
+#[test]
+fn truncating_short_of_the_end_starts_over() {
+    let model = Model::load(&random::random_checkpoint("lfm2-random.gguf")).unwrap();
+    let mut s = Session::new(&model, &opts()).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 11 + 3) % 256).collect();
+    let first = s.eval(&prompt, true).unwrap().unwrap();
+    assert_eq!(
+        s.truncate(prompt.len()),
+        prompt.len(),
+        "the whole history stays"
+    );
+    assert_eq!(s.truncate(10), 0, "recurrent state cannot be cut back");
+    assert!(s.history().is_empty());
+    let again = s.eval(&prompt, true).unwrap().unwrap();
+    assert!(same_bits(&first, &again), "started over from a zero state");
+}
