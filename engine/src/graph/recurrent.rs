@@ -3,7 +3,6 @@
 //! sequence of a step runs on its own window; the ABI op computes, the executor keeps the
 //! state.
 
-use super::run::SeqStep;
 use crate::error::Result;
 use crate::exec::Exec;
 use crate::tensor::Weight;
@@ -13,14 +12,14 @@ use abi::{DType, Op, OpParams, TensorDesc};
 /// `bcx` `[3n, T]` (b, c and x, one block of rows each), `w` `[L, n]`, `out` `[n, T]`; recurrent
 /// state `state` holds each sequence's last `L-1` values of `b*x` per channel, time innermost
 /// (llama.cpp's conv state layout). The products are single IEEE multiplications, so the
-/// host computes them; the convolution is the ABI's `ssm_conv`.
-pub(crate) fn short_conv(
+/// host computes them; the convolution is the ABI's `ssm_conv`. `seqs`: per sequence of the
+/// step, in token order, its state and its token count.
+pub(crate) fn short_conv<'a>(
     ex: &Exec,
-    seqs: &mut [SeqStep],
+    seqs: impl Iterator<Item = (&'a mut [f32], usize)>,
     bcx: TensorDesc,
     w: &Weight,
     out: TensorDesc,
-    state: usize,
 ) -> Result<()> {
     let (n, t_all) = (out.ne[0] as usize, out.ne[1] as usize);
     let d = w.ne()[0] as usize - 1;
@@ -30,9 +29,7 @@ pub(crate) fn short_conv(
     let y = unsafe { std::slice::from_raw_parts_mut(out.data as *mut f32, n * t_all) };
     let (mut win, mut conv) = (Vec::new(), Vec::new());
     let mut t0 = 0;
-    for s in seqs.iter_mut() {
-        let ts = s.n_tokens;
-        let st = &mut s.kv.states[state];
+    for (st, ts) in seqs {
         let width = d + ts;
         // The window per channel: the kept state, then this step's b*x.
         win.clear();

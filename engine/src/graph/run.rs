@@ -263,7 +263,10 @@ impl Runner {
                     let Src::Weight(wi) = node.inputs[1] else {
                         unreachable!("compile binds short_conv weights")
                     };
-                    super::recurrent::short_conv(ex, seqs, ins[0], &p.weights[wi], out, state)
+                    let states = seqs
+                        .iter_mut()
+                        .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
+                    super::recurrent::short_conv(ex, states, ins[0], &p.weights[wi], out)
                 }
                 Kind::SharedExpert { act } => super::moe::shared(
                     ex,
