@@ -12,7 +12,7 @@ MODELS_DIR="${MOLLM_MODELS_DIR:-$HOME/.cache/mollm/models}"
 have() { [[ -e "$MODELS_DIR/random/$1" ]]; }
 if have qwen3-random.gguf && have qwen3moe-random.gguf && have gemma3-random.gguf \
   && have qwen3-random && have qwen3moe-random && have gemma3-random \
-  && have lfm2-random.gguf && have lfm2-swa-random.gguf; then
+  && have lfm2-random.gguf && have lfm2-swa-random.gguf && have lfm2moe-random.gguf; then
   exit 0
 fi
 if ! python3 -c "import numpy, gguf" 2>/dev/null; then
@@ -25,6 +25,6 @@ if ! have gemma3-random.gguf; then
   scripts/fetch-models.sh gemma3
   python3 scripts/make_random_gemma3.py
 fi
-if ! have lfm2-random.gguf || ! have lfm2-swa-random.gguf; then
+if ! have lfm2-random.gguf || ! have lfm2-swa-random.gguf || ! have lfm2moe-random.gguf; then
   python3 scripts/make_random_lfm2.py
 fi

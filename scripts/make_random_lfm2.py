@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Small random-weight LFM2 models as GGUF files (the `gguf` PyPI writer; no torch), the way
+"""Small random-weight LFM2 and LFM2-MoE models as GGUF files (the `gguf` PyPI writer; no torch), the way
 llama.cpp's converter and its own test writer (tests/test-llama-archs.cpp) lay them out, for
 mollm's lfm2 graph against llama.cpp (scripts/golden/make_recurrent_golden.py records llama.cpp's
 tokens and logits on them; engine/tests/recurrent.rs runs mollm).
@@ -23,6 +23,10 @@ the golden file records their sha256):
   [attn, conv], 2 heads x 64, 2 KV heads, FFN 192, l_cache 3, vocab 128, context 256, tied
   embeddings, per-layer head counts, and a sliding window of 32 on the attention layer
   (`sliding_window_pattern` as integers, as llama.cpp's writer stores it).
+- lfm2moe-random: seed 532, architecture lfm2moe: hidden 64, 4 layers [conv, conv, attn, conv],
+  the first dense (`leading_dense_block_count` 1), the others 8 experts of FFN 32, 2 used,
+  sigmoid gating (`expert_gating_func` 2) with a selection bias `exp_probs_b.bias`, as
+  llama.cpp's converter writes LFM2-MoE; untied output.
 
 Usage: make_random_lfm2.py [--out DIR]   (default ~/.cache/mollm/models/random)
 Needs: numpy, gguf (pip install numpy gguf==0.19.0).
@@ -35,18 +39,21 @@ import numpy as np
 import gguf
 
 CACHE = os.path.expanduser("~/.cache/mollm/models")
-ARCH = "lfm2"
 MODELS = {
     "lfm2-random": dict(seed=530, hidden=64, kinds="ccacac", heads=4, head_dim=16, kv_heads=2, ff=128,
                         l_cache=3, vocab=256, ctx=256, tied=False, per_layer_heads=False, window=0),
     "lfm2-swa-random": dict(seed=531, hidden=128, kinds="ac", heads=2, head_dim=64, kv_heads=2, ff=192,
                             l_cache=3, vocab=128, ctx=256, tied=True, per_layer_heads=True, window=32),
+    "lfm2moe-random": dict(seed=532, arch="lfm2moe", hidden=64, kinds="ccac", heads=4, head_dim=16, kv_heads=2,
+                           ff=128, l_cache=3, vocab=256, ctx=256, tied=False, per_layer_heads=False, window=0,
+                           experts=8, used=2, expert_ff=32, dense_lead=1),
 }
 
 
 def make(path, m):
     rng = np.random.default_rng(m["seed"])
     n, L = m["hidden"], len(m["kinds"])
+    ARCH = m.get("arch", "lfm2")
 
     def normal(shape, std):
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
@@ -74,6 +81,12 @@ def make(path, m):
     w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_uint32(f"{ARCH}.shortconv.l_cache", m["l_cache"])
     w.add_uint32(f"{ARCH}.vocab_size", m["vocab"])
+    if "experts" in m:
+        w.add_uint32(f"{ARCH}.expert_count", m["experts"])
+        w.add_uint32(f"{ARCH}.expert_used_count", m["used"])
+        w.add_uint32(f"{ARCH}.expert_feed_forward_length", m["expert_ff"])
+        w.add_uint32(f"{ARCH}.expert_gating_func", 2)
+        w.add_uint32(f"{ARCH}.leading_dense_block_count", m["dense_lead"])
     if m["window"]:
         w.add_uint32(f"{ARCH}.attention.sliding_window", m["window"])
         w.add_array(f"{ARCH}.attention.sliding_window_pattern", [1 if k == "a" else 0 for k in m["kinds"]])
@@ -103,9 +116,17 @@ def make(path, m):
             w.add_tensor(b + "shortconv.conv.weight", normal((n, m["l_cache"]), 0.6))
             w.add_tensor(b + "shortconv.out_proj.weight", normal((n, n), n ** -0.5))
         w.add_tensor(b + "ffn_norm.weight", norm_weight())
-        w.add_tensor(b + "ffn_gate.weight", normal((m["ff"], n), n ** -0.5))
-        w.add_tensor(b + "ffn_up.weight", normal((m["ff"], n), n ** -0.5))
-        w.add_tensor(b + "ffn_down.weight", normal((n, m["ff"]), m["ff"] ** -0.5))
+        if "experts" in m and i >= m["dense_lead"]:
+            ne, f = m["experts"], m["expert_ff"]
+            w.add_tensor(b + "ffn_gate_inp.weight", normal((ne, n), n ** -0.5))
+            w.add_tensor(b + "ffn_gate_exps.weight", normal((ne, f, n), n ** -0.5))
+            w.add_tensor(b + "ffn_up_exps.weight", normal((ne, f, n), n ** -0.5))
+            w.add_tensor(b + "ffn_down_exps.weight", normal((ne, n, f), f ** -0.5))
+            w.add_tensor(b + "exp_probs_b.bias", normal((ne,), 0.1))
+        else:
+            w.add_tensor(b + "ffn_gate.weight", normal((m["ff"], n), n ** -0.5))
+            w.add_tensor(b + "ffn_up.weight", normal((m["ff"], n), n ** -0.5))
+            w.add_tensor(b + "ffn_down.weight", normal((n, m["ff"]), m["ff"] ** -0.5))
     w.add_tensor("token_embd_norm.weight", norm_weight())
     if not m["tied"]:
         w.add_tensor("output.weight", normal((m["vocab"], n), n ** -0.5 * 3))

@@ -431,6 +431,7 @@ fn row(
         "tpot_ms": 1e3 / median(&ts),
         "peak_rss_bytes": peak_rss_bytes(),
         "weight_bytes_per_step": weight_bytes_per_step(model),
+        "state_bytes_per_sequence": s.kv_pool().state_values() * 4,
         "warmup": a.warmup,
         "reps": a.reps,
     })
@@ -586,6 +587,16 @@ fn print_table(rows: &[serde_json::Value]) {
     let decode = rows.iter().any(|r| r["weight_read_gbps"].is_f64());
     if decode && rows.iter().all(|r| r["read_share"].is_null()) {
         println!("weights GB/s: weight bytes read per decode step x steps/s; `mollm devices --probe` measures this machine's read bandwidth once, and the share of it is shown from then on");
+    }
+    if let Some(b) = rows
+        .first()
+        .and_then(|r| r["state_bytes_per_sequence"].as_u64())
+        .filter(|&b| b > 0)
+    {
+        println!(
+            "recurrent state: {} per sequence (beside the KV cache)",
+            human_bytes(b)
+        );
     }
     print_expert_table(rows);
 }

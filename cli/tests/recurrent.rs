@@ -1,6 +1,6 @@
-//! Hybrid and recurrent architectures against llama.cpp: on the random-weight LFM2 models of
-//! scripts/make_random_lfm2.py (short-convolution layers beside attention, llama.cpp's test
-//! vocabulary), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
+//! Hybrid and recurrent architectures against llama.cpp: on the random-weight LFM2 and LFM2-MoE
+//! models of scripts/make_random_lfm2.py (short-convolution layers beside attention, llama.cpp's
+//! test vocabulary; the MoE one also through the expert cache), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
 //! (fixtures/golden/random-lfm2.json, scripts/golden/make_recurrent_golden.py) for a one-token
 //! prompt, a 37-token one and a 230-token one run in 64-token chunks (close to the 256-token
 //! context), on every CPU backend, alone (`--parallel 1`) and batched (`--parallel 4`: each
@@ -35,22 +35,31 @@ fn sha256(p: &Path) -> String {
 }
 
 /// id -> generated ids of `mollm batch` on `input`.
-fn batch(model: &Path, input: &Path, backend: &str, parallel: usize) -> BTreeMap<String, Value> {
-    let o = mollm(&[
+fn batch(
+    model: &Path,
+    input: &Path,
+    backend: &str,
+    parallel: usize,
+    extra: &[&str],
+) -> BTreeMap<String, Value> {
+    let parallel = parallel.to_string();
+    let mut args = vec![
         "batch",
         "-m",
         model.to_str().unwrap(),
         "-i",
         input.to_str().unwrap(),
         "--parallel",
-        &parallel.to_string(),
+        &parallel,
         "--batch",
         "64",
         "--backend",
         backend,
         "-t",
         "2",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let o = mollm(&args);
     assert!(o.status.success(), "{}", common::stderr(&o));
     common::stdout(&o)
         .lines()
@@ -81,15 +90,22 @@ fn check(family: &str) {
             want.insert(name.to_string(), case["generated"].clone());
         }
         let input = tmp(&format!("{key}.jsonl"), lines.as_bytes());
+        // MoE models also through the expert cache (experts read from the file into slots).
+        let runs: &[&[&str]] = match key.contains("moe") {
+            true => &[&[], &["--expert-cache", "1"]],
+            false => &[&[]],
+        };
         for b in &backends {
             for parallel in [1, 4] {
-                let got = batch(&path, &input, b, parallel);
-                for (name, ids) in &want {
-                    assert_eq!(
-                        &got[name]["tokens"], ids,
-                        "{key} {name} on {b}, --parallel {parallel}: {}",
-                        got[name]
-                    );
+                for extra in runs {
+                    let got = batch(&path, &input, b, parallel, extra);
+                    for (name, ids) in &want {
+                        assert_eq!(
+                            &got[name]["tokens"], ids,
+                            "{key} {name} on {b}, --parallel {parallel} {extra:?}: {}",
+                            got[name]
+                        );
+                    }
                 }
             }
         }
@@ -97,7 +113,7 @@ fn check(family: &str) {
 }
 
 #[test]
-fn lfm2_generates_llama_cpps_tokens_on_every_backend_alone_and_batched() {
+fn lfm2_and_lfm2moe_generate_llama_cpps_tokens_on_every_backend_alone_and_batched() {
     check("lfm2");
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """llama.cpp's greedy continuations and logits on the random-weight hybrid/recurrent models
-(scripts/make_random_lfm2.py), for prompts given as token ids, into
+(scripts/make_random_lfm2.py: LFM2 and LFM2-MoE), for prompts given as token ids, into
 fixtures/golden/random-<family>.json. engine/tests/recurrent.rs runs mollm on the same files
 and prompts: every generated id equal, the prompt's last logits close.
 
@@ -45,7 +45,8 @@ def prompts(n_vocab):
 
 
 FAMILIES = {
-    "lfm2": dict(generator="scripts/make_random_lfm2.py", models=["lfm2-random", "lfm2-swa-random"]),
+    "lfm2": dict(generator="scripts/make_random_lfm2.py",
+                 models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random"]),
 }
 TOP = 8
 N_PROBE = 32

@@ -252,6 +252,30 @@ pub fn moe_ffn(b: &mut Builder, x: &str, il: usize, n_used: usize, norm: bool, a
     )
 }
 
+/// LFM2-MoE's routed experts of layer `il`: sigmoid router probabilities, chosen with the
+/// selection bias `exp_probs_b.bias` (the weights stay unbiased), renormalized.
+pub fn moe_ffn_sigmoid(b: &mut Builder, x: &str, il: usize, n_used: usize, act: i64) -> V {
+    let n = |t: &str| w(&format!("blk.{il}.{t}.weight"));
+    b.node(
+        "ffn_moe_out",
+        "moe_ffn",
+        &[
+            x,
+            &n("ffn_gate_inp"),
+            &n("ffn_gate_exps"),
+            &n("ffn_up_exps"),
+            &n("ffn_down_exps"),
+            &w(&format!("blk.{il}.exp_probs_b.bias")),
+        ],
+        &[
+            ("n_used", n_used as f64),
+            ("norm_weights", 1.0),
+            ("act", act as f64),
+            ("gating", 1.0),
+        ],
+    )
+}
+
 /// Qwen2-MoE's shared expert of layer `il` (`ffn_gate_inp_shexp`, `ffn_{gate,up,down}_shexp`).
 pub fn shared_expert(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
     let n = |t: &str| w(&format!("blk.{il}.{t}.weight"));

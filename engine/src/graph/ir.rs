@@ -53,8 +53,12 @@ pub struct NodeDef {
 /// A graph-level op: what the executor does itself around ABI calls.
 pub struct GraphOp {
     pub name: &'static str,
+    /// Its operands; the last `optional` of them may be left out.
     pub inputs: &'static [&'static str],
+    pub optional: usize,
+    /// Its attributes; those of `defaults` may be left out and take the value given there.
     pub attrs: &'static [&'static str],
+    pub defaults: &'static [(&'static str, f64)],
     pub doc: &'static str,
 }
 
@@ -62,29 +66,39 @@ pub const GRAPH_OPS: &[GraphOp] = &[
     GraphOp {
         name: "reshape",
         inputs: &["x"],
+        optional: 0,
         attrs: &[],
+        defaults: &[],
         doc: "A view of x with the node's `shape` (same element count, same memory).",
     },
     GraphOp {
         name: "kv_attention",
         inputs: &["q", "k", "v"],
+        optional: 0,
         attrs: &["layer", "window", "scale", "softcap"],
+        defaults: &[],
         doc: "Stores this step's k and v [D, Hkv, T] in cache layer `layer` of each token's \
               sequence at the token's position, then runs the ABI attention of q [D, Hq, T] \
               over that sequence's cache; out [D*Hq, T].",
     },
     GraphOp {
         name: "moe_ffn",
-        inputs: &["x", "router", "gate", "up", "down"],
-        attrs: &["n_used", "norm_weights", "act"],
-        doc: "Routed experts (softmax router, top n_used, weights renormalized when \
-              norm_weights = 1): per token the weighted sum, in slot order, of each chosen \
-              expert's down(act(gate x) * up x); x [E, N], out [E, N].",
+        inputs: &["x", "router", "gate", "up", "down", "selection_bias"],
+        optional: 1,
+        attrs: &["n_used", "norm_weights", "act", "gating"],
+        defaults: &[("gating", 0.0)],
+        doc: "Routed experts: the router's probabilities (gating 0: softmax; 1: sigmoid, \
+              LFM2-MoE's), the top n_used by probability plus selection_bias [n_expert] where \
+              given (the weights stay unbiased), weights renormalized when norm_weights = 1 \
+              (by their f64 sum, at least 6.1e-5); per token the weighted sum, in slot \
+              order, of each chosen expert's down(act(gate x) * up x); x [E, N], out [E, N].",
     },
     GraphOp {
         name: "shared_expert",
         inputs: &["x", "gate_inp", "gate", "up", "down"],
+        optional: 0,
         attrs: &["act"],
+        defaults: &[],
         doc: "Qwen2-MoE's shared expert: per token sigmoid(gate_inp . x) * \
               down(act(gate x) * up x), the sigmoid as silu(g) / g; gate_inp f32 [E]; x [E, N], \
               out [E, N].",
@@ -92,7 +106,9 @@ pub const GRAPH_OPS: &[GraphOp] = &[
     GraphOp {
         name: "short_conv",
         inputs: &["bcx", "weight"],
+        optional: 0,
         attrs: &["state"],
+        defaults: &[],
         doc: "LFM2's gated short convolution: bcx [3n, T] holds b, c and x (rows 0..n, n..2n,               2n..3n); per sequence the ABI ssm_conv of its window (state `state`, the last L-1               columns of b*x before this step, zero for a new sequence) followed by this step's               b*x, with weight [L, n]; out = c * conv [n, T]; the window's last L-1 columns               become the state.",
     },
 ];

@@ -51,8 +51,22 @@ use crate::graph::program::Src;
 use crate::tensor::{Act, Weight};
 use abi::{OpParams, TensorDesc};
 
+/// How a `moe_ffn` node routes: `k` experts a token, their weights renormalized when `norm`,
+/// the router's probabilities by softmax or (`sigmoid`) elementwise, chosen on the
+/// probabilities plus a selection bias (the node's fifth weight) when `biased`; `act` the
+/// experts' activation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Routing {
+    pub k: usize,
+    pub norm: bool,
+    pub act: i64,
+    pub sigmoid: bool,
+    pub biased: bool,
+}
+
 /// The `moe_ffn` node: `x` `[n_embd, N]` in, `out` the same shape; `w` the router, gate, up
-/// and down weights (stacked experts); `groups` the column groups of `x` by sequence.
+/// and down weights (stacked experts), then the selection bias if any; `groups` the column
+/// groups of `x` by sequence.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     ex: &Exec,
@@ -61,19 +75,39 @@ pub(crate) fn run(
     w: &[Src],
     x: TensorDesc,
     out: TensorDesc,
-    k: usize,
-    norm: bool,
-    act: i64,
+    r: Routing,
     groups: &[ColGroup],
 ) -> Result<()> {
+    let Routing { k, norm, act, .. } = r;
     let [router, gate, up, down] = four_weights(weights, w);
     let (e, t) = (x.ne[0] as usize, x.ne[1] as usize);
     let n_expert = router.ne()[1] as usize;
     // SAFETY: x is a contiguous f32 [e, t] activation of this step.
     let xs = unsafe { std::slice::from_raw_parts(x.data as *const f32, e * t) };
     let xa = Act::from_vec(xs.to_vec(), &[e as i64, t as i64]);
-    let probs = ex.softmax(&router_logits(ex, &router, &xa, groups)?, 1.0)?;
-    let routes = route(&probs, k, norm);
+    let logits = router_logits(ex, &router, &xa, groups)?;
+    let probs = match r.sigmoid {
+        false => ex.softmax(&logits, 1.0)?,
+        // ggml_sigmoid: 1 / (1 + expf(-x)), elementwise with libm's expf.
+        true => Act::from_vec(
+            logits
+                .data
+                .iter()
+                .map(|&v| 1.0 / (1.0 + (-v).exp()))
+                .collect(),
+            &logits.ne[..2],
+        ),
+    };
+    let bias = match (r.biased, w.get(4)) {
+        (true, Some(&Src::Weight(j))) => {
+            // SAFETY: compile checks the selection bias is an f32 weight of n_expert values.
+            Some(unsafe {
+                std::slice::from_raw_parts(weights[j].desc.data as *const f32, n_expert)
+            })
+        }
+        _ => None,
+    };
+    let routes = route(&probs, k, norm, bias);
     // slot_out[(token * k + slot) * e ..]: the selected expert's output, already weighted.
     let mut slot_out = vec![0f32; t * k * e];
     // Each expert's users (token, slot), in token order: one pass over the routes.
@@ -386,17 +420,27 @@ fn ranked(p: &[f32]) -> Vec<usize> {
     idx
 }
 
-/// Per token (a row of `probs`, `[n_expert, T]`), the `k` most probable experts, most
-/// probable first (ties: lower index first), with their weights: the probabilities, divided
-/// by their sum when `norm`.
-pub fn route(probs: &Act, k: usize, norm: bool) -> Vec<(usize, f32)> {
+/// Per token (a row of `probs`, `[n_expert, T]`), the `k` most probable experts (by
+/// probability plus `bias` where given), most probable first (ties: lower index first), with
+/// their weights: the probabilities, divided by their sum when `norm` (llama.cpp clamps the
+/// sum at F16's smallest normal, 6.1e-5).
+pub fn route(probs: &Act, k: usize, norm: bool, bias: Option<&[f32]>) -> Vec<(usize, f32)> {
     let mut out = Vec::with_capacity(probs.nrows() * k);
+    let mut sel = Vec::new();
     for tok in 0..probs.nrows() {
         let p = probs.row(tok);
-        let idx = ranked(p);
+        let idx = match bias {
+            None => ranked(p),
+            Some(b) => {
+                sel.clear();
+                sel.extend(p.iter().zip(b).map(|(x, y)| x + y));
+                ranked(&sel)
+            }
+        };
         let top = &idx[..k];
         // ggml_sum_rows accumulates in double.
         let sum = top.iter().map(|&i| p[i] as f64).sum::<f64>() as f32;
+        let sum = sum.max(6.103_515_6e-5);
         out.extend(
             top.iter()
                 .map(|&i| (i, if norm { p[i] / sum } else { p[i] })),

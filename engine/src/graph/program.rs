@@ -33,6 +33,10 @@ pub enum Kind {
         n_used: usize,
         norm: bool,
         act: i64,
+        /// The router's probabilities: 0 softmax, 1 sigmoid.
+        gating: i64,
+        /// A selection bias follows the four weights.
+        biased: bool,
     },
     SharedExpert {
         act: i64,
@@ -323,11 +327,16 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
             in_info.push(info);
         }
         let (kind, dtype, shapes) = if let Some(gop) = graph_op(&n.op) {
-            if n.inputs.len() != gop.inputs.len() {
+            let least = gop.inputs.len() - gop.optional;
+            if !(least..=gop.inputs.len()).contains(&n.inputs.len()) {
                 return Err(e(format!(
                     "{} takes {} inputs ({}), got {}",
                     gop.name,
-                    gop.inputs.len(),
+                    if least == gop.inputs.len() {
+                        least.to_string()
+                    } else {
+                        format!("{least} to {}", gop.inputs.len())
+                    },
                     gop.inputs.join(", "),
                     n.inputs.len()
                 )));
@@ -568,8 +577,31 @@ fn compile_graph_op(
             }
             let norm = graph_int(n, "norm_weights", 1)? == 1;
             let act = graph_int(n, "act", 1)? as i64;
+            let gating = match n.attrs.contains_key("gating") {
+                true => graph_int(n, "gating", 1)? as i64,
+                false => 0,
+            };
+            let biased = inputs.len() == 6;
+            if biased {
+                let b = info[5].1[0];
+                if !matches!(inputs[5], Src::Weight(_))
+                    || info[5].0 != DType::F32
+                    || b != [nx, 1, 1, 1]
+                {
+                    return Err(check!(
+                        "selection_bias must be an f32 weight [{nx}], is {} {b:?}",
+                        info[5].0
+                    ));
+                }
+            }
             Ok((
-                Kind::Moe { n_used, norm, act },
+                Kind::Moe {
+                    n_used,
+                    norm,
+                    act,
+                    gating,
+                    biased,
+                },
                 DType::F32,
                 like_x(info, e)?,
             ))

@@ -247,16 +247,26 @@ impl Runner {
                     scale,
                     softcap,
                 } => self.attention(ex, pool, seqs, ins, out, layer, window, scale, softcap),
-                Kind::Moe { n_used, norm, act } => super::moe::run(
+                Kind::Moe {
+                    n_used,
+                    norm,
+                    act,
+                    gating,
+                    biased,
+                } => super::moe::run(
                     ex,
                     experts.as_deref_mut(),
                     &p.weights,
                     &node.inputs[1..],
                     ins[0],
                     out,
-                    n_used,
-                    norm,
-                    act,
+                    super::moe::Routing {
+                        k: n_used,
+                        norm,
+                        act,
+                        sigmoid: gating == 1,
+                        biased,
+                    },
                     &self.tok_groups_for(ins[0], node, p),
                 ),
                 Kind::ShortConv { state } => {

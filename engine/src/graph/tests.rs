@@ -34,6 +34,8 @@ fn hp() -> HParams {
         expert_weights_norm: false,
         n_head_kv_layers: vec![2; 2],
         shortconv_l_cache: 0,
+        n_layer_dense_lead: 0,
+        expert_gating: 0,
     }
 }
 

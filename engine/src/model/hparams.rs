@@ -36,6 +36,11 @@ pub struct HParams {
     pub n_head_kv_layers: Vec<usize>,
     /// LFM2's short convolution: its length in tokens (`shortconv.l_cache`; 0: none).
     pub shortconv_l_cache: usize,
+    /// Layers before the first MoE layer (`leading_dense_block_count`; LFM2-MoE).
+    pub n_layer_dense_lead: usize,
+    /// The router's gating as llama.cpp numbers it (`expert_gating_func`: 1 softmax, 2
+    /// sigmoid; 0 when the file names none).
+    pub expert_gating: usize,
 }
 
 impl HParams {
@@ -77,6 +82,8 @@ impl HParams {
             expert_weights_norm: false,
             n_head_kv_layers: vec![c("n_head_kv")?; n_layer],
             shortconv_l_cache: 0,
+            n_layer_dense_lead: 0,
+            expert_gating: 0,
         })
     }
 
@@ -235,6 +242,8 @@ impl HParams {
         // llama.cpp renormalizes Qwen3-MoE's top-k weights unless the file says otherwise.
         let expert_weights_norm = g.get_bool(&key("expert_weights_norm"))?.unwrap_or(true);
 
+        let n_layer_dense_lead = opt_u("leading_dense_block_count")?.unwrap_or(0);
+        let expert_gating = opt_u("expert_gating_func")?.unwrap_or(0);
         Ok(HParams {
             arch,
             n_layer,
@@ -259,6 +268,8 @@ impl HParams {
             expert_weights_norm,
             n_head_kv_layers,
             shortconv_l_cache,
+            n_layer_dense_lead,
+            expert_gating,
         })
     }
 }

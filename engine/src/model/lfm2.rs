@@ -1,16 +1,27 @@
-//! LFM2 (llama.cpp's `lfm2`): a pre-norm decoder whose layers are either attention (q/k head
-//! norms, neox rope, GQA; a sliding window on every attention layer when the file names one)
-//! or a gated short convolution (`in_proj` into b, c and x, `c * conv(b * x)` over a window of
-//! `shortconv.l_cache` tokens kept per sequence, `out_proj`); the per-layer KV head count is
-//! 0 for the latter. SwiGLU FFNs; the final norm is `token_embd_norm`.
+//! LFM2 and LFM2-MoE (llama.cpp's `lfm2`, `lfm2moe`): a pre-norm decoder whose layers are
+//! either attention (q/k head norms, neox rope, GQA; a sliding window on every attention layer
+//! when an `lfm2` file names one) or a gated short convolution (`in_proj` into b, c and x,
+//! `c * conv(b * x)` over a window of `shortconv.l_cache` tokens kept per sequence,
+//! `out_proj`); the per-layer KV head count is 0 for the latter. SwiGLU FFNs; in LFM2-MoE the
+//! layers from `leading_dense_block_count` on route to experts by sigmoid probabilities with a
+//! selection bias. The final norm is `token_embd_norm`.
 
 use super::{decoder, HParams};
-use crate::error::Result;
-use crate::graph::build::{self, gated_ffn, w, Builder, TOKENS};
+use crate::error::{EngineError, Result};
+use crate::graph::build::{self, gated_ffn, moe_ffn_sigmoid, w, Builder, TOKENS};
 use crate::graph::GraphFile;
 use abi::{GLU_SILU, ROPE_NEOX};
 
 pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
+    let moe = hp.arch == "lfm2moe";
+    if moe && (hp.n_expert == 0 || hp.expert_gating != 2) {
+        return Err(EngineError::Invalid(format!(
+            "lfm2moe: {} experts with gating {} (llama.cpp's converter writes experts with sigmoid gating, expert_gating_func 2)",
+            hp.n_expert, hp.expert_gating
+        )));
+    }
+    // llama.cpp reads the sliding window for lfm2 only.
+    let window = if moe { 0 } else { hp.n_swa };
     let mut b = Builder::new(&hp.arch);
     decoder::constants(&mut b, hp);
     let mut inp_l = b.get_rows("inp_embd", &w("token_embd.weight"), TOKENS);
@@ -24,7 +35,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
             n_head_kv => {
                 let mut spec = decoder::attn_spec(hp, ROPE_NEOX, false, true);
                 spec.n_head_kv = n_head_kv;
-                spec.window = hp.n_swa;
+                spec.window = window;
                 build::attention(&mut b, &normed, il, &spec)
             }
         };
@@ -34,7 +45,10 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
         }
         let ffn_inp = b.add("ffn_inp", &cur, &inp_sa);
         let normed = b.rms_norm("ffn_norm", &ffn_inp, &n("ffn_norm"), hp.eps);
-        let out = gated_ffn(&mut b, &normed, il, GLU_SILU);
+        let out = match moe && il >= hp.n_layer_dense_lead {
+            true => moe_ffn_sigmoid(&mut b, &normed, il, hp.n_expert_used, GLU_SILU),
+            false => gated_ffn(&mut b, &normed, il, GLU_SILU),
+        };
         inp_l = b.add("l_out", &out, &ffn_inp);
     }
     b.layer(None);

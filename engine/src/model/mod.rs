@@ -62,6 +62,11 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
         "LFM2 (attention layers with q/k norms beside gated short-convolution layers, SwiGLU)",
         lfm2::build,
     ),
+    (
+        "lfm2moe",
+        "LFM2-MoE (LFM2's layers with routed SwiGLU experts: sigmoid router, selection bias)",
+        lfm2::build,
+    ),
 ];
 
 /// Refuses a file whose architecture mollm has no builder for, naming what it does have.
