@@ -28,6 +28,7 @@ pub enum Op {
     Softmax = 10,
     Argmax = 11,
     SsmConv = 12,
+    GatedDeltaNet = 13,
 }
 
 impl Op {
@@ -45,6 +46,7 @@ impl Op {
         Op::Softmax,
         Op::Argmax,
         Op::SsmConv,
+        Op::GatedDeltaNet,
     ];
 
     pub fn from_id(id: u32) -> Option<Op> {
@@ -339,8 +341,36 @@ fn ssm_conv_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     Ok(vec![[sx[1], sx[0] - c[0] + 1, sx[2], 1]])
 }
 
+fn gated_delta_net_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (q, k, v, g, beta, state) = (s[0], s[1], s[2], s[3], s[4], s[5]);
+    let [n, h, t, seqs] = v;
+    need(q == k, || format!("q {q:?} and k {k:?} differ"))?;
+    need(q[0] == n, || {
+        format!("head size of q and k ({}) and of v ({n}) differ", q[0])
+    })?;
+    need(q[1] > 0 && h % q[1] == 0, || {
+        format!("{h} v heads are not a multiple of {} q/k heads", q[1])
+    })?;
+    need(q[2] == t && q[3] == seqs, || {
+        format!(
+            "q and k have {} tokens of {} sequences, v has {t} of {seqs}",
+            q[2], q[3]
+        )
+    })?;
+    need((g[0] == 1 || g[0] == n) && g[1..] == [h, t, seqs], || {
+        format!("g must be [1, {h}, {t}, {seqs}] (or [{n}, {h}, {t}, {seqs}]: a gate per key), got {g:?}")
+    })?;
+    need(beta == [1, h, t, seqs], || {
+        format!("beta must be [1, {h}, {t}, {seqs}], got {beta:?}")
+    })?;
+    need(state == [n, n, h, seqs], || {
+        format!("state must be [{n}, {n}, {h}, {seqs}], got {state:?}")
+    })?;
+    Ok(vec![v, state])
+}
+
 /// Indexed by `Op as usize`; a test checks the order.
-pub static SCHEMAS: [OpSchema; 13] = [
+pub static SCHEMAS: [OpSchema; 14] = [
     OpSchema {
         op: Op::GetRows,
         name: "get_rows",
@@ -549,6 +579,59 @@ pub static SCHEMAS: [OpSchema; 13] = [
         attrs: &[],
         shape_rule: ssm_conv_shape,
     },
+    OpSchema {
+        op: Op::GatedDeltaNet,
+        name: "gated_delta_net",
+        doc: "Gated delta rule, one token after another (ggml_gated_delta_net with K = 1: \
+              Qwen3.5's and Qwen3-Next's linear attention). Per sequence s and v head h, M is \
+              the state block state[:, :, h, s] (M[j][i] = state[i, j, h, s]: key index i \
+              fastest, value index j); q and k are q/k head h mod Hq (tiled: Hq divides H). \
+              For each token t: M *= expf(g) (every element, one f32 multiply; with a gate per \
+              key, column i by expf(g[i])); d[j] = (v[j] - dot(M[j], k)) * beta (two \
+              roundings); M[j][i] = fma(k[i], d[j], M[j][i]) (fused at every i); o[j, h, t, s] \
+              = dot(M[j], q) * (1/sqrtf(N)) (q is not scaled first). dot is ggml_vec_dot_f32 \
+              as llama.cpp's AVX-512 build compiles it (read from its binary): 4 x 16 fused \
+              accumulators over 64-element steps, reduced as GGML_F32x16_REDUCE, then the \
+              leftovers from that sum: their rounded products added one by one except the \
+              last N mod 4, which are fused. new_state is M after the last token (T = 0: the \
+              state as it was). new_state may be the state operand itself (updated in place); \
+              no other operands may overlap. The work splits by (head, sequence), so the \
+              result does not depend on the thread count.",
+        inputs: &[
+            operand!(
+                "q",
+                F32,
+                "[N, Hq, T, S] queries (N: head size; S: sequences)"
+            ),
+            operand!("k", F32, "[N, Hq, T, S] keys (the shape of q)"),
+            operand!("v", F32, "[N, H, T, S] values: H heads, a multiple of Hq"),
+            operand!(
+                "g",
+                F32,
+                "[1, H, T, S] log decay per head and token, or [N, H, T, S]: one per key (KDA)"
+            ),
+            operand!(
+                "beta",
+                F32,
+                "[1, H, T, S] write strength per head and token"
+            ),
+            operand!(
+                "state",
+                F32,
+                "[N, N, H, S] each head's state before the first token"
+            ),
+        ],
+        outputs: &[
+            operand!("out", F32, "[N, H, T, S] the output o"),
+            operand!(
+                "new_state",
+                F32,
+                "[N, N, H, S] each head's state after the last token"
+            ),
+        ],
+        attrs: &[],
+        shape_rule: gated_delta_net_shape,
+    },
 ];
 
 /// Checks a call against its schema: operand counts, formats, attribute hygiene and shapes.
@@ -697,5 +780,68 @@ mod tests {
         let c16 = desc(DType::F16, &[4, 5]);
         let e = validate(Op::SsmConv, &[sx, c16], &[out], &p).unwrap_err();
         assert!(e.contains("accept"), "{e}");
+    }
+
+    /// gated_delta_net: head size 8, 4 v heads over 2 q/k heads, 3 tokens of 2 sequences.
+    #[test]
+    fn gated_delta_net_shapes() {
+        let p = OpParams::default();
+        let f = |s: &[i64]| desc(DType::F32, s);
+        let (q, v, g, beta, st) = (
+            f(&[8, 2, 3, 2]),
+            f(&[8, 4, 3, 2]),
+            f(&[1, 4, 3, 2]),
+            f(&[1, 4, 3, 2]),
+            f(&[8, 8, 4, 2]),
+        );
+        let ins = [q, q, v, g, beta, st];
+        let outs = [v, st];
+        let check =
+            |ins: &[TensorDesc], outs: &[TensorDesc]| validate(Op::GatedDeltaNet, ins, outs, &p);
+        assert!(check(&ins, &outs).is_ok());
+        assert_eq!(
+            (Op::GatedDeltaNet.schema().shape_rule)(&ins.map(|t| t.ne), &p),
+            Ok(vec![v.ne, st.ne])
+        );
+        // A gate per key (KDA), and q/k with as many heads as v.
+        let mut kda = ins;
+        kda[3] = f(&[8, 4, 3, 2]);
+        assert!(check(&kda, &outs).is_ok());
+        let mut full = ins;
+        (full[0], full[1]) = (v, v);
+        assert!(check(&full, &outs).is_ok());
+        // One output is not enough: o and the new state.
+        let e = check(&ins, &outs[..1]).unwrap_err();
+        assert!(e.contains("2 outputs"), "{e}");
+        let bad = |i: usize, t: TensorDesc, what: &str| {
+            let mut x = ins;
+            x[i] = t;
+            let e = check(&x, &outs).unwrap_err();
+            assert!(e.contains(what), "input {i}: {e}");
+        };
+        bad(1, f(&[8, 1, 3, 2]), "differ");
+        bad(0, f(&[8, 3, 3, 2]), "differ");
+        let mut three = ins;
+        (three[0], three[1]) = (f(&[8, 3, 3, 2]), f(&[8, 3, 3, 2]));
+        let e = check(&three, &outs).unwrap_err();
+        assert!(e.contains("not a multiple of 3"), "{e}");
+        let mut wide = ins;
+        (wide[0], wide[1]) = (f(&[16, 2, 3, 2]), f(&[16, 2, 3, 2]));
+        let e = check(&wide, &outs).unwrap_err();
+        assert!(e.contains("head size"), "{e}");
+        let mut short = ins;
+        (short[0], short[1]) = (f(&[8, 2, 2, 2]), f(&[8, 2, 2, 2]));
+        let e = check(&short, &outs).unwrap_err();
+        assert!(e.contains("tokens"), "{e}");
+        bad(3, f(&[2, 4, 3, 2]), "g must be");
+        bad(3, f(&[1, 4, 3, 1]), "g must be");
+        bad(4, f(&[8, 4, 3, 2]), "beta must be");
+        bad(5, f(&[8, 8, 4, 1]), "state must be");
+        bad(5, f(&[8, 4, 4, 2]), "state must be");
+        bad(2, desc(DType::F16, &[8, 4, 3, 2]), "accept");
+        let e = check(&ins, &[v, f(&[8, 8, 4, 1])]).unwrap_err();
+        assert!(e.contains("new_state"), "{e}");
+        let e = check(&ins, &[f(&[8, 4, 3, 1]), st]).unwrap_err();
+        assert!(e.contains("'out'"), "{e}");
     }
 }

@@ -224,7 +224,7 @@ pub const ATTENTION_SEQS: &[SeqsShape] = &[
 ];
 
 /// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
-pub const CASES_VERSION: u32 = 5;
+pub const CASES_VERSION: u32 = 6;
 
 /// How many fixed cases `op` has.
 pub fn fixed_count(op: Op) -> u64 {
@@ -527,6 +527,57 @@ pub fn case(op: Op, seed: u64) -> Case {
                 vec![sx, c],
                 vec![Owned::zeros(DType::F32, &[n, rows, seqs])],
                 format!("taps={taps} n={n} t={rows} seqs={seqs}"),
+            )
+        }
+        Op::GatedDeltaNet => {
+            // Head sizes: Qwen3.5's 128, 64, and ones whose dots have leftovers of every kind
+            // (1 and 5: fused; 40: rounded products in groups of 8; 100: 64 + 32 + 4); q/k
+            // heads as many as v's, one, or half (the tiled broadcast); a gate per key
+            // sometimes (KDA). Keys and queries of about unit length (the models l2-normalize
+            // them), decays <= 1 and betas in (0, 1), so the recurrence stays bounded.
+            let n = r.pick(&[128i64, 64, 128, 1, 5, 16, 40, 100]);
+            let h = r.pick(&[1i64, 2, 4]);
+            let hq = r.pick(&[h, 1, (h / 2).max(1)]);
+            let seqs = r.pick(&[1i64, 2, 3]);
+            let kda = r.below(4) == 0;
+            let unit = 1.0 / (n as f32).sqrt();
+            let qk = |r: &mut Rng| {
+                Owned::f32(
+                    &[n, hq, rows, seqs],
+                    &r.vec((n * hq * rows * seqs) as usize, unit),
+                )
+            };
+            let (q, k) = (qk(&mut r), qk(&mut r));
+            let v = Owned::f32(
+                &[n, h, rows, seqs],
+                &r.vec((n * h * rows * seqs) as usize, 1.0),
+            );
+            let gn = if kda { n } else { 1 };
+            let g: Vec<f32> = r
+                .vec((gn * h * rows * seqs) as usize, 0.5)
+                .iter()
+                .map(|x| -x.abs())
+                .collect();
+            let beta: Vec<f32> = r
+                .vec((h * rows * seqs) as usize, 1.0)
+                .iter()
+                .map(|x| 1.0 / (1.0 + (-x).exp()))
+                .collect();
+            let state = Owned::f32(&[n, n, h, seqs], &r.vec((n * n * h * seqs) as usize, 0.3));
+            (
+                vec![
+                    q,
+                    k,
+                    v,
+                    Owned::f32(&[gn, h, rows, seqs], &g),
+                    Owned::f32(&[1, h, rows, seqs], &beta),
+                    state,
+                ],
+                vec![
+                    Owned::zeros(DType::F32, &[n, h, rows, seqs]),
+                    Owned::zeros(DType::F32, &[n, n, h, seqs]),
+                ],
+                format!("n={n} h={h} hq={hq} t={rows} seqs={seqs} kda={kda}"),
             )
         }
         Op::Add | Op::Mul | Op::Scale | Op::Softmax => {

@@ -110,12 +110,14 @@ impl Backend {
     /// declined, as an unsupported call, instead of sent).
     fn too_new(&self, op: Op, inputs: &[TensorDesc]) -> bool {
         // ABI 1.2: attention's block_table; 1.4: its seqs (several sequences in one call);
-        // 1.8: ssm_conv (an older plugin's decode refuses the unknown op id as malformed).
+        // 1.8: ssm_conv; 1.9: gated_delta_net (an older plugin's decode refuses the unknown op
+        // id as malformed).
         match op {
             Op::Attention => {
                 (inputs.len() > 4 && self.abi_minor < 2) || (inputs.len() > 5 && self.abi_minor < 4)
             }
             Op::SsmConv => self.abi_minor < 8,
+            Op::GatedDeltaNet => self.abi_minor < 9,
             _ => false,
         }
     }
@@ -336,5 +338,41 @@ mod tests {
             assert_eq!(ran, takes, "1.{minor}");
         }
         assert_eq!(out, [2.0]);
+    }
+
+    /// gated_delta_net (op 13, ABI 1.9): the same for plugins built before it.
+    #[test]
+    fn gated_delta_net_reaches_backends_of_abi_1_9_only() {
+        // Head size 1, one head, one token: M = 0.5 * e^0 = 0.5; d = (3 - 0.5 * 2) * 0.5 = 1;
+        // M = 0.5 + 2 * 1 = 2.5; o = 2.5 * 4 * (1 / sqrt(1)) = 10.
+        let (mut q, mut k, mut v) = (vec![4f32], vec![2f32], vec![3f32]);
+        let (mut g, mut beta, mut st) = (vec![0f32], vec![0.5f32], vec![0.5f32]);
+        let (mut o, mut st2) = (vec![0f32], vec![0f32]);
+        let f32s = |v: &mut [f32]| {
+            TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, abi::DType::F32, &[1, 1, 1, 1])
+        };
+        let ins = [
+            f32s(&mut q),
+            f32s(&mut k),
+            f32s(&mut v),
+            f32s(&mut g),
+            f32s(&mut beta),
+            f32s(&mut st),
+        ];
+        let outs = [f32s(&mut o), f32s(&mut st2)];
+        let p = OpParams::default();
+        for (minor, takes) in [(8, false), (9, true)] {
+            let host = reference::serial_host();
+            let b =
+                Backend::open_table("ref".into(), &reference::TABLE, minor, host, None).unwrap();
+            assert_eq!(
+                b.supports(Op::GatedDeltaNet, &ins, &outs, &p),
+                takes,
+                "1.{minor}"
+            );
+            let ran = b.try_compute(Op::GatedDeltaNet, &ins, &outs, p).unwrap();
+            assert_eq!(ran, takes, "1.{minor}");
+        }
+        assert_eq!((o[0], st2[0]), (10.0, 2.5));
     }
 }

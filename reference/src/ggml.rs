@@ -15,6 +15,9 @@
 //!   by `ggml_v_silu`); tails use libm `expf` exactly as ggml's scalar loops do.
 //! - [`ssm_conv_dot`]: the per-channel sum of `ggml_compute_forward_ssm_conv_f32`, whose
 //!   vectorized and contracted parts split at `L mod 4`.
+//! - [`dot_vec_f32_as_built`]: `ggml_vec_dot_f32` leftovers included, as the binary has them
+//!   (rounded products, then the last `n mod 4` fused), and [`gated_delta_net_token`], one
+//!   token of `ggml_compute_forward_gated_delta_net_f32` on one head's state.
 //!
 //! The native CPU backends use these same functions (one copy of every chain): the `*_lanes`
 //! bodies are `#[inline(always)]` so that a backend instantiates them inside its own
@@ -117,7 +120,9 @@ fn has_fma() -> bool {
     }
 }
 
-/// `ggml_vec_dot_f32` (AVX-512 build).
+/// `ggml_vec_dot_f32` (AVX-512 build), every leftover past the 64-element steps fused: the
+/// binary fuses only the last `n mod 4` of them ([`dot_vec_f32_as_built`]), so the two differ
+/// where `n mod 64 >= 4`.
 pub fn dot_vec_f32(x: &[f32], y: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
@@ -238,6 +243,140 @@ pub fn ssm_conv_dot(s: &[f32], c: &[f32]) -> f32 {
         acc = s[j].mul_add(c[j], acc);
     }
     acc
+}
+
+/// [`dot_vec_f32_as_built`]'s body (no dispatch): for backends' own SIMD frames.
+///
+/// `ggml_vec_dot_f32` as llama.cpp 0c1e570's AVX-512 `libggml-cpu.so` computes it (read from
+/// its disassembly): the 64-element steps and their reduction as [`dot_vec_f32_lanes`], then
+/// the `n mod 64` leftovers `sumf += x[i]*y[i]`, which GCC vectorized in groups of 8 while 8
+/// remain, then one of 4: each group's products come from one `vmulps` (rounded) and are
+/// added to `sumf` one by one in order. Only the last `n mod 4` take the scalar loop, which
+/// GCC contracts into `vfmadd231ss`. [`dot_vec_f32`] fuses every leftover instead: the two
+/// agree where `n mod 64 < 4` (head sizes 64, 128, 256, the golden models' widths).
+#[inline(always)]
+pub fn dot_vec_f32_as_built_lanes(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut sumf = dot_vec_f32_lanes(&x[..np], &y[..np]);
+    let rounded = np + ((n - np) & !3);
+    for i in np..rounded {
+        sumf += x[i] * y[i];
+    }
+    for i in rounded..n {
+        sumf = x[i].mul_add(y[i], sumf);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_f32` (AVX-512 build), leftovers as the binary computes them: see
+/// [`dot_vec_f32_as_built_lanes`].
+pub fn dot_vec_f32_as_built(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the features were detected at run time.
+        return unsafe { dot_vec_f32_as_built_fma(x, y) };
+    }
+    dot_vec_f32_as_built_lanes(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_vec_f32_as_built_fma(x: &[f32], y: &[f32]) -> f32 {
+    dot_vec_f32_as_built_lanes(x, y)
+}
+
+/// One token of `ggml_compute_forward_gated_delta_net_f32` (llama.cpp 0c1e570, checked
+/// against its AVX-512 binary) on one head's state `m` (`n x n`, row `j` = value index `j`,
+/// key index `i` fastest), in place; `o` gets the token's output row. `gate` holds one log
+/// decay, or one per key (KDA); `d` is `n` floats of scratch.
+///
+/// 1. `m *= expf(gate)`: libm `expf`, then one f32 multiply per element (`vmulps`; the KDA
+///    form multiplies column `i` by `expf(gate[i])`).
+/// 2. `d[j] = (v[j] - dot(m[j], k)) * beta`: a subtraction and a multiplication, each rounded.
+/// 3. `m[j][i] = fma(k[i], d[j], m[j][i])`: `ggml_vec_mad_f32`, inlined, is fused at every
+///    element (zmm steps of 64, then ymm, xmm and scalar `vfmadd` on the leftovers).
+/// 4. `o[j] = dot(m[j], q) * scale`, with `scale = 1/sqrtf(n)` (q is not scaled first).
+///
+/// `dot` is [`dot_vec_f32_as_built_lanes`]. Elementwise steps vectorize in any frame without
+/// changing a bit; the dots are each one sequential chain.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net_token(
+    m: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: &[f32],
+    beta: f32,
+    scale: f32,
+    d: &mut [f32],
+    o: &mut [f32],
+) {
+    let n = v.len();
+    if gate.len() == n && n > 1 {
+        for (e, g) in d.iter_mut().zip(gate) {
+            *e = g.exp();
+        }
+        for row in m.chunks_exact_mut(n) {
+            for (x, e) in row.iter_mut().zip(&d[..n]) {
+                *x *= *e;
+            }
+        }
+    } else {
+        let e = gate[0].exp();
+        for x in m.iter_mut() {
+            *x *= e;
+        }
+    }
+    for (j, row) in m.chunks_exact(n).enumerate() {
+        d[j] = (v[j] - dot_vec_f32_as_built_lanes(row, k)) * beta;
+    }
+    for (row, &dj) in m.chunks_exact_mut(n).zip(&d[..n]) {
+        for (x, &ki) in row.iter_mut().zip(k) {
+            *x = ki.mul_add(dj, *x);
+        }
+    }
+    for (oj, row) in o.iter_mut().zip(m.chunks_exact(n)) {
+        *oj = dot_vec_f32_as_built_lanes(row, q) * scale;
+    }
+}
+
+/// [`gated_delta_net_token`] in an FMA frame where the CPU has one (the same bits: `mul_add`
+/// rounds once either way, it is only faster).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net_token_dispatch(
+    m: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gate: &[f32],
+    beta: f32,
+    scale: f32,
+    d: &mut [f32],
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn fma(
+            m: &mut [f32],
+            q: &[f32],
+            k: &[f32],
+            v: &[f32],
+            gate: &[f32],
+            beta: f32,
+            scale: f32,
+            d: &mut [f32],
+            o: &mut [f32],
+        ) {
+            gated_delta_net_token(m, q, k, v, gate, beta, scale, d, o)
+        }
+        // SAFETY: the features were detected at run time.
+        return unsafe { fma(m, q, k, v, gate, beta, scale, d, o) };
+    }
+    gated_delta_net_token(m, q, k, v, gate, beta, scale, d, o)
 }
 
 /// `MAX(a, b)` as ggml's macro: `a > b ? a : b` (so a NaN element wins over a number, and a

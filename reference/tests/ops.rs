@@ -322,6 +322,233 @@ fn ssm_conv_fuses_only_the_last_taps_mod_4() {
     }
 }
 
+/// Operands of one gated_delta_net call, owned: q, k, v, g, beta, state, then out and
+/// new_state, with the shapes of head size `n`, `h` v heads over `hq` q/k heads, `t` tokens of
+/// `seqs` sequences and `gn` gates per head and token (1, or `n`: one per key).
+struct Gdn {
+    n: i64,
+    h: i64,
+    hq: i64,
+    t: i64,
+    seqs: i64,
+    gn: i64,
+    bufs: Vec<Vec<f32>>,
+}
+
+impl Gdn {
+    fn new(n: i64, h: i64, hq: i64, t: i64, seqs: i64, gn: i64) -> Gdn {
+        let mut g = Gdn {
+            n,
+            h,
+            hq,
+            t,
+            seqs,
+            gn,
+            bufs: Vec::new(),
+        };
+        g.bufs = g
+            .shapes()
+            .iter()
+            .map(|s| vec![0f32; s.iter().product::<i64>() as usize])
+            .collect();
+        g
+    }
+    fn shapes(&self) -> [[i64; 4]; 8] {
+        let (n, h, hq, t, s) = (self.n, self.h, self.hq, self.t, self.seqs);
+        [
+            [n, hq, t, s],
+            [n, hq, t, s],
+            [n, h, t, s],
+            [self.gn, h, t, s],
+            [1, h, t, s],
+            [n, n, h, s],
+            [n, h, t, s],
+            [n, n, h, s],
+        ]
+    }
+    /// Runs the call (`in_place`: new_state is the state operand itself); out, new_state.
+    fn run(&mut self, host: &abi::HostApi, in_place: bool) -> (Vec<f32>, Vec<f32>) {
+        let shapes = self.shapes();
+        let mut d: Vec<TensorDesc> = self
+            .bufs
+            .iter_mut()
+            .zip(&shapes)
+            .map(|(b, s)| f32d(b, s))
+            .collect();
+        if in_place {
+            d[7] = d[5];
+        }
+        unsafe {
+            reference::run(
+                host,
+                Op::GatedDeltaNet,
+                &d[..6],
+                &d[6..],
+                &OpParams::default(),
+            )
+        }
+        .unwrap_or_else(|e| panic!("gated_delta_net: {e}"));
+        let st = if in_place { 5 } else { 7 };
+        (self.bufs[6].clone(), self.bufs[st].clone())
+    }
+}
+
+/// Head size 2, two v heads over one q/k head, two tokens, decay 1 (g = 0): every value is
+/// worked out by hand. M[j][i] = state[i, j]: row j of each head's block.
+#[test]
+fn gated_delta_net_by_hand() {
+    let mut c = Gdn::new(2, 2, 1, 2, 1, 1);
+    // q, k per token (one head); v per token and head; beta per token and head.
+    c.bufs[0] = vec![1.0, 2.0, 0.0, 1.0];
+    c.bufs[1] = vec![1.0, 0.0, 0.0, 1.0];
+    c.bufs[2] = vec![3.0, 4.0, 1.0, -1.0, 1.0, 1.0, 2.0, 0.0];
+    c.bufs[4] = vec![1.0, 0.5, 1.0, 1.0];
+    // Head 0 starts at the identity, head 1 at zero.
+    c.bufs[5] = vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+    let (o, st) = c.run(&serial_host(), false);
+    let s = 1.0 / 2f32.sqrt();
+    // Token 0, head 0: d = (v - M k) beta = [3 - 1, 4 - 0] = [2, 4]; M += d k^T (row j gets
+    // d_j k) = [[3, 0], [4, 1]]; o = M q = [3, 6]. Head 1: d = [0.5, -0.5], M = [[0.5, 0],
+    // [-0.5, 0]], o = [0.5, -0.5]. Token 1, head 0: M k = [0, 1], d = [1, 0], M = [[3, 1],
+    // [4, 1]], o = [1, 1]. Head 1: M k = 0, d = [2, 0], M = [[0.5, 2], [-0.5, 0]], o = [2, 0].
+    let dots = [3.0, 6.0, 0.5, -0.5, 1.0, 1.0, 2.0, 0.0];
+    assert_eq!(o, dots.map(|x: f32| x * s));
+    assert_eq!(st, [3.0, 1.0, 4.0, 1.0, 0.5, 2.0, -0.5, 0.0]);
+    // A gate of -inf forgets the state (expf(-inf) = 0): head 0's token 0 then starts from
+    // zero, d = v = [3, 4], M = [[3, 0], [4, 0]], o = [3, 4]. Per key (KDA), only key 0's
+    // column is forgotten: M = [[0, 0], [0, 1]] before the update, d = [3, 4], o = [3, 6].
+    let mut one = Gdn::new(2, 1, 1, 1, 1, 1);
+    one.bufs[0] = vec![1.0, 2.0];
+    one.bufs[1] = vec![1.0, 0.0];
+    one.bufs[2] = vec![3.0, 4.0];
+    one.bufs[3] = vec![f32::NEG_INFINITY];
+    one.bufs[4] = vec![1.0];
+    one.bufs[5] = vec![1.0, 0.0, 0.0, 1.0];
+    assert_eq!(one.run(&serial_host(), false).0, [3.0 * s, 4.0 * s]);
+    let mut kda = Gdn::new(2, 1, 1, 1, 1, 2);
+    kda.bufs = one.bufs.clone();
+    kda.bufs[3] = vec![f32::NEG_INFINITY, 0.0];
+    let (o, st) = kda.run(&serial_host(), false);
+    assert_eq!(o, [3.0 * s, 6.0 * s]);
+    assert_eq!(st, [3.0, 0.0, 4.0, 1.0]);
+    // No tokens: the state as it was.
+    let mut none = Gdn::new(2, 2, 1, 0, 1, 1);
+    none.bufs[5] = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    assert_eq!(none.run(&serial_host(), false), (vec![], none.bufs[5].clone()));
+}
+
+/// Where ggml's AVX-512 binary fuses and where it rounds (a = -(1 + 2^-11), b = 1 + 2^-12:
+/// a + b*b is 2^-24 fused and 0 with b*b rounded first). The state update is fused at every
+/// element; the dots' leftovers past the 64-element steps add rounded products but fuse the
+/// last `n mod 4`.
+#[test]
+fn gated_delta_net_fuses_the_update_and_the_last_leftovers_mod_4() {
+    let a = -(1.0 + 2f32.powi(-11));
+    let b = 1.0 + 2f32.powi(-12);
+    let tiny = 2f32.powi(-24);
+    // The update: M[0] = [a, 0], k = [b, 0], so M k = a*b (exact) and v[0] = a*b + b gives
+    // d[0] = b exactly; then M[0][0] = fma(b, b, a).
+    let mut c = Gdn::new(2, 1, 1, 1, 1, 1);
+    c.bufs[0] = vec![1.0, 0.0];
+    c.bufs[1] = vec![b, 0.0];
+    c.bufs[2] = vec![a * b + b, 0.0];
+    c.bufs[4] = vec![1.0];
+    c.bufs[5] = vec![a, 0.0, 0.0, 0.0];
+    let (o, st) = c.run(&serial_host(), false);
+    assert_eq!(st[0].to_bits(), tiny.to_bits(), "the update is fused");
+    assert_eq!(o[0].to_bits(), (tiny / 2f32.sqrt()).to_bits());
+    // The output dot of row 0 with q: beta = 0 and k = 0 leave the state as it was.
+    // (head size, the element of a; b*b follows it)
+    for (n, at, fused) in [
+        (2, 0, true),
+        (4, 2, false),
+        (5, 3, true),
+        (5, 2, false),
+        (8, 6, false),
+        (9, 7, true),
+        (13, 11, true),
+        (40, 38, false),
+        (67, 65, true),
+        (70, 66, false),
+        (70, 67, true),
+    ] {
+        let mut c = Gdn::new(n, 1, 1, 1, 1, 1);
+        (c.bufs[5][at], c.bufs[0][at]) = (a, 1.0);
+        (c.bufs[5][at + 1], c.bufs[0][at + 1]) = (b, b);
+        let (o, st) = c.run(&serial_host(), false);
+        assert_eq!(st, c.bufs[5], "n = {n}: the state is kept");
+        let want = if fused { tiny } else { 0.0 } / (n as f32).sqrt();
+        assert_eq!(o[0].to_bits(), want.to_bits(), "n = {n}, a at {at}");
+    }
+}
+
+/// Sequences and heads apart: a call of two sequences gives each one's result alone; q/k heads
+/// broadcast as if tiled; a gate per key that is the same for every key is the scalar gate;
+/// the state updated in place and the thread count change nothing.
+#[test]
+fn gated_delta_net_sequences_heads_and_gates_apart() {
+    let (n, h, hq, t) = (5i64, 4i64, 2i64, 3i64);
+    let mut c = Gdn::new(n, h, hq, t, 2, 1);
+    let mut x = 0.37f32;
+    for (i, b) in c.bufs[..6].iter_mut().enumerate() {
+        for v in b.iter_mut() {
+            x = (x * 3.7 + 0.11).fract();
+            *v = match i {
+                3 => -x,
+                4 => x,
+                _ => x - 0.5,
+            };
+        }
+    }
+    let (o, st) = c.run(&serial_host(), false);
+    assert_eq!(
+        c.run(&scoped_threads_host(2), false),
+        (o.clone(), st.clone())
+    );
+    // Each sequence alone: its slice of every operand.
+    let per_seq: Vec<usize> = c.bufs.iter().map(|b| b.len() / 2).collect();
+    for s in 0..2 {
+        let mut one = Gdn::new(n, h, hq, t, 1, 1);
+        for (i, b) in one.bufs.iter_mut().enumerate() {
+            b.copy_from_slice(&c.bufs[i][s * per_seq[i]..(s + 1) * per_seq[i]]);
+        }
+        let (o1, st1) = one.run(&serial_host(), false);
+        assert_eq!(o1, o[s * per_seq[6]..(s + 1) * per_seq[6]], "sequence {s}");
+        assert_eq!(
+            st1,
+            st[s * per_seq[7]..(s + 1) * per_seq[7]],
+            "sequence {s}"
+        );
+    }
+    // q/k heads tiled out to the v heads: head j takes q/k head j mod hq.
+    let mut full = Gdn::new(n, h, h, t, 2, 1);
+    let rows = |b: &[f32]| b.chunks(n as usize).map(|r| r.to_vec()).collect::<Vec<_>>();
+    for i in 0..2 {
+        let src = rows(&c.bufs[i]);
+        full.bufs[i] = (0..2 * t)
+            .flat_map(|ts| {
+                (0..h)
+                    .flat_map(|j| src[(ts * hq + j % hq) as usize].clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+    }
+    full.bufs[2..6].clone_from_slice(&c.bufs[2..6]);
+    assert_eq!(full.run(&serial_host(), false), (o.clone(), st.clone()));
+    // The same gate for every key.
+    let mut kda = Gdn::new(n, h, hq, t, 2, n);
+    for i in [0, 1, 2, 4, 5] {
+        kda.bufs[i] = c.bufs[i].clone();
+    }
+    kda.bufs[3] = c.bufs[3]
+        .iter()
+        .flat_map(|&g| vec![g; n as usize])
+        .collect();
+    assert_eq!(kda.run(&serial_host(), false), (o.clone(), st.clone()));
+    // In place: new_state is the state operand (last: it overwrites the state).
+    assert_eq!(c.run(&serial_host(), true), (o, st));
+}
+
 #[test]
 fn glu_silu_and_gelu() {
     let mut g: Vec<f32> = (0..20).map(|i| i as f32 * 0.5 - 5.0).collect();

@@ -18,6 +18,10 @@ pub const GET_ROWS_MAX_BYTES: u64 = 16 << 20;
 pub const NO_SSM_CONV: &str =
     "ssm_conv is not implemented on GPU backends yet (no kernel: a CPU backend runs it)";
 
+/// Why the GPUs decline gated_delta_net (in `check` too), as [`NO_SSM_CONV`].
+pub const NO_GATED_DELTA_NET: &str =
+    "gated_delta_net is not implemented on GPU backends yet (no kernel: a CPU backend runs it)";
+
 fn dt(t: &TensorDesc) -> DType {
     t.dtype().expect("validated")
 }
@@ -72,6 +76,7 @@ pub unsafe fn run<D: Device>(
         Op::Attention => crate::attention::run(ctx, ins, &outs[0], p),
         Op::SetRows => set_rows(ctx, &ins[0], &ins[1], &ins[2], &outs[0]),
         Op::SsmConv => Err(Error::Unsupported(NO_SSM_CONV.into())),
+        Op::GatedDeltaNet => Err(Error::Unsupported(NO_GATED_DELTA_NET.into())),
     }
 }
 

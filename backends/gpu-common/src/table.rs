@@ -189,6 +189,9 @@ pub unsafe fn check<D: Device>(
     if op == Op::SsmConv {
         return Err(Error::Unsupported(ops::NO_SSM_CONV.into()));
     }
+    if op == Op::GatedDeltaNet {
+        return Err(Error::Unsupported(ops::NO_GATED_DELTA_NET.into()));
+    }
     let max = c.dev.max_binding();
     let exact = op == Op::MatMul && ops::exact(ins, p);
     for (i, t) in ins.iter().chain(outs).enumerate() {

@@ -55,8 +55,8 @@ fn report(cases: u64) -> conformance::Report {
 }
 
 /// Every op passes the gate (per-op tolerances) for every format the kernels take, on the
-/// prepared-weight path too; the formats it declines are skipped with the reason, and so is
-/// ssm_conv, which has no kernel.
+/// prepared-weight path too; the formats it declines are skipped with the reason, and so are
+/// ssm_conv and gated_delta_net, which have no kernel.
 #[test]
 fn conformance_on_the_device() {
     if !device() {
@@ -65,7 +65,8 @@ fn conformance_on_the_device() {
     let r = report(abi::WEIGHT_DTYPES.len() as u64);
     eprintln!("{r}");
     assert!(r.ok(), "{r}");
-    for &op in Op::ALL.iter().filter(|&&op| op != Op::SsmConv) {
+    let no_kernel = [Op::SsmConv, Op::GatedDeltaNet];
+    for &op in Op::ALL.iter().filter(|op| !no_kernel.contains(op)) {
         assert!(
             r.passed.iter().any(|p| p.op == op),
             "{} never ran\n{r}",
@@ -73,12 +74,15 @@ fn conformance_on_the_device() {
         );
     }
     use abi::DType::*;
-    // No GPU kernel yet: declined with the reason, and the CPU runs it.
-    let why = r.skipped(Op::SsmConv, F32);
-    assert!(
-        !why.is_empty() && why.iter().all(|w| w.contains("not implemented on GPU")),
-        "ssm_conv: {why:?}\n{r}"
-    );
+    // No GPU kernel yet: declined with the reason, and the CPU runs them.
+    for op in no_kernel {
+        let why = r.skipped(op, F32);
+        assert!(
+            !why.is_empty() && why.iter().all(|w| w.contains("not implemented on GPU")),
+            "{}: {why:?}\n{r}",
+            op.name()
+        );
+    }
     for dt in [
         F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, W4G32, W4G128, W8PC,
     ] {
@@ -360,8 +364,8 @@ fn block_format_matmuls_match_the_reference_in_every_chain() {
 }
 
 /// Operands in device memory (`buffer_alloc`, ABI 1.7) give the bytes of the same call in
-/// host memory, for every op with a kernel (all but ssm_conv): the engine's activations and KV
-/// cache can stay on the device.
+/// host memory, for every op with a kernel (all but ssm_conv and gated_delta_net): the
+/// engine's activations and KV cache can stay on the device.
 #[test]
 fn every_op_takes_device_operands() {
     if !device() {
@@ -383,8 +387,8 @@ fn every_op_takes_device_operands() {
                 moved += 1;
             }
         }
-        // ssm_conv has no GPU kernel (every case declined above).
-        if moved == 0 && op != Op::SsmConv {
+        // ssm_conv and gated_delta_net have no GPU kernel (every case declined above).
+        if moved == 0 && !matches!(op, Op::SsmConv | Op::GatedDeltaNet) {
             missing.push(op.name());
         }
     }

@@ -406,3 +406,161 @@ fn ssm_conv_edge_shapes_match_reference_bit_for_bit() {
         }
     }
 }
+
+/// A gated_delta_net case: head size `n`, `h` v heads over `hq` q/k heads, `t` tokens of
+/// `s` sequences, a gate per key (`kda`) or per head; unit-length keys and queries as the
+/// models give it, decays <= 1, betas in (0, 1).
+fn gdn_case(r: &mut Rng, n: i64, h: i64, hq: i64, t: i64, s: i64, kda: bool) -> Case {
+    let unit = 1.0 / (n as f32).sqrt();
+    let gn = if kda { n } else { 1 };
+    let g: Vec<f32> = r
+        .vec((gn * h * t * s) as usize, 0.5)
+        .iter()
+        .map(|x| -x.abs())
+        .collect();
+    let beta: Vec<f32> = r
+        .vec((h * t * s) as usize, 1.0)
+        .iter()
+        .map(|x| 1.0 / (1.0 + (-x).exp()))
+        .collect();
+    Case {
+        op: Op::GatedDeltaNet,
+        label: format!("n={n} h={h} hq={hq} t={t} seqs={s} kda={kda}"),
+        inputs: vec![
+            Owned::f32(&[n, hq, t, s], &r.vec((n * hq * t * s) as usize, unit)),
+            Owned::f32(&[n, hq, t, s], &r.vec((n * hq * t * s) as usize, unit)),
+            Owned::f32(&[n, h, t, s], &r.vec((n * h * t * s) as usize, 1.0)),
+            Owned::f32(&[gn, h, t, s], &g),
+            Owned::f32(&[1, h, t, s], &beta),
+            Owned::f32(&[n, n, h, s], &r.vec((n * n * h * s) as usize, 0.3)),
+        ],
+        outputs: vec![
+            Owned::zeros(DType::F32, &[n, h, t, s]),
+            Owned::zeros(DType::F32, &[n, n, h, s]),
+        ],
+        params: OpParams::default(),
+    }
+}
+
+/// gated_delta_net at model sizes (Qwen3.5's decode step and a prompt chunk: heads split
+/// across the threads), head sizes whose dots have every kind of leftover, both gate forms,
+/// and on operands laid out as the models have them (q, k and v views into one row per
+/// token, g and beta interleaved, state blocks apart, output rows padded), with the state
+/// updated in place too: bit for bit on every ISA.
+#[test]
+fn gated_delta_net_edge_shapes_match_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let mut r = Rng::new(13);
+    // (head size, v heads, q/k heads, tokens, sequences, a gate per key)
+    #[rustfmt::skip]
+    let shapes: &[(i64, i64, i64, i64, i64, bool)] = &[
+        (128, 32, 16, 1, 4, false), // Qwen3.5-like decode step of four sequences
+        (128, 4, 2, 64, 1, false),  // a prompt chunk
+        (1, 3, 1, 5, 2, false), (3, 2, 2, 4, 1, true), (7, 2, 1, 3, 3, false),
+        (36, 2, 2, 2, 2, true), (72, 1, 1, 3, 1, false), (100, 2, 1, 2, 1, true),
+        (256, 1, 1, 2, 1, false), (64, 6, 3, 9, 2, true), (5, 2, 1, 0, 2, false),
+    ];
+    for &(n, h, hq, t, s, kda) in shapes {
+        let c = gdn_case(&mut r, n, h, hq, t, s, kda);
+        let label = c.label.clone();
+        assert!(same(&c, &host, &label), "{label}: not supported natively");
+    }
+    // Views: a token's row holds q, k, v and 3 floats more; g and beta alternate per token;
+    // each sequence's state block is 11 floats after the last; output rows are 2 apart.
+    let (n, h, hk, t, s) = (40i64, 4i64, 2i64, 3i64, 2i64);
+    let row = 2 * hk * n + h * n + 3;
+    let mut qkv = r.vec((row * t * s) as usize, 0.2);
+    let mut gb: Vec<f32> = r
+        .vec((2 * h * t * s) as usize, 0.5)
+        .iter()
+        .map(|x| -x.abs())
+        .collect();
+    for (i, x) in gb.iter_mut().enumerate() {
+        if (i as i64 / h) % 2 == 1 {
+            *x = -*x / 2.0;
+        }
+    }
+    let st_seq = n * n * h + 11;
+    let st0 = r.vec((st_seq * s) as usize, 0.3);
+    let o_row = n + 2;
+    let mk = |p: *mut f32, off: i64, ne: [i64; 4], nb: [i64; 4]| {
+        let mut d =
+            TensorDesc::contiguous(p.wrapping_add(off as usize) as *mut u8, DType::F32, &ne);
+        d.nb = nb.map(|b| b * 4);
+        d
+    };
+    let (pq, pg) = (qkv.as_mut_ptr(), gb.as_mut_ptr());
+    let tok = [1, n, row, row * t];
+    let gbs = [1, 1, 2 * h, 2 * h * t];
+    let run = |table: &'static BackendTable, in_place: bool| {
+        let me = Instance::new(table, &host);
+        let mut st = st0.clone();
+        let mut o = vec![f32::NAN; (o_row * h * t * s) as usize];
+        let mut st2 = vec![f32::NAN; (n * n * h * s) as usize];
+        let state = mk(st.as_mut_ptr(), 0, [n, n, h, s], [1, n, n * n, st_seq]);
+        let ins = [
+            mk(pq, 0, [n, hk, t, s], tok),
+            mk(pq, hk * n, [n, hk, t, s], tok),
+            mk(pq, 2 * hk * n, [n, h, t, s], tok),
+            mk(pg, 0, [1, h, t, s], gbs),
+            mk(pg, h, [1, h, t, s], gbs),
+            state,
+        ];
+        let new_state = if in_place {
+            state
+        } else {
+            mk(st2.as_mut_ptr(), 0, [n, n, h, s], [1, n, n * n, n * n * h])
+        };
+        let outs = [
+            mk(
+                o.as_mut_ptr(),
+                0,
+                [n, h, t, s],
+                [1, o_row, o_row * h, o_row * h * t],
+            ),
+            new_state,
+        ];
+        let call = OpCall::new(Op::GatedDeltaNet, &ins, &outs, OpParams::default());
+        assert_eq!(Status::from_raw((table.compute)(me.ctx, &call)), Status::Ok);
+        (o, st, st2)
+    };
+    for in_place in [false, true] {
+        let want = run(&reference::TABLE, in_place);
+        if in_place {
+            // The same output, and the new state where the state was (the gaps kept).
+            let apart = run(&reference::TABLE, false);
+            assert_eq!(
+                want.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                apart.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+            for q in 0..s as usize {
+                let (a, b) = (q * st_seq as usize, q * (n * n * h) as usize);
+                assert_eq!(
+                    want.1[a..a + (n * n * h) as usize],
+                    apart.2[b..b + (n * n * h) as usize]
+                );
+                assert_eq!(
+                    want.1[a + (n * n * h) as usize..a + st_seq as usize],
+                    st0[a + (n * n * h) as usize..a + st_seq as usize]
+                );
+            }
+        } else {
+            assert_eq!(want.1, st0, "the state is read only");
+        }
+        for (isa, table) in tables() {
+            let got = run(table, in_place);
+            for (k, (g, w)) in [(&got.0, &want.0), (&got.1, &want.1), (&got.2, &want.2)]
+                .into_iter()
+                .enumerate()
+            {
+                for (i, (a, b)) in g.iter().zip(w.iter()).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{isa:?} views (in place: {in_place}), buffer {k}, element {i}"
+                    );
+                }
+            }
+        }
+    }
+}

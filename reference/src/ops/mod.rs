@@ -4,6 +4,7 @@
 pub mod argmax;
 pub mod attention;
 pub mod elementwise;
+pub mod gated_delta_net;
 pub mod get_rows;
 pub mod glu;
 pub mod matmul;
@@ -87,6 +88,7 @@ pub fn compute(
             Op::Softmax => softmax::run(host, inputs, outputs, p),
             Op::Argmax => argmax::run(host, inputs, outputs),
             Op::SsmConv => ssm_conv::run(host, inputs, outputs),
+            Op::GatedDeltaNet => gated_delta_net::run(host, inputs, outputs),
         }
     }
 }

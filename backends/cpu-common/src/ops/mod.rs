@@ -16,7 +16,8 @@
 //! attention: f32 or f16 K/V caches (f16: the reference's ggml_vec_dot_f16 / tinyBLAS chains,
 //! q and the probabilities rounded to f16). rope: no YaRN (`ext_factor != 0` ->
 //! Unsupported). set_rows: f32 or f16 destination (round to nearest even). ssm_conv: the
-//! reference's scalar chain per output (any `taps`).
+//! reference's scalar chain per output (any `taps`). gated_delta_net: the reference's token
+//! step per (head, sequence), either gate form, any head size.
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -77,6 +78,7 @@ pub const OPS: &[Op] = &[
     Op::Softmax,
     Op::Argmax,
     Op::SsmConv,
+    Op::GatedDeltaNet,
 ];
 
 // ---------------------------------------------------------------- ISA frames
@@ -112,6 +114,7 @@ macro_rules! isa_dispatch {
 mod argmax;
 mod attention;
 mod elementwise;
+mod gated_delta_net;
 mod get_rows;
 mod glu;
 mod norm;
@@ -124,6 +127,7 @@ mod ssm_conv;
 use argmax::*;
 use attention::*;
 use elementwise::*;
+use gated_delta_net::*;
 use get_rows::*;
 use glu::*;
 use norm::*;
@@ -252,6 +256,8 @@ pub fn check(
         }
         // F32 operands (the schema) with packed windows (`layout`): any taps, any strides.
         Op::SsmConv => {}
+        // F32 operands (the schema) with packed rows (`layout`): either gate, any strides.
+        Op::GatedDeltaNet => {}
         Op::MatMul => unreachable!("handled by matmul"),
         _ => {}
     }
@@ -392,6 +398,7 @@ pub unsafe fn run(
         ),
         Op::Argmax => argmax(host, inputs, outputs),
         Op::SsmConv => ssm_conv(isa, host, inputs, outputs),
+        Op::GatedDeltaNet => gated_delta_net(isa, host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
         Op::SetRows => return set_rows(inputs, outputs),
         Op::MatMul => unreachable!("handled by matmul"),
