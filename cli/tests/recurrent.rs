@@ -1,6 +1,7 @@
 //! Hybrid and recurrent architectures against llama.cpp: on the random-weight LFM2 and LFM2-MoE
 //! models of scripts/make_random_lfm2.py (short-convolution layers beside attention, llama.cpp's
-//! test vocabulary; the MoE one also through the expert cache), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
+//! test vocabulary; the MoE one also through the expert cache; one also as a Hugging Face
+//! directory), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
 //! (fixtures/golden/random-lfm2.json, scripts/golden/make_recurrent_golden.py) for a one-token
 //! prompt, a 37-token one and a 230-token one run in 64-token chunks (close to the 256-token
 //! context), on every CPU backend, alone (`--parallel 1`) and batched (`--parallel 4`: each
@@ -90,21 +91,31 @@ fn check(family: &str) {
             want.insert(name.to_string(), case["generated"].clone());
         }
         let input = tmp(&format!("{key}.jsonl"), lines.as_bytes());
+        // A model with a Hugging Face twin (the same weights as a directory) runs from it too.
+        let dir = path.with_extension("");
+        let files: Vec<&Path> = match dir.is_dir() {
+            true => vec![&path, &dir],
+            false => vec![&path],
+        };
         // MoE models also through the expert cache (experts read from the file into slots).
         let runs: &[&[&str]] = match key.contains("moe") {
             true => &[&[], &["--expert-cache", "1"]],
             false => &[&[]],
         };
-        for b in &backends {
-            for parallel in [1, 4] {
-                for extra in runs {
-                    let got = batch(&path, &input, b, parallel, extra);
-                    for (name, ids) in &want {
-                        assert_eq!(
-                            &got[name]["tokens"], ids,
-                            "{key} {name} on {b}, --parallel {parallel} {extra:?}: {}",
-                            got[name]
-                        );
+        for file in &files {
+            for b in &backends {
+                for parallel in [1, 4] {
+                    for extra in runs {
+                        let got = batch(file, &input, b, parallel, extra);
+                        for (name, ids) in &want {
+                            assert_eq!(
+                                &got[name]["tokens"],
+                                ids,
+                                "{} {name} on {b}, --parallel {parallel} {extra:?}: {}",
+                                file.display(),
+                                got[name]
+                            );
+                        }
                     }
                 }
             }

@@ -434,7 +434,10 @@ fn gated_delta_net_by_hand() {
     // No tokens: the state as it was.
     let mut none = Gdn::new(2, 2, 1, 0, 1, 1);
     none.bufs[5] = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
-    assert_eq!(none.run(&serial_host(), false), (vec![], none.bufs[5].clone()));
+    assert_eq!(
+        none.run(&serial_host(), false),
+        (vec![], none.bufs[5].clone())
+    );
 }
 
 /// Where ggml's AVX-512 binary fuses and where it rounds (a = -(1 + 2^-11), b = 1 + 2^-12:

@@ -46,7 +46,7 @@ def prompts(n_vocab):
 
 FAMILIES = {
     "lfm2": dict(generator="scripts/make_random_lfm2.py",
-                 models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random"]),
+                 models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random", "lfm2-hf-random"]),
 }
 TOP = 8
 N_PROBE = 32

@@ -13,6 +13,7 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("qwen3", "qwen3"),
     ("qwen3_moe", "qwen3moe"),
     ("gemma3_text", "gemma3"),
+    ("lfm2", "lfm2"),
 ];
 
 pub struct Config {
@@ -28,6 +29,8 @@ pub struct Config {
     pub vocab_size: u64,
     pub n_expert: u64,
     pub tie_embeddings: bool,
+    /// LFM2: per layer, whether it is attention (else a short convolution).
+    pub attention_layers: Vec<bool>,
 }
 
 impl Config {
@@ -74,6 +77,7 @@ impl Config {
             vocab_size: 0,
             n_expert: 0,
             tie_embeddings: false,
+            attention_layers: Vec::new(),
         };
         c.n_layer = c.req_u("num_hidden_layers", 1, 4096)?;
         c.n_embd = c.req_u("hidden_size", 1, 1 << 20)?;
@@ -103,7 +107,55 @@ impl Config {
         if arch == "qwen3moe" {
             c.n_expert = c.req_u("num_experts", 1, 4096)?;
         }
+        if arch == "lfm2" {
+            c.attention_layers = c.lfm2_layers()?;
+            // Hugging Face's LFM2 ties its embeddings unless the config says otherwise.
+            c.tie_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(true);
+        }
         Ok(c)
+    }
+
+    /// LFM2's layer kinds: `layer_types` ("conv" / "full_attention"), or the attention layers
+    /// listed in `full_attn_idxs` (older configs).
+    fn lfm2_layers(&self) -> Result<Vec<bool>, LoadError> {
+        let n = self.n_layer as usize;
+        if let Some(list) = self.json.get("layer_types").filter(|v| !v.is_null()) {
+            let list = list.as_array().filter(|l| l.len() == n).ok_or_else(|| {
+                self.err(
+                    "layer_types",
+                    format!("expected a list of {n} layer types, found {list}"),
+                )
+            })?;
+            return list
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(true),
+                    Some("conv") => Ok(false),
+                    _ => Err(self.err(
+                        "layer_types",
+                        format!("{t}: expected \"conv\" or \"full_attention\""),
+                    )),
+                })
+                .collect();
+        }
+        let idx = self
+            .json
+            .get("full_attn_idxs")
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| self.err("layer_types", "missing (and no full_attn_idxs)".into()))?;
+        let mut attn = vec![false; n];
+        for v in idx {
+            match v.as_u64().filter(|&i| (i as usize) < n) {
+                Some(i) => attn[i as usize] = true,
+                None => {
+                    return Err(self.err(
+                        "full_attn_idxs",
+                        format!("{v}: expected a layer index below {n}"),
+                    ))
+                }
+            }
+        }
+        Ok(attn)
     }
 
     fn err(&self, field: &str, msg: String) -> LoadError {
@@ -157,20 +209,38 @@ impl Config {
         let u = |n: u64| Value::U32(n as u32);
         put("block_count", u(self.n_layer));
         put("embedding_length", u(self.n_embd));
-        put(
-            "feed_forward_length",
-            u(self.req_u("intermediate_size", 1, 1 << 24)?),
-        );
+        let ff = match a {
+            "lfm2" => self.lfm2_ff()?,
+            _ => self.req_u("intermediate_size", 1, 1 << 24)?,
+        };
+        put("feed_forward_length", u(ff));
         put("attention.head_count", u(self.n_head));
-        put("attention.head_count_kv", u(self.n_head_kv));
+        match a {
+            // Per layer, 0 for a convolution layer (llama.cpp's converter writes it so).
+            "lfm2" => put(
+                "attention.head_count_kv",
+                Value::Array(crate::gguf::Array::U32(
+                    self.attention_layers
+                        .iter()
+                        .map(|&att| if att { self.n_head_kv as u32 } else { 0 })
+                        .collect(),
+                )),
+            ),
+            _ => put("attention.head_count_kv", u(self.n_head_kv)),
+        }
         put("attention.key_length", u(self.head_dim));
         put("attention.value_length", u(self.head_dim));
         if let Some(n) = self.opt_u("max_position_embeddings", 1, 1 << 26)? {
             put("context_length", u(n));
         }
+        let eps_key = if a == "lfm2" {
+            "norm_eps"
+        } else {
+            "rms_norm_eps"
+        };
         let eps = self
-            .opt_f("rms_norm_eps")?
-            .ok_or_else(|| self.err("rms_norm_eps", "missing".into()))?;
+            .opt_f(eps_key)?
+            .ok_or_else(|| self.err(eps_key, "missing".into()))?;
         put("attention.layer_norm_rms_epsilon", Value::F32(eps));
         put(
             "rope.freq_base",
@@ -224,8 +294,45 @@ impl Config {
         if self.arch == "gemma3" {
             self.gemma3_metadata(&mut put)?;
         }
+        if self.arch == "lfm2" {
+            if self.opt_bool("conv_bias")? == Some(true) {
+                return Err(self.err(
+                    "conv_bias",
+                    "a bias on the short convolution is not supported (llama.cpp has none)".into(),
+                ));
+            }
+            put("shortconv.l_cache", u(self.req_u("conv_L_cache", 2, 64)?));
+            put("vocab_size", u(self.vocab_size));
+        }
         meta.push(("general.architecture".into(), Value::String(a.into())));
         Ok(())
+    }
+
+    /// LFM2's FFN width as llama.cpp's converter derives it: `block_ff_dim` (or
+    /// `intermediate_size`), when `block_auto_adjust_ff_dim` two thirds of it, times
+    /// `block_ffn_dim_multiplier`, rounded up to a multiple of `block_multiple_of`.
+    fn lfm2_ff(&self) -> Result<u64, LoadError> {
+        let key = match self.json.get("block_ff_dim") {
+            Some(v) if !v.is_null() => "block_ff_dim",
+            _ => "intermediate_size",
+        };
+        let mut ff = self.req_u(key, 1, 1 << 24)?;
+        if self.opt_bool("block_auto_adjust_ff_dim")?.unwrap_or(false) {
+            ff = (2.0 * ff as f64 / 3.0) as u64;
+            if let Some(m) = self
+                .json
+                .get("block_ffn_dim_multiplier")
+                .and_then(|v| v.as_f64())
+            {
+                ff = (m * ff as f64) as u64;
+            }
+            let multiple = self.opt_u("block_multiple_of", 1, 1 << 20)?.unwrap_or(1);
+            ff = ff.div_ceil(multiple) * multiple;
+        }
+        if ff == 0 {
+            return Err(self.err(key, "gives a feed-forward width of 0".into()));
+        }
+        Ok(ff)
     }
 
     /// Gemma 3's attention: local (sliding-window) layers with their own rope base, the

@@ -4,7 +4,8 @@
 //! (as llama.cpp's converter writes norms), and llama's q/k rows permuted for its rope layout
 //! (`LlamaModel.permute` in convert_hf_to_gguf.py). Gemma 3's RMS norms scale by `1 + weight`;
 //! the GGUF holds `1 + weight` (computed in f32, as Hugging Face's `Gemma3RMSNorm` does), as
-//! llama.cpp's converter writes it.
+//! llama.cpp's converter writes it. LFM2's convolution weights `[channels, 1, L]` lose their
+//! middle dimension (the converter's squeeze).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +32,8 @@ fn target(arch: &str, name: &str) -> Option<Target> {
     match name {
         "model.embed_tokens.weight" => return plain("token_embd.weight"),
         "model.norm.weight" => return plain("output_norm.weight"),
+        // LFM2's final norm.
+        "model.embedding_norm.weight" => return plain("token_embd_norm.weight"),
         "lm_head.weight" => return plain("output.weight"),
         _ => {}
     }
@@ -57,6 +60,17 @@ fn target(arch: &str, name: &str) -> Option<Target> {
         ("gemma3", "post_attention_layernorm") => "post_attention_norm",
         ("gemma3", "pre_feedforward_layernorm") => "ffn_norm",
         ("gemma3", "post_feedforward_layernorm") => "post_ffw_norm",
+        ("lfm2", "operator_norm") => "attn_norm",
+        ("lfm2", "ffn_norm") => "ffn_norm",
+        ("lfm2", "feed_forward.w1") => "ffn_gate",
+        ("lfm2", "feed_forward.w3") => "ffn_up",
+        ("lfm2", "feed_forward.w2") => "ffn_down",
+        ("lfm2", "self_attn.out_proj") => "attn_output",
+        ("lfm2", "self_attn.q_layernorm") => "attn_q_norm",
+        ("lfm2", "self_attn.k_layernorm") => "attn_k_norm",
+        ("lfm2", "conv.conv") => "shortconv.conv",
+        ("lfm2", "conv.in_proj") => "shortconv.in_proj",
+        ("lfm2", "conv.out_proj") => "shortconv.out_proj",
         (_, stem) => match stem {
             "input_layernorm" => "attn_norm",
             "self_attn.q_proj" => "attn_q",
@@ -166,7 +180,15 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
             let Some(t) = target(cfg.arch, name) else {
                 return Err(bad(format!("has no place in a {} model", cfg.arch)));
             };
-            let hf: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
+            let mut hf: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
+            // LFM2's depthwise convolution `[channels, 1, L]`: the converter squeezes it.
+            if cfg.arch == "lfm2"
+                && name.ends_with("conv.conv.weight")
+                && hf.len() == 3
+                && hf[1] == 1
+            {
+                hf.remove(1);
+            }
             if hf.is_empty() || hf.len() > 2 {
                 return Err(bad(format!("shape {hf:?}: expected 1 or 2 dimensions")));
             }

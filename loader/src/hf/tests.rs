@@ -583,3 +583,103 @@ fn gemma3_configs_mollm_cannot_run_are_refused() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+fn lfm2_dir(name: &str) -> PathBuf {
+    let d = scratch(name);
+    let cfg = json!({"model_type": "lfm2", "vocab_size": 265, "hidden_size": 4,
+        "block_ff_dim": 12, "block_auto_adjust_ff_dim": true, "block_ffn_dim_multiplier": 1.5,
+        "block_multiple_of": 8, "intermediate_size": 99, "num_hidden_layers": 3,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "norm_eps": 1e-5,
+        "max_position_embeddings": 64, "rope_theta": 1000000.0, "conv_L_cache": 3,
+        "conv_bias": false, "layer_types": ["conv", "full_attention", "conv"]});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(d.join("tokenizer.json"), spm_tokenizer_json().to_string()).unwrap();
+    let t = vec![
+        (
+            "model.embed_tokens.weight".to_string(),
+            Dtype::F32,
+            vec![265, 4],
+            ramp(1060, 0.01),
+        ),
+        (
+            "model.embedding_norm.weight".to_string(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 0.5),
+        ),
+        (
+            "model.layers.0.conv.conv.weight".to_string(),
+            Dtype::BF16,
+            vec![4, 1, 3],
+            ramp(12, 0.25),
+        ),
+        (
+            "model.layers.0.operator_norm.weight".to_string(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+        (
+            "model.layers.1.self_attn.q_layernorm.weight".to_string(),
+            Dtype::F32,
+            vec![2],
+            vec![-1.0, 0.5],
+        ),
+    ];
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    d
+}
+
+#[test]
+fn an_lfm2_directory_gets_its_layer_kinds_ffn_width_and_conv_weights() {
+    let d = lfm2_dir("lfm2");
+    let g = super::open_dir(&d).unwrap();
+    assert_eq!(g.architecture().unwrap(), "lfm2");
+    // 12 * 2/3 = 8, * 1.5 = 12, up to a multiple of 8: 16 (llama.cpp's converter).
+    assert_eq!(g.get_u64("lfm2.feed_forward_length").unwrap(), Some(16));
+    assert_eq!(
+        g.get("lfm2.attention.head_count_kv"),
+        Some(&crate::Value::Array(crate::Array::U32(vec![0, 1, 0])))
+    );
+    assert_eq!(g.get_u64("lfm2.shortconv.l_cache").unwrap(), Some(3));
+    assert_eq!(
+        g.get_f32("lfm2.attention.layer_norm_rms_epsilon").unwrap(),
+        Some(1e-5)
+    );
+    // [4, 1, 3] squeezed: ggml [3, 4], the same values in order.
+    let conv = g.tensor("blk.0.shortconv.conv.weight").unwrap();
+    assert_eq!(conv.shape, vec![3, 4]);
+    assert_eq!(f32s(g.tensor_data(conv)), ramp(12, 0.25));
+    assert!(g.tensor("token_embd_norm.weight").is_some());
+    assert!(g.tensor("blk.1.attn_q_norm.weight").is_some());
+    assert!(g.tensor("blk.0.attn_norm.weight").is_some());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn lfm2_configs_mollm_cannot_run_are_refused() {
+    let d = lfm2_dir("lfm2-bad");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("config.json")).unwrap()).unwrap();
+    let set_cfg = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = cfg.clone();
+        f(&mut c);
+        std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    };
+    set_cfg(&|c| c["conv_bias"] = json!(true));
+    refused(&d, &["config.json", "conv_bias", "not supported"]);
+    set_cfg(&|c| c["layer_types"] = json!(["conv", "mamba", "conv"]));
+    refused(&d, &["layer_types", "\"mamba\""]);
+    set_cfg(&|c| {
+        c.as_object_mut().unwrap().remove("layer_types");
+    });
+    refused(&d, &["layer_types", "missing (and no full_attn_idxs)"]);
+    set_cfg(&|c| {
+        c.as_object_mut().unwrap().remove("layer_types");
+        c["full_attn_idxs"] = json!([1, 7]);
+    });
+    refused(&d, &["full_attn_idxs", "below 3"]);
+    set_cfg(&|c| c["conv_L_cache"] = json!(1));
+    refused(&d, &["conv_L_cache", "2..=64"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
