@@ -147,3 +147,42 @@ fn lfm2_runs_from_text_through_the_test_vocabulary() {
     let v: Value = serde_json::from_str(&common::stdout(&o)).unwrap();
     assert_eq!(v["tokens"].as_array().unwrap().len(), 8, "{v}");
 }
+
+/// The copy of `bytes` with the first `from` replaced by `to` (the same length).
+fn patched(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the bytes to patch");
+    let mut out = bytes.to_vec();
+    out[at..at + to.len()].copy_from_slice(to);
+    out
+}
+
+/// Bad recurrent models fail at load with one line naming the tensor or key.
+#[test]
+fn a_missing_recurrent_tensor_or_a_bad_window_is_named() {
+    let path = random_support::random_checkpoint("lfm2-random.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let run = |name: &str, b: Vec<u8>| {
+        let p = tmp(name, &b);
+        mollm(&["run", "-m", p.to_str().unwrap(), "-n", "1", "-p", "hi"])
+    };
+    let o = run(
+        "lfm2-no-conv.gguf",
+        patched(
+            &bytes,
+            b"blk.0.shortconv.conv.weight",
+            b"blk.0.shortconv.cXnv.weight",
+        ),
+    );
+    common::assert_one_line_error(&o, "'blk.0.shortconv.conv.weight' is not in the model");
+    // The window length, a u32 after its key and type.
+    let key = b"lfm2.shortconv.l_cache";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    let mut bad = bytes.clone();
+    bad[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
+    let o = run("lfm2-window.gguf", bad);
+    common::assert_one_line_error(&o, "'lfm2.shortconv.l_cache' in 2..=64, got 1");
+}
