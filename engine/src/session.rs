@@ -440,7 +440,7 @@ impl<'m> Session<'m> {
         };
         let mut kv_pool = KvPool::new(&model.program.kv_spec(), opts.kv_dtype, rows, n_batch);
         if exec
-            .use_device_memory(model.program.has_moe() || !model.program.states.is_empty())
+            .use_device_memory(model.program.runs_host_code())
             .is_some()
         {
             kv_pool.to_device(&exec)?;

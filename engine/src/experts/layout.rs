@@ -32,41 +32,37 @@ impl LayerExperts {
         self.parts.iter().map(|p| p.bytes).sum()
     }
 
-    /// What one read per expert fetches: one segment when the three parts of an expert lie
-    /// together inside one stride (a `.mollm` package), else one per part (GGUF); and for
-    /// each part, its segment and its distance from the segment's start.
+    /// What one read per expert fetches, and for each part its segment and its distance from
+    /// the segment's start. Parts that repeat with one stride and lie together inside it are
+    /// read together: all three in a `.mollm` package, gate and up in a GGUF file's merged
+    /// `ffn_gate_up_exps`; a GGUF file's separate stacks are one segment each.
     pub(super) fn segments(&self) -> (Vec<Seg>, [(usize, u64); 3]) {
         let p = &self.parts;
         let mut order = [0, 1, 2];
         order.sort_by_key(|&i| p[i].offset);
-        let stride = p[0].stride;
-        let (first, last) = (p[order[0]], p[order[2]]);
-        let together = p.iter().all(|q| q.stride == stride)
-            && order
-                .windows(2)
-                .all(|w| p[w[0]].offset + p[w[0]].bytes <= p[w[1]].offset)
-            && last.offset + last.bytes - first.offset <= stride;
-        if together {
-            let seg = Seg {
-                offset: first.offset,
-                stride,
-                len: last.offset + last.bytes - first.offset,
-            };
-            (
-                vec![seg],
-                std::array::from_fn(|i| (0, p[i].offset - first.offset)),
-            )
-        } else {
-            let segs = p
-                .iter()
-                .map(|q| Seg {
-                    offset: q.offset,
-                    stride: q.stride,
-                    len: q.bytes,
-                })
-                .collect();
-            (segs, [(0, 0), (1, 0), (2, 0)])
+        let mut segs: Vec<Seg> = Vec::with_capacity(3);
+        let mut part = [(0usize, 0u64); 3];
+        for i in order {
+            let q = p[i];
+            let n = segs.len();
+            if let Some(s) = segs.last_mut() {
+                let joins = q.stride == s.stride
+                    && q.offset >= s.offset + s.len
+                    && q.offset + q.bytes - s.offset <= s.stride;
+                if joins {
+                    part[i] = (n - 1, q.offset - s.offset);
+                    s.len = q.offset + q.bytes - s.offset;
+                    continue;
+                }
+            }
+            segs.push(Seg {
+                offset: q.offset,
+                stride: q.stride,
+                len: q.bytes,
+            });
+            part[i] = (n, 0);
         }
+        (segs, part)
     }
 }
 

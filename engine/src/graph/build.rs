@@ -184,6 +184,9 @@ pub struct AttnSpec {
     pub qkv_bias: bool,
     /// Qwen3/Gemma 3: RMS norm over each head of q and k before rope.
     pub qk_norm: bool,
+    /// Qwen3.5/Qwen3-Next: `attn_q` gives each head's query and then as many values of an
+    /// output gate; the attention's output is multiplied by sigmoid(gate) before `attn_output`.
+    pub output_gate: bool,
 }
 
 /// `attn_output(attention(q, k, v))` of the normalized input `x` for layer `il` (GGUF tensor
@@ -206,7 +209,21 @@ pub fn attention(b: &mut Builder, x: &str, il: usize, s: &AttnSpec) -> V {
         }
         b.reshape(&format!("{what}cur"), &y, &["head_dim", heads, "T"])
     };
-    let mut q = proj(b, "Q", "n_head");
+    let (mut q, gate) = match s.output_gate {
+        false => (proj(b, "Q", "n_head"), None),
+        true => {
+            let d = s.head_dim as f64;
+            let full = b.matmul("Qcur_full", &n("attn_q.weight"), x);
+            let part = |b: &mut Builder, name: &str, offset: f64| {
+                let attrs = [("period", 2.0 * d), ("offset", offset), ("len", d)];
+                b.node(name, "rows", &[&full], &attrs)
+            };
+            let q = part(b, "Qcur", 0.0);
+            let gate = part(b, "gate", d);
+            let q = b.reshape("Qcur", &q, &["head_dim", "n_head", "T"]);
+            (q, Some(gate))
+        }
+    };
     let mut k = proj(b, "K", "n_head_kv");
     let v = proj(b, "V", "n_head_kv");
     if s.qk_norm {
@@ -218,7 +235,11 @@ pub fn attention(b: &mut Builder, x: &str, il: usize, s: &AttnSpec) -> V {
     if let Some(qs) = s.q_scale {
         q = b.scale("Qcur_scaled", &q, qs);
     }
-    let kqv = b.kv_attention("kqv_out", &q, &k, &v, layer, s.window, s.kq_scale, 0.0);
+    let mut kqv = b.kv_attention("kqv_out", &q, &k, &v, layer, s.window, s.kq_scale, 0.0);
+    if let Some(gate) = gate {
+        let sg = b.node("gate_sigmoid", "sigmoid", &[&gate], &[]);
+        kqv = b.node("attn_gated", "mul", &[&kqv, &sg], &[]);
+    }
     b.matmul("attn_out", &n("attn_output.weight"), &kqv)
 }
 
@@ -290,6 +311,24 @@ pub fn shared_expert(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
             &n("ffn_down_shexp"),
         ],
         &[("act", act as f64)],
+    )
+}
+
+/// Qwen3.5's and Qwen3-Next's shared expert of layer `il`: its gate's sigmoid is
+/// 1 / (1 + expf(-g)) (Qwen2-MoE's graph computes silu(g) / g).
+pub fn shared_expert_sigmoid(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
+    let n = |t: &str| w(&format!("blk.{il}.{t}.weight"));
+    b.node(
+        "ffn_shexp_out",
+        "shared_expert",
+        &[
+            x,
+            &n("ffn_gate_inp_shexp"),
+            &n("ffn_gate_shexp"),
+            &n("ffn_up_shexp"),
+            &n("ffn_down_shexp"),
+        ],
+        &[("act", act as f64), ("gate", 1.0)],
     )
 }
 

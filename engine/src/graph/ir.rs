@@ -4,8 +4,8 @@
 //! Operand references are strings: `$tokens`, `$positions`, `$out_ids` (the step's inputs),
 //! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
 //! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
-//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`, `short_conv`)
-//! declare theirs in
+//! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`, `short_conv`,
+//! `causal_conv`, `delta_net`, `rows`, `sigmoid`) declare theirs in
 //! [`GRAPH_OPS`]. Dimensions are expressions (see [`super::dim`]).
 
 use serde::{Deserialize, Serialize};
@@ -97,11 +97,12 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         name: "shared_expert",
         inputs: &["x", "gate_inp", "gate", "up", "down"],
         optional: 0,
-        attrs: &["act"],
-        defaults: &[],
-        doc: "Qwen2-MoE's shared expert: per token sigmoid(gate_inp . x) * \
-              down(act(gate x) * up x), the sigmoid as silu(g) / g; gate_inp f32 [E]; x [E, N], \
-              out [E, N].",
+        attrs: &["act", "gate"],
+        defaults: &[("gate", 0.0)],
+        doc: "A shared expert behind a per-token gate: sigmoid(gate_inp . x) * \
+              down(act(gate x) * up x); the sigmoid as silu(g) / g (gate 0: Qwen2-MoE's graph) \
+              or 1 / (1 + expf(-g)) (gate 1: Qwen3.5's and Qwen3-Next's); gate_inp f32 [E]; \
+              x [E, N], out [E, N].",
     },
     GraphOp {
         name: "short_conv",
@@ -110,6 +111,52 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         attrs: &["state"],
         defaults: &[],
         doc: "LFM2's gated short convolution: bcx [3n, T] holds b, c and x (rows 0..n, n..2n,               2n..3n); per sequence the ABI ssm_conv of its window (state `state`, the last L-1               columns of b*x before this step, zero for a new sequence) followed by this step's               b*x, with weight [L, n]; out = c * conv [n, T]; the window's last L-1 columns               become the state.",
+    },
+    GraphOp {
+        name: "causal_conv",
+        inputs: &["x", "weight"],
+        optional: 0,
+        attrs: &["state", "silu"],
+        defaults: &[("silu", 0.0)],
+        doc: "A depthwise causal convolution with its window in recurrent state: per sequence \
+              the ABI ssm_conv of the window (state `state`: the last L-1 columns of x before \
+              this step, zero for a new sequence) followed by this step's x [C, T], with \
+              weight [L, C]; out [C, T], then silu over each column as ggml_silu computes it \
+              when silu = 1 (Qwen3.5's delta-net input). The window's last L-1 columns become \
+              the state.",
+    },
+    GraphOp {
+        name: "delta_net",
+        inputs: &["qkv", "beta", "alpha", "dt_bias", "a"],
+        optional: 0,
+        attrs: &["state", "k_heads", "head_dim", "eps", "grouped"],
+        defaults: &[("grouped", 0.0)],
+        doc: "Qwen3.5's gated delta-net core: qkv [C, T] holds q and k (k_heads heads of \
+              head_dim each) then v (H heads); per token and head beta = sigmoid(beta), \
+              g = softplus(alpha + dt_bias) * a (dt_bias, a f32 weights [H]); q and k L2-normed \
+              as llama.cpp's build_gdn_l2_norm (rms_norm with eps / head_dim, then times \
+              1 / sqrtf(head_dim)); v head h reads q/k head h mod k_heads (grouped 0, Qwen3.5's \
+              tiled order) or h / (H / k_heads) (grouped 1, Qwen3-Next's); then per sequence \
+              the ABI gated_delta_net on its state `state` ([head_dim, head_dim, H], zero for a \
+              new sequence), updated in place; out [head_dim * H, T].",
+    },
+    GraphOp {
+        name: "rows",
+        inputs: &["x"],
+        optional: 0,
+        attrs: &["period", "offset", "len"],
+        defaults: &[],
+        doc: "Of each `period` consecutive rows of x [R, T], rows offset..offset+len, in \
+              order: out [R / period * len, T] (a per-head part of a projection: Qwen3.5's \
+              query and gate, Qwen3-Next's beta and alpha).",
+    },
+    GraphOp {
+        name: "sigmoid",
+        inputs: &["x"],
+        optional: 0,
+        attrs: &[],
+        defaults: &[],
+        doc: "1 / (1 + expf(-x)) elementwise (ggml_sigmoid); out has x's shape.",
     },
 ];
 

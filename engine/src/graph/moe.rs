@@ -373,6 +373,7 @@ pub(crate) fn shared(
     x: TensorDesc,
     out: TensorDesc,
     act: i64,
+    sigmoid: bool,
     groups: &[ColGroup],
 ) -> Result<()> {
     let [gate_inp, gate, up, down] = four_weights(weights, w);
@@ -390,8 +391,11 @@ pub(crate) fn shared(
     let o = unsafe { std::slice::from_raw_parts_mut(out.data as *mut f32, (e * t) as usize) };
     for (tok, row) in o.chunks_exact_mut(e as usize).enumerate() {
         let l = logit.row(tok)[0];
-        // ggml_silu on one element is its scalar form, then ggml_div.
-        let s = reference::ggml::silu_scalar(l) / l;
+        let s = match sigmoid {
+            true => 1.0 / (1.0 + (-l).exp()),
+            // ggml_silu on one element is its scalar form, then ggml_div.
+            false => reference::ggml::silu_scalar(l) / l,
+        };
         for v in row.iter_mut() {
             *v *= s;
         }

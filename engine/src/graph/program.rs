@@ -40,7 +40,29 @@ pub enum Kind {
     },
     SharedExpert {
         act: i64,
+        /// The gate's sigmoid as 1 / (1 + expf(-g)) rather than silu(g) / g.
+        sigmoid: bool,
     },
+    /// A causal convolution over each sequence's window, kept in recurrent state `state`.
+    CausalConv {
+        state: usize,
+        silu: bool,
+    },
+    /// The gated delta-net core on recurrent state `state`.
+    DeltaNet {
+        state: usize,
+        k_heads: usize,
+        head_dim: usize,
+        eps: f32,
+        grouped: bool,
+    },
+    /// Rows `offset..offset + len` of each `period`.
+    Rows {
+        period: usize,
+        offset: usize,
+        len: usize,
+    },
+    Sigmoid,
     /// A short convolution over each sequence's window, kept in recurrent state `state`.
     ShortConv {
         state: usize,
@@ -76,6 +98,18 @@ impl Program {
         self.nodes
             .iter()
             .any(|n| matches!(n.kind, Kind::Moe { .. } | Kind::SharedExpert { .. }))
+    }
+
+    /// Whether nodes run host code on their operands (routing, recurrent layers, the small
+    /// elementwise graph ops): then activations must live in host memory.
+    pub fn runs_host_code(&self) -> bool {
+        !self.states.is_empty()
+            || self.nodes.iter().any(|n| {
+                !matches!(
+                    n.kind,
+                    Kind::Abi(..) | Kind::Reshape | Kind::KvAttention { .. }
+                )
+            })
     }
 
     /// What its KV pool needs to know: the cached layers' geometry, the weights token columns
@@ -618,24 +652,138 @@ fn compile_graph_op(
                 return Err(check!("gate_inp must be f32, is {}", info[1].0));
             }
             let act = graph_int(n, "act", 1)? as i64;
-            Ok((Kind::SharedExpert { act }, DType::F32, like_x(info, e)?))
+            let sigmoid = match n.attrs.contains_key("gate") {
+                true => graph_int(n, "gate", 1)? == 1,
+                false => false,
+            };
+            Ok((
+                Kind::SharedExpert { act, sigmoid },
+                DType::F32,
+                like_x(info, e)?,
+            ))
+        }
+        "causal_conv" => {
+            let state = take_state(n, states, state_used)?;
+            let (l, ch) = conv_weight(inputs, info)?;
+            if states[state] as i64 != (l - 1) * ch {
+                return Err(check!(
+                    "state {state} holds {} values, the window needs (L-1)*C = {}",
+                    states[state],
+                    (l - 1) * ch
+                ));
+            }
+            let silu = match n.attrs.contains_key("silu") {
+                true => graph_int(n, "silu", 1)? == 1,
+                false => false,
+            };
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, &(t, _)) in POINTS.iter().enumerate() {
+                let x = info[0].1[pi];
+                if x != [ch, t, 1, 1] {
+                    return Err(check!("x {x:?} must be [C, T] = [{ch}, {t}]"));
+                }
+                shapes[pi] = [ch, t, 1, 1];
+            }
+            Ok((Kind::CausalConv { state, silu }, DType::F32, shapes))
+        }
+        "delta_net" => {
+            let state = take_state(n, states, state_used)?;
+            let k_heads = graph_int(n, "k_heads", 1 << 16)? as i64;
+            let s = graph_int(n, "head_dim", 1 << 12)? as i64;
+            let eps = graph_attr(n, "eps")? as f32;
+            let grouped = match n.attrs.contains_key("grouped") {
+                true => graph_int(n, "grouped", 1)? == 1,
+                false => false,
+            };
+            for k in 3..5 {
+                let wt = info[k].1[0];
+                if !matches!(inputs[k], Src::Weight(_))
+                    || info[k].0 != DType::F32
+                    || wt[1..] != [1, 1, 1]
+                {
+                    return Err(check!(
+                        "{} must be an f32 weight [H], is {} {wt:?}",
+                        ["dt_bias", "a"][k - 3],
+                        info[k].0
+                    ));
+                }
+            }
+            let h = info[3].1[0][0];
+            if k_heads == 0 || s == 0 || h % k_heads != 0 || info[4].1[0][0] != h {
+                return Err(check!(
+                    "{h} value heads (dt_bias) and {} (a) over {k_heads} key heads of {s}: the value heads must match and be a multiple of the key heads",
+                    info[4].1[0][0]
+                ));
+            }
+            if states[state] as i64 != s * s * h {
+                return Err(check!(
+                    "state {state} holds {} values, {h} heads of [{s}, {s}] need {}",
+                    states[state],
+                    s * s * h
+                ));
+            }
+            let c = (2 * k_heads + h) * s;
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, &(t, _)) in POINTS.iter().enumerate() {
+                let (x, b, a) = (info[0].1[pi], info[1].1[pi], info[2].1[pi]);
+                if x != [c, t, 1, 1] || b != [h, t, 1, 1] || a != [h, t, 1, 1] {
+                    return Err(check!(
+                        "qkv {x:?}, beta {b:?} and alpha {a:?} must be [{c}, {t}], [{h}, {t}] and [{h}, {t}]"
+                    ));
+                }
+                shapes[pi] = [s * h, t, 1, 1];
+            }
+            Ok((
+                Kind::DeltaNet {
+                    state,
+                    k_heads: k_heads as usize,
+                    head_dim: s as usize,
+                    eps,
+                    grouped,
+                },
+                DType::F32,
+                shapes,
+            ))
+        }
+        "rows" => {
+            let period = graph_int(n, "period", 1 << 30)? as i64;
+            let offset = graph_int(n, "offset", 1 << 30)? as i64;
+            let len = graph_int(n, "len", 1 << 30)? as i64;
+            if period == 0 || len == 0 || offset + len > period {
+                return Err(check!(
+                    "rows {offset}..{} of each {period} are not a part of it",
+                    offset + len
+                ));
+            }
+            let mut shapes = [[0i64; 4]; 5];
+            for (pi, s) in shapes.iter_mut().enumerate() {
+                let x = info[0].1[pi];
+                if x[0] % period != 0 || x[2] != 1 || x[3] != 1 {
+                    return Err(check!(
+                        "x {x:?} must be [R, T] with R a multiple of {period}"
+                    ));
+                }
+                *s = [x[0] / period * len, x[1], 1, 1];
+            }
+            Ok((
+                Kind::Rows {
+                    period: period as usize,
+                    offset: offset as usize,
+                    len: len as usize,
+                },
+                DType::F32,
+                shapes,
+            ))
+        }
+        "sigmoid" => {
+            if matches!(inputs[0], Src::Weight(_)) {
+                return Err(check!("x must be a node"));
+            }
+            Ok((Kind::Sigmoid, DType::F32, info[0].1))
         }
         "short_conv" => {
-            let state = graph_int(n, "state", states.len().saturating_sub(1) as u64)? as usize;
-            if states.is_empty() {
-                return Err("the graph declares no recurrent states".into());
-            }
-            if std::mem::replace(&mut state_used[state], true) {
-                return Err(check!("state {state} is written by two nodes"));
-            }
-            if !matches!(inputs[1], Src::Weight(_)) || info[1].0 != DType::F32 {
-                return Err(check!("weight must be an f32 weight, is {}", info[1].0));
-            }
-            let wt = info[1].1[0];
-            let (l, ch) = (wt[0], wt[1]);
-            if l < 2 || wt[2] != 1 || wt[3] != 1 {
-                return Err(check!("weight {wt:?} must be [L >= 2, n]"));
-            }
+            let state = take_state(n, states, state_used)?;
+            let (l, ch) = conv_weight(inputs, info)?;
             if states[state] as i64 != (l - 1) * ch {
                 return Err(check!(
                     "state {state} holds {} values, the window needs (L-1)*n = {}",
@@ -655,6 +803,30 @@ fn compile_graph_op(
         }
         other => unreachable!("graph op {other} is declared but not compiled"),
     }
+}
+
+/// The recurrent state a node's `state` attribute names, which no other node may write.
+fn take_state(n: &NodeDef, states: &[usize], used: &mut [bool]) -> Result<usize, NodeError> {
+    let state = graph_int(n, "state", states.len().saturating_sub(1) as u64)? as usize;
+    if states.is_empty() {
+        return Err("the graph declares no recurrent states".into());
+    }
+    if std::mem::replace(&mut used[state], true) {
+        return Err(check!("state {state} is written by two nodes"));
+    }
+    Ok(state)
+}
+
+/// A convolution's weight (operand 1): f32 `[L >= 2, C]`; returns (L, C).
+fn conv_weight(inputs: &[Src], info: &[(DType, [[i64; 4]; 5])]) -> Result<(i64, i64), NodeError> {
+    if !matches!(inputs[1], Src::Weight(_)) || info[1].0 != DType::F32 {
+        return Err(check!("weight must be an f32 weight, is {}", info[1].0));
+    }
+    let wt = info[1].1[0];
+    if wt[0] < 2 || wt[2] != 1 || wt[3] != 1 {
+        return Err(check!("weight {wt:?} must be [L >= 2, C]"));
+    }
+    Ok((wt[0], wt[1]))
 }
 
 /// The FFN ops' operands: `x` then four weights (`what` names them in the error); their

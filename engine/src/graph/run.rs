@@ -278,15 +278,67 @@ impl Runner {
                         .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
                     super::recurrent::short_conv(ex, states, ins[0], &p.weights[wi], out)
                 }
-                Kind::SharedExpert { act } => super::moe::shared(
+                Kind::SharedExpert { act, sigmoid } => super::moe::shared(
                     ex,
                     &p.weights,
                     &node.inputs[1..],
                     ins[0],
                     out,
                     act,
+                    sigmoid,
                     &self.tok_groups_for(ins[0], node, p),
                 ),
+                Kind::CausalConv { state, silu } => {
+                    let Src::Weight(wi) = node.inputs[1] else {
+                        unreachable!("compile binds causal_conv weights")
+                    };
+                    let states = seqs
+                        .iter_mut()
+                        .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
+                    super::recurrent::causal_conv(ex, states, ins[0], &p.weights[wi], out, silu)
+                }
+                Kind::DeltaNet {
+                    state,
+                    k_heads,
+                    head_dim,
+                    eps,
+                    grouped,
+                } => {
+                    let (Src::Weight(dt), Src::Weight(a)) = (node.inputs[3], node.inputs[4]) else {
+                        unreachable!("compile binds delta_net weights")
+                    };
+                    let states = seqs
+                        .iter_mut()
+                        .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
+                    super::recurrent::delta_net(
+                        ex,
+                        states,
+                        ins[0],
+                        ins[1],
+                        ins[2],
+                        &p.weights[dt],
+                        &p.weights[a],
+                        out,
+                        super::recurrent::DeltaNetShape {
+                            k_heads,
+                            head_dim,
+                            eps,
+                            grouped,
+                        },
+                    )
+                }
+                Kind::Rows {
+                    period,
+                    offset,
+                    len,
+                } => {
+                    super::recurrent::rows(ins[0], out, period, offset, len);
+                    Ok(())
+                }
+                Kind::Sigmoid => {
+                    super::recurrent::sigmoid_node(ins[0], out);
+                    Ok(())
+                }
             };
             res.map_err(|e| match e {
                 EngineError::Backend { backend, op, msg } => EngineError::Backend {

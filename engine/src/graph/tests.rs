@@ -35,6 +35,10 @@ fn hp() -> HParams {
         n_head_kv_layers: vec![2; 2],
         shortconv_l_cache: 0,
         n_layer_dense_lead: 0,
+        n_ff_shexp: 0,
+        ssm: None,
+        recurrent_layers: vec![false; 2],
+        rope_sections: Vec::new(),
         expert_gating: 0,
     }
 }

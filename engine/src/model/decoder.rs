@@ -31,6 +31,7 @@ pub fn attn_spec(hp: &HParams, rope_mode: i64, qkv_bias: bool, qk_norm: bool) ->
         q_scale: None,
         qkv_bias,
         qk_norm,
+        output_gate: false,
     }
 }
 

@@ -48,6 +48,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
             q_scale: Some(q_scale),
             qkv_bias: false,
             qk_norm: true,
+            output_gate: false,
         };
         let normed = b.rms_norm("attn_norm", &inp_l, &n("attn_norm"), hp.eps);
         let mut cur = build::attention(&mut b, &normed, il, &spec);

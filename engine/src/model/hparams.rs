@@ -41,6 +41,35 @@ pub struct HParams {
     /// The router's gating as llama.cpp numbers it (`expert_gating_func`: 1 softmax, 2
     /// sigmoid; 0 when the file names none).
     pub expert_gating: usize,
+    /// The shared expert's width (`expert_shared_feed_forward_length`; 0: none named).
+    pub n_ff_shexp: usize,
+    /// Qwen3.5/Qwen3-Next's gated delta-net layers (`ssm.*`).
+    pub ssm: Option<Ssm>,
+    /// Per layer: a recurrent (delta-net) layer rather than attention (Qwen3.5/Qwen3-Next:
+    /// `attention.recurrent_layers`, or every layer but each `full_attention_interval`-th).
+    pub recurrent_layers: Vec<bool>,
+    /// `rope.dimension_sections` (Qwen3.5's multi-section rope; empty when the file has none).
+    pub rope_sections: Vec<usize>,
+}
+
+/// The gated delta-net's sizes (llama.cpp's `ssm_*` hyper-parameters).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ssm {
+    /// Convolution length in tokens (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Head size of keys and values (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`).
+    pub v_heads: usize,
+}
+
+impl Ssm {
+    /// Channels of the convolution: q and k of every key head, v of every value head.
+    pub fn conv_channels(&self) -> usize {
+        (2 * self.k_heads + self.v_heads) * self.head_dim
+    }
 }
 
 impl HParams {
@@ -84,6 +113,10 @@ impl HParams {
             shortconv_l_cache: 0,
             n_layer_dense_lead: 0,
             expert_gating: 0,
+            n_ff_shexp: 0,
+            ssm: None,
+            recurrent_layers: vec![false; n_layer],
+            rope_sections: Vec::new(),
         })
     }
 
@@ -244,6 +277,23 @@ impl HParams {
 
         let n_layer_dense_lead = opt_u("leading_dense_block_count")?.unwrap_or(0);
         let expert_gating = opt_u("expert_gating_func")?.unwrap_or(0);
+        let n_ff_shexp = opt_u("expert_shared_feed_forward_length")?.unwrap_or(0);
+        let (ssm, recurrent_layers) = match g.get(&key("ssm.conv_kernel")) {
+            Some(_) => delta_net_layers(g, &arch, n_layer)?,
+            None => (None, vec![false; n_layer]),
+        };
+        let rope_sections = match g.get(&key("rope.dimension_sections")) {
+            None => Vec::new(),
+            Some(_) => {
+                let list = g
+                    .get_i32_array(&key("rope.dimension_sections"))
+                    .map(|a| a.map(|a| a.iter().map(|&x| x.max(0) as usize).collect()));
+                match list {
+                    Ok(l) => l.unwrap_or_default(),
+                    Err(_) => per_u32(g, &key("rope.dimension_sections"))?,
+                }
+            }
+        };
         Ok(HParams {
             arch,
             n_layer,
@@ -270,6 +320,97 @@ impl HParams {
             shortconv_l_cache,
             n_layer_dense_lead,
             expert_gating,
+            n_ff_shexp,
+            ssm,
+            recurrent_layers,
+            rope_sections,
         })
     }
+}
+
+/// An array of unsigned integers (`rope.dimension_sections` as some writers store it).
+fn per_u32(g: &ModelFile, key: &str) -> Result<Vec<usize>> {
+    use loader::{Array, Value};
+    match g.get(key) {
+        Some(Value::Array(Array::U32(a))) => Ok(a.iter().map(|&x| x as usize).collect()),
+        _ => Err(EngineError::Model {
+            file: g.path.display().to_string(),
+            msg: format!("'{key}' must be an array of integers"),
+        }),
+    }
+}
+
+/// The delta-net sizes and which layers are recurrent, as llama.cpp's qwen35/qwen3next
+/// loaders read them; sizes that do not fit together are refused naming the keys.
+fn delta_net_layers(g: &ModelFile, arch: &str, n_layer: usize) -> Result<(Option<Ssm>, Vec<bool>)> {
+    let file = g.path.display().to_string();
+    let err = |msg: String| EngineError::Model {
+        file: file.clone(),
+        msg,
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let req = |k: &str| -> Result<usize> {
+        g.get_u64(&key(k))?
+            .map(|v| v as usize)
+            .ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
+    };
+    let ssm = Ssm {
+        conv_kernel: req("ssm.conv_kernel")?,
+        head_dim: req("ssm.state_size")?,
+        k_heads: req("ssm.group_count")?,
+        v_heads: req("ssm.time_step_rank")?,
+    };
+    let inner = req("ssm.inner_size")?;
+    if !(2..=64).contains(&ssm.conv_kernel) {
+        return Err(err(format!(
+            "'{}' is {}, expected 2..=64",
+            key("ssm.conv_kernel"),
+            ssm.conv_kernel
+        )));
+    }
+    if ssm.head_dim == 0 || ssm.head_dim > 1024 || ssm.k_heads == 0 || ssm.v_heads > 4096 {
+        return Err(err(format!(
+            "implausible delta-net sizes: '{}' {}, '{}' {}, '{}' {}",
+            key("ssm.state_size"),
+            ssm.head_dim,
+            key("ssm.group_count"),
+            ssm.k_heads,
+            key("ssm.time_step_rank"),
+            ssm.v_heads
+        )));
+    }
+    if ssm.v_heads % ssm.k_heads != 0 || inner != ssm.v_heads * ssm.head_dim {
+        return Err(err(format!(
+            "'{}' {inner} must be '{}' {} value heads of '{}' {} each, the heads a multiple of '{}' {}",
+            key("ssm.inner_size"),
+            key("ssm.time_step_rank"),
+            ssm.v_heads,
+            key("ssm.state_size"),
+            ssm.head_dim,
+            key("ssm.group_count"),
+            ssm.k_heads
+        )));
+    }
+    let layers_key = key("attention.recurrent_layers");
+    let recurrent = match g.get(&layers_key) {
+        Some(loader::Value::Array(_)) => {
+            let list = g.get_flag_array(&layers_key)?.unwrap_or_default();
+            if list.len() < n_layer {
+                return Err(err(format!(
+                    "'{layers_key}' has {} entries for {n_layer} layers",
+                    list.len()
+                )));
+            }
+            list[..n_layer].to_vec()
+        }
+        Some(_) => vec![g.get_u64(&layers_key)?.unwrap_or(0) != 0; n_layer],
+        None => {
+            let every = g.get_u64(&key("full_attention_interval"))?.unwrap_or(4) as usize;
+            if every == 0 {
+                return Err(err(format!("'{}' is 0", key("full_attention_interval"))));
+            }
+            (0..n_layer).map(|il| (il + 1) % every != 0).collect()
+        }
+    };
+    Ok((Some(ssm), recurrent))
 }

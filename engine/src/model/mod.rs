@@ -9,6 +9,7 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen2moe;
 pub mod qwen3;
+pub mod qwen35;
 pub mod qwen3moe;
 
 mod decoder;
@@ -56,6 +57,21 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
         "gemma3",
         "Gemma 3 (sliding-window + global layers, q/k norms, GeGLU, sandwich norms)",
         gemma3::build,
+    ),
+    (
+        "qwen35",
+        "Qwen3.5 dense (gated delta-net linear attention beside gated full attention, SwiGLU)",
+        qwen35::build,
+    ),
+    (
+        "qwen35moe",
+        "Qwen3.5-MoE (Qwen3.5's layers with routed SwiGLU experts and a sigmoid-gated shared expert)",
+        qwen35::build,
+    ),
+    (
+        "qwen3next",
+        "Qwen3-Next (Qwen3.5-MoE's layers; value heads grouped by key head, beta and alpha in one projection)",
+        qwen35::build,
     ),
     (
         "lfm2",

@@ -556,6 +556,7 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
         }
     }
 
+    split_gate_up_experts(&mut tensors);
     Ok(Parsed {
         version,
         metadata,
@@ -563,6 +564,52 @@ fn parse_image(data: &[u8], file: &str) -> Result<Parsed, LoadError> {
         alignment,
         data_offset,
     })
+}
+
+/// llama.cpp's merged expert stacks (`ffn_gate_up_exps` `[K, 2F, E]`: each expert's gate rows,
+/// then its up rows) as the separate `ffn_gate_exps` and `ffn_up_exps` stacks `[K, F, E]` the
+/// graphs name: views of the same bytes, each expert's rows one stride of both apart. A file
+/// that also has the separate stacks keeps what it has.
+fn split_gate_up_experts(tensors: &mut Vec<TensorInfo>) {
+    const MERGED: &str = "ffn_gate_up_exps.weight";
+    let mut i = 0;
+    while i < tensors.len() {
+        let t = &tensors[i];
+        let Some(stem) = t.name.strip_suffix(MERGED) else {
+            i += 1;
+            continue;
+        };
+        let (gate, up) = (
+            format!("{stem}ffn_gate_exps.weight"),
+            format!("{stem}ffn_up_exps.weight"),
+        );
+        let splits = t.shape.len() == 3
+            && t.shape[1] % 2 == 0
+            && t.expert_stride == 0
+            && !tensors.iter().any(|o| o.name == gate || o.name == up);
+        if !splits {
+            i += 1;
+            continue;
+        }
+        let t = tensors.remove(i);
+        let (n_expert, rows) = (t.shape[2].max(1), t.shape[1]);
+        let matrix = t.size / n_expert;
+        let half = matrix / 2;
+        for (k, name) in [gate, up].into_iter().enumerate() {
+            tensors.insert(
+                i + k,
+                TensorInfo {
+                    name,
+                    dtype: t.dtype,
+                    shape: vec![t.shape[0], rows / 2, t.shape[2]],
+                    offset: t.offset + k as u64 * half,
+                    size: half * n_expert,
+                    expert_stride: matrix,
+                },
+            );
+        }
+        i += 2;
+    }
 }
 
 /// Why a tensor's declared shape has no byte size.
