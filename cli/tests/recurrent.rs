@@ -1,5 +1,6 @@
 //! Hybrid and recurrent architectures against llama.cpp: on the random-weight LFM2 and LFM2-MoE
-//! models of scripts/make_random_lfm2.py (short-convolution layers beside attention, llama.cpp's
+//! models of scripts/make_random_lfm2.py and the Qwen3.5/Qwen3-Next ones of
+//! scripts/make_random_qwen35.py (short-convolution layers beside attention, llama.cpp's
 //! test vocabulary; the MoE one also through the expert cache; one also as a Hugging Face
 //! directory), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
 //! (fixtures/golden/random-lfm2.json, scripts/golden/make_recurrent_golden.py) for a one-token
@@ -98,7 +99,7 @@ fn check(family: &str) {
             false => vec![&path],
         };
         // MoE models also through the expert cache (experts read from the file into slots).
-        let runs: &[&[&str]] = match key.contains("moe") {
+        let runs: &[&[&str]] = match key.contains("moe") || key.contains("next") {
             true => &[&[], &["--expert-cache", "1"]],
             false => &[&[]],
         };
@@ -126,6 +127,14 @@ fn check(family: &str) {
 #[test]
 fn lfm2_and_lfm2moe_generate_llama_cpps_tokens_on_every_backend_alone_and_batched() {
     check("lfm2");
+}
+
+/// Qwen3.5, Qwen3.5-MoE and Qwen3-Next (scripts/make_random_qwen35.py: gated delta-net layers
+/// with per-sequence convolution windows and recurrent matrices beside gated attention; tiled
+/// and grouped value heads; merged and separate expert stacks, also through the expert cache).
+#[test]
+fn qwen35_and_qwen3next_generate_llama_cpps_tokens_on_every_backend_alone_and_batched() {
+    check("qwen35");
 }
 
 /// llama.cpp's test vocabulary turns text into ids (5-byte chunks), so `mollm run` takes a text

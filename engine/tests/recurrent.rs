@@ -1,6 +1,6 @@
-//! Recurrent state in the engine, on the random-weight LFM2 models (scripts/make_random_lfm2.py):
-//! the prompt's last logits equal llama.cpp's (fixtures/golden/random-lfm2.json) at every
-//! recorded id; each sequence owns its state (a fork continues on its own copy, two sequences
+//! Recurrent state in the engine, on the random-weight LFM2 and Qwen3.5 models
+//! (scripts/make_random_lfm2.py, scripts/make_random_qwen35.py): the prompt's last logits equal
+//! llama.cpp's (fixtures/golden/random-{lfm2,qwen35}.json) at every recorded id; each sequence owns its state (a fork continues on its own copy, two sequences
 //! in one step compute what each computes alone); and truncating short of a sequence's end
 //! starts it over instead of keeping a state that no longer matches its history.
 
@@ -23,8 +23,9 @@ fn opts() -> SessionOptions {
     }
 }
 
-fn golden() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/golden/random-lfm2.json");
+fn golden(family: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../fixtures/golden/random-{family}.json"));
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
@@ -42,8 +43,9 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 #[test]
 fn prompt_logits_equal_llama_cpps() {
-    let g = golden();
-    for (key, m) in g["models"].as_object().unwrap() {
+    let (lfm2, qwen35) = (golden("lfm2"), golden("qwen35"));
+    let models = lfm2["models"].as_object().unwrap().iter();
+    for (key, m) in models.chain(qwen35["models"].as_object().unwrap()) {
         let model = Model::load(&random::random_checkpoint(m["gguf"].as_str().unwrap())).unwrap();
         let probe = ids(&m["probe_ids"]);
         for case in m["cases"].as_array().unwrap() {
@@ -84,7 +86,17 @@ fn prompt_logits_equal_llama_cpps() {
 
 #[test]
 fn each_sequence_owns_its_state() {
-    let model = Model::load(&random::random_checkpoint("lfm2-random.gguf")).unwrap();
+    for file in [
+        "lfm2-random.gguf",
+        "qwen35-random.gguf",
+        "qwen3next-random.gguf",
+    ] {
+        owns_its_state(file);
+    }
+}
+
+fn owns_its_state(file: &str) {
+    let model = Model::load(&random::random_checkpoint(file)).unwrap();
     let pool = SessionOptions {
         kv_pool_rows: 8 * 256,
         ..opts()
@@ -108,7 +120,7 @@ fn each_sequence_owns_its_state() {
     let lb = step(&mut s, &mut b, &[9]);
     let mut fresh_a = s.new_sequence(256);
     step(&mut s, &mut fresh_a, &prompt);
-    assert!(same_bits(&step(&mut s, &mut fresh_a, &[7]), &la));
+    assert!(same_bits(&step(&mut s, &mut fresh_a, &[7]), &la), "{file}");
     let mut fresh_b = s.new_sequence(256);
     step(&mut s, &mut fresh_b, &prompt);
     let out = s
@@ -127,7 +139,10 @@ fn each_sequence_owns_its_state() {
         .unwrap()
         .to_vec();
     let v = out.len() / 2;
-    assert!(same_bits(&out[..v], &lb), "batched beside another sequence");
+    assert!(
+        same_bits(&out[..v], &lb),
+        "{file}: batched beside another sequence"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp's greedy continuations and logits on the random-weight hybrid/recurrent models
-(scripts/make_random_lfm2.py: LFM2 and LFM2-MoE), for prompts given as token ids, into
+(scripts/make_random_lfm2.py: LFM2 and LFM2-MoE; scripts/make_random_qwen35.py: Qwen3.5,
+Qwen3.5-MoE, Qwen3-Next), for prompts given as token ids, into
 fixtures/golden/random-<family>.json. engine/tests/recurrent.rs runs mollm on the same files
 and prompts: every generated id equal, the prompt's last logits close.
 
@@ -16,7 +17,7 @@ position.
 Recorded per prompt: the ids generated, the 8 largest (id, logit) after the prompt (ties: lower
 id first) and the logits of 32 fixed probe ids (numpy PCG64 seed 1234).
 
-Usage: scripts/golden/make_recurrent_golden.py --family lfm2 [--models-dir DIR]
+Usage: scripts/golden/make_recurrent_golden.py --family lfm2|qwen35 [--models-dir DIR]
 """
 import argparse
 import ctypes
@@ -47,6 +48,8 @@ def prompts(n_vocab):
 FAMILIES = {
     "lfm2": dict(generator="scripts/make_random_lfm2.py",
                  models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random", "lfm2-hf-random"]),
+    "qwen35": dict(generator="scripts/make_random_qwen35.py",
+                   models=["qwen35-random", "qwen35moe-random", "qwen3next-random"]),
 }
 TOP = 8
 N_PROBE = 32
