@@ -65,6 +65,6 @@ cargo test --release --target $T -p mollm-arm-common -p mollm-cpu-common -p moll
 if [[ $GOLDEN == 1 ]]; then
   echo "== qemu-aarch64 -cpu $CPU: SmolLM2 golden parity, --backend auto"
   MOLLM_TEST_BACKENDS=auto MOLLM_GOLDEN_MAX_PROMPT=64 cargo test --release --target $T -p mollm-cli --test golden golden_smollm2 -- --exact
-  echo "== qemu-aarch64 -cpu $CPU: LFM2 (recurrent state) against llama.cpp, every ARM backend"
+  echo "== qemu-aarch64 -cpu $CPU: LFM2 and Qwen3.5 (recurrent state) against llama.cpp, every ARM backend"
   MOLLM_TEST_BACKENDS=reference,arm-neon,arm-i8mm cargo test --release --target $T -p mollm-cli --test recurrent
 fi

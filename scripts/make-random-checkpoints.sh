@@ -15,7 +15,8 @@ if have qwen3-random.gguf && have qwen3moe-random.gguf && have gemma3-random.ggu
   && have qwen3-random && have qwen3moe-random && have gemma3-random \
   && have lfm2-random.gguf && have lfm2-swa-random.gguf && have lfm2moe-random.gguf \
   && have lfm2-hf-random.gguf && have lfm2-hf-random \
-  && have qwen35-random.gguf && have qwen35moe-random.gguf && have qwen3next-random.gguf; then
+  && have qwen35-random.gguf && have qwen35-mtp-random.gguf && have qwen35moe-random.gguf \
+  && have qwen3next-random.gguf; then
   exit 0
 fi
 if ! python3 -c "import numpy, gguf" 2>/dev/null; then
@@ -33,6 +34,7 @@ if ! have lfm2-random.gguf || ! have lfm2-swa-random.gguf || ! have lfm2moe-rand
   scripts/fetch-models.sh qwen05
   python3 scripts/make_random_lfm2.py
 fi
-if ! have qwen35-random.gguf || ! have qwen35moe-random.gguf || ! have qwen3next-random.gguf; then
+if ! have qwen35-random.gguf || ! have qwen35-mtp-random.gguf || ! have qwen35moe-random.gguf \
+  || ! have qwen3next-random.gguf; then
   python3 scripts/make_random_qwen35.py
 fi

@@ -20,6 +20,9 @@ the golden file records their sha256). Every width is a multiple of 64:
   dimensions in sections [3, 3, 2, 0] (each pair in a section, as the real models' [11, 11, 10,
   0] over 64), delta-net 2 key heads and 4 value heads of 64 (value heads tiled over key heads,
   as the converter orders them), convolution 4, FFN 256, vocab 256, untied output.
+- qwen35-mtp-random: qwen35-random with one multi-token-prediction block after its 6 layers
+  (`nextn_predict_layers` 1; the block's weights from seed 1540), which neither llama.cpp's
+  main graph nor mollm runs: the same tokens.
 - qwen35moe-random: seed 541, qwen35moe: the layers of qwen35-random given by
   `attention.recurrent_layers` (bools), 8 experts of FFN 64 with 2 used, their gate and up in
   one `ffn_gate_up_exps` (the converter's --fuse-gate-up-exps), a shared expert of 128 behind a
@@ -44,6 +47,10 @@ BASE = dict(hidden=128, heads=4, head_dim=64, kv_heads=2, n_rot=16, k_heads=2, v
 MODELS = {
     "qwen35-random": dict(BASE, seed=540, arch="qwen35", kinds="rrarra", interval=3,
                           sections=[3, 3, 2, 0], tied=False),
+    # qwen35-random's weights plus one multi-token-prediction block (its own seed), which the
+    # main graph does not run: the same tokens.
+    "qwen35-mtp-random": dict(BASE, seed=540, arch="qwen35", kinds="rrarra", interval=3,
+                              sections=[3, 3, 2, 0], tied=False, mtp=1),
     "qwen35moe-random": dict(BASE, seed=541, arch="qwen35moe", kinds="rrarra", layer_flags=True,
                              sections=[3, 3, 2, 0], tied=True, experts=8, used=2, expert_ff=64,
                              shared_ff=128, merged=True),
@@ -69,7 +76,9 @@ def make(path, m):
     w.add_name(os.path.basename(path)[:-5])
     w.add_context_length(m["ctx"])
     w.add_embedding_length(n)
-    w.add_block_count(L)
+    w.add_block_count(L + m.get("mtp", 0))
+    if m.get("mtp"):
+        w.add_uint32(f"{A}.nextn_predict_layers", m["mtp"])
     w.add_feed_forward_length(m["ff"])
     w.add_uint32(f"{A}.attention.head_count", nh)
     w.add_uint32(f"{A}.attention.head_count_kv", nkv)
@@ -147,6 +156,27 @@ def make(path, m):
             w.add_tensor(b + "ffn_gate.weight", normal((m["ff"], n), n ** -0.5))
             w.add_tensor(b + "ffn_up.weight", normal((m["ff"], n), n ** -0.5))
             w.add_tensor(b + "ffn_down.weight", normal((n, m["ff"]), m["ff"] ** -0.5))
+    if m.get("mtp"):
+        # llama.cpp's MTP block: a full-attention decoder block and the nextn projections.
+        main, rng = rng, np.random.default_rng(m["seed"] + 1000)
+        for i in range(L, L + m["mtp"]):
+            b = f"blk.{i}."
+            w.add_tensor(b + "attn_norm.weight", norm_weight())
+            w.add_tensor(b + "attn_q.weight", normal((2 * nh * hd, n), n ** -0.5))
+            w.add_tensor(b + "attn_k.weight", normal((nkv * hd, n), n ** -0.5))
+            w.add_tensor(b + "attn_v.weight", normal((nkv * hd, n), n ** -0.5))
+            w.add_tensor(b + "attn_q_norm.weight", norm_weight(hd))
+            w.add_tensor(b + "attn_k_norm.weight", norm_weight(hd))
+            w.add_tensor(b + "attn_output.weight", normal((n, nh * hd), (nh * hd) ** -0.5))
+            w.add_tensor(b + "post_attention_norm.weight", norm_weight())
+            w.add_tensor(b + "ffn_gate.weight", normal((m["ff"], n), n ** -0.5))
+            w.add_tensor(b + "ffn_up.weight", normal((m["ff"], n), n ** -0.5))
+            w.add_tensor(b + "ffn_down.weight", normal((n, m["ff"]), m["ff"] ** -0.5))
+            w.add_tensor(b + "nextn.eh_proj.weight", normal((n, 2 * n), (2 * n) ** -0.5))
+            w.add_tensor(b + "nextn.enorm.weight", norm_weight())
+            w.add_tensor(b + "nextn.hnorm.weight", norm_weight())
+            w.add_tensor(b + "nextn.shared_head_norm.weight", norm_weight())
+        rng = main
     w.add_tensor("output_norm.weight", norm_weight())
     if not m["tied"]:
         w.add_tensor("output.weight", normal((m["vocab"], n), n ** -0.5 * 3))

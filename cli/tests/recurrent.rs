@@ -195,3 +195,57 @@ fn a_missing_recurrent_tensor_or_a_bad_window_is_named() {
     let o = run("lfm2-window.gguf", bad);
     common::assert_one_line_error(&o, "'lfm2.shortconv.l_cache' in 2..=64, got 1");
 }
+
+/// Bad Qwen3.5 models fail at load with one line naming the tensor or key: a missing
+/// delta-net tensor, a state size that does not divide the inner size, a layer pattern of
+/// the wrong length.
+#[test]
+fn a_missing_delta_net_tensor_or_sizes_that_do_not_fit_are_named() {
+    let path = random_support::random_checkpoint("qwen35-random.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let run = |name: &str, b: Vec<u8>| {
+        let p = tmp(name, &b);
+        mollm(&["run", "-m", p.to_str().unwrap(), "-n", "1", "-p", "hi"])
+    };
+    let o = run(
+        "qwen35-no-a.gguf",
+        patched(&bytes, b"blk.0.ssm_a", b"blk.0.ssm_X"),
+    );
+    common::assert_one_line_error(&o, "weight 'blk.0.ssm_a' is not in the model");
+    let u32_after = |key: &[u8], v: u32| {
+        let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        let mut bad = bytes.clone();
+        bad[at + 4..at + 8].copy_from_slice(&v.to_le_bytes());
+        bad
+    };
+    let o = run(
+        "qwen35-inner.gguf",
+        u32_after(b"qwen35.ssm.inner_size", 250),
+    );
+    common::assert_one_line_error(
+        &o,
+        "'qwen35.ssm.inner_size' 250 must be 'qwen35.ssm.time_step_rank' 4 value heads of 'qwen35.ssm.state_size' 64 each",
+    );
+    let o = run("qwen35-heads.gguf", u32_after(b"qwen35.ssm.group_count", 3));
+    common::assert_one_line_error(&o, "the heads a multiple of 'qwen35.ssm.group_count' 3");
+    let o = run("qwen35-conv.gguf", u32_after(b"qwen35.ssm.conv_kernel", 0));
+    common::assert_one_line_error(&o, "'qwen35.ssm.conv_kernel' is 0, expected 2..=64");
+    let o = run(
+        "qwen35-interval.gguf",
+        u32_after(b"qwen35.full_attention_interval", 0),
+    );
+    common::assert_one_line_error(&o, "'qwen35.full_attention_interval' is 0");
+    // qwen35moe-random names its layers by flags; without them the default pattern (every
+    // fourth layer attention) does not fit its tensors, and the first that is missing is named.
+    let path = random_support::random_checkpoint("qwen35moe-random.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let o = run(
+        "qwen35moe-flags.gguf",
+        patched(
+            &bytes,
+            b"qwen35moe.attention.recurrent_layers",
+            b"qwen35moe.attention.recurrent_layerX",
+        ),
+    );
+    common::assert_one_line_error(&o, "weight 'blk.2.attn_qkv.weight' is not in the model");
+}

@@ -49,7 +49,7 @@ FAMILIES = {
     "lfm2": dict(generator="scripts/make_random_lfm2.py",
                  models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random", "lfm2-hf-random"]),
     "qwen35": dict(generator="scripts/make_random_qwen35.py",
-                   models=["qwen35-random", "qwen35moe-random", "qwen3next-random"]),
+                   models=["qwen35-random", "qwen35-mtp-random", "qwen35moe-random", "qwen3next-random"]),
 }
 TOP = 8
 N_PROBE = 32

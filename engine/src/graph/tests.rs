@@ -13,6 +13,7 @@ fn hp() -> HParams {
     HParams {
         arch: "llama".into(),
         n_layer: 2,
+        n_layer_mtp: 0,
         n_embd: 64,
         n_ff: 128,
         n_head: 4,

@@ -6,6 +6,9 @@ use loader::ModelFile;
 pub struct HParams {
     pub arch: String,
     pub n_layer: usize,
+    /// Multi-token-prediction blocks stored after the `n_layer` the model runs
+    /// (`nextn_predict_layers`): their tensors are in the file, unused.
+    pub n_layer_mtp: usize,
     pub n_embd: usize,
     pub n_ff: usize,
     pub n_head: usize,
@@ -90,6 +93,7 @@ impl HParams {
         Ok(HParams {
             arch: g.arch.clone(),
             n_layer,
+            n_layer_mtp: 0,
             n_embd: c("n_embd")?,
             n_ff: c("n_ff").unwrap_or(0),
             n_head: c("n_head")?,
@@ -137,9 +141,14 @@ impl HParams {
             |k: &str| -> Result<Option<usize>> { Ok(g.get_u64(&key(k))?.map(|v| v as usize)) };
         let opt_f = |k: &str| -> Result<Option<f32>> { Ok(g.get_f32(&key(k))?) };
 
-        let n_layer = req_u("block_count")?;
-        if n_layer == 0 || n_layer > 1024 {
-            return Err(err(format!("implausible shape: {n_layer} layers")));
+        let n_layer_all = req_u("block_count")?;
+        // Multi-token-prediction blocks follow the trunk; the main graph does not run them.
+        let n_layer_mtp = opt_u("nextn_predict_layers")?.unwrap_or(0);
+        let n_layer = n_layer_all.saturating_sub(n_layer_mtp);
+        if n_layer == 0 || n_layer_all > 1024 {
+            return Err(err(format!(
+                "implausible shape: {n_layer_all} layers, {n_layer_mtp} of them for multi-token prediction"
+            )));
         }
         // A count per layer, or one for all (llama.cpp's get_key_or_arr).
         let per_layer = |k: &str| -> Result<Option<Vec<usize>>> {
@@ -154,14 +163,14 @@ impl HParams {
                 }
                 Some(_) => return Ok(Some(vec![req_u(k)?; n_layer])),
             };
-            if list.len() != n_layer {
+            if list.len() != n_layer && list.len() != n_layer_all {
                 return Err(err(format!(
-                    "'{}' has {} entries for {n_layer} layers",
+                    "'{}' has {} entries for {n_layer_all} layers",
                     key(k),
                     list.len()
                 )));
             }
-            Ok(Some(list.iter().map(|&x| x as usize).collect()))
+            Ok(Some(list[..n_layer].iter().map(|&x| x as usize).collect()))
         };
         let n_embd = req_u("embedding_length")?;
         let n_ff = req_u("feed_forward_length")?;
@@ -237,13 +246,13 @@ impl HParams {
         let swa_layers = match g.get(&pattern_key) {
             Some(loader::Value::Array(_)) => {
                 let list = g.get_flag_array(&pattern_key)?.unwrap_or_default();
-                if list.len() != n_layer {
+                if list.len() != n_layer && list.len() != n_layer_all {
                     return Err(err(format!(
-                        "'{pattern_key}' has {} entries for {n_layer} layers",
+                        "'{pattern_key}' has {} entries for {n_layer_all} layers",
                         list.len()
                     )));
                 }
-                list.iter().map(|&l| n_swa > 0 && l).collect()
+                list[..n_layer].iter().map(|&l| n_swa > 0 && l).collect()
             }
             _ => {
                 let pattern = opt_u("attention.sliding_window_pattern")?.unwrap_or(6);
@@ -297,6 +306,7 @@ impl HParams {
         Ok(HParams {
             arch,
             n_layer,
+            n_layer_mtp,
             n_embd,
             n_ff,
             n_head,

@@ -145,10 +145,19 @@ pub fn bind(gguf: &ModelFile, graph: GraphFile) -> Result<Program> {
     let program = crate::graph::compile(graph, &|name| file_weight(gguf, name), &file)?;
     let used: std::collections::HashSet<&str> =
         program.weight_names.iter().map(String::as_str).collect();
+    // Multi-token-prediction blocks (after the trunk's layers) are the file's, not the graph's.
+    let c = |k: &str| program.file.consts.get(k).copied().unwrap_or(0);
+    let mtp = c("n_layer")..c("n_layer") + c("n_layer_mtp");
+    let in_mtp = |name: &str| {
+        let block = name.strip_prefix("blk.").and_then(|r| r.split('.').next());
+        block
+            .and_then(|b| b.parse::<i64>().ok())
+            .is_some_and(|b| mtp.contains(&b))
+    };
     if let Some(t) = gguf
         .tensors
         .iter()
-        .find(|t| !used.contains(t.name.as_str()))
+        .find(|t| !used.contains(t.name.as_str()) && !in_mtp(&t.name))
     {
         return Err(EngineError::Model {
             file,
