@@ -97,6 +97,14 @@ fn vectors_qwen2() {
 }
 
 #[test]
+fn vectors_qwen35() {
+    assert!(
+        check_vectors("qwen35"),
+        "committed vectors fixtures/tokenizer/ggml-vocab-qwen35.* missing"
+    );
+}
+
+#[test]
 fn vectors_llama_bpe() {
     check_vectors("llama-bpe");
 }
