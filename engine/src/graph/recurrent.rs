@@ -9,7 +9,6 @@ use crate::error::Result;
 use crate::exec::Exec;
 use crate::tensor::Weight;
 use abi::{DType, Op, OpParams, TensorDesc};
-use reference::ggml::{silu_scalar, v_silu};
 
 /// The f32 values of a contiguous activation.
 ///
@@ -45,8 +44,11 @@ fn conv_seq(
     win.resize(width * n, 0f32);
     for (c, row) in win.chunks_exact_mut(width).enumerate() {
         row[..d].copy_from_slice(&st[c * d..(c + 1) * d]);
-        for t in 0..ts {
-            row[d + t] = val(t, c);
+    }
+    // Token by token, so that the step's columns are read in order.
+    for t in 0..ts {
+        for c in 0..n {
+            win[c * width + d + t] = val(t, c);
         }
     }
     conv.clear();
@@ -85,34 +87,33 @@ pub(crate) fn short_conv<'a>(
     // SAFETY: bcx is a contiguous f32 [3n, T] activation of this step and out a contiguous f32
     // [n, T] one (the plan gives them separate slots).
     let (x, y) = unsafe { (values(&bcx), values_mut(&out)) };
-    let (mut win, mut conv) = (Vec::new(), Vec::new());
-    let mut t0 = 0;
-    for (st, ts) in seqs {
-        let col = |t: usize| &x[(t0 + t) * 3 * n..(t0 + t + 1) * 3 * n];
-        let bx = |t: usize, c: usize| col(t)[c] * col(t)[2 * n + c];
-        conv_seq(ex, st, w, n, ts, bx, &mut win, &mut conv)?;
-        for t in 0..ts {
-            for c in 0..n {
-                y[(t0 + t) * n + c] = col(t)[n + c] * conv[t * n + c];
+    SCRATCH.with(|s| {
+        let [win, conv, _] = &mut *s.borrow_mut();
+        let mut t0 = 0;
+        for (st, ts) in seqs {
+            let col = |t: usize| &x[(t0 + t) * 3 * n..(t0 + t + 1) * 3 * n];
+            let bx = |t: usize, c: usize| col(t)[c] * col(t)[2 * n + c];
+            conv_seq(ex, st, w, n, ts, bx, win, conv)?;
+            for t in 0..ts {
+                for c in 0..n {
+                    y[(t0 + t) * n + c] = col(t)[n + c] * conv[t * n + c];
+                }
             }
+            t0 += ts;
         }
-        t0 += ts;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
-/// `ggml_silu` over one row as llama.cpp's AVX-512 build computes it: whole 16-element
-/// blocks by `ggml_v_silu`, the rest by `ggml_silu_f32`.
-fn silu_row(x: &mut [f32]) {
-    let blocks = x.len() / 16 * 16;
-    let (head, tail) = x.split_at_mut(blocks);
-    head.iter_mut().for_each(|v| *v = v_silu(*v));
-    tail.iter_mut().for_each(|v| *v = silu_scalar(*v));
+thread_local! {
+    /// Scratch the recurrent ops reuse from step to step: windows, convolutions, ones.
+    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = Default::default();
 }
 
 /// The `causal_conv` node: per sequence the convolution of its window (state, then this
-/// step's columns of `x` `[C, T]`) with `w` `[L, C]` into `out` `[C, T]`, then silu per column
-/// when asked.
+/// step's columns of `x` `[C, T]`) with `w` `[L, C]` into `out` `[C, T]`, then, when asked,
+/// silu as ggml_silu computes it: the ABI's `glu` with silu of the convolution times ones
+/// (an exact product), on the backend's vector code.
 pub(crate) fn causal_conv<'a>(
     ex: &Exec,
     seqs: impl Iterator<Item = (&'a mut [f32], usize)>,
@@ -124,19 +125,30 @@ pub(crate) fn causal_conv<'a>(
     let n = out.ne[0] as usize;
     // SAFETY: x and out are contiguous f32 [C, T] activations of this step in separate slots.
     let (x, y) = unsafe { (values(&x), values_mut(&out)) };
-    let (mut win, mut conv) = (Vec::new(), Vec::new());
-    let mut t0 = 0;
-    for (st, ts) in seqs {
-        let val = |t: usize, c: usize| x[(t0 + t) * n + c];
-        conv_seq(ex, st, w, n, ts, val, &mut win, &mut conv)?;
-        let dst = &mut y[t0 * n..(t0 + ts) * n];
-        dst.copy_from_slice(&conv[..n * ts]);
-        if silu {
-            dst.chunks_exact_mut(n).for_each(silu_row);
+    SCRATCH.with(|s| {
+        let [win, conv, ones] = &mut *s.borrow_mut();
+        let mut t0 = 0;
+        for (st, ts) in seqs {
+            let val = |t: usize, c: usize| x[(t0 + t) * n + c];
+            conv_seq(ex, st, w, n, ts, val, win, conv)?;
+            let dst = &mut y[t0 * n..(t0 + ts) * n];
+            if silu {
+                if ones.len() < n * ts {
+                    ones.resize(n * ts, 1.0);
+                }
+                let d = |p: *mut f32| {
+                    TensorDesc::contiguous(p as *mut u8, DType::F32, &[n as i64, ts as i64])
+                };
+                let p = abi::GluAttrs { act: abi::GLU_SILU }.to_params();
+                let ins = [d(conv.as_mut_ptr()), d(ones.as_mut_ptr())];
+                ex.call_desc(Op::Glu, &ins, &[d(dst.as_mut_ptr())], p)?;
+            } else {
+                dst.copy_from_slice(&conv[..n * ts]);
+            }
+            t0 += ts;
         }
-        t0 += ts;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// `ggml_sigmoid`: 1 / (1 + expf(-x)).
