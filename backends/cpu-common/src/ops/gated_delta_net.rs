@@ -62,9 +62,156 @@ pub(super) unsafe fn gated_delta_net(
     outputs: &[TensorDesc],
 ) {
     let [n, heads, tokens, seqs] = inputs[2].ne;
+    // Whole 64-element steps and one gate per head: each row in one pass (`x86::head_rows`).
+    #[cfg(target_arch = "x86_64")]
+    let rows = n % 64 == 0 && inputs[3].ne[0] == 1 && matches!(isa, Isa::Avx512 | Isa::Avx2);
+    #[cfg(not(target_arch = "x86_64"))]
+    let rows = false;
     // One task per (head, sequence), as ggml's rows `seq * H + head`; they are independent.
     for_rows(host, heads * seqs, n * n * tokens.max(1), |r| {
         let mut scratch = vec![0f32; (n * n + 2 * n) as usize];
-        gated_delta_net_head(isa, inputs, outputs, r % heads, r / heads, &mut scratch);
+        let (h, s) = (r % heads, r / heads);
+        if rows {
+            #[cfg(target_arch = "x86_64")]
+            x86::head_rows(isa, inputs, outputs, h, s, &mut scratch);
+        } else {
+            gated_delta_net_head(isa, inputs, outputs, h, s, &mut scratch);
+        }
     });
+}
+
+/// The delta rule row by row, in x86 vector registers. Each row of a head's state takes its
+/// decay, its dot with k, its update and its dot with q in one pass: the same operations, in
+/// the same order, as the reference's four passes over the block (a row's `d` depends on that
+/// row alone), so the bits are the reference's, with the block read and written once per
+/// token instead of four times and the dots in full-width registers.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use core::arch::x86_64::*;
+    use reference::ggml::reduce16;
+
+    /// Head `h` of sequence `s` (scalar gate, a head size of whole 64-element steps).
+    pub(super) unsafe fn head_rows(
+        isa: Isa,
+        ins: &[TensorDesc],
+        outs: &[TensorDesc],
+        h: i64,
+        s: i64,
+        scratch: &mut [f32],
+    ) {
+        let (q, k, v, g, beta, state) = (&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5]);
+        let (o, new_state) = (&outs[0], &outs[1]);
+        let n = v.ne[0] as usize;
+        let hk = h % q.ne[1];
+        let scale = 1.0f32 / (n as f32).sqrt();
+        let (m, rest) = scratch.split_at_mut(n * n);
+        let y = &mut rest[..n];
+        for j in 0..n {
+            read_into(state, j as i64, h, s, &mut m[j * n..(j + 1) * n]);
+        }
+        let row = |t: &TensorDesc, i1: i64, i2: i64| {
+            core::slice::from_raw_parts(row_ptr(t, i1, i2, s) as *const f32, t.ne[0] as usize)
+        };
+        for t in 0..v.ne[2] {
+            let b = *(row_ptr(beta, h, t, s) as *const f32);
+            let e = (*(row_ptr(g, h, t, s) as *const f32)).exp();
+            let (qr, kr, vr) = (row(q, hk, t), row(k, hk, t), row(v, h, t));
+            match isa {
+                Isa::Avx512 => token_avx512(m, qr, kr, vr, e, b, scale, y),
+                _ => token_avx2(m, qr, kr, vr, e, b, scale, y),
+            }
+            write_from(o, h, t, s, y);
+        }
+        for j in 0..n {
+            write_from(new_state, j as i64, h, s, &m[j * n..(j + 1) * n]);
+        }
+    }
+
+    /// GGML_F32x16_REDUCE of four 16-lane accumulators: (a0 + a2) + (a1 + a3), then the
+    /// reduction `_mm512_reduce_add_ps` compiles to.
+    #[inline(always)]
+    fn reduce(acc: [[f32; 16]; 4]) -> f32 {
+        let mut r = [0f32; 16];
+        for l in 0..16 {
+            r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+        }
+        reduce16(&r)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn token_avx512(
+        m: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        e: f32,
+        beta: f32,
+        scale: f32,
+        o: &mut [f32],
+    ) {
+        let n = v.len();
+        let (ev, kp, qp) = (_mm512_set1_ps(e), k.as_ptr(), q.as_ptr());
+        let lanes = |a: [__m512; 4]| a.map(|x| core::mem::transmute::<__m512, [f32; 16]>(x));
+        for j in 0..n {
+            let r = m.as_mut_ptr().add(j * n);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for at in (0..n).step_by(16) {
+                let x = _mm512_mul_ps(_mm512_loadu_ps(r.add(at)), ev);
+                _mm512_storeu_ps(r.add(at), x);
+                let a = (at / 16) % 4;
+                acc[a] = _mm512_fmadd_ps(x, _mm512_loadu_ps(kp.add(at)), acc[a]);
+            }
+            let d = _mm512_set1_ps((v[j] - reduce(lanes(acc))) * beta);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for at in (0..n).step_by(16) {
+                let x = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(at)), d, _mm512_loadu_ps(r.add(at)));
+                _mm512_storeu_ps(r.add(at), x);
+                let a = (at / 16) % 4;
+                acc[a] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qp.add(at)), acc[a]);
+            }
+            o[j] = reduce(lanes(acc)) * scale;
+        }
+    }
+
+    /// As [`token_avx512`], each 16-lane accumulator in two 8-lane halves.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn token_avx2(
+        m: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        e: f32,
+        beta: f32,
+        scale: f32,
+        o: &mut [f32],
+    ) {
+        let n = v.len();
+        let (ev, kp, qp) = (_mm256_set1_ps(e), k.as_ptr(), q.as_ptr());
+        let lanes = |a: [__m256; 8]| {
+            let h = a.map(|x| core::mem::transmute::<__m256, [f32; 8]>(x));
+            core::array::from_fn::<[f32; 16], 4, _>(|i| {
+                core::array::from_fn(|l| if l < 8 { h[2 * i][l] } else { h[2 * i + 1][l - 8] })
+            })
+        };
+        for j in 0..n {
+            let r = m.as_mut_ptr().add(j * n);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for at in (0..n).step_by(8) {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(r.add(at)), ev);
+                _mm256_storeu_ps(r.add(at), x);
+                let a = (at / 8) % 8;
+                acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp.add(at)), acc[a]);
+            }
+            let d = _mm256_set1_ps((v[j] - reduce(lanes(acc))) * beta);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for at in (0..n).step_by(8) {
+                let x = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(at)), d, _mm256_loadu_ps(r.add(at)));
+                _mm256_storeu_ps(r.add(at), x);
+                let a = (at / 8) % 8;
+                acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(qp.add(at)), acc[a]);
+            }
+            o[j] = reduce(lanes(acc)) * scale;
+        }
+    }
 }
