@@ -89,7 +89,6 @@ pub(super) unsafe fn gated_delta_net(
 mod x86 {
     use super::*;
     use core::arch::x86_64::*;
-    use reference::ggml::reduce16;
 
     /// Head `h` of sequence `s` (scalar gate, a head size of whole 64-element steps).
     pub(super) unsafe fn head_rows(
@@ -128,15 +127,33 @@ mod x86 {
         }
     }
 
-    /// GGML_F32x16_REDUCE of four 16-lane accumulators: (a0 + a2) + (a1 + a3), then the
-    /// reduction `_mm512_reduce_add_ps` compiles to.
+    /// `_mm512_reduce_add_ps` as GCC compiles it ([`reference::ggml::reduce16`]) of the
+    /// 16 lanes in `lo` (0..8) and `hi` (8..16): halves, then quarters, then lanes (2, 3)
+    /// onto (0, 1), then lane 1 onto lane 0.
     #[inline(always)]
-    fn reduce(acc: [[f32; 16]; 4]) -> f32 {
-        let mut r = [0f32; 16];
-        for l in 0..16 {
-            r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-        }
-        reduce16(&r)
+    unsafe fn reduce16_halves(lo: __m256, hi: __m256) -> f32 {
+        let t8 = _mm256_add_ps(hi, lo);
+        let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+        let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps::<1>(t2, t2)))
+    }
+
+    /// GGML_F32x16_REDUCE of four 16-lane accumulators: (a0 + a2) + (a1 + a3), then
+    /// [`reduce16_halves`].
+    #[inline(always)]
+    unsafe fn reduce512(a: [__m512; 4]) -> f32 {
+        let s = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)));
+        reduce16_halves(_mm512_castps512_ps256(s), hi)
+    }
+
+    /// [`reduce512`] of accumulators held as 8-lane halves (`a[2i]`, `a[2i + 1]`: lanes
+    /// 0..8 and 8..16 of accumulator `i`).
+    #[inline(always)]
+    unsafe fn reduce256(a: [__m256; 8]) -> f32 {
+        let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        reduce16_halves(lo, hi)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -152,7 +169,6 @@ mod x86 {
     ) {
         let n = v.len();
         let (ev, kp, qp) = (_mm512_set1_ps(e), k.as_ptr(), q.as_ptr());
-        let lanes = |a: [__m512; 4]| a.map(|x| core::mem::transmute::<__m512, [f32; 16]>(x));
         for j in 0..n {
             let r = m.as_mut_ptr().add(j * n);
             let mut acc = [_mm512_setzero_ps(); 4];
@@ -162,7 +178,7 @@ mod x86 {
                 let a = (at / 16) % 4;
                 acc[a] = _mm512_fmadd_ps(x, _mm512_loadu_ps(kp.add(at)), acc[a]);
             }
-            let d = _mm512_set1_ps((v[j] - reduce(lanes(acc))) * beta);
+            let d = _mm512_set1_ps((v[j] - reduce512(acc)) * beta);
             let mut acc = [_mm512_setzero_ps(); 4];
             for at in (0..n).step_by(16) {
                 let x = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(at)), d, _mm512_loadu_ps(r.add(at)));
@@ -170,7 +186,7 @@ mod x86 {
                 let a = (at / 16) % 4;
                 acc[a] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qp.add(at)), acc[a]);
             }
-            o[j] = reduce(lanes(acc)) * scale;
+            o[j] = reduce512(acc) * scale;
         }
     }
 
@@ -188,12 +204,6 @@ mod x86 {
     ) {
         let n = v.len();
         let (ev, kp, qp) = (_mm256_set1_ps(e), k.as_ptr(), q.as_ptr());
-        let lanes = |a: [__m256; 8]| {
-            let h = a.map(|x| core::mem::transmute::<__m256, [f32; 8]>(x));
-            core::array::from_fn::<[f32; 16], 4, _>(|i| {
-                core::array::from_fn(|l| if l < 8 { h[2 * i][l] } else { h[2 * i + 1][l - 8] })
-            })
-        };
         for j in 0..n {
             let r = m.as_mut_ptr().add(j * n);
             let mut acc = [_mm256_setzero_ps(); 8];
@@ -203,7 +213,7 @@ mod x86 {
                 let a = (at / 8) % 8;
                 acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp.add(at)), acc[a]);
             }
-            let d = _mm256_set1_ps((v[j] - reduce(lanes(acc))) * beta);
+            let d = _mm256_set1_ps((v[j] - reduce256(acc)) * beta);
             let mut acc = [_mm256_setzero_ps(); 8];
             for at in (0..n).step_by(8) {
                 let x = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(at)), d, _mm256_loadu_ps(r.add(at)));
@@ -211,7 +221,7 @@ mod x86 {
                 let a = (at / 8) % 8;
                 acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(qp.add(at)), acc[a]);
             }
-            o[j] = reduce(lanes(acc)) * scale;
+            o[j] = reduce256(acc) * scale;
         }
     }
 }
