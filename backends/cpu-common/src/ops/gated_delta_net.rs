@@ -156,6 +156,7 @@ mod x86 {
         reduce16_halves(lo, hi)
     }
 
+    /// Four rows at a time, so that their dot chains (and reductions) overlap.
     #[target_feature(enable = "avx512f")]
     unsafe fn token_avx512(
         m: &mut [f32],
@@ -167,26 +168,42 @@ mod x86 {
         scale: f32,
         o: &mut [f32],
     ) {
+        const R: usize = 4;
         let n = v.len();
         let (ev, kp, qp) = (_mm512_set1_ps(e), k.as_ptr(), q.as_ptr());
-        for j in 0..n {
-            let r = m.as_mut_ptr().add(j * n);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for at in (0..n).step_by(16) {
-                let x = _mm512_mul_ps(_mm512_loadu_ps(r.add(at)), ev);
-                _mm512_storeu_ps(r.add(at), x);
-                let a = (at / 16) % 4;
-                acc[a] = _mm512_fmadd_ps(x, _mm512_loadu_ps(kp.add(at)), acc[a]);
+        for j0 in (0..n).step_by(R) {
+            let rows: [*mut f32; R] = core::array::from_fn(|r| m.as_mut_ptr().add((j0 + r) * n));
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            // Accumulator `a` takes lanes 16a.. of each 64-element step (indices known at
+            // compile time, so the accumulators stay in registers).
+            for step in (0..n).step_by(64) {
+                for a in 0..4 {
+                    let at = step + 16 * a;
+                    let kv = _mm512_loadu_ps(kp.add(at));
+                    for r in 0..R {
+                        let x = _mm512_mul_ps(_mm512_loadu_ps(rows[r].add(at)), ev);
+                        _mm512_storeu_ps(rows[r].add(at), x);
+                        acc[r][a] = _mm512_fmadd_ps(x, kv, acc[r][a]);
+                    }
+                }
             }
-            let d = _mm512_set1_ps((v[j] - reduce512(acc)) * beta);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for at in (0..n).step_by(16) {
-                let x = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(at)), d, _mm512_loadu_ps(r.add(at)));
-                _mm512_storeu_ps(r.add(at), x);
-                let a = (at / 16) % 4;
-                acc[a] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qp.add(at)), acc[a]);
+            let d: [__m512; R] =
+                core::array::from_fn(|r| _mm512_set1_ps((v[j0 + r] - reduce512(acc[r])) * beta));
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            for step in (0..n).step_by(64) {
+                for a in 0..4 {
+                    let at = step + 16 * a;
+                    let (kv, qv) = (_mm512_loadu_ps(kp.add(at)), _mm512_loadu_ps(qp.add(at)));
+                    for r in 0..R {
+                        let x = _mm512_fmadd_ps(kv, d[r], _mm512_loadu_ps(rows[r].add(at)));
+                        _mm512_storeu_ps(rows[r].add(at), x);
+                        acc[r][a] = _mm512_fmadd_ps(x, qv, acc[r][a]);
+                    }
+                }
             }
-            o[j] = reduce512(acc) * scale;
+            for r in 0..R {
+                o[j0 + r] = reduce512(acc[r]) * scale;
+            }
         }
     }
 
@@ -207,19 +224,23 @@ mod x86 {
         for j in 0..n {
             let r = m.as_mut_ptr().add(j * n);
             let mut acc = [_mm256_setzero_ps(); 8];
-            for at in (0..n).step_by(8) {
-                let x = _mm256_mul_ps(_mm256_loadu_ps(r.add(at)), ev);
-                _mm256_storeu_ps(r.add(at), x);
-                let a = (at / 8) % 8;
-                acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp.add(at)), acc[a]);
+            for step in (0..n).step_by(64) {
+                for a in 0..8 {
+                    let at = step + 8 * a;
+                    let x = _mm256_mul_ps(_mm256_loadu_ps(r.add(at)), ev);
+                    _mm256_storeu_ps(r.add(at), x);
+                    acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp.add(at)), acc[a]);
+                }
             }
             let d = _mm256_set1_ps((v[j] - reduce256(acc)) * beta);
             let mut acc = [_mm256_setzero_ps(); 8];
-            for at in (0..n).step_by(8) {
-                let x = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(at)), d, _mm256_loadu_ps(r.add(at)));
-                _mm256_storeu_ps(r.add(at), x);
-                let a = (at / 8) % 8;
-                acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(qp.add(at)), acc[a]);
+            for step in (0..n).step_by(64) {
+                for a in 0..8 {
+                    let at = step + 8 * a;
+                    let x = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(at)), d, _mm256_loadu_ps(r.add(at)));
+                    _mm256_storeu_ps(r.add(at), x);
+                    acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(qp.add(at)), acc[a]);
+                }
             }
             o[j] = reduce256(acc) * scale;
         }
