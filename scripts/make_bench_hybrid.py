@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A random-weight model in the shape of Qwen3.5-0.8B, for speed comparisons with llama.cpp
-(scripts/bench_compare.py); the weights are random, so only speed and memory mean anything.
+"""Random-weight models in the shapes of Qwen3.5-0.8B and LFM2-350M, for speed comparisons with
+llama.cpp (scripts/bench_compare.py); the weights are random, so only speed and memory mean
+anything.
 
 Shape (Qwen3.5-0.8B's published configuration): hidden 1024, 24 layers, every fourth full
 attention (8 query heads and 2 KV heads of 256, rope over 64 dimensions in sections
@@ -9,11 +10,16 @@ of 128, convolution 4), SwiGLU FFN 3584, tied embeddings, vocabulary 248,320: ll
 ggml-vocab-qwen35 tokens (fixtures/tokenizer/, 151,936 of them, with Qwen3.5's pre-tokenizer)
 padded with control tokens to the real model's size, so the output matrix has its real cost.
 
-Writes F16 matrices (norms, the convolution, A and dt bias in F32) as
-qwen35-0.8b-shape-f16.gguf, then, when llama.cpp's llama-quantize is found (--llama-quantize,
-PATH, ~/.cache/mollm/llama.cpp-build/bin), Q8_0 and Q4_K_M files beside it.
+LFM2-350M's shape: hidden 1024, 16 layers, attention at layers 2, 5, 8, 10, 12 and 14 (16
+query and 8 KV heads of 64), gated short convolutions of 3 tokens at the others, SwiGLU FFN
+4608, tied embeddings, vocabulary 65,536 of llama.cpp's test tokenizer (ids only: LFM2's own
+tokenizer is not here).
 
-Usage: make_bench_qwen35.py [--out DIR] [--llama-quantize PATH]
+Writes F16 matrices (norms, convolutions, A and dt bias in F32) as <name>-f16.gguf, then, when
+llama.cpp's llama-quantize is found (--llama-quantize, PATH,
+~/.cache/mollm/llama.cpp-build/bin), Q8_0 and Q4_K_M files beside it.
+
+Usage: make_bench_hybrid.py [--out DIR] [--llama-quantize PATH]
    (default DIR: ~/.cache/mollm/models/bench)
 Needs: numpy, gguf (pip install numpy gguf==0.19.0).
 """
@@ -123,6 +129,68 @@ def make(path, m):
     w.close()
 
 
+LFM2 = dict(hidden=1024, layers=16, attn=[2, 5, 8, 10, 12, 14], heads=16, kv_heads=8, head_dim=64,
+            l_cache=3, ff=4608, vocab=65536, ctx=4096)
+
+
+def make_lfm2(path, m):
+    rng = np.random.default_rng(551)
+    n, A = m["hidden"], "lfm2"
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols ** -0.5)).astype(np.float16)
+
+    def vec(k, mean=1.0, std=0.1):
+        return (mean + rng.standard_normal(k, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    w = gguf.GGUFWriter(path, A)
+    w.add_name("lfm2-350m-shape")
+    w.add_context_length(m["ctx"])
+    w.add_embedding_length(n)
+    w.add_block_count(m["layers"])
+    w.add_feed_forward_length(m["ff"])
+    w.add_uint32(f"{A}.attention.head_count", m["heads"])
+    w.add_array(f"{A}.attention.head_count_kv",
+                [m["kv_heads"] if i in m["attn"] else 0 for i in range(m["layers"])])
+    w.add_uint32(f"{A}.rope.dimension_count", m["head_dim"])
+    w.add_float32(f"{A}.rope.freq_base", 1000000.0)
+    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_uint32(f"{A}.shortconv.l_cache", m["l_cache"])
+    w.add_uint32(f"{A}.vocab_size", m["vocab"])
+    w.add_tokenizer_model("test")
+    w.add_token_list([f"tok_{i}" for i in range(m["vocab"])])
+    w.add_token_scores([0.0] * m["vocab"])
+    w.add_token_types([1] * m["vocab"])
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    hd, nh, nkv = m["head_dim"], m["heads"], m["kv_heads"]
+    w.add_tensor("token_embd.weight", mat(m["vocab"], n))
+    for i in range(m["layers"]):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", vec(n))
+        if i in m["attn"]:
+            w.add_tensor(b + "attn_q.weight", mat(nh * hd, n))
+            w.add_tensor(b + "attn_k.weight", mat(nkv * hd, n))
+            w.add_tensor(b + "attn_v.weight", mat(nkv * hd, n))
+            w.add_tensor(b + "attn_q_norm.weight", vec(hd))
+            w.add_tensor(b + "attn_k_norm.weight", vec(hd))
+            w.add_tensor(b + "attn_output.weight", mat(n, nh * hd))
+        else:
+            w.add_tensor(b + "shortconv.in_proj.weight", mat(3 * n, n))
+            w.add_tensor(b + "shortconv.conv.weight", vec((n, m["l_cache"]), 0.0, 0.5))
+            w.add_tensor(b + "shortconv.out_proj.weight", mat(n, n))
+        w.add_tensor(b + "ffn_norm.weight", vec(n))
+        w.add_tensor(b + "ffn_gate.weight", mat(m["ff"], n))
+        w.add_tensor(b + "ffn_up.weight", mat(m["ff"], n))
+        w.add_tensor(b + "ffn_down.weight", mat(n, m["ff"]))
+    w.add_tensor("token_embd_norm.weight", vec(n))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def llama_quantize(given):
     for c in [given, shutil.which("llama-quantize"),
               os.path.expanduser("~/.cache/mollm/llama.cpp-build/bin/llama-quantize")]:
@@ -137,21 +205,23 @@ def main():
     ap.add_argument("--llama-quantize")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    f16 = os.path.join(a.out, "qwen35-0.8b-shape-f16.gguf")
-    if not os.path.exists(f16):
-        make(f16 + ".partial", SHAPE)
-        os.replace(f16 + ".partial", f16)
-    print(f16)
     q = llama_quantize(a.llama_quantize)
     if q is None:
-        print("llama-quantize not found: only the F16 file", file=sys.stderr)
-        return
-    for kind in ["Q8_0", "Q4_K_M"]:
-        out = os.path.join(a.out, f"qwen35-0.8b-shape-{kind.lower()}.gguf")
-        if not os.path.exists(out):
-            subprocess.run([q, f16, out + ".partial", kind], check=True, stdout=subprocess.DEVNULL)
-            os.replace(out + ".partial", out)
-        print(out)
+        print("llama-quantize not found: only the F16 files", file=sys.stderr)
+    for name, write, shape in [("qwen35-0.8b-shape", make, SHAPE),
+                               ("lfm2-350m-shape", make_lfm2, LFM2)]:
+        f16 = os.path.join(a.out, f"{name}-f16.gguf")
+        if not os.path.exists(f16):
+            write(f16 + ".partial", shape)
+            os.replace(f16 + ".partial", f16)
+        print(f16)
+        for kind in ["Q8_0", "Q4_K_M"] if q else []:
+            out = os.path.join(a.out, f"{name}-{kind.lower()}.gguf")
+            if not os.path.exists(out):
+                subprocess.run([q, f16, out + ".partial", kind], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                os.replace(out + ".partial", out)
+            print(out)
 
 
 if __name__ == "__main__":
