@@ -180,6 +180,8 @@ settings! {
         "`0`: expert-cache slots are never repacked in place.";
     SLOT_REPACK_AFTER: "MOLLM_SLOT_REPACK_AFTER", Kind::Int, Tuning, "8",
         "Uses of an expert-cache slot's matrix in the file's layout before it is repacked.";
+    STATE_SNAPSHOTS_MB: "MOLLM_STATE_SNAPSHOTS_MB", Kind::Int, Tuning, "256",
+        "MiB of recurrent-state snapshots (hybrid and recurrent models) kept for prefix reuse: one per shared prefix unit, least recently used dropped first; `0`: none, every prompt computed in full.";
     DEVICE_MEMORY: "MOLLM_DEVICE_MEMORY", Kind::Bool, Tuning, "1",
         "`0`: keep activations and the KV cache in host memory even when the first backend has device memory.";
     WARM: "MOLLM_WARM", Kind::Bool, Tuning, "1",

@@ -30,8 +30,11 @@
 //! ([`KvCache::states`]): zero for a new sequence, its own copy after a fork, never shared.
 //! Such state summarizes every position so far and cannot be cut back, so truncating a
 //! sequence of such a model anywhere but its end starts it over from position 0 (the caller
-//! sees what is kept), and neither prefix reuse nor partial reuse applies: each sequence
-//! computes its whole prompt.
+//! sees what is kept). Prefix reuse needs the state at the end of the reused prefix: when a
+//! sequence publishes a unit, a snapshot of its states there is kept beside the pages (at most
+//! `MOLLM_STATE_SNAPSHOTS_MB`, least recently used dropped first), and a new sequence takes
+//! the published units only as far as a snapshot reaches, restoring it. Partial reuse does not
+//! apply (a prefix's rows alone do not resume the state).
 
 use crate::error::{EngineError, Result};
 use abi::{DType, TensorDesc};
@@ -191,6 +194,54 @@ struct Pages {
     clock: u64,
     /// First chunks shorter than a unit, newest last (see [`KvPool::reuse_partial`]).
     partial: Vec<Partial>,
+    /// Recurrent states at the end of published units, by unit key.
+    snapshots: Snapshots,
+}
+
+/// Recurrent states kept at unit ends, within a byte budget, least recently used dropped first.
+#[derive(Default)]
+struct Snapshots {
+    by_key: HashMap<u128, (Vec<Vec<f32>>, u64)>,
+    lru: BTreeMap<u64, u128>,
+    clock: u64,
+    bytes: usize,
+    cap: usize,
+}
+
+impl Snapshots {
+    fn size(states: &[Vec<f32>]) -> usize {
+        states.iter().map(|s| s.len() * 4).sum()
+    }
+
+    fn insert(&mut self, key: u128, states: &[Vec<f32>]) {
+        let size = Self::size(states);
+        if size == 0 || size > self.cap || self.by_key.contains_key(&key) {
+            return;
+        }
+        while self.bytes + size > self.cap {
+            let Some((_, old)) = self.lru.pop_first() else {
+                break;
+            };
+            if let Some((s, _)) = self.by_key.remove(&old) {
+                self.bytes -= Self::size(&s);
+            }
+        }
+        self.clock += 1;
+        self.lru.insert(self.clock, key);
+        self.by_key.insert(key, (states.to_vec(), self.clock));
+        self.bytes += size;
+    }
+
+    /// The states kept for `key`, now the most recently used.
+    fn get(&mut self, key: u128) -> Option<&[Vec<f32>]> {
+        let (_, used) = self.by_key.get(&key)?;
+        self.lru.remove(used);
+        self.clock += 1;
+        self.lru.insert(self.clock, key);
+        let e = self.by_key.get_mut(&key)?;
+        e.1 = self.clock;
+        Some(&e.0)
+    }
 }
 
 /// A copy of the rows of a sequence's first prompt chunk (at most a page of them), kept in a
@@ -466,14 +517,16 @@ impl KvPool {
             released_at: vec![0; n_pages],
             clock: 0,
             partial: Vec::new(),
+            snapshots: Snapshots {
+                cap: abi::settings::STATE_SNAPSHOTS_MB.int_or(256) as usize * (1 << 20),
+                ..Default::default()
+            },
         };
         KvPool {
             layers,
             n_pages,
             chunk,
             unit: match chunk {
-                // Pages alone do not resume a sequence with recurrent state.
-                _ if !spec.states.is_empty() => 0,
                 0 => 0,
                 c if c % KV_PAGE == 0 => c,
                 c if KV_PAGE % c == 0 => KV_PAGE,
@@ -591,6 +644,13 @@ impl KvPool {
             }
             if found.len() < per {
                 break;
+            }
+            // Recurrent state: the unit resumes the sequence only with its snapshot.
+            if !kv.states.is_empty() {
+                match pages.snapshots.get(key) {
+                    Some(st) => kv.states.clone_from_slice(st),
+                    None => break,
+                }
             }
             for &p in &found {
                 pages.retain(p);
@@ -740,6 +800,14 @@ impl KvPool {
             let p = kv.table[s0 / KV_PAGE + i] as u32;
             pages.publish(p, chain_key(key, &[], i as u64));
         }
+        if !kv.states.is_empty() {
+            pages.snapshots.insert(key, &kv.states);
+        }
+    }
+
+    /// Bytes of recurrent-state snapshots kept for prefix reuse.
+    pub fn snapshot_bytes(&self) -> usize {
+        lock(&self.pages).snapshots.bytes
     }
 }
 

@@ -161,3 +161,110 @@ fn truncating_short_of_the_end_starts_over() {
     let again = s.eval(&prompt, true).unwrap().unwrap();
     assert!(same_bits(&first, &again), "started over from a zero state");
 }
+
+/// Prefix reuse with recurrent state: a prompt extending another's whole prompt chunks takes
+/// their pages and the state snapshot kept where they end, and its logits (and the tokens after
+/// them) are bit for bit those of computing everything; without a snapshot nothing is reused.
+#[test]
+fn a_reused_prefix_restores_the_state_snapshot() {
+    for file in ["qwen35-random.gguf", "lfm2-random.gguf"] {
+        let model = Model::load(&random::random_checkpoint(file)).unwrap();
+        // Chunks of 16 tokens: units of one 256-row page.
+        let o = SessionOptions {
+            n_ctx: 1024,
+            n_batch: 16,
+            kv_pool_rows: 8 * 256,
+            ..opts()
+        };
+        let mut s = Session::new(&model, &o).unwrap();
+        let toks = |seed: u32, n: u32| -> Vec<u32> {
+            (0..n).map(|i| (i * 37 + seed * 11) % 256).collect()
+        };
+        let feed = |s: &mut Session, seq: &mut engine::Sequence, p: &[u32]| -> Vec<f32> {
+            let mut at = seq.history.len();
+            let mut last = Vec::new();
+            while at < p.len() {
+                let end = engine::session::chunk_end(16, at, p.len());
+                let n_out = (end == p.len()) as usize;
+                let out = s
+                    .step(&mut [Work {
+                        seq,
+                        tokens: &p[at..end],
+                        n_out,
+                    }])
+                    .unwrap();
+                if n_out == 1 {
+                    last = out.to_vec();
+                }
+                at = end;
+            }
+            last
+        };
+        let base = toks(1, 300);
+        let mut a = s.new_sequence_for(&base, 1024);
+        feed(&mut s, &mut a, &base);
+        assert!(
+            s.kv_pool().snapshot_bytes() > 0,
+            "{file}: a snapshot at the unit's end"
+        );
+        let mut pb = base[..270].to_vec();
+        pb.extend(toks(2, 30));
+        let mut b = s.new_sequence_for(&pb, 1024);
+        assert_eq!(
+            b.history.len(),
+            256,
+            "{file}: the first unit and its state reused"
+        );
+        let lb = feed(&mut s, &mut b, &pb);
+        let mut c = s.new_sequence(1024);
+        let lc = feed(&mut s, &mut c, &pb);
+        assert!(
+            same_bits(&lb, &lc),
+            "{file}: the reused prefix changed the logits"
+        );
+        for tok in [5u32, 77, 3] {
+            let out = s
+                .step(&mut [
+                    Work {
+                        seq: &mut b,
+                        tokens: &[tok],
+                        n_out: 1,
+                    },
+                    Work {
+                        seq: &mut c,
+                        tokens: &[tok],
+                        n_out: 1,
+                    },
+                ])
+                .unwrap()
+                .to_vec();
+            let v = out.len() / 2;
+            assert!(
+                same_bits(&out[..v], &out[v..]),
+                "{file}: decoding after reuse"
+            );
+        }
+    }
+    // No snapshots kept: the pages alone do not resume the state, so nothing is reused.
+    std::env::set_var("MOLLM_STATE_SNAPSHOTS_MB", "0");
+    let model = Model::load(&random::random_checkpoint("qwen35-random.gguf")).unwrap();
+    let o = SessionOptions {
+        n_ctx: 1024,
+        n_batch: 16,
+        ..opts()
+    };
+    let mut s = Session::new(&model, &o).unwrap();
+    let p: Vec<u32> = (0..300).map(|i| (i * 13) % 256).collect();
+    let mut a = s.new_sequence(1024);
+    for c in p.chunks(16) {
+        s.step(&mut [Work {
+            seq: &mut a,
+            tokens: c,
+            n_out: 1,
+        }])
+        .unwrap();
+    }
+    assert_eq!(s.kv_pool().snapshot_bytes(), 0);
+    assert_eq!(s.new_sequence_for(&p, 1024).history.len(), 0);
+    std::env::remove_var("MOLLM_STATE_SNAPSHOTS_MB");
+}

@@ -237,7 +237,8 @@ mod x86 {
             for step in (0..n).step_by(64) {
                 for a in 0..8 {
                     let at = step + 8 * a;
-                    let x = _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(at)), d, _mm256_loadu_ps(r.add(at)));
+                    let x =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(kp.add(at)), d, _mm256_loadu_ps(r.add(at)));
                     _mm256_storeu_ps(r.add(at), x);
                     acc[a] = _mm256_fmadd_ps(x, _mm256_loadu_ps(qp.add(at)), acc[a]);
                 }
