@@ -137,6 +137,42 @@ fn qwen35_and_qwen3next_generate_llama_cpps_tokens_on_every_backend_alone_and_ba
     check("qwen35");
 }
 
+/// A `.mollm` package of each model (`--quant keep`: the same weights; Qwen3.5-MoE's merged
+/// expert stacks written as separate ones) carries its graph, and generates llama.cpp's tokens.
+#[test]
+fn packages_of_recurrent_models_generate_llama_cpps_tokens() {
+    for family in ["lfm2", "qwen35"] {
+        let g = golden(family);
+        for (key, m) in g["models"].as_object().unwrap() {
+            let path = random_support::random_checkpoint(m["gguf"].as_str().unwrap());
+            let pkg = tmp(&format!("{key}.mollm"), b"");
+            let o = mollm(&[
+                "convert",
+                "-q",
+                "--quant",
+                "keep",
+                path.to_str().unwrap(),
+                pkg.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{key}: {}", common::stderr(&o));
+            let mut lines = String::new();
+            for case in m["cases"].as_array().unwrap() {
+                lines.push_str(&format!(
+                    "{{\"id\": \"{}\", \"prompt_ids\": {}, \"max_tokens\": 16, \"temperature\": 0, \"ignore_eos\": true}}\n",
+                    case["name"].as_str().unwrap(),
+                    case["tokens"]
+                ));
+            }
+            let input = tmp(&format!("{key}-pkg.jsonl"), lines.as_bytes());
+            let got = batch(&pkg, &input, "auto", 4, &[]);
+            for case in m["cases"].as_array().unwrap() {
+                let name = case["name"].as_str().unwrap();
+                assert_eq!(got[name]["tokens"], case["generated"], "{key}.mollm {name}");
+            }
+        }
+    }
+}
+
 /// llama.cpp's test vocabulary turns text into ids (5-byte chunks), so `mollm run` takes a text
 /// prompt on these models too; the prompt here is the ids 1, 2, 3.
 #[test]
@@ -235,6 +271,18 @@ fn a_missing_delta_net_tensor_or_sizes_that_do_not_fit_are_named() {
         u32_after(b"qwen35.full_attention_interval", 0),
     );
     common::assert_one_line_error(&o, "'qwen35.full_attention_interval' is 0");
+    // Rope sections [3, 3, 2, 0] over 8 pairs rotate every pair; [3, 3, 1, 1] leaves pair 5 to
+    // the fourth section, which text does not rotate: refused rather than run differently.
+    let key = b"qwen35.rope.dimension_sections";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // The array's type (u32), element type (u32) and length (u64), then four i32 values.
+    let mut bad = bytes.clone();
+    bad[at + 16 + 8..at + 16 + 16].copy_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
+    let o = run("qwen35-sections.gguf", bad);
+    common::assert_one_line_error(
+        &o,
+        "rope sections [3, 3, 1, 1] leave dimension pair 5 of 8 unrotated on text",
+    );
     // qwen35moe-random names its layers by flags; without them the default pattern (every
     // fourth layer attention) does not fit its tensors, and the first that is missing is named.
     let path = random_support::random_checkpoint("qwen35moe-random.gguf");

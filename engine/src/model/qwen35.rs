@@ -29,7 +29,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
         )));
     }
     if arch != "qwen3next" {
-        check_sections(hp).map_err(invalid)?;
+        check_sections(hp)?;
     }
     let mut spec = decoder::attn_spec(hp, ROPE_NEOX, false, true);
     spec.output_gate = true;
@@ -71,13 +71,13 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
 /// Qwen3.5's rope is llama.cpp's interleaved multi-section rope; on text (every section at
 /// the token's position) it is neox rope wherever each rotated pair falls in a section. A
 /// pair left to the fourth section would stay unrotated, which mollm's rope does not do.
-fn check_sections(hp: &HParams) -> std::result::Result<(), String> {
+fn check_sections(hp: &HParams) -> Result<()> {
     let s = &hp.rope_sections;
     if s.len() < 3 || s[..3].iter().all(|&x| x == 0) {
-        return Err(format!(
-            "'{}.rope.dimension_sections' must give the sections of its rope, got {s:?}",
-            hp.arch
-        ));
+        return Err(EngineError::Invalid(format!(
+            "{}: '{}.rope.dimension_sections' must give the sections of its rope, got {s:?}",
+            hp.arch, hp.arch
+        )));
     }
     let total: usize = s.iter().take(4).sum();
     let rotated = |j: usize| {
@@ -88,10 +88,11 @@ fn check_sections(hp: &HParams) -> std::result::Result<(), String> {
     };
     match (0..hp.n_rot / 2).find(|&j| !rotated(j)) {
         None => Ok(()),
-        Some(j) => Err(format!(
-            "rope sections {s:?} leave dimension pair {j} of {} unrotated on text, which mollm's rope does not do yet",
+        Some(j) => Err(EngineError::Invalid(format!(
+            "{}: rope sections {s:?} leave dimension pair {j} of {} unrotated on text, which mollm's rope does not do yet",
+            hp.arch,
             hp.n_rot / 2
-        )),
+        ))),
     }
 }
 
