@@ -91,10 +91,13 @@ fn map() -> Option<Slab> {
 }
 
 /// A fresh anonymous mapping holding `len` bytes (rounded up to whole 2 MiB pages) at a 2 MiB
-/// boundary, with transparent huge pages requested for them: the mapping, its size and the
-/// aligned start. Weights are streamed once per token: 2 MiB pages spare the TLB walks. The
-/// pages are untouched, so the first writes (the repack) fault in huge ones.
+/// boundary, with transparent huge pages requested for the 2 MiB pages the bytes fill: the
+/// mapping, its size and the aligned start. Weights are streamed once per token: 2 MiB pages
+/// spare the TLB walks. The pages are untouched, so the first writes (the repack) fault in
+/// huge ones. The last, partly filled 2 MiB stays in small pages: as a huge page it would
+/// cost a whole 2 MiB of memory for every weight (150 MiB over a 0.8B model's matrices).
 pub fn map_huge(len: usize) -> Option<(*mut libc::c_void, usize, usize)> {
+    let whole = len / HUGE * HUGE;
     let len = len.next_multiple_of(HUGE);
     let size = len + HUGE;
     // SAFETY: a fresh private anonymous mapping (zeroed, untouched).
@@ -113,7 +116,15 @@ pub fn map_huge(len: usize) -> Option<(*mut libc::c_void, usize, usize)> {
     }
     let start = (base as usize).next_multiple_of(HUGE);
     // SAFETY: advice on memory this mapping owns.
-    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+    unsafe {
+        if whole > 0 {
+            libc::madvise(start as *mut libc::c_void, whole, libc::MADV_HUGEPAGE);
+        }
+        if whole < len {
+            let tail = (start + whole) as *mut libc::c_void;
+            libc::madvise(tail, len - whole, libc::MADV_NOHUGEPAGE);
+        }
+    }
     Some((base, size, start))
 }
 
