@@ -29,6 +29,7 @@ pub enum Op {
     Argmax = 11,
     SsmConv = 12,
     GatedDeltaNet = 13,
+    RwkvWkv7 = 14,
 }
 
 impl Op {
@@ -47,6 +48,7 @@ impl Op {
         Op::Argmax,
         Op::SsmConv,
         Op::GatedDeltaNet,
+        Op::RwkvWkv7,
     ];
 
     pub fn from_id(id: u32) -> Option<Op> {
@@ -369,8 +371,23 @@ fn gated_delta_net_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     Ok(vec![v, state])
 }
 
+fn rwkv_wkv7_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let names = ["r", "w", "k", "v", "a", "b"];
+    let x = s[0];
+    let [n, h, _, seqs] = x;
+    for (i, name) in names.iter().enumerate().skip(1) {
+        let y = s[i];
+        need(y == x, || format!("{name} {y:?} and r {x:?} differ"))?;
+    }
+    let state = s[6];
+    need(state == [n, n, h, seqs], || {
+        format!("state must be [{n}, {n}, {h}, {seqs}], got {state:?}")
+    })?;
+    Ok(vec![x, state])
+}
+
 /// Indexed by `Op as usize`; a test checks the order.
-pub static SCHEMAS: [OpSchema; 14] = [
+pub static SCHEMAS: [OpSchema; 15] = [
     OpSchema {
         op: Op::GetRows,
         name: "get_rows",
@@ -632,6 +649,68 @@ pub static SCHEMAS: [OpSchema; 14] = [
         attrs: &[],
         shape_rule: gated_delta_net_shape,
     },
+    OpSchema {
+        op: Op::RwkvWkv7,
+        name: "rwkv_wkv7",
+        doc: "RWKV-7's generalized delta rule, one token after another (ggml_rwkv_wkv7: the \
+              RWKV7 architecture's time mixing). Per sequence s and head h, M is the state \
+              block state[:, :, h, s] (M[i][j] = state[j, i, h, s]: key index j fastest, row i \
+              the value/output index; ggml's state row h*N*N + i*N + j of sequence s). r, w, \
+              k, v, a, b [N, H, T, S] are ggml's [N, H, T*S] tensors with token t of sequence \
+              s at t + s*T (ggml's sequence of a token is its index / T); out [N, H, T, S] is \
+              the first N*H*T*S floats of ggml's result and new_state its state rows. For \
+              each token and each row i (all from the row before the token): sa = dot(a, \
+              M[i]); M[i][j] = fma(sa, b[j], fma(M[i][j], w[j], v[i]*k[j])) (v[i]*k[j] \
+              rounded, then two fused steps); out[i] = dot(M[i], r) over the new row. dot is \
+              the AVX-512 build's GGML_F32 loop: 4 x 16 fused accumulators over 64-element \
+              steps, reduced as GGML_F32x16_REDUCE (ggml_vec_dot_f32's order); the N mod 64 \
+              leftovers (llama.cpp supports only N a multiple of 64: RWKV-7 has 64) are \
+              defined here as fused into that sum one by one, in order, and updated like the \
+              rest. w is the decay itself (the model's exp(-exp(.)) is computed before). \
+              new_state is M after the last token (T = 0: the state as it was). new_state \
+              may be the state operand itself (updated in place); no other operands may \
+              overlap. The work splits by (head, sequence), so the result does not depend \
+              on the thread count.",
+        inputs: &[
+            operand!(
+                "r",
+                F32,
+                "[N, H, T, S] receptance (N: head size; S: sequences)"
+            ),
+            operand!(
+                "w",
+                F32,
+                "[N, H, T, S] decay per key (multiplies the state)"
+            ),
+            operand!("k", F32, "[N, H, T, S] keys"),
+            operand!("v", F32, "[N, H, T, S] values"),
+            operand!(
+                "a",
+                F32,
+                "[N, H, T, S] in-context learning rate side: sa = dot(a, M[i])"
+            ),
+            operand!(
+                "b",
+                F32,
+                "[N, H, T, S] what sa writes: M[i][j] += sa * b[j]"
+            ),
+            operand!(
+                "state",
+                F32,
+                "[N, N, H, S] each head's state before the first token"
+            ),
+        ],
+        outputs: &[
+            operand!("out", F32, "[N, H, T, S] the output"),
+            operand!(
+                "new_state",
+                F32,
+                "[N, N, H, S] each head's state after the last token"
+            ),
+        ],
+        attrs: &[],
+        shape_rule: rwkv_wkv7_shape,
+    },
 ];
 
 /// Checks a call against its schema: operand counts, formats, attribute hygiene and shapes.
@@ -842,6 +921,50 @@ mod tests {
         let e = check(&ins, &[v, f(&[8, 8, 4, 1])]).unwrap_err();
         assert!(e.contains("new_state"), "{e}");
         let e = check(&ins, &[f(&[8, 4, 3, 1]), st]).unwrap_err();
+        assert!(e.contains("'out'"), "{e}");
+    }
+
+    /// rwkv_wkv7: head size 8, 3 heads, 4 tokens of 2 sequences.
+    #[test]
+    fn rwkv_wkv7_shapes() {
+        let p = OpParams::default();
+        let f = |s: &[i64]| desc(DType::F32, s);
+        let (x, st) = (f(&[8, 3, 4, 2]), f(&[8, 8, 3, 2]));
+        let ins = [x, x, x, x, x, x, st];
+        let outs = [x, st];
+        let check = |ins: &[TensorDesc], outs: &[TensorDesc]| validate(Op::RwkvWkv7, ins, outs, &p);
+        assert!(check(&ins, &outs).is_ok());
+        assert_eq!(
+            (Op::RwkvWkv7.schema().shape_rule)(&ins.map(|t| t.ne), &p),
+            Ok(vec![x.ne, st.ne])
+        );
+        // No tokens: the state passes through.
+        let none = f(&[8, 3, 0, 2]);
+        assert!(check(&[none, none, none, none, none, none, st], &[none, st]).is_ok());
+        let e = check(&ins, &outs[..1]).unwrap_err();
+        assert!(e.contains("2 outputs"), "{e}");
+        for (i, name) in ["w", "k", "v", "a", "b"].iter().enumerate() {
+            let mut y = ins;
+            y[i + 1] = f(&[8, 3, 3, 2]);
+            let e = check(&y, &outs).unwrap_err();
+            assert!(
+                e.contains(&format!("{name} ")) && e.contains("differ"),
+                "{e}"
+            );
+        }
+        let bad = |i: usize, t: TensorDesc, what: &str| {
+            let mut y = ins;
+            y[i] = t;
+            let e = check(&y, &outs).unwrap_err();
+            assert!(e.contains(what), "input {i}: {e}");
+        };
+        bad(6, f(&[8, 8, 3, 1]), "state must be");
+        bad(6, f(&[8, 4, 3, 2]), "state must be");
+        bad(6, f(&[8, 8, 2, 2]), "state must be");
+        bad(3, desc(DType::F16, &[8, 3, 4, 2]), "accept");
+        let e = check(&ins, &[x, f(&[8, 8, 3, 1])]).unwrap_err();
+        assert!(e.contains("new_state"), "{e}");
+        let e = check(&ins, &[f(&[8, 3, 4, 1]), st]).unwrap_err();
         assert!(e.contains("'out'"), "{e}");
     }
 }

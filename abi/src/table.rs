@@ -17,7 +17,7 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 9;
+pub const ABI_MINOR: u16 = 10;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
@@ -35,6 +35,7 @@ pub const ABI_MINOR: u16 = 9;
 // Minor 8: op 12, `ssm_conv` (a backend of minor < 8 is not sent it: its `compute` would
 // answer InvalidArgument to the unknown id).
 // Minor 9: op 13, `gated_delta_net` (the same: not sent to a backend of minor < 9).
+// Minor 10: op 14, `rwkv_wkv7` (the same: not sent to a backend of minor < 10).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 

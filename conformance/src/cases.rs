@@ -224,7 +224,7 @@ pub const ATTENTION_SEQS: &[SeqsShape] = &[
 ];
 
 /// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
-pub const CASES_VERSION: u32 = 6;
+pub const CASES_VERSION: u32 = 7;
 
 /// How many fixed cases `op` has.
 pub fn fixed_count(op: Op) -> u64 {
@@ -578,6 +578,50 @@ pub fn case(op: Op, seed: u64) -> Case {
                     Owned::zeros(DType::F32, &[n, n, h, seqs]),
                 ],
                 format!("n={n} h={h} hq={hq} t={rows} seqs={seqs} kda={kda}"),
+            )
+        }
+        Op::RwkvWkv7 => {
+            // Head sizes: RWKV-7's 64, 128, and ones with leftovers past the 64-element steps
+            // (1, 5, 16, 100: mollm's definition there). Operands as the model makes them:
+            // a = -kk and b = kk * iclr with kk a unit vector per head and token and iclr in
+            // (0, 1), decays w in (0.55, 1), keys and receptances of about unit length, so the
+            // recurrence stays bounded.
+            let n = r.pick(&[64i64, 64, 128, 1, 5, 16, 100]);
+            let h = r.pick(&[1i64, 2, 4]);
+            let seqs = r.pick(&[1i64, 2, 3]);
+            let (len, unit) = ((n * h * rows * seqs) as usize, 1.0 / (n as f32).sqrt());
+            let rr = r.vec(len, unit);
+            let w: Vec<f32> = r
+                .vec(len, 1.0)
+                .iter()
+                .map(|x| (-0.606531 / (1.0 + (-x).exp())).exp())
+                .collect();
+            let k = r.vec(len, unit);
+            let v = r.vec(len, 1.0);
+            let mut kk = r.vec(len, 1.0);
+            for row in kk.chunks_mut(n as usize) {
+                let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                row.iter_mut().for_each(|x| *x /= norm);
+            }
+            let a: Vec<f32> = kk.iter().map(|x| -x).collect();
+            let b: Vec<f32> = kk
+                .iter()
+                .zip(r.vec(len, 1.0))
+                .map(|(x, g)| x / (1.0 + (-g).exp()))
+                .collect();
+            let shape = [n, h, rows, seqs];
+            let state = Owned::f32(&[n, n, h, seqs], &r.vec((n * n * h * seqs) as usize, 0.3));
+            (
+                [rr, w, k, v, a, b]
+                    .iter()
+                    .map(|x| Owned::f32(&shape, x))
+                    .chain([state])
+                    .collect(),
+                vec![
+                    Owned::zeros(DType::F32, &shape),
+                    Owned::zeros(DType::F32, &[n, n, h, seqs]),
+                ],
+                format!("n={n} h={h} t={rows} seqs={seqs}"),
             )
         }
         Op::Add | Op::Mul | Op::Scale | Op::Softmax => {

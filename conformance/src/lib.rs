@@ -58,6 +58,13 @@ pub fn tolerance(op: Op) -> Tolerance {
             abs: 1e-4,
             rel: 1e-4,
         },
+        // The same kind of recurrence (rwkv_wkv7: decays <= 1, a = -kk and b = kk * iclr with
+        // kk of unit length, so M (diag(w) - a b^T-like) does not amplify): another order of
+        // the two dots per row moves each output by some ulps of the state.
+        Op::RwkvWkv7 => Tolerance {
+            abs: 1e-4,
+            rel: 1e-4,
+        },
         _ => Tolerance {
             abs: 1e-4,
             rel: 1e-4,

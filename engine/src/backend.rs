@@ -110,14 +110,15 @@ impl Backend {
     /// declined, as an unsupported call, instead of sent).
     fn too_new(&self, op: Op, inputs: &[TensorDesc]) -> bool {
         // ABI 1.2: attention's block_table; 1.4: its seqs (several sequences in one call);
-        // 1.8: ssm_conv; 1.9: gated_delta_net (an older plugin's decode refuses the unknown op
-        // id as malformed).
+        // 1.8: ssm_conv; 1.9: gated_delta_net; 1.10: rwkv_wkv7 (an older plugin's decode
+        // refuses the unknown op id as malformed).
         match op {
             Op::Attention => {
                 (inputs.len() > 4 && self.abi_minor < 2) || (inputs.len() > 5 && self.abi_minor < 4)
             }
             Op::SsmConv => self.abi_minor < 8,
             Op::GatedDeltaNet => self.abi_minor < 9,
+            Op::RwkvWkv7 => self.abi_minor < 10,
             _ => false,
         }
     }
@@ -374,5 +375,42 @@ mod tests {
             assert_eq!(ran, takes, "1.{minor}");
         }
         assert_eq!((o[0], st2[0]), (10.0, 2.5));
+    }
+
+    /// rwkv_wkv7 (op 14, ABI 1.10): the same for plugins built before it.
+    #[test]
+    fn rwkv_wkv7_reaches_backends_of_abi_1_10_only() {
+        // Head size 1, one head, one token: sa = a * M = 2 * 0.5 = 1; M = 1 * 0.5 (b) +
+        // (0.5 * 0.5 (w) + 3 * 2 (v k)) = 6.75; out = 6.75 * 4 (r) = 27.
+        let (mut r, mut w, mut k, mut v) = (vec![4f32], vec![0.5f32], vec![2f32], vec![3f32]);
+        let (mut a, mut b, mut st) = (vec![2f32], vec![0.5f32], vec![0.5f32]);
+        let (mut o, mut st2) = (vec![0f32], vec![0f32]);
+        let f32s = |v: &mut [f32]| {
+            TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, abi::DType::F32, &[1, 1, 1, 1])
+        };
+        let ins = [
+            f32s(&mut r),
+            f32s(&mut w),
+            f32s(&mut k),
+            f32s(&mut v),
+            f32s(&mut a),
+            f32s(&mut b),
+            f32s(&mut st),
+        ];
+        let outs = [f32s(&mut o), f32s(&mut st2)];
+        let p = OpParams::default();
+        for (minor, takes) in [(9, false), (10, true)] {
+            let host = reference::serial_host();
+            let b =
+                Backend::open_table("ref".into(), &reference::TABLE, minor, host, None).unwrap();
+            assert_eq!(
+                b.supports(Op::RwkvWkv7, &ins, &outs, &p),
+                takes,
+                "1.{minor}"
+            );
+            let ran = b.try_compute(Op::RwkvWkv7, &ins, &outs, p).unwrap();
+            assert_eq!(ran, takes, "1.{minor}");
+        }
+        assert_eq!((o[0], st2[0]), (27.0, 6.75));
     }
 }

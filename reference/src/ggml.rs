@@ -18,6 +18,8 @@
 //! - [`dot_vec_f32_as_built`]: `ggml_vec_dot_f32` leftovers included, as the binary has them
 //!   (rounded products, then the last `n mod 4` fused), and [`gated_delta_net_token`], one
 //!   token of `ggml_compute_forward_gated_delta_net_f32` on one head's state.
+//! - [`rwkv_wkv7_token`]: one token of `ggml_compute_forward_rwkv_wkv7_f32` (its GGML_SIMD
+//!   path) on one head's state.
 //!
 //! The native CPU backends use these same functions (one copy of every chain): the `*_lanes`
 //! bodies are `#[inline(always)]` so that a backend instantiates them inside its own
@@ -377,6 +379,80 @@ pub fn gated_delta_net_token_dispatch(
         return unsafe { fma(m, q, k, v, gate, beta, scale, d, o) };
     }
     gated_delta_net_token(m, q, k, v, gate, beta, scale, d, o)
+}
+
+/// One token of `ggml_compute_forward_rwkv_wkv7_f32` (llama.cpp 0c1e570, its GGML_SIMD path
+/// as the AVX-512 build compiles it: GGML_F32_STEP 64, four 16-lane accumulators,
+/// `GGML_F32_VEC_FMA(a, b, c) = a + b*c` fused) on one head's state `m` (`n x n`, row `i` =
+/// value/output index, key index `j` fastest), in place; `o` gets the token's output row.
+///
+/// For each row `i`, from the row as it was before the token:
+/// 1. `sa = dot(a, m[i])`;
+/// 2. `m[i][j] = fma(sa, b[j], fma(m[i][j], w[j], v[i]*k[j]))`: the product `v[i]*k[j]`
+///    rounded (`GGML_F32_VEC_MUL`), then two fused steps;
+/// 3. `o[i] = dot(m[i], r)` over the new row.
+///
+/// `dot` is [`dot_vec_f32_lanes`]: fused accumulators over 64-element steps, reduced as
+/// `GGML_F32x16_REDUCE`; the `n mod 64` leftovers fused into that sum one by one. llama.cpp
+/// has no leftovers (its loop reads whole 64-steps past the row where `n mod 64 != 0`: it
+/// supports only multiples of 64, RWKV-7's heads are 64); this is mollm's definition there.
+/// The update is element-wise and vectorizes in any frame without changing a bit.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn rwkv_wkv7_token(
+    m: &mut [f32],
+    r: &[f32],
+    w: &[f32],
+    k: &[f32],
+    v: &[f32],
+    a: &[f32],
+    b: &[f32],
+    o: &mut [f32],
+) {
+    let n = v.len();
+    for ((row, &vi), oi) in m.chunks_exact_mut(n).zip(v).zip(o.iter_mut()) {
+        let sa = dot_vec_f32_lanes(a, row);
+        for j in 0..n {
+            let kv = vi * k[j];
+            row[j] = sa.mul_add(b[j], row[j].mul_add(w[j], kv));
+        }
+        *oi = dot_vec_f32_lanes(row, r);
+    }
+}
+
+/// [`rwkv_wkv7_token`] in an FMA frame where the CPU has one (the same bits: `mul_add`
+/// rounds once either way, it is only faster).
+#[allow(clippy::too_many_arguments)]
+pub fn rwkv_wkv7_token_dispatch(
+    m: &mut [f32],
+    r: &[f32],
+    w: &[f32],
+    k: &[f32],
+    v: &[f32],
+    a: &[f32],
+    b: &[f32],
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn fma(
+            m: &mut [f32],
+            r: &[f32],
+            w: &[f32],
+            k: &[f32],
+            v: &[f32],
+            a: &[f32],
+            b: &[f32],
+            o: &mut [f32],
+        ) {
+            rwkv_wkv7_token(m, r, w, k, v, a, b, o)
+        }
+        // SAFETY: the features were detected at run time.
+        return unsafe { fma(m, r, w, k, v, a, b, o) };
+    }
+    rwkv_wkv7_token(m, r, w, k, v, a, b, o)
 }
 
 /// `MAX(a, b)` as ggml's macro: `a > b ? a : b` (so a NaN element wins over a number, and a

@@ -552,6 +552,191 @@ fn gated_delta_net_sequences_heads_and_gates_apart() {
     assert_eq!(c.run(&serial_host(), true), (o, st));
 }
 
+/// Operands of one rwkv_wkv7 call, owned: r, w, k, v, a, b, state, then out and new_state,
+/// with the shapes of head size `n`, `h` heads, `t` tokens of `seqs` sequences.
+struct Wkv7 {
+    n: i64,
+    h: i64,
+    t: i64,
+    seqs: i64,
+    bufs: Vec<Vec<f32>>,
+}
+
+impl Wkv7 {
+    fn new(n: i64, h: i64, t: i64, seqs: i64) -> Wkv7 {
+        let mut c = Wkv7 {
+            n,
+            h,
+            t,
+            seqs,
+            bufs: Vec::new(),
+        };
+        c.bufs = c
+            .shapes()
+            .iter()
+            .map(|s| vec![0f32; s.iter().product::<i64>() as usize])
+            .collect();
+        c
+    }
+    fn shapes(&self) -> [[i64; 4]; 9] {
+        let x = [self.n, self.h, self.t, self.seqs];
+        let st = [self.n, self.n, self.h, self.seqs];
+        [x, x, x, x, x, x, st, x, st]
+    }
+    /// Runs the call (`in_place`: new_state is the state operand itself); out, new_state.
+    fn run(&mut self, host: &abi::HostApi, in_place: bool) -> (Vec<f32>, Vec<f32>) {
+        let shapes = self.shapes();
+        let mut d: Vec<TensorDesc> = self
+            .bufs
+            .iter_mut()
+            .zip(&shapes)
+            .map(|(b, s)| f32d(b, s))
+            .collect();
+        if in_place {
+            d[8] = d[6];
+        }
+        unsafe { reference::run(host, Op::RwkvWkv7, &d[..7], &d[7..], &OpParams::default()) }
+            .unwrap_or_else(|e| panic!("rwkv_wkv7: {e}"));
+        let st = if in_place { 6 } else { 8 };
+        (self.bufs[7].clone(), self.bufs[st].clone())
+    }
+}
+
+/// Head size 2, one head, two tokens: every value worked out by hand. M[i] (row i, the value
+/// index) is row i of the state block: state[j, i] with the key index j fastest.
+#[test]
+fn rwkv_wkv7_by_hand() {
+    let mut c = Wkv7::new(2, 1, 2, 1);
+    // r, w, k, v, a, b: token 0, then token 1.
+    c.bufs[0] = vec![1.0, 1.0, 1.0, 0.0];
+    c.bufs[1] = vec![0.5, 1.0, 1.0, 1.0];
+    c.bufs[2] = vec![1.0, 2.0, 0.0, 0.0];
+    c.bufs[3] = vec![1.0, -1.0, 0.0, 0.0];
+    c.bufs[4] = vec![1.0, 0.0, 0.0, 1.0];
+    c.bufs[5] = vec![0.0, 1.0, 1.0, 0.0];
+    c.bufs[6] = vec![1.0, 0.0, 0.0, 1.0];
+    let (o, st) = c.run(&serial_host(), false);
+    // Token 0, row 0: M0 = [1, 0], sa = a.M0 = 1, M0 = M0 w + v0 k + sa b = [0.5 + 1, 0 + 2 +
+    // 1] = [1.5, 3], out 4.5. Row 1: M1 = [0, 1], sa = 0, M1 = [0 - 1, 1 - 2] = [-1, -1],
+    // out -2. Token 1 (w = 1, k = v = 0): row 0: sa = M0[1] = 3, M0 = [1.5 + 3, 3], out 4.5;
+    // row 1: sa = -1, M1 = [-2, -1], out -2.
+    assert_eq!(o, [4.5, -2.0, 4.5, -2.0]);
+    assert_eq!(st, [4.5, 3.0, -2.0, -1.0]);
+    // No tokens: the state as it was.
+    let mut none = Wkv7::new(2, 2, 0, 1);
+    none.bufs[6] = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    assert_eq!(
+        none.run(&serial_host(), false),
+        (vec![], none.bufs[6].clone())
+    );
+}
+
+/// Where the AVX-512 build fuses and where it rounds (x = -(1 + 2^-11), y = 1 + 2^-12: x +
+/// y*y is 2^-24 fused and 0 with y*y rounded first): v*k is rounded, then M*w + kv and
+/// sa*b + that are each fused; the dots fuse within their 16 lanes only, and the leftovers
+/// past the 64-element steps (mollm's definition) are fused into the sum.
+#[test]
+fn rwkv_wkv7_rounds_v_k_and_fuses_the_update() {
+    let x = -(1.0 + 2f32.powi(-11));
+    let y = 1.0 + 2f32.powi(-12);
+    let tiny = 2f32.powi(-24);
+    // (M, w, k, v, a, b, the new M): r = 1, so out is the new M.
+    for (m, w, k, v, a, b, want) in [
+        (y, y, 1.0, x, 0.0, 0.0, tiny), // M*w + kv fused
+        (1.0, x, 0.0, 0.0, y, y, tiny), // sa*b + (M*w + kv) fused (sa = y)
+        (1.0, x, y, y, 0.0, 0.0, 0.0),  // v*k rounded first
+    ] {
+        let mut c = Wkv7::new(1, 1, 1, 1);
+        for (i, e) in [1.0, w, k, v, a, b, m].into_iter().enumerate() {
+            c.bufs[i] = vec![e];
+        }
+        let (o, st) = c.run(&serial_host(), false);
+        assert_eq!(
+            st[0].to_bits(),
+            want.to_bits(),
+            "M {m} w {w} k {k} v {v} a {a} b {b}"
+        );
+        assert_eq!(o[0].to_bits(), want.to_bits());
+    }
+    // The output dot of row 0 with r (w = 1, the rest 0: the state is kept): x at element 0,
+    // y at `at`, r = 1 at 0 and y at `at`. Lane 1 of the 64-step rounds y*y on its own; a
+    // leftover past the steps is fused into the reduced sum.
+    for (n, at, want) in [(64, 1, 0.0), (64, 16, 0.0), (65, 64, tiny), (100, 99, tiny)] {
+        let mut c = Wkv7::new(n, 1, 1, 1);
+        c.bufs[1] = vec![1.0; n as usize];
+        (c.bufs[6][0], c.bufs[0][0]) = (x, 1.0);
+        (c.bufs[6][at], c.bufs[0][at]) = (y, y);
+        let (o, st) = c.run(&serial_host(), false);
+        assert_eq!(st, c.bufs[6], "n = {n}: the state is kept");
+        assert_eq!(o[0].to_bits(), f32::to_bits(want), "n = {n}, y at {at}");
+    }
+}
+
+/// Sequences and heads apart: a call of two sequences gives each one's result alone; the
+/// state updated in place and the thread count change nothing.
+#[test]
+fn rwkv_wkv7_sequences_apart_threads_and_in_place() {
+    let (n, h, t) = (5i64, 3i64, 4i64);
+    let mut c = Wkv7::new(n, h, t, 2);
+    let mut x = 0.37f32;
+    for (i, b) in c.bufs[..7].iter_mut().enumerate() {
+        for v in b.iter_mut() {
+            x = (x * 3.7 + 0.11).fract();
+            *v = match i {
+                1 => 0.5 + x / 2.0,
+                4 => -x / 3.0,
+                5 => x / 3.0,
+                _ => x - 0.5,
+            };
+        }
+    }
+    let (o, st) = c.run(&serial_host(), false);
+    assert_eq!(
+        c.run(&scoped_threads_host(2), false),
+        (o.clone(), st.clone())
+    );
+    let per_seq: Vec<usize> = c.bufs.iter().map(|b| b.len() / 2).collect();
+    for s in 0..2 {
+        let mut one = Wkv7::new(n, h, t, 1);
+        for (i, b) in one.bufs.iter_mut().enumerate() {
+            b.copy_from_slice(&c.bufs[i][s * per_seq[i]..(s + 1) * per_seq[i]]);
+        }
+        let (o1, st1) = one.run(&serial_host(), false);
+        assert_eq!(o1, o[s * per_seq[7]..(s + 1) * per_seq[7]], "sequence {s}");
+        assert_eq!(
+            st1,
+            st[s * per_seq[8]..(s + 1) * per_seq[8]],
+            "sequence {s}"
+        );
+    }
+    // Two tokens in one call are one token after the other.
+    let mut first = Wkv7::new(n, h, 1, 2);
+    let tok = |b: &[f32], k: usize| -> Vec<f32> {
+        b.chunks((n * h) as usize)
+            .enumerate()
+            .filter(|(i, _)| *i as i64 % t == k as i64)
+            .flat_map(|(_, r)| r.to_vec())
+            .collect()
+    };
+    for (f, b) in first.bufs[..6].iter_mut().zip(&c.bufs) {
+        *f = tok(b, 0);
+    }
+    first.bufs[6] = c.bufs[6].clone();
+    let (o0, st0) = first.run(&serial_host(), false);
+    assert_eq!(o0, tok(&o, 0));
+    let mut rest = Wkv7::new(n, h, t - 1, 2);
+    for ((r, b), &len) in rest.bufs[..6].iter_mut().zip(&c.bufs).zip(&per_seq) {
+        *r = b
+            .chunks(len)
+            .flat_map(|seq| seq[(n * h) as usize..].to_vec())
+            .collect();
+    }
+    rest.bufs[6] = st0;
+    assert_eq!(rest.run(&serial_host(), false).1, st);
+    // In place: new_state is the state operand.
+    assert_eq!(c.run(&serial_host(), true), (o, st));
+}
+
 #[test]
 fn glu_silu_and_gelu() {
     let mut g: Vec<f32> = (0..20).map(|i| i as f32 * 0.5 - 5.0).collect();

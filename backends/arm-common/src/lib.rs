@@ -16,8 +16,8 @@
 //! `mat_mul` covers F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K with every chain
 //! ggml's x86 build picks ([`matmul`]); every other op of the x86 backends (attention over f32
 //! caches, glu, rms_norm, rope, softmax, add, mul, scale, get_rows, set_rows, argmax,
-//! ssm_conv, gated_delta_net) runs through the portable variant of `mollm_cpu_common::ops`, bit-identical to the
-//! reference.
+//! ssm_conv, gated_delta_net, rwkv_wkv7) runs through the portable variant of
+//! `mollm_cpu_common::ops`, bit-identical to the reference.
 //!
 //! Run-time feature detection picks the path ([`IntPath`]); nothing needs a global
 //! `-C target-cpu`, and on other architectures the crate builds with the scalar path only and

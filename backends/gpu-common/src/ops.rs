@@ -22,6 +22,10 @@ pub const NO_SSM_CONV: &str =
 pub const NO_GATED_DELTA_NET: &str =
     "gated_delta_net is not implemented on GPU backends yet (no kernel: a CPU backend runs it)";
 
+/// Why the GPUs decline rwkv_wkv7 (in `check` too), as [`NO_SSM_CONV`].
+pub const NO_RWKV_WKV7: &str =
+    "rwkv_wkv7 is not implemented on GPU backends yet (no kernel: a CPU backend runs it)";
+
 fn dt(t: &TensorDesc) -> DType {
     t.dtype().expect("validated")
 }
@@ -77,6 +81,7 @@ pub unsafe fn run<D: Device>(
         Op::SetRows => set_rows(ctx, &ins[0], &ins[1], &ins[2], &outs[0]),
         Op::SsmConv => Err(Error::Unsupported(NO_SSM_CONV.into())),
         Op::GatedDeltaNet => Err(Error::Unsupported(NO_GATED_DELTA_NET.into())),
+        Op::RwkvWkv7 => Err(Error::Unsupported(NO_RWKV_WKV7.into())),
     }
 }
 

@@ -192,6 +192,9 @@ pub unsafe fn check<D: Device>(
     if op == Op::GatedDeltaNet {
         return Err(Error::Unsupported(ops::NO_GATED_DELTA_NET.into()));
     }
+    if op == Op::RwkvWkv7 {
+        return Err(Error::Unsupported(ops::NO_RWKV_WKV7.into()));
+    }
     let max = c.dev.max_binding();
     let exact = op == Op::MatMul && ops::exact(ins, p);
     for (i, t) in ins.iter().chain(outs).enumerate() {

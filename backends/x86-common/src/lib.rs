@@ -15,9 +15,9 @@
 //! formats ([`wr16`]) too;
 //! and, through `mollm_cpu_common::ops` in its AVX2/AVX-512 variants, bit-identical to the
 //! reference: attention (f32 caches), glu, rms_norm, rope (no YaRN), add, mul, scale,
-//! get_rows, set_rows (f32), softmax, argmax, ssm_conv, gated_delta_net. Everything else (f16
-//! caches, YaRN, other formats) answers `Unsupported` in `supports`, so the host runs it on the
-//! reference.
+//! get_rows, set_rows (f32), softmax, argmax, ssm_conv, gated_delta_net, rwkv_wkv7. Everything
+//! else (f16 caches, YaRN, other formats) answers `Unsupported` in `supports`, so the host runs
+//! it on the reference.
 //!
 //! Each cdylib exports `mollm_backend_entry` returning [`HEADER_AVX2`] or [`HEADER_AVX512`].
 

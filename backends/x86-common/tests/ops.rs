@@ -564,3 +564,86 @@ fn gated_delta_net_edge_shapes_match_reference_bit_for_bit() {
         }
     }
 }
+
+/// An rwkv_wkv7 case: head size `n`, `h` heads, `t` tokens of `s` sequences; operands as the
+/// RWKV-7 graph makes them (a = -kk, b = kk * iclr with kk of unit length, decays in
+/// (0.55, 1), keys and receptances of about unit length).
+fn wkv7_case(r: &mut Rng, n: i64, h: i64, t: i64, s: i64) -> Case {
+    let len = (n * h * t * s) as usize;
+    let unit = 1.0 / (n as f32).sqrt();
+    let w: Vec<f32> = r
+        .vec(len, 1.0)
+        .iter()
+        .map(|x| (-0.606531 / (1.0 + (-x).exp())).exp())
+        .collect();
+    let mut kk = r.vec(len, 1.0);
+    for row in kk.chunks_mut(n as usize) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    let a: Vec<f32> = kk.iter().map(|x| -x).collect();
+    let b: Vec<f32> = kk
+        .iter()
+        .zip(r.vec(len, 1.0))
+        .map(|(x, g)| x / (1.0 + (-g).exp()))
+        .collect();
+    let x = [n, h, t, s];
+    Case {
+        op: Op::RwkvWkv7,
+        label: format!("n={n} h={h} t={t} seqs={s}"),
+        inputs: vec![
+            Owned::f32(&x, &r.vec(len, unit)),
+            Owned::f32(&x, &w),
+            Owned::f32(&x, &r.vec(len, unit)),
+            Owned::f32(&x, &r.vec(len, 1.0)),
+            Owned::f32(&x, &a),
+            Owned::f32(&x, &b),
+            Owned::f32(&[n, n, h, s], &r.vec((n * n * h * s) as usize, 0.3)),
+        ],
+        outputs: vec![
+            Owned::zeros(DType::F32, &x),
+            Owned::zeros(DType::F32, &[n, n, h, s]),
+        ],
+        params: OpParams::default(),
+    }
+}
+
+/// rwkv_wkv7 at model sizes (RWKV-7 1.5B's 32 heads of 64: a decode step of four sequences,
+/// a prompt chunk; heads split across the threads), head sizes with leftovers past the
+/// 64-element steps, no tokens, and the state updated in place: bit for bit on every ISA.
+#[test]
+fn rwkv_wkv7_edge_shapes_match_reference_bit_for_bit() {
+    let host = reference::scoped_threads_host(2);
+    let mut r = Rng::new(14);
+    // (head size, heads, tokens, sequences)
+    #[rustfmt::skip]
+    let shapes: &[(i64, i64, i64, i64)] = &[
+        (64, 32, 1, 4), (64, 8, 64, 1), (128, 2, 5, 2),
+        (1, 3, 5, 2), (5, 2, 4, 1), (16, 2, 3, 3), (65, 1, 3, 1), (100, 2, 2, 1),
+        (64, 2, 0, 2),
+    ];
+    for &(n, h, t, s) in shapes {
+        let c = wkv7_case(&mut r, n, h, t, s);
+        let label = c.label.clone();
+        assert!(same(&c, &host, &label), "{label}: not supported natively");
+    }
+    // In place: new_state is the state operand, on the reference and every ISA.
+    let c = wkv7_case(&mut r, 64, 4, 3, 2);
+    let run = |table: &'static BackendTable| {
+        let me = Instance::new(table, &host);
+        let mut c = c.clone();
+        let ins: Vec<_> = c.inputs.iter_mut().map(|t| t.desc()).collect();
+        let mut outs: Vec<_> = c.outputs.iter_mut().map(|t| t.desc()).collect();
+        outs[1] = ins[6];
+        let call = OpCall::new(Op::RwkvWkv7, &ins, &outs, OpParams::default());
+        assert_eq!(Status::from_raw((table.compute)(me.ctx, &call)), Status::Ok);
+        (c.outputs[0].data.clone(), c.inputs[6].data.clone())
+    };
+    let want = run(&reference::TABLE);
+    let mut apart = c.clone();
+    let (_, out) = Instance::new(&reference::TABLE, &host).run(&mut apart);
+    assert_eq!((&want.0, &want.1), (&out[0], &out[1]));
+    for (isa, table) in tables() {
+        assert!(run(table) == want, "{isa:?}: in place");
+    }
+}

@@ -10,6 +10,7 @@ pub mod glu;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod rwkv_wkv7;
 pub mod set_rows;
 pub mod softmax;
 pub mod ssm_conv;
@@ -89,6 +90,7 @@ pub fn compute(
             Op::Argmax => argmax::run(host, inputs, outputs),
             Op::SsmConv => ssm_conv::run(host, inputs, outputs),
             Op::GatedDeltaNet => gated_delta_net::run(host, inputs, outputs),
+            Op::RwkvWkv7 => rwkv_wkv7::run(host, inputs, outputs),
         }
     }
 }

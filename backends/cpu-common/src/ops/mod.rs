@@ -17,7 +17,8 @@
 //! q and the probabilities rounded to f16). rope: no YaRN (`ext_factor != 0` ->
 //! Unsupported). set_rows: f32 or f16 destination (round to nearest even). ssm_conv: the
 //! reference's scalar chain per output (any `taps`). gated_delta_net: the reference's token
-//! step per (head, sequence), either gate form, any head size.
+//! step per (head, sequence), either gate form, any head size. rwkv_wkv7: the reference's
+//! token step per (head, sequence), any head size.
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -79,6 +80,7 @@ pub const OPS: &[Op] = &[
     Op::Argmax,
     Op::SsmConv,
     Op::GatedDeltaNet,
+    Op::RwkvWkv7,
 ];
 
 // ---------------------------------------------------------------- ISA frames
@@ -120,6 +122,7 @@ mod glu;
 mod norm;
 mod numerics;
 mod rope;
+mod rwkv_wkv7;
 mod set_rows;
 mod softmax;
 mod ssm_conv;
@@ -133,6 +136,7 @@ use glu::*;
 use norm::*;
 use numerics::*;
 use rope::*;
+use rwkv_wkv7::*;
 use set_rows::*;
 use softmax::*;
 use ssm_conv::*;
@@ -258,6 +262,8 @@ pub fn check(
         Op::SsmConv => {}
         // F32 operands (the schema) with packed rows (`layout`): either gate, any strides.
         Op::GatedDeltaNet => {}
+        // F32 operands (the schema) with packed rows (`layout`): any head size, any strides.
+        Op::RwkvWkv7 => {}
         Op::MatMul => unreachable!("handled by matmul"),
         _ => {}
     }
@@ -399,6 +405,7 @@ pub unsafe fn run(
         Op::Argmax => argmax(host, inputs, outputs),
         Op::SsmConv => ssm_conv(isa, host, inputs, outputs),
         Op::GatedDeltaNet => gated_delta_net(isa, host, inputs, outputs),
+        Op::RwkvWkv7 => rwkv_wkv7(isa, host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
         Op::SetRows => return set_rows(inputs, outputs),
         Op::MatMul => unreachable!("handled by matmul"),

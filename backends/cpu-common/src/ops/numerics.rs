@@ -11,7 +11,7 @@ pub(crate) use reference::ggml::reduce16;
 #[cfg(test)]
 pub(super) use reference::ggml::v_silu;
 pub(super) use reference::ggml::{
-    gated_delta_net_token, gelu_table, ggml_max, silu_scalar, ssm_conv_dot, v_expf,
+    gated_delta_net_token, gelu_table, ggml_max, rwkv_wkv7_token, silu_scalar, ssm_conv_dot, v_expf,
 };
 
 /// `ggml_vec_soft_max_f32` (AVX-512): exps into `y`, their sum in f64. The 16-lane steps
