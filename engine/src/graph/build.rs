@@ -297,9 +297,15 @@ pub fn moe_ffn_sigmoid(b: &mut Builder, x: &str, il: usize, n_used: usize, act: 
     )
 }
 
-/// Qwen2-MoE's shared expert of layer `il` (`ffn_gate_inp_shexp`, `ffn_{gate,up,down}_shexp`).
-pub fn shared_expert(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
+/// The shared expert of layer `il` (`ffn_gate_inp_shexp`, `ffn_{gate,up,down}_shexp`). Its
+/// gate's sigmoid is silu(g) / g in Qwen2-MoE's graph, 1 / (1 + expf(-g)) where `sigmoid`
+/// (Qwen3.5's and Qwen3-Next's).
+pub fn shared_expert(b: &mut Builder, x: &str, il: usize, act: i64, sigmoid: bool) -> V {
     let n = |t: &str| w(&format!("blk.{il}.{t}.weight"));
+    let mut attrs = vec![("act", act as f64)];
+    if sigmoid {
+        attrs.push(("gate", 1.0));
+    }
     b.node(
         "ffn_shexp_out",
         "shared_expert",
@@ -310,25 +316,7 @@ pub fn shared_expert(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
             &n("ffn_up_shexp"),
             &n("ffn_down_shexp"),
         ],
-        &[("act", act as f64)],
-    )
-}
-
-/// Qwen3.5's and Qwen3-Next's shared expert of layer `il`: its gate's sigmoid is
-/// 1 / (1 + expf(-g)) (Qwen2-MoE's graph computes silu(g) / g).
-pub fn shared_expert_sigmoid(b: &mut Builder, x: &str, il: usize, act: i64) -> V {
-    let n = |t: &str| w(&format!("blk.{il}.{t}.weight"));
-    b.node(
-        "ffn_shexp_out",
-        "shared_expert",
-        &[
-            x,
-            &n("ffn_gate_inp_shexp"),
-            &n("ffn_gate_shexp"),
-            &n("ffn_up_shexp"),
-            &n("ffn_down_shexp"),
-        ],
-        &[("act", act as f64), ("gate", 1.0)],
+        &attrs,
     )
 }
 

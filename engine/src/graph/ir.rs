@@ -110,7 +110,11 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         optional: 0,
         attrs: &["state"],
         defaults: &[],
-        doc: "LFM2's gated short convolution: bcx [3n, T] holds b, c and x (rows 0..n, n..2n,               2n..3n); per sequence the ABI ssm_conv of its window (state `state`, the last L-1               columns of b*x before this step, zero for a new sequence) followed by this step's               b*x, with weight [L, n]; out = c * conv [n, T]; the window's last L-1 columns               become the state.",
+        doc: "LFM2's gated short convolution: bcx [3n, T] holds b, c and x (rows 0..n, \
+              n..2n, 2n..3n); per sequence the ABI ssm_conv of its window (state `state`, the \
+              last L-1 columns of b*x before this step, zero for a new sequence) followed by \
+              this step's b*x, with weight [L, n]; out = c * conv [n, T]; the window's last \
+              L-1 columns become the state.",
     },
     GraphOp {
         name: "causal_conv",

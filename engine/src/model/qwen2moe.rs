@@ -18,7 +18,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
     let k = hp.n_expert_used;
     let ffn = move |b: &mut crate::graph::build::Builder, x: &str, il| {
         let routed = moe_ffn(b, x, il, k, false, GLU_SILU);
-        let shared = shared_expert(b, x, il, GLU_SILU);
+        let shared = shared_expert(b, x, il, GLU_SILU, false);
         b.add("ffn_out", &routed, &shared)
     };
     Ok(decoder::pre_norm(hp, &spec, &ffn, has))

@@ -51,7 +51,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
             true => {
                 // Softmax router, renormalized top-k, as llama.cpp's graph hard-codes.
                 let routed = moe_ffn(&mut b, &normed, il, hp.n_expert_used, true, GLU_SILU);
-                let shared = build::shared_expert_sigmoid(&mut b, &normed, il, GLU_SILU);
+                let shared = build::shared_expert(&mut b, &normed, il, GLU_SILU, true);
                 b.add("ffn_out", &routed, &shared)
             }
         };

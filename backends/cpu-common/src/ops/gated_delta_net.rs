@@ -6,17 +6,16 @@
 
 use super::*;
 
-/// Head `h` of sequence `s`: its state block into `scratch`, every token, the block out. The
-/// ISA frame vectorizes the decay and the fused updates (element-wise) and makes `mul_add`
-/// one FMA instruction; each dot stays one chain of the reference's order (the portable
-/// variant rounds the same through libm's `fmaf`).
+/// Head `h` of sequence `s`: its state block into `scratch`, `step` on every token (state
+/// block, q, k, v, g, beta, scale, `n` floats of scratch, the token's output), the block out.
 #[inline(always)]
-pub(super) unsafe fn gated_delta_net_head_body(
+unsafe fn run_head(
     ins: &[TensorDesc],
     outs: &[TensorDesc],
     h: i64,
     s: i64,
     scratch: &mut [f32],
+    mut step: impl FnMut(&mut [f32], &[f32], &[f32], &[f32], &[f32], f32, f32, &mut [f32], &mut [f32]),
 ) {
     let (q, k, v, g, beta, state) = (&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5]);
     let (o, new_state) = (&outs[0], &outs[1]);
@@ -34,22 +33,27 @@ pub(super) unsafe fn gated_delta_net_head_body(
     };
     for t in 0..v.ne[2] {
         let b = *(row_ptr(beta, h, t, s) as *const f32);
-        gated_delta_net_token(
-            m,
-            row(q, hk, t),
-            row(k, hk, t),
-            row(v, h, t),
-            row(g, h, t),
-            b,
-            scale,
-            d,
-            y,
-        );
+        let (qr, kr, vr, gr) = (row(q, hk, t), row(k, hk, t), row(v, h, t), row(g, h, t));
+        step(m, qr, kr, vr, gr, b, scale, d, y);
         write_from(o, h, t, s, y);
     }
     for j in 0..n {
         write_from(new_state, j as i64, h, s, &m[j * n..(j + 1) * n]);
     }
+}
+
+/// [`run_head`] with the reference's step. The ISA frame vectorizes the decay and the fused
+/// updates (element-wise) and makes `mul_add` one FMA instruction; each dot stays one chain
+/// of the reference's order (the portable variant rounds the same through libm's `fmaf`).
+#[inline(always)]
+pub(super) unsafe fn gated_delta_net_head_body(
+    ins: &[TensorDesc],
+    outs: &[TensorDesc],
+    h: i64,
+    s: i64,
+    scratch: &mut [f32],
+) {
+    run_head(ins, outs, h, s, scratch, gated_delta_net_token);
 }
 isa_dispatch!(gated_delta_net_head =>
     gated_delta_net_head_body(ins: &[TensorDesc], outs: &[TensorDesc], h: i64, s: i64,
@@ -99,32 +103,28 @@ mod x86 {
         s: i64,
         scratch: &mut [f32],
     ) {
-        let (q, k, v, g, beta, state) = (&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5]);
-        let (o, new_state) = (&outs[0], &outs[1]);
-        let n = v.ne[0] as usize;
-        let hk = h % q.ne[1];
-        let scale = 1.0f32 / (n as f32).sqrt();
-        let (m, rest) = scratch.split_at_mut(n * n);
-        let y = &mut rest[..n];
-        for j in 0..n {
-            read_into(state, j as i64, h, s, &mut m[j * n..(j + 1) * n]);
-        }
-        let row = |t: &TensorDesc, i1: i64, i2: i64| {
-            core::slice::from_raw_parts(row_ptr(t, i1, i2, s) as *const f32, t.ne[0] as usize)
-        };
-        for t in 0..v.ne[2] {
-            let b = *(row_ptr(beta, h, t, s) as *const f32);
-            let e = (*(row_ptr(g, h, t, s) as *const f32)).exp();
-            let (qr, kr, vr) = (row(q, hk, t), row(k, hk, t), row(v, h, t));
-            match isa {
-                Isa::Avx512 => token_avx512(m, qr, kr, vr, e, b, scale, y),
-                _ => token_avx2(m, qr, kr, vr, e, b, scale, y),
-            }
-            write_from(o, h, t, s, y);
-        }
-        for j in 0..n {
-            write_from(new_state, j as i64, h, s, &m[j * n..(j + 1) * n]);
-        }
+        run_head(
+            ins,
+            outs,
+            h,
+            s,
+            scratch,
+            |m: &mut [f32],
+             q: &[f32],
+             k: &[f32],
+             v: &[f32],
+             g: &[f32],
+             b,
+             scale,
+             _: &mut [f32],
+             y: &mut [f32]| {
+                let e = g[0].exp();
+                match isa {
+                    Isa::Avx512 => token_avx512(m, q, k, v, e, b, scale, y),
+                    _ => token_avx2(m, q, k, v, e, b, scale, y),
+                }
+            },
+        );
     }
 
     /// `_mm512_reduce_add_ps` as GCC compiles it ([`reference::ggml::reduce16`]) of the
