@@ -1,10 +1,10 @@
 //! The reference as an ABI backend (`name = "reference"`, CPU, score 1).
 
-use crate::glue::{self, ErrorSlot};
 use abi::{BackendHeader, BackendTable, DeviceKind, HostApi, OpCall, Status};
+use backend_kit::glue::{self, ErrorSlot};
 use core::ffi::{c_char, c_void};
 
-pub use crate::par::{scoped_threads_host, serial_host};
+pub use backend_kit::par::{scoped_threads_host, serial_host};
 
 thread_local! {
     static PANIC_NEXT: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
@@ -114,4 +114,4 @@ pub extern "C" fn mollm_backend_entry() -> *const BackendHeader {
     &HEADER
 }
 
-pub use crate::glue::last_error_string;
+pub use backend_kit::glue::last_error_string;

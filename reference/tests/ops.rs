@@ -1126,7 +1126,7 @@ fn abi_catches_panics() {
             }
         })
     });
-    assert!(reference::par::panic_message(&*r.unwrap_err()).contains("task three"));
+    assert!(backend_kit::par::panic_message(&*r.unwrap_err()).contains("task three"));
 }
 
 /// `cargo test -p mollm-reference --release -- --ignored --nocapture bench`

@@ -1,7 +1,7 @@
 //! `mat_mul` with F32 / F16 weights: the reference's choice and float order (ggml's AVX-512
 //! `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, or llamafile's tinyBLAS tile when the activation
 //! matrix has >= 2 columns, `K % 16 == 0` and `N % 4 == 0`), lane for lane, so results are
-//! bit-identical to `reference::ggml::{dot_vec_f32, dot_vec_f16, dot_tile}` (whose bodies it
+//! bit-identical to `::numerics::{dot_vec_f32, dot_vec_f16, dot_tile}` (whose bodies it
 //! instantiates). Plain Rust
 //! (`mul_add` is one fused instruction on AArch64, and on x86 inside the AVX2+FMA frame).
 
@@ -15,7 +15,7 @@ use abi::{DType, HostApi, TensorDesc};
 const ROWS_PER_TASK: usize = 32;
 
 #[derive(Clone, Copy, PartialEq)]
-enum Chain {
+pub(crate) enum Chain {
     VecF32,
     VecF16,
     Tile,
@@ -89,25 +89,17 @@ pub unsafe fn run(
 }
 
 fn dot(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn fma_frame(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
-            dot_body(chain, x, y)
-        }
-        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-        {
-            // SAFETY: the features were detected.
-            return unsafe { fma_frame(chain, x, y) };
-        }
+    #[cfg(x86)]
+    if let Some(v) = crate::x86::fmatmul::dot(chain, x, y) {
+        return v;
     }
     dot_body(chain, x, y)
 }
 
 /// One output of `chain`: the reference's chains, inlined into the caller's ISA frame.
 #[inline(always)]
-fn dot_body(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
-    use reference::ggml::{dot_tile_lanes, dot_vec_f16_lanes, dot_vec_f32_lanes};
+pub(crate) fn dot_body(chain: Chain, x: &[f32], y: &[f32]) -> f32 {
+    use ::numerics::{dot_tile_lanes, dot_vec_f16_lanes, dot_vec_f32_lanes};
     match chain {
         Chain::VecF32 => dot_vec_f32_lanes(x, y),
         Chain::VecF16 => dot_vec_f16_lanes(x, y),

@@ -1,4 +1,6 @@
-//! What every native CPU backend needs besides its kernels: the `abi::BackendTable` built from
+//! What every native CPU backend shares: [`ops`], the non-matmul ops in portable Rust
+//! (bit-identical to the reference), [`fmatmul`] and [`wmatmul`]; with the `x86` feature their
+//! AVX2/AVX-512 kernels, kept apart in `src/x86/` (one file per op file); and the `abi::BackendTable` built from
 //! a [`CpuBackend`] implementation, with every entry point catching panics (none may cross the
 //! C boundary) and turning errors into statuses plus a `last_error` text; and [`par`], the
 //! host's thread pool for Rust closures. A backend crate implements [`CpuBackend`] and exports
@@ -7,8 +9,8 @@
 use abi::{
     BackendHeader, BackendTable, DeviceKind, HostApi, Op, OpCall, OpParams, Status, TensorDesc,
 };
+use backend_kit::glue::{self, ErrorSlot};
 use core::ffi::{c_char, c_void};
-use reference::glue::{self, ErrorSlot};
 use std::panic::catch_unwind;
 use std::sync::Mutex;
 
@@ -18,13 +20,13 @@ pub mod par;
 #[cfg(target_os = "linux")]
 mod slab;
 pub mod wmatmul;
-#[cfg(target_arch = "x86_64")]
-mod wmatmul_x86;
+#[cfg(x86)]
+mod x86;
 
 /// Why a call was not computed: `Invalid` (the call breaks the op's schema or the ABI,
 /// `Status::InvalidArgument`) or `Unsupported` (a valid call this backend does not compute:
 /// the host sends it to the next backend). The reference's type: one error everywhere.
-pub use reference::Error;
+pub use backend_kit::Error;
 
 /// A native CPU backend: the contract behind the table [`table`] builds.
 pub trait CpuBackend: 'static {
@@ -639,9 +641,9 @@ pub const fn header(
     BackendHeader::layout(name, DeviceKind::Cpu, cpu_features, table)
 }
 
-pub use reference::glue::last_error_string;
+pub use backend_kit::glue::last_error_string;
 
-pub use reference::tensor::split_row;
+pub use backend_kit::tensor::split_row;
 
 /// The checks every CPU `mat_mul` makes before its kernel-specific ones: weights in one of
 /// `formats` (`who` names the backend family in the refusal), host memory, packed weight

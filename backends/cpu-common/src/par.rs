@@ -2,4 +2,4 @@
 //! the reference's, one copy. Kernels capture raw tensor pointers, so the closure form here is
 //! the one without a `Sync` bound (`parallel_for_shared`, unsafe).
 
-pub use reference::par::{panic_message, parallel_for_shared as parallel_for, SyncPtr};
+pub use backend_kit::par::{panic_message, parallel_for_shared as parallel_for, SyncPtr};

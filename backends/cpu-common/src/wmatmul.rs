@@ -6,7 +6,7 @@
 //!
 //! W4A8 GEMV for decode and GEMM for prompts share one loop: each weight row is dotted with
 //! every activation column while it is in L1 (a prompt's columns reuse it). On x86 the dot runs
-//! straight from the packed row ([`crate::wmatmul_x86`]); the portable path unpacks the row to
+//! straight from the packed row ([`crate::x86::wmatmul`]); the portable path unpacks the row to
 //! i8 codes once and dots plain Rust slices (widening multiply-adds on NEON).
 
 use crate::par::{parallel_for, SyncPtr};
@@ -24,7 +24,7 @@ const ROWS_PER_TASK: usize = 64;
 pub enum Frame {
     /// Unpack each row to i8 codes, then plain Rust (NEON on AArch64 by auto-vectorization).
     Portable,
-    /// Straight from the packed rows with AVX2 ([`crate::wmatmul_x86`]); the portable path
+    /// Straight from the packed rows with AVX2 ([`crate::x86::wmatmul`]); the portable path
     /// on other architectures (the x86 backends also build there, and score 0).
     Avx2,
     /// AVX-512 F/BW/VL/VNNI: vpdpbusd; as `Avx2` off x86.
@@ -71,24 +71,17 @@ pub unsafe fn run(
                     wrb,
                 )
             };
-            let simd = cfg!(target_arch = "x86_64") && frame != Frame::Portable;
+            let simd = cfg!(x86) && frame != Frame::Portable;
             if !simd {
                 unpack(dt, row, &mut wq, &mut wd);
             }
             // Decode streams the weights once: ask for the rows 16 KiB ahead (into L2).
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(x86)]
             if simd {
                 let ahead =
                     wp.0.wrapping_offset(r as isize * w.nb[1] as isize)
                         .wrapping_add(16384);
-                for off in (0..wrb).step_by(64) {
-                    // SAFETY: prefetch never faults.
-                    unsafe {
-                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(
-                            ahead.wrapping_add(off) as *const i8,
-                        )
-                    };
-                }
+                crate::x86::prefetch::<true>(ahead, wrb);
             }
             let put = |c: usize, v: f32| {
                 let (i1, i2, i3) = col_index[c];
@@ -99,12 +92,12 @@ pub unsafe fn run(
             let a = |c: usize| &aq[c * k..(c + 1) * k];
             let d = |c: usize| &ad[c * gpad..(c + 1) * gpad];
             // The portable chain takes no sums (it dots the unpacked codes).
-            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+            #[cfg_attr(not(x86), allow(unused_variables))]
             let s = |c: usize| &asum[c * gpad..(c + 1) * gpad];
             match frame {
-                #[cfg(target_arch = "x86_64")]
+                #[cfg(x86)]
                 Frame::Avx2 | Frame::Avx512 => {
-                    use crate::wmatmul_x86 as x;
+                    use crate::x86::wmatmul as x;
                     let isa = if frame == Frame::Avx512 {
                         x::Isa::Avx512
                     } else {

@@ -68,7 +68,7 @@ mod tests {
             assert!(why.starts_with("no CUDA driver"), "{why}");
         }
         let mut ctx = core::ptr::null_mut();
-        let host = reference::serial_host();
+        let host = backend_kit::serial_host();
         assert_eq!((t.init)(&host, &mut ctx), Status::Unsupported as i32);
     }
 
@@ -78,7 +78,7 @@ mod tests {
         if driver::cuda().is_err() {
             return;
         }
-        let host = reference::serial_host();
+        let host = backend_kit::serial_host();
         let r = conformance::check_backend_report(&TABLE, &host, abi::WEIGHT_DTYPES.len() as u64)
             .unwrap();
         eprintln!("{r}");

@@ -136,7 +136,7 @@ pub unsafe fn run<D: Device>(
                 }
             }
         }
-        let pad = reference::ops::attention::KV_PAD;
+        let pad = numerics::KV_PAD;
         let n_eff = ((s.n_kv as i64 + pad - 1) / pad * pad)
             .min(addressable)
             .max(s.n_kv as i64) as u32;

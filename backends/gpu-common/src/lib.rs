@@ -49,11 +49,11 @@ impl Error {
     }
 }
 
-impl From<reference::Error> for Error {
-    fn from(e: reference::Error) -> Error {
+impl From<backend_kit::Error> for Error {
+    fn from(e: backend_kit::Error) -> Error {
         match e {
-            reference::Error::Invalid(m) => Error::Invalid(m),
-            reference::Error::Unsupported(m) => Error::Unsupported(m),
+            backend_kit::Error::Invalid(m) => Error::Invalid(m),
+            backend_kit::Error::Unsupported(m) => Error::Unsupported(m),
         }
     }
 }

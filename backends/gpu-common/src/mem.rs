@@ -177,7 +177,7 @@ impl<D: Device> Ctx<D> {
     pub unsafe fn copy(&self, dst: &TensorDesc, src: &TensorDesc) -> Result<(), Error> {
         for (t, what) in [(dst, "dst"), (src, "src")] {
             if t.buffer == 0 {
-                reference::tensor::check_layout(t, what)?;
+                backend_kit::tensor::check_layout(t, what)?;
             } else {
                 self.place(t)?;
             }

@@ -6,7 +6,7 @@ use crate::host::{self, bytes};
 use crate::weights::{DevWeight, Layout};
 use crate::{Ctx, Device, Error, Launch};
 use abi::{DType, Op, OpParams, TensorDesc};
-use reference::ops::rope::{corr_dims, rope_cache, RopeParams};
+use numerics::rope::{corr_dims, rope_cache};
 use std::sync::{Arc, OnceLock};
 
 /// get_rows tables above this many bytes are refused (they would be decoded and uploaded on
@@ -147,7 +147,7 @@ unsafe fn glu<D: Device>(
     let table = match ctx.gelu.get() {
         Some(t) => t,
         None => {
-            let t = gpu.upload("gelu table", bytes(reference::ggml::gelu_table()))?;
+            let t = gpu.upload("gelu table", bytes(numerics::gelu_table()))?;
             ctx.gelu.get_or_init(|| t)
         }
     };
@@ -563,7 +563,7 @@ unsafe fn rope<D: Device>(
     out: &TensorDesc,
     op: &OpParams,
 ) -> Result<(), Error> {
-    let p = RopeParams::from_params(op);
+    let p = abi::RopeAttrs::from_params(op);
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = corr_dims(&p);
     let gpu = ctx.dev;

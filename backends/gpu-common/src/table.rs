@@ -135,7 +135,7 @@ impl<D: Device> Ctx<D> {
                 e.status() as i32
             }
             Err(p) => {
-                self.set_error(&format!("panic: {}", reference::par::panic_message(&*p)));
+                self.set_error(&format!("panic: {}", backend_kit::par::panic_message(&*p)));
                 Status::Panic as i32
             }
         }
@@ -151,7 +151,7 @@ impl<D: Device> Ctx<D> {
                 "only 2-D host weights are prepared".into(),
             ));
         }
-        reference::tensor::check_layout(w, "weight")?;
+        backend_kit::tensor::check_layout(w, "weight")?;
         let dt = w
             .dtype()
             .ok_or_else(|| Error::Invalid("unknown weight format".into()))?;
@@ -233,7 +233,7 @@ pub unsafe fn check<D: Device>(
             }
             continue;
         }
-        reference::tensor::check_layout(t, op.name())?;
+        backend_kit::tensor::check_layout(t, op.name())?;
         // Weights are split into chunks; the caches are gathered to the rows a call reads.
         let big = matches!(
             (op, i),
@@ -304,12 +304,12 @@ extern "C" fn init<B: GpuBackend>(host: *const HostApi, out: *mut *mut c_void) -
         return Status::Unsupported as i32;
     };
     // SAFETY: the ABI's contract for `init`.
-    unsafe { reference::glue::init(host, out, |_| Ctx::new(dev, B::NAME)) }
+    unsafe { backend_kit::glue::init(host, out, |_| Ctx::new(dev, B::NAME)) }
 }
 
 extern "C" fn shutdown<B: GpuBackend>(ctx: *mut c_void) {
     // SAFETY: `ctx` came from `init`.
-    unsafe { reference::glue::drop_boxed::<Ctx<B::Dev>>(ctx) }
+    unsafe { backend_kit::glue::drop_boxed::<Ctx<B::Dev>>(ctx) }
 }
 
 extern "C" fn compute<B: GpuBackend>(ctx_p: *mut c_void, call: *const OpCall) -> i32 {
@@ -318,7 +318,7 @@ extern "C" fn compute<B: GpuBackend>(ctx_p: *mut c_void, call: *const OpCall) ->
         return Status::InvalidArgument as i32;
     };
     c.guard(|| unsafe {
-        let (op, ins, outs, p) = reference::glue::decode(call)?;
+        let (op, ins, outs, p) = backend_kit::glue::decode(call)?;
         check(c, op, ins, outs, &p)?;
         ops::run(c, op, ins, outs, &p)
     })
@@ -330,7 +330,7 @@ extern "C" fn supports<B: GpuBackend>(ctx_p: *mut c_void, call: *const OpCall) -
         return Status::Unsupported as i32;
     };
     match c.guard(|| unsafe {
-        let (op, ins, outs, p) = reference::glue::decode(call)?;
+        let (op, ins, outs, p) = backend_kit::glue::decode(call)?;
         check(c, op, ins, outs, &p)
     }) {
         0 => Status::Ok as i32,

@@ -394,7 +394,7 @@ pub(crate) fn shared(
         let s = match sigmoid {
             true => 1.0 / (1.0 + (-l).exp()),
             // ggml_silu on one element is its scalar form, then ggml_div.
-            false => reference::ggml::silu_scalar(l) / l,
+            false => numerics::silu_scalar(l) / l,
         };
         for v in row.iter_mut() {
             *v *= s;

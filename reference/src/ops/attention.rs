@@ -8,15 +8,12 @@
 //! exact zeros (`exp(-inf) = 0`, `fma(0, v, acc) = acc`), so work stops after the last visible
 //! row of each query, rounded up to whole blocks/lanes: bit-identical, and causal-cheap.
 
-use crate::ggml::{
-    dot_tile, dot_vec_f16, dot_vec_f32, ggml_max, reduce16, round_f16, soft_max_f32,
-};
-use crate::par::{parallel_for_shared as parallel_for, SyncPtr};
 use crate::tensor::{read_i32, row_ptr, widen_row, Error, Result};
 use abi::{DType, HostApi, OpParams, TensorDesc};
+use backend_kit::par::{parallel_for_shared as parallel_for, SyncPtr};
+use numerics::{dot_tile, dot_vec_f16, dot_vec_f32, ggml_max, reduce16, round_f16, soft_max_f32};
 
-/// llama.cpp's KV padding (`max(n_pad, 256)`).
-pub const KV_PAD: i64 = 256;
+pub use numerics::KV_PAD;
 
 /// Reads cache row `(h, j)` (D elements) as f32.
 unsafe fn cache_row(t: &TensorDesc, h: i64, j: i64, dst: &mut [f32]) {

@@ -2,9 +2,9 @@
 //! (head, sequence) runs its tokens in order on its own state block.
 
 use super::for_rows;
-use crate::ggml::gated_delta_net_token_dispatch;
 use crate::tensor::{read_row, row_f32, write_row, Result};
 use abi::{HostApi, TensorDesc};
+use numerics::gated_delta_net_token_dispatch;
 
 /// # Safety
 /// Validated call on valid memory.

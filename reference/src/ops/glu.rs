@@ -1,9 +1,9 @@
 //! Gated activations: `ggml_vec_swiglu_f32` and `ggml_vec_geglu_f32` (GGML_GELU_FP16 build).
 
 use super::for_rows;
-use crate::ggml::{gelu_fp16_table, silu_scalar, v_silu};
 use crate::tensor::{read_row, split_row, write_row, Result};
 use abi::{HostApi, OpParams, TensorDesc};
+use numerics::{gelu_fp16_table, silu_scalar, v_silu};
 
 /// SwiGLU row: whole 16-element blocks use the AVX-512 `ggml_v_silu`, the tail `ggml_silu_f32`.
 pub fn swiglu_row(x: &[f32], g: &[f32], y: &mut [f32]) {

@@ -5,15 +5,15 @@
 //! is hot in cache.
 //!
 //! F32 / F16 weights reproduce ggml's choice of kernel: llamafile's tinyBLAS (one 16-lane FMA
-//! accumulator per output, [`crate::ggml::dot_tile`]) when the activation matrix has >= 2
+//! accumulator per output, [`numerics::dot_tile`]) when the activation matrix has >= 2
 //! columns, `K % 16 == 0` and `N % 4 == 0` (for F32 also only when x is contiguous), otherwise
 //! `ggml_vec_dot_f32` / `ggml_vec_dot_f16`. F16 weights see activations rounded to f16.
 //! Other formats go through `quant::quantize_activations` + `quant::vec_dot`.
 
-use crate::ggml::{dot_tile, dot_vec_f16, dot_vec_f32, round_f16};
-use crate::par::{parallel_for_shared as parallel_for, SyncPtr};
 use crate::tensor::{block_row, split_row, widen_row, Error, Result};
 use abi::{DType, HostApi, TensorDesc};
+use backend_kit::par::{parallel_for_shared as parallel_for, SyncPtr};
+use numerics::{dot_tile, dot_vec_f16, dot_vec_f32, round_f16};
 
 /// Weight rows per task.
 pub const ROWS_PER_TASK: usize = 32;

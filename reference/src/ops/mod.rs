@@ -15,9 +15,9 @@ pub mod set_rows;
 pub mod softmax;
 pub mod ssm_conv;
 
-use crate::par::parallel_for_shared as parallel_for;
 use crate::tensor::{check_data, check_layout, Error, Result};
 use abi::{HostApi, Op, OpParams, TensorDesc};
+use backend_kit::par::parallel_for_shared as parallel_for;
 
 /// Validation that needs no data: the schema, then what the reference can address.
 pub fn check(op: Op, inputs: &[TensorDesc], outputs: &[TensorDesc], p: &OpParams) -> Result<()> {

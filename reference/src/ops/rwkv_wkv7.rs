@@ -2,9 +2,9 @@
 //! sequence) runs its tokens in order on its own state block.
 
 use super::for_rows;
-use crate::ggml::rwkv_wkv7_token_dispatch;
 use crate::tensor::{read_row, write_row, Result};
 use abi::{HostApi, TensorDesc};
+use numerics::rwkv_wkv7_token_dispatch;
 
 /// # Safety
 /// Validated call on valid memory.

@@ -1,9 +1,9 @@
 //! softmax, as `ggml_compute_forward_soft_max_f32` without mask or sinks.
 
 use super::for_rows;
-use crate::ggml::{ggml_max, soft_max_f32};
 use crate::tensor::{read_row, split_row, write_row, Result};
 use abi::{HostApi, OpParams, TensorDesc};
+use numerics::{ggml_max, soft_max_f32};
 
 /// One row in place: `w = x*scale`, `max`, exps and their f64 sum ([`soft_max_f32`]), then
 /// every exp times `(float)(1.0/sum)`.

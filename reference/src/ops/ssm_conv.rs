@@ -1,9 +1,9 @@
 //! ssm_conv, as `ggml_compute_forward_ssm_conv_f32`: each channel's taps slid over its window.
 
 use super::for_rows;
-use crate::ggml::ssm_conv_dot;
 use crate::tensor::{read_row, row_f32, split_row, write_row, Result};
 use abi::{HostApi, TensorDesc};
+use numerics::ssm_conv_dot;
 
 /// # Safety
 /// Validated call on valid memory.

@@ -6,7 +6,7 @@ use super::*;
 
 /// The index of the first largest element, NaN skipped; 0 when every element is NaN (the
 /// reference's scan).
-pub(super) fn first_max(v: &[f32]) -> usize {
+pub(crate) fn first_max(v: &[f32]) -> usize {
     max_and_first(v).1.unwrap_or(0)
 }
 
@@ -14,7 +14,7 @@ pub(super) fn first_max(v: &[f32]) -> usize {
 /// occurrence (None when every element is NaN). The largest value first, in 16 lanes
 /// (`f32::max` passes over a NaN), then the first element equal to it: the scan's index,
 /// vectorized (a 49152-token vocabulary per decoding sequence per step).
-fn max_and_first(v: &[f32]) -> (f32, Option<usize>) {
+pub(crate) fn max_and_first(v: &[f32]) -> (f32, Option<usize>) {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut chunks = v.chunks_exact(16);
     for c in &mut chunks {
@@ -31,13 +31,13 @@ fn max_and_first(v: &[f32]) -> (f32, Option<usize>) {
 
 /// Rows at least this long are split across the threads (two passes over 192 KiB of
 /// logits took ~10 us on one thread, a fraction of a percent of a decode step each).
-const SPLIT: usize = 32768;
+pub(crate) const SPLIT: usize = 32768;
 /// Most pieces a row is split into.
-const PIECES: usize = 8;
+pub(crate) const PIECES: usize = 8;
 
 /// [`first_max`] of `v` in `n` pieces on the threads: the largest of the pieces' maxima,
 /// then the first piece holding it (its first occurrence is the row's first).
-unsafe fn first_max_split(host: &HostApi, v: &[f32], n: usize) -> usize {
+pub(crate) unsafe fn first_max_split(host: &HostApi, v: &[f32], n: usize) -> usize {
     let per = v.len().div_ceil(n);
     let mut found = [(f32::NEG_INFINITY, None::<usize>); PIECES];
     let out = SyncPtr(found.as_mut_ptr() as *mut u8);
@@ -58,7 +58,7 @@ unsafe fn first_max_split(host: &HostApi, v: &[f32], n: usize) -> usize {
         .unwrap_or(0)
 }
 
-pub(super) unsafe fn argmax(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
+pub(crate) unsafe fn argmax(host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
     let (x, out) = (inputs[0], outputs[0]);
     let k = x.ne[0] as usize;
     let threads = host.n_threads.max(1) as i64;
@@ -186,7 +186,7 @@ mod first_max_tests {
         cases.push(v);
         for v in &cases {
             for threads in 1..=super::PIECES as u32 {
-                let host = reference::par::scoped_threads_host(threads);
+                let host = backend_kit::par::scoped_threads_host(threads);
                 for pieces in 2..=super::PIECES {
                     // SAFETY: a plain slice; the host runs the tasks before returning.
                     let got = unsafe { super::first_max_split(&host, v, pieces) };

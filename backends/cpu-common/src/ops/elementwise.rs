@@ -5,7 +5,7 @@
 use super::*;
 
 #[inline(always)]
-pub(super) unsafe fn add_row_body(x: &mut [f32], y: &[f32]) {
+pub(crate) unsafe fn add_row_body(x: &mut [f32], y: &[f32]) {
     for c in x.chunks_exact_mut(y.len()) {
         for (v, &w) in c.iter_mut().zip(y) {
             *v += w;
@@ -15,7 +15,7 @@ pub(super) unsafe fn add_row_body(x: &mut [f32], y: &[f32]) {
 isa_dispatch!(add_row => add_row_body(x: &mut [f32], y: &[f32]));
 
 #[inline(always)]
-pub(super) unsafe fn mul_row_body(x: &mut [f32], y: &[f32]) {
+pub(crate) unsafe fn mul_row_body(x: &mut [f32], y: &[f32]) {
     for c in x.chunks_exact_mut(y.len()) {
         for (v, &w) in c.iter_mut().zip(y) {
             *v *= w;
@@ -25,7 +25,7 @@ pub(super) unsafe fn mul_row_body(x: &mut [f32], y: &[f32]) {
 isa_dispatch!(mul_row => mul_row_body(x: &mut [f32], y: &[f32]));
 
 #[inline(always)]
-pub(super) unsafe fn scale_row_body(x: &mut [f32], s: f32) {
+pub(crate) unsafe fn scale_row_body(x: &mut [f32], s: f32) {
     for v in x.iter_mut() {
         *v *= s;
     }
@@ -33,12 +33,12 @@ pub(super) unsafe fn scale_row_body(x: &mut [f32], s: f32) {
 isa_dispatch!(scale_row => scale_row_body(x: &mut [f32], s: f32));
 
 /// Whether `n` floats at `p` and `n` at `q` do not overlap.
-fn apart(p: *const f32, q: *const f32, n: usize) -> bool {
+pub(crate) fn apart(p: *const f32, q: *const f32, n: usize) -> bool {
     let (p, q, bytes) = (p as usize, q as usize, n * 4);
     p.saturating_add(bytes) <= q || q.saturating_add(bytes) <= p
 }
 
-pub(super) unsafe fn binary(
+pub(crate) unsafe fn binary(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],
@@ -80,7 +80,7 @@ pub(super) unsafe fn binary(
     });
 }
 
-pub(super) unsafe fn scale(
+pub(crate) unsafe fn scale(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],
@@ -117,7 +117,7 @@ mod tests {
     /// in, on every path): the copies' path and the in-place one agree.
     #[test]
     fn outputs_apart_in_place_and_overlapping_agree() {
-        let host = reference::par::serial_host();
+        let host = backend_kit::par::serial_host();
         let (k, rows) = (24usize, 3usize);
         let vals = |seed: f32| -> Vec<f32> {
             (0..k * rows)

@@ -4,7 +4,7 @@
 
 use super::*;
 
-pub(super) unsafe fn get_rows(
+pub(crate) unsafe fn get_rows(
     host: &HostApi,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],

@@ -1,13 +1,15 @@
 //! Native versions of the non-matmul ops for every CPU backend, bit-identical to the reference
 //! backend (which
 //! mirrors llama.cpp's AVX-512 build). Where the order of float operations matters, the
-//! reference's scalar formulas are replayed exactly (see `reference/src/ggml.rs`); SIMD is used
+//! reference's scalar formulas are replayed exactly (see `numerics/src/lib.rs`); SIMD is used
 //! only where the lane structure *is* the reference's structure: the 16-lane FMA accumulators
 //! of `ggml_vec_dot_f32` / tinyBLAS in attention, and element-wise loops (add, mul, scale,
 //! `p·V` accumulation per output element). Every row body runs inside a `#[target_feature]`
 //! function (`isa_dispatch!`), so the compiler may vectorize independent element-wise work with the
 //! ISA's registers; that never changes a result, since each element's operations are the same.
 //!
+//! The x86 pieces (AVX2/AVX-512 registers, gathers, prefetches) live in `crate::x86`, in files
+//! named as the ones here, and are reached through [`Isa`] at `#[cfg(x86)]` points.
 //! [`Isa::Portable`] runs the same formulas as plain Rust (the scalar twins of the x86 SIMD
 //! pieces), so any CPU gets the reference's exact results; the compiler still vectorizes the
 //! element-wise loops for the target's baseline (NEON on AArch64).
@@ -32,9 +34,10 @@ use abi::{GluAttrs, RmsNormAttrs, ScaleAttrs, SoftmaxAttrs};
 pub enum Isa {
     /// Plain Rust, any CPU.
     Portable,
-    /// x86-64 AVX2 + FMA + F16C.
+    /// x86-64 AVX2 + FMA + F16C (the kernels in `crate::x86`; never detected without the
+    /// crate's `x86` feature).
     Avx2,
-    /// x86-64 AVX-512 F/BW/VL (+ the AVX2 set).
+    /// x86-64 AVX-512 F/BW/VL (+ the AVX2 set), as `Avx2`.
     Avx512,
 }
 
@@ -43,27 +46,17 @@ impl Isa {
     pub fn detected(self) -> bool {
         match self {
             Isa::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                Isa::Avx2.detected()
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vl")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(x86)]
+            Isa::Avx2 => crate::x86::has_avx2(),
+            #[cfg(x86)]
+            Isa::Avx512 => crate::x86::has_avx512(),
+            #[cfg(not(x86))]
             _ => false,
         }
     }
 }
 
-/// llama.cpp's KV padding (`max(n_pad, 256)`), as the reference.
-pub const KV_PAD: i64 = 256;
+pub use ::numerics::KV_PAD;
 
 /// The ops this module computes.
 pub const OPS: &[Op] = &[
@@ -91,21 +84,21 @@ pub const OPS: &[Op] = &[
 macro_rules! isa_dispatch {
     ($name:ident => $body:ident($($arg:ident: $ty:ty),*)) => {
         #[inline]
-        pub(super) unsafe fn $name(isa: Isa, $($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
+        pub(crate) unsafe fn $name(isa: Isa, $($arg: $ty),*) {
+            #[cfg(x86)]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx2($($arg: $ty),*) {
                 $body($($arg),*)
             }
-            #[cfg(target_arch = "x86_64")]
+            #[cfg(x86)]
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
             unsafe fn avx512($($arg: $ty),*) {
                 $body($($arg),*)
             }
             match isa {
-                #[cfg(target_arch = "x86_64")]
+                #[cfg(x86)]
                 Isa::Avx2 => avx2($($arg),*),
-                #[cfg(target_arch = "x86_64")]
+                #[cfg(x86)]
                 Isa::Avx512 => avx512($($arg),*),
                 _ => $body($($arg),*),
             }
@@ -113,19 +106,19 @@ macro_rules! isa_dispatch {
     };
 }
 
-mod argmax;
-mod attention;
-mod elementwise;
-mod gated_delta_net;
-mod get_rows;
-mod glu;
-mod norm;
-mod numerics;
-mod rope;
-mod rwkv_wkv7;
-mod set_rows;
-mod softmax;
-mod ssm_conv;
+pub(crate) mod argmax;
+pub(crate) mod attention;
+pub(crate) mod elementwise;
+pub(crate) mod gated_delta_net;
+pub(crate) mod get_rows;
+pub(crate) mod glu;
+pub(crate) mod norm;
+pub(crate) mod numerics;
+pub(crate) mod rope;
+pub(crate) mod rwkv_wkv7;
+pub(crate) mod set_rows;
+pub(crate) mod softmax;
+pub(crate) mod ssm_conv;
 
 use argmax::*;
 use attention::*;
@@ -142,21 +135,21 @@ use softmax::*;
 use ssm_conv::*;
 
 #[allow(unused_imports)] // x86 kernels only
-pub(crate) use numerics::reduce16;
+pub(crate) use ::numerics::reduce16;
 
 // ---------------------------------------------------------------- checks
 
-fn unsupported<T>(msg: impl Into<String>) -> Result<T, Error> {
+pub(crate) fn unsupported<T>(msg: impl Into<String>) -> Result<T, Error> {
     Err(Error::Unsupported(msg.into()))
 }
 
-fn invalid<T>(msg: impl Into<String>) -> Result<T, Error> {
+pub(crate) fn invalid<T>(msg: impl Into<String>) -> Result<T, Error> {
     Err(Error::Invalid(msg.into()))
 }
 
 /// Host memory, non-negative strides; f32/i32 tensors with packed elements; block formats and
 /// f16 with packed rows.
-fn layout(op: Op, t: &TensorDesc) -> Result<(), Error> {
+pub(crate) fn layout(op: Op, t: &TensorDesc) -> Result<(), Error> {
     let name = op.schema().name;
     let dt = t
         .dtype()
@@ -181,7 +174,7 @@ fn layout(op: Op, t: &TensorDesc) -> Result<(), Error> {
     Ok(())
 }
 
-fn need_dtype(op: Op, t: &TensorDesc, dt: DType) -> Result<(), Error> {
+pub(crate) fn need_dtype(op: Op, t: &TensorDesc, dt: DType) -> Result<(), Error> {
     if t.dtype() != Some(dt) {
         return unsupported(format!(
             "{}: {} operands are not implemented by this backend",
@@ -192,7 +185,7 @@ fn need_dtype(op: Op, t: &TensorDesc, dt: DType) -> Result<(), Error> {
     Ok(())
 }
 
-fn dequantizable(dt: DType) -> bool {
+pub(crate) fn dequantizable(dt: DType) -> bool {
     let info = dt.info();
     let src = vec![0u8; info.block_bytes as usize];
     let mut dst = vec![0f32; info.block_len as usize];
@@ -285,7 +278,7 @@ pub fn check(
 }
 
 /// Null / misaligned data of a non-empty tensor: invalid (as the reference).
-fn data_ok(t: &TensorDesc) -> Result<(), Error> {
+pub(crate) fn data_ok(t: &TensorDesc) -> Result<(), Error> {
     if t.numel().unwrap_or(0) == 0 {
         return Ok(());
     }
@@ -306,51 +299,44 @@ fn data_ok(t: &TensorDesc) -> Result<(), Error> {
 // ---------------------------------------------------------------- tensor access
 
 #[inline(always)]
-fn row_ptr(t: &TensorDesc, i1: i64, i2: i64, i3: i64) -> *mut u8 {
+pub(crate) fn row_ptr(t: &TensorDesc, i1: i64, i2: i64, i3: i64) -> *mut u8 {
     t.data
         .wrapping_offset((i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]) as isize)
 }
 
 /// Asks for the `bytes` at `p` in the caches ahead of their use (a hint: never faults).
 #[inline(always)]
-fn prefetch_bytes(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch never faults, whatever the address.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                p.wrapping_add(off) as *const i8,
-            )
-        };
-    }
+pub(crate) fn prefetch_bytes(p: *const u8, bytes: usize) {
+    #[cfg(x86)]
+    crate::x86::prefetch::<false>(p, bytes);
     let _ = (p, bytes);
 }
 
 /// Rows ahead of the one in use whose K or V bytes attention asks for: a decode query reads
 /// each cache row once, from memory the other sequences' steps have pushed out of L2.
-const ATTN_PREFETCH_ROWS: i64 = 6;
+pub(crate) const ATTN_PREFETCH_ROWS: i64 = 6;
 
 /// Copies an f32 row (packed elements) into `dst` (so outputs may alias inputs).
 #[inline(always)]
-unsafe fn read_into(t: &TensorDesc, i1: i64, i2: i64, i3: i64, dst: &mut [f32]) {
+pub(crate) unsafe fn read_into(t: &TensorDesc, i1: i64, i2: i64, i3: i64, dst: &mut [f32]) {
     let n = t.ne[0] as usize;
     core::ptr::copy(row_ptr(t, i1, i2, i3) as *const f32, dst.as_mut_ptr(), n);
 }
 
 #[inline(always)]
-unsafe fn write_from(t: &TensorDesc, i1: i64, i2: i64, i3: i64, v: &[f32]) {
+pub(crate) unsafe fn write_from(t: &TensorDesc, i1: i64, i2: i64, i3: i64, v: &[f32]) {
     let n = t.ne[0] as usize;
     core::ptr::copy(v.as_ptr(), row_ptr(t, i1, i2, i3) as *mut f32, n);
 }
 
 #[inline(always)]
-unsafe fn read_i32(t: &TensorDesc, i: i64) -> i32 {
+pub(crate) unsafe fn read_i32(t: &TensorDesc, i: i64) -> i32 {
     (t.data.wrapping_offset((i * t.nb[0]) as isize) as *const i32).read()
 }
 
 /// `f(row)` for every row, in parallel tasks when the work is large (the split never changes
 /// a result).
-unsafe fn for_rows<F: Fn(i64)>(host: &HostApi, nrows: i64, row_len: i64, f: F) {
+pub(crate) unsafe fn for_rows<F: Fn(i64)>(host: &HostApi, nrows: i64, row_len: i64, f: F) {
     let total = nrows.saturating_mul(row_len.max(1));
     // From 4096 elements: a batched decode step's rows (16 sequences of 576-1536) split
     // too. (Zen 4, 2 threads, SmolLM2 with 16 sequences: glu 194 -> 106 ms, rms_norm 93 -> 65

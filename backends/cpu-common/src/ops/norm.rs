@@ -3,10 +3,12 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use super::*;
+#[cfg(x86)]
+use crate::x86::norm::*;
 
 /// rms_norm row: f64 sum of f32 squares, in order; `y = (x * scale) * w`.
 #[inline(always)]
-pub(super) unsafe fn rms_row_body(v: &mut [f32], w: &[f32], eps: f32) {
+pub(crate) unsafe fn rms_row_body(v: &mut [f32], w: &[f32], eps: f32) {
     let mut sum = 0f64;
     for &e in v.iter() {
         sum += (e * e) as f64;
@@ -17,7 +19,7 @@ isa_dispatch!(rms_row => rms_row_body(v: &mut [f32], w: &[f32], eps: f32));
 
 /// The rest of [`rms_row_body`], from the row's sum of squares.
 #[inline(always)]
-pub(super) unsafe fn rms_scale_body(v: &mut [f32], w: &[f32], sum: f64, eps: f32) {
+pub(crate) unsafe fn rms_scale_body(v: &mut [f32], w: &[f32], sum: f64, eps: f32) {
     let mean = (sum / v.len() as f64) as f32;
     let sc = 1.0f32 / (mean + eps).sqrt();
     for (e, &g) in v.iter_mut().zip(w) {
@@ -26,29 +28,7 @@ pub(super) unsafe fn rms_scale_body(v: &mut [f32], w: &[f32], sum: f64, eps: f32
 }
 isa_dispatch!(rms_scale => rms_scale_body(v: &mut [f32], w: &[f32], sum: f64, eps: f32));
 
-/// The f64 sums of squares of 8 rows of `k` floats at once, row `r` at `base + offs[r]`
-/// floats, one row per lane: each lane adds its row's squares in order, as
-/// [`rms_row_body`] does (that chain is sequential, so a row alone waits an f64 addition's
-/// latency per element; eight rows share those waits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn sums8(base: *const f32, offs: &[i32; 8], k: usize) -> [f64; 8] {
-    use core::arch::x86_64::*;
-    let vidx = _mm256_loadu_si256(offs.as_ptr() as *const __m256i);
-    let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-    for i in 0..k {
-        let v = _mm256_i32gather_ps::<4>(base.add(i), vidx);
-        let sq = _mm256_mul_ps(v, v);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(sq)));
-    }
-    let mut out = [0f64; 8];
-    _mm256_storeu_pd(out.as_mut_ptr(), lo);
-    _mm256_storeu_pd(out.as_mut_ptr().add(4), hi);
-    out
-}
-
-pub(super) unsafe fn rms_norm(
+pub(crate) unsafe fn rms_norm(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],
@@ -71,7 +51,7 @@ pub(super) unsafe fn rms_norm(
         let rows: Vec<i64> = (r0..(r0 + group).min(nrows)).collect();
         #[allow(unused_mut)]
         let mut sums: Option<[f64; 8]> = None;
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(x86)]
         if rows.len() == 8 {
             let base = row_ptr(&x, 0, 0, 0) as *const f32;
             let mut offs = [0i32; 8];
@@ -103,12 +83,12 @@ pub(super) unsafe fn rms_norm(
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(x86)]
     use super::*;
 
     /// Eight rows' gathered sums equal each row's own sequential f64 sum, bit for bit (rows
     /// apart by a stride, in any order, large and tiny values).
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(x86)]
     #[test]
     fn gathered_sums_equal_the_row_chain() {
         if !Isa::Avx2.detected() {

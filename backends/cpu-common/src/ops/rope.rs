@@ -6,7 +6,7 @@ use super::*;
 
 /// Rotation of one head: `y0 = fma(x0, cos, -(x1*sin))`, `y1 = fma(x0, sin, x1*cos)`.
 #[inline(always)]
-pub(super) unsafe fn rope_row_body(v: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
+pub(crate) unsafe fn rope_row_body(v: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
     for i0 in (0..n_dims).step_by(2) {
         let (c, s) = (cache[i0], cache[i0 + 1]);
         let (a, b) = if neox {
@@ -21,7 +21,7 @@ pub(super) unsafe fn rope_row_body(v: &mut [f32], cache: &[f32], n_dims: usize, 
 }
 isa_dispatch!(rope_row => rope_row_body(v: &mut [f32], cache: &[f32], n_dims: usize, neox: bool));
 
-pub(super) unsafe fn rope(
+pub(crate) unsafe fn rope(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],
@@ -97,10 +97,10 @@ pub(super) unsafe fn rope(
 
 /// What a call's cos/sin rows depend on: the frequency parameters (as bits), the rotated
 /// dimensions and each token's position.
-struct RopeKey {
-    params: [u32; 3],
-    n_dims: usize,
-    positions: Vec<i32>,
+pub(crate) struct RopeKey {
+    pub(crate) params: [u32; 3],
+    pub(crate) n_dims: usize,
+    pub(crate) positions: Vec<i32>,
 }
 
 impl RopeKey {
@@ -118,7 +118,7 @@ impl RopeKey {
 }
 
 /// Parameter sets whose cos/sin rows a thread keeps.
-const ROPE_MEMO_SETS: usize = 4;
+pub(crate) const ROPE_MEMO_SETS: usize = 4;
 
 thread_local! {
     /// The calling thread's latest cos/sin rows (one per token), oldest first, with what each

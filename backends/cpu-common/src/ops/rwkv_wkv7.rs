@@ -11,7 +11,7 @@ use super::*;
 /// (the reference's lanes) and makes `mul_add` one FMA instruction (the portable variant
 /// rounds the same through libm's `fmaf`).
 #[inline(always)]
-pub(super) unsafe fn rwkv_wkv7_head_body(
+pub(crate) unsafe fn rwkv_wkv7_head_body(
     ins: &[TensorDesc],
     outs: &[TensorDesc],
     h: i64,
@@ -40,7 +40,7 @@ isa_dispatch!(rwkv_wkv7_head =>
     rwkv_wkv7_head_body(ins: &[TensorDesc], outs: &[TensorDesc], h: i64, s: i64,
         scratch: &mut [f32]));
 
-pub(super) unsafe fn rwkv_wkv7(
+pub(crate) unsafe fn rwkv_wkv7(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],

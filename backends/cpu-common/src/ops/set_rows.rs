@@ -4,7 +4,7 @@
 
 use super::*;
 
-pub(super) unsafe fn set_rows(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
+pub(crate) unsafe fn set_rows(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<(), Error> {
     let (src, idx, dst_in, dst) = (inputs[0], inputs[1], inputs[2], outputs[0]);
     let m = src.ne[1];
     let mut rows = Vec::with_capacity(m as usize);

@@ -6,7 +6,7 @@ use super::*;
 
 /// Softmax of `src` (already scaled) into `w`.
 #[inline(always)]
-pub(super) unsafe fn softmax_row_body(isa: Isa, src: &[f32], w: &mut [f32]) {
+pub(crate) unsafe fn softmax_row_body(isa: Isa, src: &[f32], w: &mut [f32]) {
     let max = src.iter().fold(f32::NEG_INFINITY, |m, &v| ggml_max(m, v));
     let sum = soft_max_f32(isa, src, w, max);
     let inv = (1.0 / sum) as f32;
@@ -16,7 +16,7 @@ pub(super) unsafe fn softmax_row_body(isa: Isa, src: &[f32], w: &mut [f32]) {
 }
 isa_dispatch!(softmax_row => softmax_row_body(isa_: Isa, src: &[f32], w: &mut [f32]));
 
-pub(super) unsafe fn softmax(
+pub(crate) unsafe fn softmax(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],

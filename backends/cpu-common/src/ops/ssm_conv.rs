@@ -9,7 +9,7 @@ use super::*;
 /// Each output is one sequential chain, so the ISA frame only makes `mul_add` one FMA
 /// instruction (the portable variant calls libm's `fmaf`, which rounds the same).
 #[inline(always)]
-pub(super) unsafe fn ssm_conv_row_body(
+pub(crate) unsafe fn ssm_conv_row_body(
     sx: &TensorDesc,
     c: &TensorDesc,
     t: i64,
@@ -30,7 +30,7 @@ pub(super) unsafe fn ssm_conv_row_body(
 isa_dispatch!(ssm_conv_row =>
     ssm_conv_row_body(sx: &TensorDesc, c: &TensorDesc, t: i64, s: i64, y: &mut [f32]));
 
-pub(super) unsafe fn ssm_conv(
+pub(crate) unsafe fn ssm_conv(
     isa: Isa,
     host: &HostApi,
     inputs: &[TensorDesc],

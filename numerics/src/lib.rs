@@ -1,4 +1,9 @@
-//! Scalar twins of the ggml CPU kernels whose rounding shows in results.
+//! ggml's numerics: the scalar twins of the ggml CPU kernels whose rounding shows in results,
+//! which the reference (the spec of every op) and every backend compute with, one copy.
+//!
+//! Apart from the reference so that a backend links these chains and not the spec: the
+//! reference says what an op computes; this crate holds the pieces whose bits it is computed
+//! with.
 //!
 //! The oracle is llama.cpp's CPU backend built with `-march=native` on an AVX-512 machine
 //! (gnu++17, so GCC contracts `a*b + c` into FMA). Every routine here reproduces the *order* of
@@ -25,6 +30,12 @@
 //! bodies are `#[inline(always)]` so that a backend instantiates them inside its own
 //! `#[target_feature]` frame, where `mul_add` is one FMA instruction and the 16-lane loops
 //! vectorize.
+
+pub mod rope;
+
+/// llama.cpp's KV padding (`max(n_pad, 256)` cache rows): attention's row counts and the
+/// chains that depend on them.
+pub const KV_PAD: i64 = 256;
 
 use half::f16;
 
