@@ -11,6 +11,8 @@
 //!   architecture models): each 5-byte chunk of text hashes to an id, an id reads back as its
 //!   hex digits. Such models are driven by token ids; the text side exists so that every
 //!   command runs on them.
+//! - `tokenizer.ggml.model = "rwkv"`: RWKV's "world" vocabulary, greedy longest match over the
+//!   bytes of escaped token strings ([`rwkv`]).
 //!
 //! Special tokens are split out before any algorithm runs, exactly like llama.cpp's
 //! `tokenizer_st_partition`, so `<|im_start|>` in a prompt becomes one id when `parse_special`
@@ -19,6 +21,7 @@
 mod bpe;
 pub(crate) use bpe::pre_name as bpe_pre_name;
 mod idmap;
+mod rwkv;
 mod spm;
 mod stream;
 mod vocab;
@@ -46,6 +49,9 @@ enum Engine {
     /// llama.cpp's `LLAMA_VOCAB_TYPE_TEST`: text in chunks of [`TEST_CHUNK`] bytes, each
     /// `hash = hash * 31 + byte` over the chunk, modulo the vocabulary size.
     Test,
+    /// llama.cpp's `LLAMA_VOCAB_TYPE_RWKV`: greedy longest match in a trie of the unescaped
+    /// token bytes.
+    Rwkv(Box<rwkv::Rwkv>),
 }
 
 /// The bytes one token of the test vocabulary covers.
@@ -160,8 +166,25 @@ impl Tokenizer {
                     pre,
                 })
             }
+            "rwkv" => {
+                let vocab = Vocab::load(gguf, VocabKind::Rwkv, false)?;
+                let trie = rwkv::Rwkv::build(&vocab.texts).map_err(|(id, why)| {
+                    err(format!(
+                        "rwkv token {id} ({:?}): {why}",
+                        String::from_utf8_lossy(vocab.text(id as u32))
+                    ))
+                })?;
+                Ok(Tokenizer {
+                    max_token_bytes: trie.max_token_bytes(),
+                    vocab,
+                    engine: Engine::Rwkv(Box::new(trie)),
+                    clean_spaces: false,
+                    model,
+                    pre,
+                })
+            }
             other => Err(err(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama, test)"
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama, rwkv, test)"
             ))),
         }
     }
@@ -260,6 +283,25 @@ impl Tokenizer {
                     }
                 }
             }
+            Engine::Rwkv(trie) => {
+                for f in &frags {
+                    match *f {
+                        Frag::Text(s, e) => trie
+                            .tokenize(&text.as_bytes()[s..e], v.unk, &mut out, limit)
+                            .map_err(|rwkv::EncodeError::NoToken { offset, byte }| {
+                                v.err(format!(
+                                    "byte 0x{byte:02x} at offset {} of the text starts no token \
+                                     and the vocabulary has no unknown token",
+                                    s + offset
+                                ))
+                            })?,
+                        Frag::Token(id) => out.push(id),
+                    }
+                    if out.len() > limit {
+                        return Ok(None);
+                    }
+                }
+            }
             Engine::Bpe(_) | Engine::HfBpe(_) | Engine::Spm(Some(_)) => {
                 for f in &frags {
                     match *f {
@@ -289,7 +331,9 @@ impl Tokenizer {
         match &self.engine {
             Engine::Bpe(bpe) => bpe.tokenize(v, text, out, limit),
             Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => bpe::tokenize_hf(tk, v, text, out),
-            Engine::Spm(None) | Engine::Test => Err(v.err("this vocabulary has no BPE pipeline")),
+            Engine::Spm(None) | Engine::Test | Engine::Rwkv(_) => {
+                Err(v.err("this vocabulary has no BPE pipeline"))
+            }
         }
     }
 
@@ -347,6 +391,10 @@ impl Tokenizer {
         if !render_special && attr & (ATTR_UNKNOWN | ATTR_CONTROL) != 0 {
             return Vec::new();
         }
+        if let Engine::Rwkv(trie) = &self.engine {
+            // llama.cpp unescapes every rwkv token, whatever its type.
+            return trie.piece(id).to_vec();
+        }
         let text = v.text(id);
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED) != 0 {
             return text.to_vec();
@@ -359,7 +407,7 @@ impl Tokenizer {
             return match self.engine {
                 Engine::Spm(_) => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
                 Engine::Bpe(_) | Engine::HfBpe(_) => bpe_decode_text(text),
-                Engine::Test => unreachable!("rendered above"),
+                Engine::Test | Engine::Rwkv(_) => unreachable!("rendered above"),
             };
         }
         if attr & ATTR_BYTE != 0 {

@@ -25,8 +25,13 @@ fn find_vocab(name: &str) -> Option<PathBuf> {
 }
 
 fn read_cases(vocab: &std::path::Path) -> Vec<(String, Vec<u32>)> {
+    read_cases_from(vocab, "gguf.out")
+}
+
+/// The cases with the ids of another `.out` file (`gguf.special.out`: parse_special = true).
+fn read_cases_from(vocab: &std::path::Path, out_ext: &str) -> Vec<(String, Vec<u32>)> {
     let inp = std::fs::read_to_string(vocab.with_extension("gguf.inp")).unwrap();
-    let out = std::fs::read_to_string(vocab.with_extension("gguf.out")).unwrap();
+    let out = std::fs::read_to_string(vocab.with_extension(out_ext)).unwrap();
     let mut inputs: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
     // test-tokenizer-0.cpp stops when the separator ends the file: no trailing empty case.
     if inputs.last() == Some(&"") {
@@ -48,6 +53,11 @@ fn read_cases(vocab: &std::path::Path) -> Vec<(String, Vec<u32>)> {
 
 /// Runs one vector file; returns false (with a note) when it is not available.
 fn check_vectors(name: &str) -> bool {
+    check_vectors_from(name, "gguf.out", false)
+}
+
+/// [`check_vectors`] against the ids of `out_ext`, tokenized with `parse_special`.
+fn check_vectors_from(name: &str, out_ext: &str, parse_special: bool) -> bool {
     let Some(path) = find_vocab(name) else {
         eprintln!("note: ggml-vocab-{name}.gguf test vectors not found, skipping");
         return false;
@@ -55,9 +65,9 @@ fn check_vectors(name: &str) -> bool {
     let gguf = ModelFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
     let mut failures = Vec::new();
-    let cases = read_cases(&path);
+    let cases = read_cases_from(&path, out_ext);
     for (text, want) in &cases {
-        let got = tok.encode(text, false, false).unwrap();
+        let got = tok.encode(text, false, parse_special).unwrap();
         if &got != want {
             failures.push(format!("{text:?}\n   want {want:?}\n   got  {got:?}"));
         }
@@ -276,7 +286,7 @@ fn random_text_round_trips_through_qwen2_and_spm() {
 #[test]
 fn encode_limited_agrees_below_the_limit_and_gives_up_above_it() {
     let mut n = 0;
-    for name in ["qwen2", "llama-spm", "gpt-2"] {
+    for name in ["qwen2", "llama-spm", "gpt-2", "rwkv-world"] {
         let Some(path) = find_vocab(name) else {
             continue;
         };
@@ -309,4 +319,214 @@ fn encode_limited_agrees_below_the_limit_and_gives_up_above_it() {
         assert_eq!(tok.encode_limited(&words, true, true, 100).unwrap(), None);
     }
     assert!(n > 0, "no committed vocabulary found");
+}
+
+// ---- RWKV world vocabulary (scripts/make_rwkv_vocab.py) ----
+
+fn rwkv_world() -> Tokenizer {
+    let path = find_vocab("rwkv-world")
+        .expect("committed vectors fixtures/tokenizer/ggml-vocab-rwkv-world.* missing");
+    Tokenizer::from_gguf(&ModelFile::open(path).unwrap()).unwrap()
+}
+
+/// A synthetic `rwkv` vocabulary: `tokens` (escaped), optional token types and unknown id.
+fn rwkv_synthetic(
+    tokens: &[&str],
+    types: Option<&[i32]>,
+    unk: Option<u32>,
+) -> Result<Tokenizer, LoadError> {
+    use crate::gguf::writer::Writer;
+    use crate::{Array, Value};
+    let mut w = Writer::default();
+    let n_kv = 2 + types.is_some() as u64 + unk.is_some() as u64;
+    w.header(3, 0, n_kv)
+        .kv("tokenizer.ggml.model", &Value::String("rwkv".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            &Value::Array(Array::String(tokens.iter().collect())),
+        );
+    if let Some(t) = types {
+        w.kv(
+            "tokenizer.ggml.token_type",
+            &Value::Array(Array::I32(t.to_vec())),
+        );
+    }
+    if let Some(u) = unk {
+        w.kv("tokenizer.ggml.unknown_token_id", &Value::U32(u));
+    }
+    Tokenizer::from_gguf(&ModelFile::from_bytes("syn.gguf", w.buf.clone()).unwrap())
+}
+
+#[test]
+fn vectors_rwkv_world() {
+    assert!(check_vectors("rwkv-world"));
+    assert!(check_vectors_from("rwkv-world", "gguf.special.out", true));
+    let tok = rwkv_world();
+    let path = find_vocab("rwkv-world").unwrap();
+    let plain = read_cases(&path);
+    let special = read_cases_from(&path, "gguf.special.out");
+    // The vectors do tell the two modes apart (" <s> " differs), and decode inverts both.
+    assert!(plain.iter().zip(&special).any(|(a, b)| a.1 != b.1));
+    for (text, ids) in plain.iter().chain(&special) {
+        assert_eq!(&tok.decode(ids), text);
+        assert_eq!(tok.detokenize(ids, false, true), text.as_bytes());
+        // No BOS/EOS by default: add_special changes nothing.
+        assert_eq!(
+            &tok.encode(text, true, false).unwrap(),
+            &tok.encode(text, false, false).unwrap()
+        );
+    }
+}
+
+#[test]
+fn rwkv_world_specials_and_eog() {
+    let tok = rwkv_world();
+    assert_eq!(tok.vocab_size(), 65536);
+    assert_eq!(
+        (
+            tok.bos(),
+            tok.eos(),
+            tok.eot(),
+            tok.unk(),
+            tok.add_bos(),
+            tok.add_eos()
+        ),
+        (Some(0), Some(0), Some(261), None, false, false)
+    );
+    // llama.cpp's end-of-generation set for this file is exactly {0, 261}.
+    assert_eq!(tok.eog_ids().collect::<Vec<_>>(), vec![0, 261]);
+    assert!(tok.is_control(0) && !tok.is_control(261));
+    assert_eq!(tok.token_attr(65535), ATTR_UNUSED);
+    // "<s>" is in the trie too: one id with or without parse_special; the unused padding
+    // tokens are matched as text like any other.
+    assert_eq!(tok.encode("<s>", false, false).unwrap(), vec![0]);
+    assert_eq!(tok.encode("<s>", false, true).unwrap(), vec![0]);
+    assert_eq!(tok.encode("[PAD65530]", false, false).unwrap(), vec![65530]);
+    // "\n\n", the EOT, is a normal token: the trie matches it in either mode.
+    assert_eq!(tok.encode("\n\n", false, true).unwrap(), vec![261]);
+    assert_eq!(tok.encode("\n\n", false, false).unwrap(), vec![261]);
+}
+
+#[test]
+fn rwkv_world_pieces_match_llama_cpp() {
+    // FNV-1a 64 over (u32 length, bytes) of every token's piece, as the script computes it from
+    // llama_token_to_piece(id, lstrip 0, special).
+    let tok = rwkv_world();
+    let path = find_vocab("rwkv-world").unwrap();
+    let want = std::fs::read_to_string(path.with_extension("gguf.pieces")).unwrap();
+    let mut got = String::new();
+    for special in [true, false] {
+        let mut h = 0xCBF2_9CE4_8422_2325u64;
+        for id in 0..tok.vocab_size() as u32 {
+            let p = tok.token_to_piece(id, special);
+            for &b in (p.len() as u32).to_le_bytes().iter().chain(&p) {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01B3);
+            }
+        }
+        got.push_str(&format!("special={special} fnv1a64={h:016x}\n"));
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn rwkv_world_escaped_token_pieces() {
+    let tok = rwkv_world();
+    let piece = |escaped: &str| {
+        let id = tok
+            .token_id(escaped)
+            .unwrap_or_else(|| panic!("{escaped:?} not a token"));
+        tok.token_to_piece(id, false)
+    };
+    assert_eq!(piece("\\n"), b"\n");
+    assert_eq!(piece("\\t"), b"\t");
+    assert_eq!(piece("\\r\\n"), b"\r\n");
+    assert_eq!(piece("\\x00"), b"\x00");
+    assert_eq!(piece("\\xff"), b"\xff");
+    assert_eq!(piece("\\x7f"), b"\x7f");
+    assert_eq!(piece("\\\\"), b"\\");
+    assert_eq!(piece("'"), b"'");
+    assert_eq!(piece("\\'\""), b"'\"");
+    assert_eq!(piece(" the"), b" the");
+    assert_eq!(piece("\\n\\n"), b"\n\n");
+    assert_eq!(tok.token_id("\\n\\n"), Some(261));
+    // Ids 1..=256 are the 256 single bytes.
+    for b in 0..=255u8 {
+        assert_eq!(tok.token_to_piece(b as u32 + 1, false), [b]);
+        if b.is_ascii() {
+            assert_eq!(
+                tok.encode(&(b as char).to_string(), false, false).unwrap(),
+                vec![b as u32 + 1]
+            );
+        }
+    }
+    // "<s>" is a control token: rendered only on request; "[PAD65530]" (unused) always.
+    assert_eq!(tok.token_to_piece(0, false), b"");
+    assert_eq!(tok.token_to_piece(0, true), b"<s>");
+    assert_eq!(tok.token_to_piece(65530, false), b"[PAD65530]");
+    assert_eq!(tok.token_to_piece(65536, true), b"");
+    // Multi-byte characters split over byte tokens come back whole through the stream decoder.
+    let ids = tok.encode("𠜎", false, false).unwrap();
+    assert!(ids.len() > 1);
+    let mut sd = StreamDecoder::new(&tok, false);
+    let text: String = ids.iter().map(|&i| sd.push(i)).collect();
+    assert_eq!(text + &sd.finish(), "𠜎");
+}
+
+#[test]
+fn rwkv_unescape_follows_llama_cpp_and_refuses_misreads() {
+    use super::rwkv::unescape;
+    assert_eq!(unescape(b"a\\tb\\nc\\rd").unwrap(), b"a\tb\nc\rd");
+    assert_eq!(
+        unescape(b"\\x00\\x0a\\xff\\xe4").unwrap(),
+        [0, 10, 255, 0xe4]
+    );
+    assert_eq!(unescape(b"\\\\\\'\\\"").unwrap(), b"\\'\"");
+    // llama.cpp keeps any other escaped byte as itself.
+    assert_eq!(unescape(b"\\q\\\xc3\xa9").unwrap(), "qé".as_bytes());
+    assert_eq!(unescape("日本".as_bytes()).unwrap(), "日本".as_bytes());
+    for bad in [&b"\\xZZ"[..], b"\\xAB", b"\\xg0", b"\\x4", b"a\\x", b"ab\\"] {
+        assert!(unescape(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+    }
+}
+
+#[test]
+fn rwkv_bad_escape_is_a_load_error_naming_the_token() {
+    for (bad, what) in [("b\\xZZ", "\\xZZ"), ("c\\", "lone"), ("\\x4", "cut off")] {
+        let e = rwkv_synthetic(&["<s>", "a", bad], None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("syn.gguf") && e.contains("token 2") && e.contains(what),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn rwkv_unmatched_bytes_follow_llama_cpp_or_are_refused() {
+    // Greedy longest match: "abc" then "d" (not "ab" + "cd").
+    let tok = rwkv_synthetic(
+        &["<s>", "a", "ab", "abc", "cd", "d", "\\x61\\x62"],
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!(tok.encode("abcd", false, false).unwrap(), vec![3, 5]);
+    // Two tokens that unescape to the same bytes: the later id wins (llama.cpp's trie insert).
+    assert_eq!(tok.encode("ab", false, false).unwrap(), vec![6]);
+    assert_eq!(tok.token_to_piece(6, false), b"ab");
+    // A byte that starts no token, no unknown token: an error naming the byte and its offset.
+    let e = tok.encode("abz", false, false).unwrap_err().to_string();
+    assert!(e.contains("0x7a") && e.contains("offset 2"), "{e}");
+    // "c" alone starts "cd" but no token is a prefix of "cx": treated the same way (llama.cpp
+    // would loop forever here).
+    let e = tok.encode("cx", false, false).unwrap_err().to_string();
+    assert!(e.contains("0x63") && e.contains("offset 0"), "{e}");
+    // With an unknown token, such bytes become it, one each, as in llama.cpp.
+    let tok = rwkv_synthetic(&["<unk>", "a", "cd"], Some(&[2, 1, 1]), Some(0)).unwrap();
+    assert_eq!(
+        tok.encode("zzacxcd", false, false).unwrap(),
+        vec![0, 0, 1, 0, 0, 2]
+    );
+    assert_eq!(tok.max_token_bytes(), 5);
 }

@@ -27,6 +27,9 @@ pub enum VocabKind {
     /// `tokenizer.ggml.model = "test"`: llama.cpp's test vocabulary (the random-weight models
     /// of `test-llama-archs`): no special tokens by default.
     Test,
+    /// `tokenizer.ggml.model = "rwkv"`: RWKV's world vocabulary (escaped bytes, greedy longest
+    /// match): no special tokens, BOS or prefix space by default.
+    Rwkv,
 }
 
 pub struct Vocab {
@@ -146,7 +149,7 @@ impl Vocab {
         let (mut bos, mut eos, mut unk, mut add_bos, mut add_space_prefix) = match kind {
             VocabKind::Spm => (Some(1), Some(2), Some(0), true, true),
             VocabKind::Bpe => (Some(11), Some(11), None, bpe_add_bos, false),
-            VocabKind::Test => (None, None, None, false, false),
+            VocabKind::Test | VocabKind::Rwkv => (None, None, None, false, false),
         };
         let mut add_eos = false;
         if let Some(v) = gguf.get_bool("tokenizer.ggml.add_space_prefix")? {
