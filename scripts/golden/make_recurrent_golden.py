@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """llama.cpp's greedy continuations and logits on the random-weight hybrid/recurrent models
 (scripts/make_random_lfm2.py: LFM2 and LFM2-MoE; scripts/make_random_qwen35.py: Qwen3.5,
-Qwen3.5-MoE, Qwen3-Next), for prompts given as token ids, into
-fixtures/golden/random-<family>.json. engine/tests/recurrent.rs runs mollm on the same files
-and prompts: every generated id equal, the prompt's last logits close.
+Qwen3.5-MoE, Qwen3-Next; scripts/make_random_rwkv7.py: RWKV7), for prompts given as token ids,
+into fixtures/golden/random-<family>.json. engine/tests/recurrent.rs runs mollm on the same
+files and prompts: every generated id equal, the prompt's last logits close (RWKV7: oracle data
+only, mollm has no rwkv7 graph yet).
 
 Oracle: llama.cpp as vendored in llama-cpp-python 0.3.36 (commit 0c1e570), through its ctypes
 bindings (llamacpp_oracle.py), CPU only, built for this machine's AVX-512 (AMX off). Recorded
@@ -17,7 +18,7 @@ position.
 Recorded per prompt: the ids generated, the 8 largest (id, logit) after the prompt (ties: lower
 id first) and the logits of 32 fixed probe ids (numpy PCG64 seed 1234).
 
-Usage: scripts/golden/make_recurrent_golden.py --family lfm2|qwen35 [--models-dir DIR]
+Usage: scripts/golden/make_recurrent_golden.py --family lfm2|qwen35|rwkv7 [--models-dir DIR]
 """
 import argparse
 import ctypes
@@ -50,6 +51,7 @@ FAMILIES = {
                  models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random", "lfm2-hf-random"]),
     "qwen35": dict(generator="scripts/make_random_qwen35.py",
                    models=["qwen35-random", "qwen35-mtp-random", "qwen35moe-random", "qwen3next-random"]),
+    "rwkv7": dict(generator="scripts/make_random_rwkv7.py", models=["rwkv7-random", "rwkv7-h4-random"]),
 }
 TOP = 8
 N_PROBE = 32
@@ -122,11 +124,15 @@ def main():
         cases = []
         for name, toks in prompts(n_vocab):
             row, gen = run(model, toks, n_vocab)
+            if not np.isfinite(row).all():
+                sys.exit(f"{key} {name}: llama.cpp's logits are not finite")
             order = sorted(range(n_vocab), key=lambda i: (-row[i], i))[:TOP]
             cases.append({"name": name, "tokens": toks, "generated": gen,
                           "top": [[i, float(row[i])] for i in order],
                           "probe": [float(row[i]) for i in probe]})
-            print(f"{key} {name}: {len(toks)} tokens -> {gen}, margin {row[order[0]] - row[order[1]]:.4f}")
+            print(f"{key} {name}: {len(toks)} tokens -> {gen}, margin {row[order[0]] - row[order[1]]:.4f}, "
+                  f"logits mean {row.mean():.3f} std {row.std():.3f} [{row.min():.3f}, {row.max():.3f}], "
+                  f"{len(set(gen))} distinct ids")
         out["models"][key] = {"gguf": key + ".gguf", "gguf_sha256": O.sha256_file(path),
                               "n_vocab": n_vocab, "probe_ids": probe, "cases": cases}
         L.llama_model_free(model)
