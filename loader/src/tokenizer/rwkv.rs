@@ -24,8 +24,19 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::gguf::StrArray;
 
+/// An escape in a token's text that llama.cpp would misread (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEscape {
+    #[error("ends with a lone '\\'")]
+    LoneBackslash,
+    #[error("bad escape '\\x{digits}' at byte {at} (two lowercase hex digits expected)")]
+    NotHex { digits: String, at: usize },
+    #[error("escape '\\x' cut off at byte {at}")]
+    CutOff { at: usize },
+}
+
 /// `llama_unescape_rwkv_token`, refusing the escapes it would misread (see the module doc).
-pub fn unescape(escaped: &[u8]) -> Result<Vec<u8>, String> {
+pub fn unescape(escaped: &[u8]) -> Result<Vec<u8>, BadEscape> {
     let mut out = Vec::with_capacity(escaped.len());
     let mut i = 0;
     while i < escaped.len() {
@@ -36,7 +47,7 @@ pub fn unescape(escaped: &[u8]) -> Result<Vec<u8>, String> {
             continue;
         }
         let Some(&e) = escaped.get(i) else {
-            return Err("ends with a lone '\\'".into());
+            return Err(BadEscape::LoneBackslash);
         };
         i += 1;
         match e {
@@ -53,14 +64,13 @@ pub fn unescape(escaped: &[u8]) -> Result<Vec<u8>, String> {
                     Some(&[h, l]) => match (hex(h), hex(l)) {
                         (Some(h), Some(l)) => out.push(h << 4 | l),
                         _ => {
-                            return Err(format!(
-                                "bad escape '\\x{}' at byte {} (two lowercase hex digits expected)",
-                                String::from_utf8_lossy(&[h, l]),
-                                i - 2
-                            ))
+                            return Err(BadEscape::NotHex {
+                                digits: String::from_utf8_lossy(&[h, l]).into_owned(),
+                                at: i - 2,
+                            })
                         }
                     },
-                    _ => return Err(format!("escape '\\x' cut off at byte {}", i - 2)),
+                    _ => return Err(BadEscape::CutOff { at: i - 2 }),
                 }
                 i += 2;
             }
@@ -110,7 +120,7 @@ pub enum EncodeError {
 
 impl Rwkv {
     /// Unescapes every entry of `texts` into the trie; `Err((id, why))` for a bad escape.
-    pub fn build(texts: &StrArray) -> Result<Rwkv, (usize, String)> {
+    pub fn build(texts: &StrArray) -> Result<Rwkv, (usize, BadEscape)> {
         let mut t = Rwkv {
             values: vec![NONE],
             edges: HashMap::default(),
