@@ -6,7 +6,8 @@
 //! (fixtures/golden/random-lfm2.json, scripts/golden/make_recurrent_golden.py) for a one-token
 //! prompt, a 37-token one and a 230-token one run in 64-token chunks (close to the 256-token
 //! context), on every CPU backend, alone (`--parallel 1`) and batched (`--parallel 4`: each
-//! sequence's recurrent state its own).
+//! sequence's recurrent state its own). The same for the RWKV-7 models of
+//! scripts/make_random_rwkv7.py (no attention: LayerNorms, token shift, the wkv7 recurrence).
 
 mod common;
 
@@ -137,11 +138,18 @@ fn qwen35_and_qwen3next_generate_llama_cpps_tokens_on_every_backend_alone_and_ba
     check("qwen35");
 }
 
+/// RWKV-7 (scripts/make_random_rwkv7.py: two heads over four layers, and four heads over two
+/// with distinct LoRA ranks): every generated id equal to llama.cpp's, alone and batched.
+#[test]
+fn rwkv7_generates_llama_cpps_tokens_on_every_backend_alone_and_batched() {
+    check("rwkv7");
+}
+
 /// A `.mollm` package of each model (`--quant keep`: the same weights; Qwen3.5-MoE's merged
 /// expert stacks written as separate ones) carries its graph, and generates llama.cpp's tokens.
 #[test]
 fn packages_of_recurrent_models_generate_llama_cpps_tokens() {
-    for family in ["lfm2", "qwen35"] {
+    for family in ["lfm2", "qwen35", "rwkv7"] {
         let g = golden(family);
         for (key, m) in g["models"].as_object().unwrap() {
             let path = random_support::random_checkpoint(m["gguf"].as_str().unwrap());
@@ -296,4 +304,38 @@ fn a_missing_delta_net_tensor_or_sizes_that_do_not_fit_are_named() {
         ),
     );
     common::assert_one_line_error(&o, "weight 'blk.2.attn_qkv.weight' is not in the model");
+}
+
+/// Bad RWKV-7 models fail at load with one line naming the key or tensor: a head size that
+/// does not divide the width, a token shift other than 2, a missing time-mix tensor.
+#[test]
+fn rwkv7_sizes_that_do_not_fit_and_missing_tensors_are_named() {
+    let path = random_support::random_checkpoint("rwkv7-h4-random.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let run = |name: &str, b: Vec<u8>| {
+        let p = tmp(name, &b);
+        mollm(&["run", "-m", p.to_str().unwrap(), "-n", "1", "-p", "hi"])
+    };
+    let u32_after = |key: &[u8], v: u32| {
+        let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        let mut bad = bytes.clone();
+        bad[at + 4..at + 8].copy_from_slice(&v.to_le_bytes());
+        bad
+    };
+    let o = run("rwkv7-head.gguf", u32_after(b"rwkv7.wkv.head_size", 48));
+    common::assert_one_line_error(
+        &o,
+        "'rwkv7.wkv.head_size' 48 must divide 'rwkv7.embedding_length' 256",
+    );
+    let o = run("rwkv7-shift.gguf", u32_after(b"rwkv7.token_shift_count", 3));
+    common::assert_one_line_error(&o, "'rwkv7.token_shift_count' is 3; RWKV-7 shifts by 2");
+    let o = run(
+        "rwkv7-no-kk.gguf",
+        patched(
+            &bytes,
+            b"blk.1.time_mix_k_k.weight",
+            b"blk.1.time_mix_k_X.weight",
+        ),
+    );
+    common::assert_one_line_error(&o, "'blk.1.time_mix_k_k.weight' is not in the model");
 }

@@ -1,6 +1,6 @@
-//! Recurrent state in the engine, on the random-weight LFM2 and Qwen3.5 models
-//! (scripts/make_random_lfm2.py, scripts/make_random_qwen35.py): the prompt's last logits equal
-//! llama.cpp's (fixtures/golden/random-{lfm2,qwen35}.json) at every recorded id; each sequence owns its state (a fork continues on its own copy, two sequences
+//! Recurrent state in the engine, on the random-weight LFM2, Qwen3.5 and RWKV-7 models
+//! (scripts/make_random_lfm2.py, scripts/make_random_qwen35.py, scripts/make_random_rwkv7.py):
+//! the prompt's last logits equal llama.cpp's (fixtures/golden/random-{lfm2,qwen35,rwkv7}.json) at every recorded id; each sequence owns its state (a fork continues on its own copy, two sequences
 //! in one step compute what each computes alone); and truncating short of a sequence's end
 //! starts it over instead of keeping a state that no longer matches its history.
 
@@ -43,9 +43,11 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 #[test]
 fn prompt_logits_equal_llama_cpps() {
-    let (lfm2, qwen35) = (golden("lfm2"), golden("qwen35"));
-    let models = lfm2["models"].as_object().unwrap().iter();
-    for (key, m) in models.chain(qwen35["models"].as_object().unwrap()) {
+    let families = [golden("lfm2"), golden("qwen35"), golden("rwkv7")];
+    let models = families
+        .iter()
+        .flat_map(|g| g["models"].as_object().unwrap().iter());
+    for (key, m) in models {
         let model = Model::load(&random::random_checkpoint(m["gguf"].as_str().unwrap())).unwrap();
         let probe = ids(&m["probe_ids"]);
         for case in m["cases"].as_array().unwrap() {
@@ -90,6 +92,7 @@ fn each_sequence_owns_its_state() {
         "lfm2-random.gguf",
         "qwen35-random.gguf",
         "qwen3next-random.gguf",
+        "rwkv7-random.gguf",
     ] {
         owns_its_state(file);
     }
@@ -167,7 +170,11 @@ fn truncating_short_of_the_end_starts_over() {
 /// them) are bit for bit those of computing everything; without a snapshot nothing is reused.
 #[test]
 fn a_reused_prefix_restores_the_state_snapshot() {
-    for file in ["qwen35-random.gguf", "lfm2-random.gguf"] {
+    for file in [
+        "qwen35-random.gguf",
+        "lfm2-random.gguf",
+        "rwkv7-random.gguf",
+    ] {
         let model = Model::load(&random::random_checkpoint(file)).unwrap();
         // Chunks of 16 tokens: units of one 256-row page.
         let o = SessionOptions {

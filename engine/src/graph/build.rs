@@ -35,6 +35,7 @@ impl Builder {
                 kv_layers: Vec::new(),
                 states: Vec::new(),
                 nodes: Vec::new(),
+                unused: Vec::new(),
                 output: String::new(),
             },
             names: HashSet::new(),
@@ -56,6 +57,11 @@ impl Builder {
     pub fn state(&mut self, values: usize) -> usize {
         self.g.states.push(values as i64);
         self.g.states.len() - 1
+    }
+
+    /// A file tensor the architecture requires and never reads (see `GraphFile::unused`).
+    pub fn unused(&mut self, tensor: &str) {
+        self.g.unused.push(tensor.to_string());
     }
 
     /// Nodes added from now on carry layer `il` in their names (`None`: no suffix).
@@ -106,6 +112,15 @@ impl Builder {
     }
     pub fn rms_norm(&mut self, name: &str, x: &str, weight: &str, eps: f32) -> V {
         self.node(name, "rms_norm", &[x, weight], &[("eps", eps as f64)])
+    }
+    /// LayerNorm with bias (ggml_norm, then times `weight`, plus `bias`).
+    pub fn layer_norm(&mut self, name: &str, x: &str, weight: &str, bias: &str, eps: f32) -> V {
+        self.node(
+            name,
+            "layer_norm",
+            &[x, weight, bias],
+            &[("eps", eps as f64)],
+        )
     }
     pub fn matmul(&mut self, name: &str, weight: &str, x: &str) -> V {
         self.node(name, "mat_mul", &[weight, x], &[])

@@ -5,7 +5,8 @@
 //! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
 //! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
 //! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`, `short_conv`,
-//! `causal_conv`, `delta_net`, `rows`, `sigmoid`) declare theirs in
+//! `causal_conv`, `delta_net`, `rows`, `sigmoid`, RWKV-7's `layer_norm`, `token_shift`,
+//! `lerp`, `tanh`, `relu_sqr` and `rwkv7_time_mix`) declare theirs in
 //! [`GRAPH_OPS`]. Dimensions are expressions (see [`super::dim`]).
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,10 @@ pub struct GraphFile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub states: Vec<i64>,
     pub nodes: Vec<NodeDef>,
+    /// File tensors the architecture requires and never reads (RWKV-7's layer-0 value-mix
+    /// LoRA, which llama.cpp loads and ignores): binding accepts them unused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unused: Vec<String>,
     /// The node whose value is the logits `[n_vocab, O]`.
     pub output: String,
 }
@@ -161,6 +166,73 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         attrs: &[],
         defaults: &[],
         doc: "1 / (1 + expf(-x)) elementwise (ggml_sigmoid); out has x's shape.",
+    },
+    GraphOp {
+        name: "layer_norm",
+        inputs: &["x", "weight", "bias"],
+        optional: 0,
+        attrs: &["eps"],
+        defaults: &[],
+        doc: "ggml_norm of each column of x [E, T] as its AVX-512 build computes it (the mean \
+              from an f64 sum, the variance from 16-element blocks' squares reduced as \
+              _mm512_reduce_add_ps into an f64 sum, times 1 / sqrtf(var + eps)), then times \
+              weight and plus bias (f32 weights [E]); out [E, T].",
+    },
+    GraphOp {
+        name: "token_shift",
+        inputs: &["x"],
+        optional: 0,
+        attrs: &["state"],
+        defaults: &[],
+        doc: "RWKV's token shift: per sequence, prev - x column by column, prev being the \
+              sequence's column before (for its first, state `state`: the last column of its \
+              step before, zero for a new sequence); the last column becomes the state. x and \
+              out [E, T].",
+    },
+    GraphOp {
+        name: "lerp",
+        inputs: &["sx", "x", "mu"],
+        optional: 0,
+        attrs: &["index"],
+        defaults: &[],
+        doc: "sx * mu[index] + x (ggml's mul, then add): sx and x [E, T], mu an f32 weight \
+              whose values index*E .. (index+1)*E are the factor (RWKV-7's fused lerps); out \
+              [E, T].",
+    },
+    GraphOp {
+        name: "tanh",
+        inputs: &["x"],
+        optional: 0,
+        attrs: &[],
+        defaults: &[],
+        doc: "tanhf elementwise (ggml_tanh); out has x's shape.",
+    },
+    GraphOp {
+        name: "relu_sqr",
+        inputs: &["x"],
+        optional: 0,
+        attrs: &[],
+        defaults: &[],
+        doc: "ggml_sqr(ggml_relu(x)) elementwise: x > 0 ? x * x : 0; out has x's shape.",
+    },
+    GraphOp {
+        name: "rwkv7_time_mix",
+        inputs: &[
+            "r", "w", "k", "v", "a", "g", "w0", "a0", "k_k", "k_a", "r_k", "ln_w", "ln_b",
+            "v_first", "v_mix", "v0",
+        ],
+        optional: 3,
+        attrs: &["state", "head_size"],
+        defaults: &[],
+        doc: "RWKV-7's time mixing between its projections (r, k, v, g; w = W2 tanh(W1 x_w), \
+              a = A2 (A1 x_a), v_mix = V2 (V1 x_v); all [E, T]) and its output projection, in \
+              llama.cpp's order: w = expf(sigmoid(w + w0) * -0.606531); v += (v_first - v) * \
+              sigmoid(v_mix + v0) when layer 0's v is given; a = sigmoid(a + a0); kk = \
+              l2_norm(k * k_k) per head (eps 1e-12); k += a * (k * k_a) - k * k_a; per \
+              sequence the ABI rwkv_wkv7(r, w, k, v, -kk, kk * a) on state `state` ([N, N, H], \
+              zero for a new sequence), updated in place; then per head ggml_norm (eps 64e-5) \
+              times ln_w plus ln_b, plus v times the head's f64 sum of k * r * r_k, times g. \
+              The vectors are f32 weights [E]; head_size N divides E; out [E, T].",
     },
 ];
 

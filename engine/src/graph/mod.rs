@@ -13,6 +13,7 @@ pub mod plan;
 pub mod program;
 pub mod recurrent;
 pub mod run;
+pub mod rwkv;
 
 pub use error::{AttrError, DimError, GraphError, NodeError};
 pub use ir::{GraphFile, NodeDef, GRAPH_VERSION};

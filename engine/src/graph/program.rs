@@ -63,6 +63,26 @@ pub enum Kind {
         len: usize,
     },
     Sigmoid,
+    /// LayerNorm with bias (ggml_norm, weight, bias).
+    LayerNorm {
+        eps: f32,
+    },
+    /// RWKV's token shift against recurrent state `state`.
+    TokenShift {
+        state: usize,
+    },
+    /// `sx * mu[index] + x`.
+    Lerp {
+        index: usize,
+    },
+    /// An elementwise function of one value.
+    Unary(super::rwkv::Unary),
+    /// RWKV-7's time-mix core on recurrent state `state`; `v_first`: after layer 0.
+    TimeMix {
+        state: usize,
+        head_size: usize,
+        v_first: bool,
+    },
     /// A short convolution over each sequence's window, kept in recurrent state `state`.
     ShortConv {
         state: usize,
@@ -139,7 +159,8 @@ impl Program {
 
 /// Limits that keep a hostile graph from costing more than a real one.
 const MAX_NODES: usize = 1 << 20;
-const MAX_INPUTS: usize = 8;
+/// The most operands a graph op declares (`rwkv7_time_mix`).
+pub(crate) const MAX_INPUTS: usize = 16;
 const MAX_KV_LAYERS: usize = 4096;
 /// The most f32 values one recurrent state may hold (64 MiB).
 const MAX_STATE: i64 = 1 << 24;
@@ -781,6 +802,94 @@ fn compile_graph_op(
             }
             Ok((Kind::Sigmoid, DType::F32, info[0].1))
         }
+        "layer_norm" => {
+            let e = column_of(inputs, info, false)?;
+            f32_vectors(inputs, info, &[1, 2], e)?;
+            let eps = graph_attr(n, "eps")? as f32;
+            Ok((Kind::LayerNorm { eps }, DType::F32, info[0].1))
+        }
+        "token_shift" => {
+            let state = take_state(n, states, state_used)?;
+            let e = column_of(inputs, info, true)?;
+            if states[state] as i64 != e {
+                return Err(check!(
+                    "state {state} holds {} values, a column of x has {e}",
+                    states[state]
+                ));
+            }
+            Ok((Kind::TokenShift { state }, DType::F32, info[0].1))
+        }
+        "lerp" => {
+            let e = column_of(inputs, info, false)?;
+            same_as_x(inputs, info, &[1])?;
+            let index = graph_int(n, "index", 64)? as usize;
+            let mu = info[2].1[0];
+            let count = mu.iter().product::<i64>();
+            if !matches!(inputs[2], Src::Weight(_))
+                || info[2].0 != DType::F32
+                || mu[0] != e
+                || count < (index as i64 + 1) * e
+            {
+                return Err(check!(
+                    "mu must be an f32 weight [{e}, ..] with at least {} values, is {} {mu:?}",
+                    (index + 1) as i64 * e,
+                    info[2].0
+                ));
+            }
+            Ok((Kind::Lerp { index }, DType::F32, info[0].1))
+        }
+        "tanh" | "relu_sqr" => {
+            if matches!(inputs[0], Src::Weight(_)) {
+                return Err(check!("x must be a node"));
+            }
+            let f = match n.op.as_str() {
+                "tanh" => super::rwkv::Unary::Tanh,
+                _ => super::rwkv::Unary::ReluSqr,
+            };
+            Ok((Kind::Unary(f), DType::F32, info[0].1))
+        }
+        "rwkv7_time_mix" => {
+            let state = take_state(n, states, state_used)?;
+            let e = column_of(inputs, info, true)?;
+            let head_size = graph_int(n, "head_size", 1 << 12)? as i64;
+            if head_size == 0 || e % head_size != 0 {
+                return Err(check!(
+                    "head_size {head_size} does not divide the width {e}"
+                ));
+            }
+            let v_first = match inputs.len() {
+                13 => false,
+                16 => true,
+                k => {
+                    return Err(check!(
+                        "takes 13 operands, or 16 with v_first, v_mix and v0; got {k}"
+                    ))
+                }
+            };
+            same_as_x(inputs, info, &[1, 2, 3, 4, 5])?;
+            f32_vectors(inputs, info, &[6, 7, 8, 9, 10, 11, 12], e)?;
+            if v_first {
+                same_as_x(inputs, info, &[13, 14])?;
+                f32_vectors(inputs, info, &[15], e)?;
+            }
+            if states[state] as i64 != e * head_size {
+                return Err(check!(
+                    "state {state} holds {} values, {} heads of [{head_size}, {head_size}] need {}",
+                    states[state],
+                    e / head_size,
+                    e * head_size
+                ));
+            }
+            Ok((
+                Kind::TimeMix {
+                    state,
+                    head_size: head_size as usize,
+                    v_first,
+                },
+                DType::F32,
+                info[0].1,
+            ))
+        }
         "short_conv" => {
             let state = take_state(n, states, state_used)?;
             let (l, ch) = conv_weight(inputs, info)?;
@@ -818,6 +927,64 @@ fn take_state(n: &NodeDef, states: &[usize], used: &mut [bool]) -> Result<usize,
 }
 
 /// A convolution's weight (operand 1): f32 `[L >= 2, C]`; returns (L, C).
+/// The column length E of operand 0, a node `[E, N]` at every evaluation point (`N` the
+/// step's tokens where `per_token`: an op that keeps per-sequence state sees every token).
+fn column_of(
+    inputs: &[Src],
+    info: &[(DType, [[i64; 4]; 5])],
+    per_token: bool,
+) -> Result<i64, NodeError> {
+    if matches!(inputs[0], Src::Weight(_)) {
+        return Err(check!("x must be a node"));
+    }
+    let e = info[0].1[0][0];
+    for (pi, &(t, _)) in POINTS.iter().enumerate() {
+        let x = info[0].1[pi];
+        if x[0] != e || x[2] != 1 || x[3] != 1 || (per_token && x[1] != t) {
+            let n = if per_token { "T" } else { "N" };
+            return Err(check!("x {x:?} must be [E, {n}]"));
+        }
+    }
+    Ok(e)
+}
+
+/// Operands `which` are nodes of operand 0's shape at every evaluation point.
+fn same_as_x(
+    inputs: &[Src],
+    info: &[(DType, [[i64; 4]; 5])],
+    which: &[usize],
+) -> Result<(), NodeError> {
+    for &k in which {
+        if matches!(inputs[k], Src::Weight(_)) || info[k].1 != info[0].1 {
+            return Err(check!(
+                "operand {k} {:?} must be a node shaped as operand 0 {:?}",
+                info[k].1[0],
+                info[0].1[0]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Operands `which` are f32 weights of `e` values.
+fn f32_vectors(
+    inputs: &[Src],
+    info: &[(DType, [[i64; 4]; 5])],
+    which: &[usize],
+    e: i64,
+) -> Result<(), NodeError> {
+    for &k in which {
+        let s = info[k].1[0];
+        if !matches!(inputs[k], Src::Weight(_)) || info[k].0 != DType::F32 || s != [e, 1, 1, 1] {
+            return Err(check!(
+                "operand {k} must be an f32 weight [{e}], is {} {s:?}",
+                info[k].0
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn conv_weight(inputs: &[Src], info: &[(DType, [[i64; 4]; 5])]) -> Result<(i64, i64), NodeError> {
     if !matches!(inputs[1], Src::Weight(_)) || info[1].0 != DType::F32 {
         return Err(check!("weight must be an f32 weight, is {}", info[1].0));

@@ -195,7 +195,7 @@ impl Runner {
             let mut out =
                 TensorDesc::contiguous(base.wrapping_add(self.plan.offset[i]), node.dtype, &shape);
             out.buffer = arena_buf;
-            let mut ins = [out; 8];
+            let mut ins = [out; super::program::MAX_INPUTS];
             for (k, s) in node.inputs.iter().enumerate() {
                 ins[k] = self.desc(p, *s, base);
             }
@@ -338,6 +338,63 @@ impl Runner {
                 Kind::Sigmoid => {
                     super::recurrent::sigmoid_node(ins[0], out);
                     Ok(())
+                }
+                Kind::LayerNorm { eps } => {
+                    let (Src::Weight(wi), Src::Weight(bi)) = (node.inputs[1], node.inputs[2])
+                    else {
+                        unreachable!("compile binds layer_norm weights")
+                    };
+                    super::rwkv::layer_norm(ins[0], &p.weights[wi], &p.weights[bi], out, eps);
+                    Ok(())
+                }
+                Kind::TokenShift { state } => {
+                    let states = seqs
+                        .iter_mut()
+                        .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
+                    super::rwkv::token_shift(states, ins[0], out);
+                    Ok(())
+                }
+                Kind::Lerp { index } => {
+                    let Src::Weight(mi) = node.inputs[2] else {
+                        unreachable!("compile binds lerp weights")
+                    };
+                    super::rwkv::lerp(ins[0], ins[1], &p.weights[mi], index, out);
+                    Ok(())
+                }
+                Kind::Unary(f) => {
+                    super::rwkv::unary(ins[0], out, f);
+                    Ok(())
+                }
+                Kind::TimeMix {
+                    state,
+                    head_size,
+                    v_first,
+                } => {
+                    let wt = |k: usize| match node.inputs[k] {
+                        Src::Weight(i) => &p.weights[i],
+                        _ => unreachable!("compile binds rwkv7_time_mix weights"),
+                    };
+                    let m = super::rwkv::TimeMix {
+                        r: ins[0],
+                        w: ins[1],
+                        k: ins[2],
+                        v: ins[3],
+                        a: ins[4],
+                        g: ins[5],
+                        v_first: v_first.then(|| (ins[13], ins[14], wt(15))),
+                        w0: wt(6),
+                        a0: wt(7),
+                        k_k: wt(8),
+                        k_a: wt(9),
+                        r_k: wt(10),
+                        ln_w: wt(11),
+                        ln_b: wt(12),
+                        head_size,
+                    };
+                    let states = seqs
+                        .iter_mut()
+                        .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
+                    super::rwkv::time_mix(ex, states, &m, out)
                 }
             };
             res.map_err(|e| match e {

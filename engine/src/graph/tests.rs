@@ -40,6 +40,7 @@ fn hp() -> HParams {
         ssm: None,
         recurrent_layers: vec![false; 2],
         rope_sections: Vec::new(),
+        wkv_head_size: 0,
         expert_gating: 0,
     }
 }

@@ -53,6 +53,8 @@ pub struct HParams {
     pub recurrent_layers: Vec<bool>,
     /// `rope.dimension_sections` (Qwen3.5's multi-section rope; empty when the file has none).
     pub rope_sections: Vec<usize>,
+    /// RWKV-7's head size (`wkv.head_size`; 0 for other models).
+    pub wkv_head_size: usize,
 }
 
 /// The gated delta-net's sizes (llama.cpp's `ssm_*` hyper-parameters).
@@ -121,6 +123,7 @@ impl HParams {
             ssm: None,
             recurrent_layers: vec![false; n_layer],
             rope_sections: Vec::new(),
+            wkv_head_size: 0,
         })
     }
 
@@ -141,6 +144,9 @@ impl HParams {
             |k: &str| -> Result<Option<usize>> { Ok(g.get_u64(&key(k))?.map(|v| v as usize)) };
         let opt_f = |k: &str| -> Result<Option<f32>> { Ok(g.get_f32(&key(k))?) };
 
+        if arch == "rwkv7" {
+            return rwkv7(g, &arch);
+        }
         let n_layer_all = req_u("block_count")?;
         // Multi-token-prediction blocks follow the trunk; the main graph does not run them.
         let n_layer_mtp = opt_u("nextn_predict_layers")?.unwrap_or(0);
@@ -334,6 +340,7 @@ impl HParams {
             ssm,
             recurrent_layers,
             rope_sections,
+            wkv_head_size: 0,
         })
     }
 }
@@ -423,4 +430,91 @@ fn delta_net_layers(g: &ModelFile, arch: &str, n_layer: usize) -> Result<(Option
         }
     };
     Ok((Some(ssm), recurrent))
+}
+
+/// RWKV-7's hyper-parameters, as llama.cpp's `rwkv7` loader reads them: no attention heads in
+/// the file (`attention.head_count` 0), `wkv.head_size` dividing the width, LayerNorm's
+/// `attention.layer_norm_epsilon`, a token shift over 2 (the one `token_shift_count` it runs).
+fn rwkv7(g: &ModelFile, arch: &str) -> Result<HParams> {
+    let file = g.path.display().to_string();
+    let err = |msg: String| EngineError::Model {
+        file: file.clone(),
+        msg,
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let req = |k: &str| -> Result<usize> {
+        g.get_u64(&key(k))?
+            .map(|v| v as usize)
+            .ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
+    };
+    let n_layer = req("block_count")?;
+    let n_embd = req("embedding_length")?;
+    let n_ff = req("feed_forward_length")?;
+    let head = req("wkv.head_size")?;
+    if n_layer == 0 || n_layer > 1024 || n_embd == 0 || n_ff == 0 {
+        return Err(err(format!(
+            "implausible shape: {n_layer} layers, {n_embd} wide, FFN {n_ff}"
+        )));
+    }
+    if head == 0 || head > 1024 || n_embd % head != 0 {
+        return Err(err(format!(
+            "'{}' {head} must divide '{}' {n_embd} (at most 1024)",
+            key("wkv.head_size"),
+            key("embedding_length")
+        )));
+    }
+    let shift = g.get_u64(&key("token_shift_count"))?.unwrap_or(2);
+    if shift != 2 {
+        return Err(err(format!(
+            "'{}' is {shift}; RWKV-7 shifts by 2 (llama.cpp runs no other)",
+            key("token_shift_count")
+        )));
+    }
+    let eps = g
+        .get_f32(&key("attention.layer_norm_epsilon"))?
+        .ok_or_else(|| {
+            err(format!(
+                "missing metadata key '{}'",
+                key("attention.layer_norm_epsilon")
+            ))
+        })?;
+    let n_vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.shape.len() == 2 => t.shape[1] as usize,
+        _ => return Err(err("missing tensor 'token_embd.weight'".into())),
+    };
+    let n_head = n_embd / head;
+    Ok(HParams {
+        arch: arch.to_string(),
+        n_layer,
+        n_layer_mtp: 0,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv: n_head,
+        head_dim: head,
+        n_rot: 0,
+        n_vocab,
+        // The converter writes 1048576: a recurrence has no trained context length.
+        n_ctx_train: g.get_u64(&key("context_length"))?.unwrap_or(2048) as usize,
+        eps,
+        rope_base: 0.0,
+        rope_freq_scale: 1.0,
+        n_swa: 0,
+        rope_base_swa: 0.0,
+        swa_layers: vec![false; n_layer],
+        attn_scale: None,
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ff_exp: 0,
+        expert_weights_norm: false,
+        n_head_kv_layers: vec![0; n_layer],
+        shortconv_l_cache: 0,
+        n_layer_dense_lead: 0,
+        expert_gating: 0,
+        n_ff_shexp: 0,
+        ssm: None,
+        recurrent_layers: vec![true; n_layer],
+        rope_sections: Vec::new(),
+        wkv_head_size: head,
+    })
 }

@@ -11,6 +11,7 @@ pub mod qwen2moe;
 pub mod qwen3;
 pub mod qwen35;
 pub mod qwen3moe;
+pub mod rwkv7;
 
 mod decoder;
 mod hparams;
@@ -83,6 +84,11 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
         "LFM2-MoE (LFM2's layers with routed SwiGLU experts: sigmoid router, selection bias)",
         lfm2::build,
     ),
+    (
+        "rwkv7",
+        "RWKV-7 (attention-free: LayerNorms, token shift, time mixing by the generalized delta rule, squared-ReLU channel mixing)",
+        rwkv7::build,
+    ),
 ];
 
 /// Refuses a file whose architecture mollm has no builder for, naming what it does have.
@@ -143,8 +149,10 @@ pub fn file_weight(gguf: &ModelFile, name: &str) -> Option<Weight> {
 pub fn bind(gguf: &ModelFile, graph: GraphFile) -> Result<Program> {
     let file = gguf.path.display().to_string();
     let program = crate::graph::compile(graph, &|name| file_weight(gguf, name), &file)?;
-    let used: std::collections::HashSet<&str> =
+    let mut used: std::collections::HashSet<&str> =
         program.weight_names.iter().map(String::as_str).collect();
+    // Required by the architecture, read by no graph (named by the builder).
+    used.extend(program.file.unused.iter().map(String::as_str));
     // Multi-token-prediction blocks (after the trunk's layers) are the file's, not the graph's.
     let c = |k: &str| program.file.consts.get(k).copied().unwrap_or(0);
     let mtp = c("n_layer")..c("n_layer") + c("n_layer_mtp");
