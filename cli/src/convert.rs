@@ -162,12 +162,50 @@ pub fn target(mode: Mode, t: &TensorInfo) -> DType {
     }
 }
 
-fn plan(src: &ModelFile, mode: Mode) -> Vec<PackTensor> {
+/// The tensors the graph multiplies (matrix products, embedding rows, expert FFNs): the ones a
+/// mode may requantize. The others (convolution windows, decay and norm vectors, lerp factors)
+/// are read by host code or ops that take f32, so they keep the source's format.
+fn matrices(metadata: &[(String, loader::Value)]) -> CliResult<std::collections::HashSet<String>> {
+    let graph = metadata
+        .iter()
+        .find(|(k, _)| k == loader::package::GRAPH_KEY)
+        .and_then(|(_, v)| match v {
+            loader::Value::String(s) => Some(s),
+            _ => None,
+        })
+        .ok_or("the model's graph is missing")?;
+    let g = engine::graph::GraphFile::from_json(graph.as_bytes(), "the model's graph")?;
+    let mut out = std::collections::HashSet::new();
+    for n in &g.nodes {
+        let operands: &[String] = match n.op.as_str() {
+            "mat_mul" | "get_rows" => &n.inputs[..1.min(n.inputs.len())],
+            "moe_ffn" | "shared_expert" => &n.inputs[2.min(n.inputs.len())..5.min(n.inputs.len())],
+            _ => &[],
+        };
+        out.extend(
+            operands
+                .iter()
+                .filter_map(|s| s.strip_prefix('@'))
+                .map(str::to_string),
+        );
+    }
+    Ok(out)
+}
+
+fn plan(
+    src: &ModelFile,
+    mode: Mode,
+    matrices: &std::collections::HashSet<String>,
+) -> Vec<PackTensor> {
     src.tensors
         .iter()
         .map(|t| PackTensor {
             name: t.name.clone(),
-            dtype: target(mode, t),
+            dtype: match matrices.contains(&t.name) {
+                true => target(mode, t),
+                false if t.shape.len() < 2 => DType::F32,
+                false => t.dtype,
+            },
             shape: t.shape.clone(),
         })
         .collect()
@@ -239,8 +277,11 @@ pub fn convert(a: ConvertArgs) -> CliResult {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let len =
-        |m: Mode| loader::package::package_len(&arch, m.name(), &source, &metadata, &plan(&src, m));
+    let matrices = matrices(&metadata)?;
+    let len = |m: Mode| {
+        let tensors = plan(&src, m, &matrices);
+        loader::package::package_len(&arch, m.name(), &source, &metadata, &tensors)
+    };
     let mode = match a.fit {
         None => a.quant,
         Some(limit) => {
@@ -270,7 +311,7 @@ pub fn convert(a: ConvertArgs) -> CliResult {
             m
         }
     };
-    let tensors = plan(&src, mode);
+    let tensors = plan(&src, mode, &matrices);
     let mut w = Writer::create(&a.out, &arch, mode.name(), &source, &metadata, &tensors)?;
     let bar = crate::progress::bar(a.quiet, tensors.len() as u64, "tensors");
     let mut counts: std::collections::BTreeMap<String, usize> = Default::default();

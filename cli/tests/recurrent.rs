@@ -339,3 +339,38 @@ fn rwkv7_sizes_that_do_not_fit_and_missing_tensors_are_named() {
     );
     common::assert_one_line_error(&o, "'blk.1.time_mix_k_k.weight' is not in the model");
 }
+
+/// Quantized packages of recurrent models load and run: a mode requantizes only the matrices
+/// the graph multiplies, so the convolution windows, decay vectors and lerp factors that host
+/// code and f32-only ops read keep their format (they were requantized before, and the
+/// package was refused at load).
+#[test]
+fn quantized_packages_of_recurrent_models_run() {
+    let input = tmp(
+        "quantized-recurrent.jsonl",
+        b"{\"id\": \"a\", \"prompt_ids\": [1, 2, 3], \"max_tokens\": 16, \"temperature\": 0, \"ignore_eos\": true}\n",
+    );
+    for file in [
+        "lfm2-random.gguf",
+        "qwen35-random.gguf",
+        "qwen35moe-random.gguf",
+        "rwkv7-random.gguf",
+    ] {
+        let path = random_support::random_checkpoint(file);
+        for quant in ["w8pc", "w4g128"] {
+            let pkg = tmp(&format!("{file}-{quant}.mollm"), b"");
+            let o = mollm(&[
+                "convert",
+                "-q",
+                "--quant",
+                quant,
+                path.to_str().unwrap(),
+                pkg.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{file} {quant}: {}", common::stderr(&o));
+            let got = batch(&pkg, &input, "auto", 1, &[]);
+            let n = got["a"]["tokens"].as_array().map_or(0, |t| t.len());
+            assert_eq!(n, 16, "{file} {quant}: {}", got["a"]);
+        }
+    }
+}

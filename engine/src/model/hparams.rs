@@ -360,17 +360,8 @@ fn per_u32(g: &ModelFile, key: &str) -> Result<Vec<usize>> {
 /// The delta-net sizes and which layers are recurrent, as llama.cpp's qwen35/qwen3next
 /// loaders read them; sizes that do not fit together are refused naming the keys.
 fn delta_net_layers(g: &ModelFile, arch: &str, n_layer: usize) -> Result<(Option<Ssm>, Vec<bool>)> {
-    let file = g.path.display().to_string();
-    let err = |msg: String| EngineError::Model {
-        file: file.clone(),
-        msg,
-    };
-    let key = |k: &str| format!("{arch}.{k}");
-    let req = |k: &str| -> Result<usize> {
-        g.get_u64(&key(k))?
-            .map(|v| v as usize)
-            .ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
-    };
+    let keys = Keys::new(g, arch);
+    let (err, key, req) = (|m| keys.err(m), |k| keys.key(k), |k| keys.req(k));
     let ssm = Ssm {
         conv_kernel: req("ssm.conv_kernel")?,
         head_dim: req("ssm.state_size")?,
@@ -436,17 +427,8 @@ fn delta_net_layers(g: &ModelFile, arch: &str, n_layer: usize) -> Result<(Option
 /// the file (`attention.head_count` 0), `wkv.head_size` dividing the width, LayerNorm's
 /// `attention.layer_norm_epsilon`, a token shift over 2 (the one `token_shift_count` it runs).
 fn rwkv7(g: &ModelFile, arch: &str) -> Result<HParams> {
-    let file = g.path.display().to_string();
-    let err = |msg: String| EngineError::Model {
-        file: file.clone(),
-        msg,
-    };
-    let key = |k: &str| format!("{arch}.{k}");
-    let req = |k: &str| -> Result<usize> {
-        g.get_u64(&key(k))?
-            .map(|v| v as usize)
-            .ok_or_else(|| err(format!("missing metadata key '{}'", key(k))))
-    };
+    let keys = Keys::new(g, arch);
+    let (err, key, req) = (|m| keys.err(m), |k| keys.key(k), |k| keys.req(k));
     let n_layer = req("block_count")?;
     let n_embd = req("embedding_length")?;
     let n_ff = req("feed_forward_length")?;
@@ -517,4 +499,34 @@ fn rwkv7(g: &ModelFile, arch: &str) -> Result<HParams> {
         rope_sections: Vec::new(),
         wkv_head_size: head,
     })
+}
+
+/// An architecture's metadata keys (`{arch}.{k}`) and the errors naming them and the file.
+struct Keys<'a> {
+    g: &'a ModelFile,
+    arch: &'a str,
+    file: String,
+}
+
+impl<'a> Keys<'a> {
+    fn new(g: &'a ModelFile, arch: &'a str) -> Keys<'a> {
+        let file = g.path.display().to_string();
+        Keys { g, arch, file }
+    }
+    fn err(&self, msg: String) -> EngineError {
+        EngineError::Model {
+            file: self.file.clone(),
+            msg,
+        }
+    }
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+    /// A required unsigned key.
+    fn req(&self, k: &str) -> Result<usize> {
+        self.g
+            .get_u64(&self.key(k))?
+            .map(|v| v as usize)
+            .ok_or_else(|| self.err(format!("missing metadata key '{}'", self.key(k))))
+    }
 }
