@@ -534,8 +534,9 @@ impl Config {
         if let Some(s) = sections {
             put(
                 "rope.dimension_sections",
-                Value::Array(crate::gguf::Array::U32(
-                    s.iter().map(|&x| x as u32).collect(),
+                // INT32, as gguf-py's add_rope_dimension_sections writes them.
+                Value::Array(crate::gguf::Array::I32(
+                    s.iter().map(|&x| x.min(i32::MAX as u64) as i32).collect(),
                 )),
             );
         }

@@ -863,7 +863,7 @@ fn a_qwen35_directory_is_converted_as_llama_cpps_converter_does() {
     assert_eq!(g.get_f32("qwen35.rope.freq_base").unwrap(), Some(5000.0));
     assert_eq!(
         g.get("qwen35.rope.dimension_sections"),
-        Some(&crate::Value::Array(crate::Array::U32(vec![1, 0, 0, 0])))
+        Some(&crate::Value::Array(crate::Array::I32(vec![1, 0, 0, 0])))
     );
     assert_eq!(
         g.get_bool_array("qwen35.attention.recurrent_layers")
@@ -1099,7 +1099,7 @@ fn qwen35_experts_fused_in_3d_tensors_are_split() {
     // Qwen3.5's default sections; no dense FFN width in the config.
     assert_eq!(
         m["qwen35moe.rope.dimension_sections"],
-        crate::Value::Array(crate::Array::U32(vec![11, 11, 10, 0]))
+        crate::Value::Array(crate::Array::I32(vec![11, 11, 10, 0]))
     );
     assert_eq!(m["qwen35moe.feed_forward_length"], crate::Value::U32(0));
     std::fs::remove_dir_all(&d).unwrap();
