@@ -479,9 +479,11 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                 _ => 2,
             };
             if hf.is_empty() || hf.len() > max_dims {
-                return Err(bad(format!(
-                    "shape {hf:?}: expected 1 to {max_dims} dimensions"
-                )));
+                let want = match max_dims {
+                    2 => "1 or 2",
+                    _ => "1 to 3",
+                };
+                return Err(bad(format!("shape {hf:?}: expected {want} dimensions")));
             }
             let dtype = match (view.dtype(), hf.len()) {
                 (Dtype::F32 | Dtype::BF16, _) | (Dtype::F16, 1) => DType::F32,
