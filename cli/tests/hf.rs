@@ -42,6 +42,45 @@ fn a_hf_directory_runs_like_its_gguf() {
     }
 }
 
+/// Qwen3.5, Qwen3.5-MoE and Qwen3-Next directories (scripts/make_random_qwen35_hf.py) load
+/// as their GGUF conversions (the converter's transforms done in numpy, `-exp` with glibc's
+/// expf): every tensor bit for bit, every architecture key the conversion has.
+#[test]
+fn qwen35_directories_hold_their_gguf_conversions_bit_for_bit() {
+    for key in [
+        "qwen35-hf-random",
+        "qwen35moe-hf-random",
+        "qwen3next-hf-random",
+    ] {
+        let dir = loader::open_model(random_checkpoint(key)).unwrap();
+        let gguf = loader::open_model(random_checkpoint(&format!("{key}.gguf"))).unwrap();
+        let arch = gguf.architecture().unwrap().to_string();
+        assert_eq!(dir.architecture().unwrap(), arch);
+        assert_eq!(dir.tensors.len(), gguf.tensors.len(), "{key}: tensor count");
+        for t in &gguf.tensors {
+            let d = dir
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{key}: no {}", t.name));
+            assert_eq!(
+                (d.dtype, &d.shape),
+                (t.dtype, &t.shape),
+                "{key}: {}",
+                t.name
+            );
+            assert!(
+                dir.tensor_data(d) == gguf.tensor_data(t),
+                "{key}: {} differs",
+                t.name
+            );
+        }
+        for (k, v) in &gguf.metadata {
+            if k.starts_with(&format!("{arch}.")) {
+                assert_eq!(dir.get(k), Some(v), "{key}: {k}");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_broken_directory_is_refused_clearly() {
     let base = tmp("hf-marker", b"");

@@ -1,8 +1,9 @@
 //! Hybrid and recurrent architectures against llama.cpp: on the random-weight LFM2 and LFM2-MoE
 //! models of scripts/make_random_lfm2.py and the Qwen3.5/Qwen3-Next ones of
 //! scripts/make_random_qwen35.py (short-convolution layers beside attention, llama.cpp's
-//! test vocabulary; the MoE one also through the expert cache; one also as a Hugging Face
-//! directory), `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
+//! test vocabulary; the MoE one also through the expert cache; one LFM2 also as a Hugging Face
+//! directory) and the Hugging Face Qwen3.5 / Qwen3.5-MoE / Qwen3-Next directories of
+//! scripts/make_random_qwen35_hf.py with their GGUF conversions, `mollm batch` from token ids generates exactly the 16 greedy ids llama.cpp did
 //! (fixtures/golden/random-lfm2.json, scripts/golden/make_recurrent_golden.py) for a one-token
 //! prompt, a 37-token one and a 230-token one run in 64-token chunks (close to the 256-token
 //! context), on every CPU backend, alone (`--parallel 1`) and batched (`--parallel 4`: each
@@ -138,6 +139,14 @@ fn qwen35_and_qwen3next_generate_llama_cpps_tokens_on_every_backend_alone_and_ba
     check("qwen35");
 }
 
+/// The Hugging Face directories of Qwen3.5, Qwen3.5-MoE and Qwen3-Next
+/// (scripts/make_random_qwen35_hf.py: the converter's transforms, value heads reordered, fused
+/// projections split, an MTP block) and their GGUF conversions.
+#[test]
+fn qwen35_and_qwen3next_hugging_face_directories_generate_llama_cpps_tokens() {
+    check("qwen35hf");
+}
+
 /// RWKV-7 (scripts/make_random_rwkv7.py: two heads over four layers, and four heads over two
 /// with distinct LoRA ranks): every generated id equal to llama.cpp's, alone and batched.
 #[test]
@@ -149,7 +158,7 @@ fn rwkv7_generates_llama_cpps_tokens_on_every_backend_alone_and_batched() {
 /// expert stacks written as separate ones) carries its graph, and generates llama.cpp's tokens.
 #[test]
 fn packages_of_recurrent_models_generate_llama_cpps_tokens() {
-    for family in ["lfm2", "qwen35", "rwkv7"] {
+    for family in ["lfm2", "qwen35", "qwen35hf", "rwkv7"] {
         let g = golden(family);
         for (key, m) in g["models"].as_object().unwrap() {
             let path = random_support::random_checkpoint(m["gguf"].as_str().unwrap());

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """llama.cpp's greedy continuations and logits on the random-weight hybrid/recurrent models
 (scripts/make_random_lfm2.py: LFM2 and LFM2-MoE; scripts/make_random_qwen35.py: Qwen3.5,
-Qwen3.5-MoE, Qwen3-Next; scripts/make_random_rwkv7.py: RWKV7), for prompts given as token ids,
+Qwen3.5-MoE, Qwen3-Next; scripts/make_random_qwen35_hf.py: their Hugging Face twins' GGUF
+conversions; scripts/make_random_rwkv7.py: RWKV7), for prompts given as token ids,
 into fixtures/golden/random-<family>.json. engine/tests/recurrent.rs runs mollm on the same
 files and prompts: every generated id equal, the prompt's last logits close (RWKV7: oracle data
 only, mollm has no rwkv7 graph yet).
@@ -18,7 +19,7 @@ position.
 Recorded per prompt: the ids generated, the 8 largest (id, logit) after the prompt (ties: lower
 id first) and the logits of 32 fixed probe ids (numpy PCG64 seed 1234).
 
-Usage: scripts/golden/make_recurrent_golden.py --family lfm2|qwen35|rwkv7 [--models-dir DIR]
+Usage: scripts/golden/make_recurrent_golden.py --family lfm2|qwen35|qwen35hf|rwkv7 [--models-dir DIR]
 """
 import argparse
 import ctypes
@@ -51,6 +52,8 @@ FAMILIES = {
                  models=["lfm2-random", "lfm2-swa-random", "lfm2moe-random", "lfm2-hf-random"]),
     "qwen35": dict(generator="scripts/make_random_qwen35.py",
                    models=["qwen35-random", "qwen35-mtp-random", "qwen35moe-random", "qwen3next-random"]),
+    "qwen35hf": dict(generator="scripts/make_random_qwen35_hf.py",
+                     models=["qwen35-hf-random", "qwen35moe-hf-random", "qwen3next-hf-random"]),
     "rwkv7": dict(generator="scripts/make_random_rwkv7.py", models=["rwkv7-random", "rwkv7-h4-random"]),
 }
 TOP = 8

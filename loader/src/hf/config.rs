@@ -14,7 +14,27 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("qwen3_moe", "qwen3moe"),
     ("gemma3_text", "gemma3"),
     ("lfm2", "lfm2"),
+    ("qwen3_5", "qwen35"),
+    ("qwen3_5_text", "qwen35"),
+    ("qwen3_5_moe", "qwen35moe"),
+    ("qwen3_5_moe_text", "qwen35moe"),
+    ("qwen3_next", "qwen3next"),
 ];
+
+/// `model_type`s whose config nests the text model's fields under `text_config` (the
+/// `*ForConditionalGeneration` form): they are read as llama.cpp's converter reads them, the
+/// nested fields over the top-level ones.
+const NESTED: &[&str] = &["qwen3_5", "qwen3_5_moe"];
+
+/// Qwen3.5 / Qwen3-Next's gated delta-net sizes (config.json's `linear_*` fields).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Linear {
+    pub conv_kernel: u64,
+    pub k_heads: u64,
+    pub v_heads: u64,
+    pub k_dim: u64,
+    pub v_dim: u64,
+}
 
 pub struct Config {
     pub dir: std::path::PathBuf,
@@ -29,8 +49,21 @@ pub struct Config {
     pub vocab_size: u64,
     pub n_expert: u64,
     pub tie_embeddings: bool,
-    /// LFM2: per layer, whether it is attention (else a short convolution).
+    /// LFM2: per layer, whether it is attention (else a short convolution). Qwen3.5 /
+    /// Qwen3-Next: whether it is full attention (else gated delta-net).
     pub attention_layers: Vec<bool>,
+    /// Qwen3.5 / Qwen3-Next: the delta-net sizes.
+    pub linear: Linear,
+    /// Qwen3.5 / Qwen3-Next: multi-token-prediction blocks in the checkpoint (`mtp.*`), stored
+    /// after the main layers as llama.cpp's converter does.
+    pub n_mtp: u64,
+    /// Fields that came from `text_config` (named so in errors).
+    text_keys: Vec<String>,
+}
+
+/// The architectures of Qwen3.5 / Qwen3-Next (gated delta-net and full attention layers).
+pub fn is_qwen35(arch: &str) -> bool {
+    matches!(arch, "qwen35" | "qwen35moe" | "qwen3next")
 }
 
 impl Config {
@@ -51,7 +84,26 @@ impl Config {
         let model_type = json
             .get("model_type")
             .and_then(|v| v.as_str())
-            .ok_or_else(|| err("model_type", "missing or not a string".into()))?;
+            .ok_or_else(|| err("model_type", "missing or not a string".into()))?
+            .to_string();
+        let model_type = model_type.as_str();
+        // `text_config` over the top level, as the converter merges them.
+        let mut text_keys = Vec::new();
+        let mut json = json;
+        if NESTED.contains(&model_type) {
+            let text = json
+                .get("text_config")
+                .and_then(|t| t.as_object())
+                .cloned()
+                .ok_or_else(|| err("text_config", "missing or not an object".into()))?;
+            let root = json.as_object_mut().expect("checked above");
+            for (k, v) in text {
+                if k != "model_type" {
+                    text_keys.push(k.clone());
+                    root.insert(k, v);
+                }
+            }
+        }
         let arch = SUPPORTED
             .iter()
             .find(|(m, _)| *m == model_type)
@@ -78,6 +130,9 @@ impl Config {
             n_expert: 0,
             tie_embeddings: false,
             attention_layers: Vec::new(),
+            linear: Linear::default(),
+            n_mtp: 0,
+            text_keys,
         };
         c.n_layer = c.req_u("num_hidden_layers", 1, 4096)?;
         c.n_embd = c.req_u("hidden_size", 1, 1 << 20)?;
@@ -112,7 +167,75 @@ impl Config {
             // Hugging Face's LFM2 ties its embeddings unless the config says otherwise.
             c.tie_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(true);
         }
+        if is_qwen35(arch) {
+            c.qwen35_load()?;
+        }
         Ok(c)
+    }
+
+    /// Qwen3.5 / Qwen3-Next: the delta-net sizes, the layer kinds (`layer_types`, else every
+    /// `full_attention_interval`-th layer is full attention) and the experts.
+    fn qwen35_load(&mut self) -> Result<(), LoadError> {
+        let l = Linear {
+            conv_kernel: self.req_u("linear_conv_kernel_dim", 2, 64)?,
+            k_heads: self.req_u("linear_num_key_heads", 1, 4096)?,
+            v_heads: self.req_u("linear_num_value_heads", 1, 4096)?,
+            k_dim: self.req_u("linear_key_head_dim", 1, 1024)?,
+            v_dim: self.req_u("linear_value_head_dim", 1, 1024)?,
+        };
+        if l.v_heads % l.k_heads != 0 {
+            return Err(self.err(
+                "linear_num_value_heads",
+                format!(
+                    "{} is not a multiple of linear_num_key_heads {}",
+                    l.v_heads, l.k_heads
+                ),
+            ));
+        }
+        if l.v_dim != l.k_dim {
+            return Err(self.err(
+                "linear_value_head_dim",
+                format!(
+                    "{} differs from linear_key_head_dim {} (mollm's delta-net needs them equal)",
+                    l.v_dim, l.k_dim
+                ),
+            ));
+        }
+        self.linear = l;
+        if self.opt_bool("attn_output_gate")? == Some(false) {
+            return Err(self.err(
+                "attn_output_gate",
+                "false is not supported (llama.cpp's graph always gates attention output)".into(),
+            ));
+        }
+        let n = self.n_layer as usize;
+        self.attention_layers = match self.json.get("layer_types") {
+            None | Some(serde_json::Value::Null) => {
+                let every = self.opt_u("full_attention_interval", 1, 4096)?.unwrap_or(4) as usize;
+                (0..n).map(|il| (il + 1) % every == 0).collect()
+            }
+            Some(serde_json::Value::Array(list)) if list.len() == n => list
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(true),
+                    Some("linear_attention") => Ok(false),
+                    _ => Err(self.err(
+                        "layer_types",
+                        format!("{t}: expected \"linear_attention\" or \"full_attention\""),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(v) => {
+                return Err(self.err(
+                    "layer_types",
+                    format!("expected a list of {n} layer types, found {v}"),
+                ))
+            }
+        };
+        if self.arch != "qwen35" {
+            self.n_expert = self.req_u("num_experts", 1, 4096)?;
+        }
+        Ok(())
     }
 
     /// LFM2's layer kinds: `layer_types` ("conv" / "full_attention"), or the attention layers
@@ -159,9 +282,16 @@ impl Config {
     }
 
     fn err(&self, field: &str, msg: String) -> LoadError {
+        // In a nested config, the text model's fields (and missing ones) are text_config's.
+        let nested = !self.text_keys.is_empty()
+            && (self.text_keys.iter().any(|k| k == field) || self.json.get(field).is_none());
+        let key = match nested {
+            true => format!("text_config.{field}"),
+            false => field.to_string(),
+        };
         LoadError::Metadata {
             file: label(&self.dir, "config.json"),
-            key: field.to_string(),
+            key,
             msg,
         }
     }
@@ -207,10 +337,13 @@ impl Config {
         let a = self.arch;
         let mut put = |k: &str, v: Value| meta.push((format!("{a}.{k}"), v));
         let u = |n: u64| Value::U32(n as u32);
-        put("block_count", u(self.n_layer));
+        put("block_count", u(self.n_layer + self.n_mtp));
         put("embedding_length", u(self.n_embd));
         let ff = match a {
             "lfm2" => self.lfm2_ff()?,
+            // The MoE configs may have no dense width (the converter then writes none; mollm's
+            // graphs for them do not read it).
+            "qwen35moe" | "qwen3next" => self.opt_u("intermediate_size", 1, 1 << 24)?.unwrap_or(0),
             _ => self.req_u("intermediate_size", 1, 1 << 24)?,
         };
         put("feed_forward_length", u(ff));
@@ -242,11 +375,15 @@ impl Config {
             .opt_f(eps_key)?
             .ok_or_else(|| self.err(eps_key, "missing".into()))?;
         put("attention.layer_norm_rms_epsilon", Value::F32(eps));
-        put(
-            "rope.freq_base",
-            Value::F32(self.opt_f("rope_theta")?.unwrap_or(10000.0)),
-        );
-        match self.json.get("rope_scaling") {
+        if is_qwen35(a) {
+            self.qwen35_metadata(&mut put)?;
+        } else {
+            put(
+                "rope.freq_base",
+                Value::F32(self.opt_f("rope_theta")?.unwrap_or(10000.0)),
+            );
+        }
+        match self.json.get("rope_scaling").filter(|_| !is_qwen35(a)) {
             None | Some(serde_json::Value::Null) => {}
             Some(rs) => {
                 let kind = rs
@@ -305,6 +442,146 @@ impl Config {
             put("vocab_size", u(self.vocab_size));
         }
         meta.push(("general.architecture".into(), Value::String(a.into())));
+        Ok(())
+    }
+
+    /// Qwen3.5 / Qwen3-Next's keys as llama.cpp's converter writes them (`Qwen3NextModel`,
+    /// `_Qwen35MRopeMixin`, `Qwen2MoeModel`, `_QwenMtpMixin`): rope from `rope_parameters` (or
+    /// `rope_scaling`, and the top-level `rope_theta` / `partial_rotary_factor`), rotating
+    /// `head_dim * partial_rotary_factor` (default 0.25) dimensions in `mrope_section`'s
+    /// sections (Qwen3.5's default [11, 11, 10, 0]); the delta-net sizes; the layer kinds; the
+    /// experts and the shared expert.
+    fn qwen35_metadata(&self, put: &mut impl FnMut(&str, Value)) -> Result<(), LoadError> {
+        let u = |n: u64| Value::U32(n as u32);
+        let (rp_key, rp) = match self.json.get("rope_parameters") {
+            Some(v) if !v.is_null() => ("rope_parameters", Some(v)),
+            _ => (
+                "rope_scaling",
+                self.json.get("rope_scaling").filter(|v| !v.is_null()),
+            ),
+        };
+        if let Some(rp) = rp {
+            if !rp.is_object() {
+                return Err(self.err(rp_key, format!("expected an object, found {rp}")));
+            }
+            let kind = rp
+                .get("rope_type")
+                .or_else(|| rp.get("type"))
+                .and_then(|v| v.as_str())
+                .unwrap_or("default");
+            if kind != "default" {
+                return Err(self.err(
+                    rp_key,
+                    format!("rope_type '{kind}' is not supported (only default)"),
+                ));
+            }
+        }
+        let num = |field: &str| -> Result<Option<f64>, LoadError> {
+            match rp.and_then(|r| r.get(field)) {
+                None | Some(serde_json::Value::Null) => {}
+                Some(v) => {
+                    return match v.as_f64() {
+                        Some(x) if x.is_finite() => Ok(Some(x)),
+                        _ => Err(self.err(
+                            &format!("{rp_key}.{field}"),
+                            format!("expected a number, found {v}"),
+                        )),
+                    }
+                }
+            }
+            Ok(self.opt_f(field)?.map(|x| x as f64))
+        };
+        put(
+            "rope.freq_base",
+            Value::F32(num("rope_theta")?.unwrap_or(10000.0) as f32),
+        );
+        let factor = num("partial_rotary_factor")?.unwrap_or(0.25);
+        let n_rot = (self.head_dim as f64 * factor) as u64;
+        if factor <= 0.0 || n_rot == 0 || n_rot > self.head_dim {
+            return Err(self.err(
+                "partial_rotary_factor",
+                format!(
+                    "{factor} of head_dim {} rotates no or too many dimensions",
+                    self.head_dim
+                ),
+            ));
+        }
+        put("rope.dimension_count", u(n_rot));
+        let sections = match rp.and_then(|r| r.get("mrope_section")) {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => {
+                let list = v
+                    .as_array()
+                    .filter(|l| l.len() <= 4)
+                    .and_then(|l| l.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
+                    .ok_or_else(|| {
+                        self.err(
+                            &format!("{rp_key}.mrope_section"),
+                            format!("expected up to 4 non-negative integers, found {v}"),
+                        )
+                    })?;
+                Some(list)
+            }
+        };
+        let sections = match (sections, self.arch) {
+            (Some(mut s), _) => {
+                s.resize(4, 0);
+                Some(s)
+            }
+            (None, "qwen3next") => None,
+            (None, _) => Some(vec![11, 11, 10, 0]),
+        };
+        if let Some(s) = sections {
+            put(
+                "rope.dimension_sections",
+                // INT32, as gguf-py's add_rope_dimension_sections writes them.
+                Value::Array(crate::gguf::Array::I32(
+                    s.iter().map(|&x| x.min(i32::MAX as u64) as i32).collect(),
+                )),
+            );
+        }
+        let l = self.linear;
+        put("ssm.conv_kernel", u(l.conv_kernel));
+        put("ssm.state_size", u(l.k_dim));
+        put("ssm.group_count", u(l.k_heads));
+        put("ssm.time_step_rank", u(l.v_heads));
+        put("ssm.inner_size", u(l.v_dim * l.v_heads));
+        // Per block, whether it is recurrent (the MTP blocks after the layers are not).
+        let mut recurrent: Vec<bool> = self.attention_layers.iter().map(|&a| !a).collect();
+        recurrent.resize((self.n_layer + self.n_mtp) as usize, false);
+        put(
+            "attention.recurrent_layers",
+            Value::Array(crate::gguf::Array::Bool(recurrent)),
+        );
+        put(
+            "full_attention_interval",
+            u(self.opt_u("full_attention_interval", 1, 4096)?.unwrap_or(4)),
+        );
+        if self.n_mtp > 0 {
+            put("nextn_predict_layers", u(self.n_mtp));
+        }
+        if self.arch != "qwen35" {
+            put("expert_count", u(self.n_expert));
+            let used = self.req_u("num_experts_per_tok", 1, self.n_expert)?;
+            put("expert_used_count", u(used));
+            put(
+                "expert_feed_forward_length",
+                u(self.req_u("moe_intermediate_size", 1, 1 << 24)?),
+            );
+            put(
+                "expert_shared_feed_forward_length",
+                u(self.req_u("shared_expert_intermediate_size", 1, 1 << 24)?),
+            );
+            let dense = self.json.get("mlp_only_layers").and_then(|v| v.as_array());
+            if dense.is_some_and(|l| !l.is_empty())
+                || self.opt_u("decoder_sparse_step", 0, 1 << 20)?.unwrap_or(1) != 1
+            {
+                return Err(self.err(
+                    "mlp_only_layers",
+                    "dense layers between MoE layers are not supported".into(),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -30,7 +30,29 @@ pub fn is_hf_dir(path: &Path) -> bool {
 
 /// Loads a Hugging Face model directory (see the module docs).
 pub fn open_dir(dir: &Path) -> Result<ModelFile, LoadError> {
-    let cfg = config::Config::load(dir)?;
+    let mut cfg = config::Config::load(dir)?;
+    // The config's problems before the weights are read.
+    cfg.metadata(&mut Vec::new())?;
+    let (infos, data) = tensors::load(dir, &cfg)?;
+    if config::is_qwen35(cfg.arch) {
+        tensors::qwen35_complete(dir, &cfg, &infos)?;
+    }
+    // Qwen3.5 / Qwen3-Next: the checkpoint's multi-token-prediction blocks follow the layers.
+    cfg.n_mtp = infos
+        .iter()
+        .filter(|_| config::is_qwen35(cfg.arch))
+        .filter_map(|t| {
+            t.name
+                .strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .filter(|&b| b >= cfg.n_layer)
+        .map(|b| b - cfg.n_layer + 1)
+        .max()
+        .unwrap_or(0);
     let mut meta: Vec<(String, Value)> = Vec::new();
     meta.push((
         "general.name".into(),
@@ -42,7 +64,6 @@ pub fn open_dir(dir: &Path) -> Result<ModelFile, LoadError> {
     ));
     cfg.metadata(&mut meta)?;
     vocab::metadata(dir, &cfg, &mut meta)?;
-    let (infos, data) = tensors::load(dir, &cfg)?;
     ModelFile::assembled(dir.to_path_buf(), meta, infos, data)
 }
 

@@ -5,7 +5,9 @@
 //! (`LlamaModel.permute` in convert_hf_to_gguf.py). Gemma 3's RMS norms scale by `1 + weight`;
 //! the GGUF holds `1 + weight` (computed in f32, as Hugging Face's `Gemma3RMSNorm` does), as
 //! llama.cpp's converter writes it. LFM2's convolution weights `[channels, 1, L]` lose their
-//! middle dimension (the converter's squeeze).
+//! middle dimension (the converter's squeeze). Qwen3.5 / Qwen3.5-MoE / Qwen3-Next get the
+//! converter's transforms (see [`qwen35`]): shifted norms, `-exp(A_log)`, value heads
+//! reordered, fused projections and experts split, MTP blocks after the layers.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,7 +15,7 @@ use std::path::Path;
 use abi::DType;
 use safetensors::{Dtype, SafeTensors};
 
-use super::config::Config;
+use super::config::{is_qwen35, Config};
 use super::{label, read_json};
 use crate::gguf::{tensor_bytes, TensorInfo, DEFAULT_ALIGNMENT};
 use crate::LoadError;
@@ -23,8 +25,277 @@ enum Target {
     Plain(String),
     /// Expert `e` of a stacked tensor.
     Expert(String, usize),
-    /// Not a weight (rotary caches some checkpoints carry).
+    /// Not a weight (rotary caches some checkpoints carry; a multimodal checkpoint's vision
+    /// tower, which llama.cpp's converter leaves to its mmproj file).
     Skip,
+    /// Qwen3.5 / Qwen3-Next: one or more GGUF tensors made from this one (see [`qwen35`]).
+    Made(Vec<(String, Xform)>),
+}
+
+/// Which checkpoint row each GGUF row is (rows: all dimensions but the innermost).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RowMap {
+    Same,
+    /// llama's q/k rope permutation with this many heads.
+    Llama(u64),
+    /// Rows from `start` on are value heads of `hd` rows each, `r` per key head of `nk`: the
+    /// checkpoint groups them by key head, the GGUF tiles them (`_LinearAttentionVReorderBase`).
+    VTiled {
+        start: u64,
+        nk: u64,
+        r: u64,
+        hd: u64,
+    },
+    /// Qwen3-Next's `in_proj_qkvz`, per key head `[q (hk), k (hk), v (vr), z (vr)]`: the
+    /// GGUF's `attn_qkv` (`z` false: all q, all k, all v) or `attn_gate` (`z` true).
+    Qkvz {
+        nk: u64,
+        hk: u64,
+        vr: u64,
+        z: bool,
+    },
+    /// Fused experts' `gate_up_proj` `[E, 2f, n]`: the gate half (`up` false) or the up half.
+    Half {
+        f: u64,
+        up: bool,
+    },
+}
+
+/// What is done to a checkpoint tensor on its way into the GGUF.
+#[derive(Clone, Copy, Debug)]
+struct Xform {
+    rows: RowMap,
+    /// The innermost dimension's value heads tiled (`nk`, `r`, `hd`), as [`RowMap::VTiled`].
+    cols: Option<(u64, u64, u64)>,
+    value: ValueOp,
+    /// Squeeze a middle dimension of 1 (convolution weights `[C, 1, K]`).
+    squeeze: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ValueOp {
+    Same,
+    /// `x + c` in f32 (norms that scale by `1 + weight`).
+    Add(f32),
+    /// `-exp(x)` in f32 (`A_log` → `ssm_a`).
+    NegExp,
+}
+
+const PLAIN: Xform = Xform {
+    rows: RowMap::Same,
+    cols: None,
+    value: ValueOp::Same,
+    squeeze: false,
+};
+
+/// llama.cpp's converter for Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (`Qwen3NextModel`,
+/// `_LinearAttentionVReorderBase`, `Qwen2MoeModel`, `_QwenMtpMixin` in conversion/qwen.py):
+/// `name` with `language_model.` already dropped. `mtp.*` blocks go after the `n_layer`
+/// layers (`mtp.fc` → `nextn.eh_proj`, its norms → `nextn.enorm`/`hnorm`/`shared_head_norm`);
+/// every `*norm.weight` but the delta-net's `linear_attn.norm.weight` gets `+ 1`; `A_log`
+/// becomes `-exp(A_log)`; the convolution loses its middle dimension; Qwen3.5 reorders value
+/// heads from grouped-by-key-head to tiled (q/k/v's v rows, z, a, b, `A_log`, `dt_bias`, the
+/// convolution's v channels, `out_proj`'s columns); Qwen3-Next's fused `in_proj_qkvz` is
+/// split into `attn_qkv` and `attn_gate`, its `in_proj_ba` kept as `ssm_ba`.
+fn qwen35(cfg: &Config, name: &str) -> Option<Target> {
+    let l = cfg.linear;
+    let n_layer = cfg.n_layer as usize;
+    // The blocks: main layers, then MTP blocks.
+    let (il, rest) = if let Some(r) = name.strip_prefix("mtp.") {
+        if let Some(r) = r.strip_prefix("layers.") {
+            let (i, rest) = r.split_once('.')?;
+            (n_layer + i.parse::<usize>().ok()?, rest.to_string())
+        } else {
+            let (stem, kind) = r.split_once('.')?;
+            let t = match stem {
+                "fc" => "nextn.eh_proj",
+                "pre_fc_norm_embedding" => "nextn.enorm",
+                "pre_fc_norm_hidden" => "nextn.hnorm",
+                "norm" => "nextn.shared_head_norm",
+                _ => return None,
+            };
+            if kind != "weight" {
+                return None;
+            }
+            let value = match stem {
+                "fc" => ValueOp::Same,
+                _ => ValueOp::Add(1.0),
+            };
+            let x = Xform { value, ..PLAIN };
+            return Some(Target::Made(vec![(format!("blk.{n_layer}.{t}.weight"), x)]));
+        }
+    } else {
+        match name {
+            "model.embed_tokens.weight" => {
+                return Some(Target::Made(vec![("token_embd.weight".into(), PLAIN)]))
+            }
+            "model.norm.weight" => {
+                let x = Xform {
+                    value: ValueOp::Add(1.0),
+                    ..PLAIN
+                };
+                return Some(Target::Made(vec![("output_norm.weight".into(), x)]));
+            }
+            "lm_head.weight" => return Some(Target::Made(vec![("output.weight".into(), PLAIN)])),
+            _ => {}
+        }
+        let r = name.strip_prefix("model.layers.")?;
+        let (i, rest) = r.split_once('.')?;
+        let i = i.parse::<usize>().ok().filter(|&i| i < n_layer)?;
+        (i, rest.to_string())
+    };
+    let rest = rest.as_str();
+    let blk = |t: &str| format!("blk.{il}.{t}");
+    let one = |t: &str, x: Xform| Some(Target::Made(vec![(blk(t), x)]));
+    // Value heads: Qwen3.5 tiles them (a no-op when there are as many as key heads).
+    let tiled = cfg.arch != "qwen3next";
+    let (nk, r, hd) = (l.k_heads, l.v_heads / l.k_heads, l.v_dim);
+    let v_rows = |start: u64, hd: u64| match tiled {
+        true => RowMap::VTiled { start, nk, r, hd },
+        false => RowMap::Same,
+    };
+    let v_cols = |hd: u64| tiled.then_some((nk, r, hd));
+    if let Some(e) = rest.strip_prefix("mlp.experts.") {
+        return match e {
+            "gate_up_proj" | "gate_up_proj.weight" => {
+                // [E, 2f, n]: f from the shape, filled in when the shape is known.
+                let half = |up| Xform {
+                    rows: RowMap::Half { f: 0, up },
+                    ..PLAIN
+                };
+                Some(Target::Made(vec![
+                    (blk("ffn_gate_exps.weight"), half(false)),
+                    (blk("ffn_up_exps.weight"), half(true)),
+                ]))
+            }
+            "down_proj" | "down_proj.weight" => one("ffn_down_exps.weight", PLAIN),
+            _ => {
+                let (x, w) = e.split_once('.')?;
+                let x: usize = x.parse().ok()?;
+                let t = match w {
+                    "gate_proj.weight" => "ffn_gate_exps",
+                    "up_proj.weight" => "ffn_up_exps",
+                    "down_proj.weight" => "ffn_down_exps",
+                    _ => return None,
+                };
+                Some(Target::Expert(blk(&format!("{t}.weight")), x))
+            }
+        };
+    }
+    if rest == "linear_attn.A_log" {
+        let x = Xform {
+            cols: v_cols(1),
+            value: ValueOp::NegExp,
+            ..PLAIN
+        };
+        return one("ssm_a", x);
+    }
+    if rest == "linear_attn.dt_bias" {
+        return one(
+            "ssm_dt.bias",
+            Xform {
+                cols: v_cols(1),
+                ..PLAIN
+            },
+        );
+    }
+    let (stem, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && !(kind == "bias" && stem == "linear_attn.dt_proj") {
+        return None;
+    }
+    let norm = Xform {
+        value: ValueOp::Add(1.0),
+        ..PLAIN
+    };
+    let (t, x) = match stem {
+        "input_layernorm" => ("attn_norm", norm),
+        "post_attention_layernorm" => ("post_attention_norm", norm),
+        "self_attn.q_proj" => ("attn_q", PLAIN),
+        "self_attn.k_proj" => ("attn_k", PLAIN),
+        "self_attn.v_proj" => ("attn_v", PLAIN),
+        "self_attn.o_proj" => ("attn_output", PLAIN),
+        "self_attn.q_norm" => ("attn_q_norm", norm),
+        "self_attn.k_norm" => ("attn_k_norm", norm),
+        "linear_attn.in_proj_qkv" => (
+            "attn_qkv",
+            Xform {
+                rows: v_rows(2 * nk * l.k_dim, hd),
+                ..PLAIN
+            },
+        ),
+        "linear_attn.in_proj_z" => (
+            "attn_gate",
+            Xform {
+                rows: v_rows(0, hd),
+                ..PLAIN
+            },
+        ),
+        "linear_attn.in_proj_b" => (
+            "ssm_beta",
+            Xform {
+                rows: v_rows(0, 1),
+                ..PLAIN
+            },
+        ),
+        "linear_attn.in_proj_a" => (
+            "ssm_alpha",
+            Xform {
+                rows: v_rows(0, 1),
+                ..PLAIN
+            },
+        ),
+        "linear_attn.in_proj_ba" => ("ssm_ba", PLAIN),
+        "linear_attn.in_proj_qkvz" => {
+            let q = |z| Xform {
+                rows: RowMap::Qkvz {
+                    nk,
+                    hk: l.k_dim,
+                    vr: r * hd,
+                    z,
+                },
+                ..PLAIN
+            };
+            return Some(Target::Made(vec![
+                (blk("attn_qkv.weight"), q(false)),
+                (blk("attn_gate.weight"), q(true)),
+            ]));
+        }
+        "linear_attn.conv1d" => (
+            "ssm_conv1d",
+            Xform {
+                rows: v_rows(2 * nk * l.k_dim, hd),
+                squeeze: true,
+                ..PLAIN
+            },
+        ),
+        "linear_attn.dt_proj" => (
+            "ssm_dt",
+            Xform {
+                cols: v_cols(1),
+                ..PLAIN
+            },
+        ),
+        // The delta-net's own norm scales by its weight: no shift.
+        "linear_attn.norm" => ("ssm_norm", PLAIN),
+        "linear_attn.out_proj" => (
+            "ssm_out",
+            Xform {
+                cols: v_cols(hd),
+                ..PLAIN
+            },
+        ),
+        "mlp.gate_proj" => ("ffn_gate", PLAIN),
+        "mlp.up_proj" => ("ffn_up", PLAIN),
+        "mlp.down_proj" => ("ffn_down", PLAIN),
+        "mlp.gate" => ("ffn_gate_inp", PLAIN),
+        "mlp.shared_expert.gate_proj" => ("ffn_gate_shexp", PLAIN),
+        "mlp.shared_expert.up_proj" => ("ffn_up_shexp", PLAIN),
+        "mlp.shared_expert.down_proj" => ("ffn_down_shexp", PLAIN),
+        "mlp.shared_expert_gate" => ("ffn_gate_inp_shexp", PLAIN),
+        "eh_proj" => ("nextn.eh_proj", PLAIN),
+        _ => return None,
+    };
+    one(&format!("{t}.{kind}"), x)
 }
 
 fn target(arch: &str, name: &str) -> Option<Target> {
@@ -97,10 +368,11 @@ struct Entry {
     shape: Vec<u64>,
     /// Checkpoint tensors, in expert order for stacks: (shard, name).
     parts: Vec<(usize, String)>,
-    /// llama's q/k: rows are permuted with this many heads.
-    permute_heads: Option<u64>,
-    /// Added to every element (Gemma's `1 + weight` norms).
-    shift: f32,
+    /// Row order, column order and values (llama's q/k rope permutation; Gemma's `1 + weight`
+    /// norms; Qwen3.5's transforms).
+    xf: Xform,
+    /// Rows (all dimensions but the innermost) of each checkpoint tensor.
+    src_rows: u64,
 }
 
 /// The shard files: the index's, or the single `model.safetensors`.
@@ -171,26 +443,47 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
+    let qwen = is_qwen35(cfg.arch);
     for (si, st) in shards.iter().enumerate() {
         for (name, view) in st.iter() {
             let bad = |msg: String| LoadError::Format {
                 file: label(dir, &names[si]),
                 msg: format!("tensor '{name}': {msg}"),
             };
-            let Some(t) = target(cfg.arch, name) else {
+            let t = match qwen {
+                true => {
+                    let short = name.replacen("language_model.", "", 1);
+                    if short.starts_with("model.visual.") || short.starts_with("visual.") {
+                        Some(Target::Skip)
+                    } else {
+                        qwen35(cfg, &short)
+                    }
+                }
+                false => target(cfg.arch, name),
+            };
+            let Some(t) = t else {
                 return Err(bad(format!("has no place in a {} model", cfg.arch)));
             };
             let mut hf: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
             // LFM2's depthwise convolution `[channels, 1, L]`: the converter squeezes it.
-            if cfg.arch == "lfm2"
-                && name.ends_with("conv.conv.weight")
-                && hf.len() == 3
-                && hf[1] == 1
-            {
+            let squeeze = match &t {
+                Target::Made(v) => v[0].1.squeeze,
+                _ => cfg.arch == "lfm2" && name.ends_with("conv.conv.weight"),
+            };
+            if squeeze && hf.len() == 3 && hf[1] == 1 {
                 hf.remove(1);
             }
-            if hf.is_empty() || hf.len() > 2 {
-                return Err(bad(format!("shape {hf:?}: expected 1 or 2 dimensions")));
+            // Fused experts are 3-D.
+            let max_dims = match &t {
+                Target::Made(v) if v[0].0.ends_with("_exps.weight") => 3,
+                _ => 2,
+            };
+            if hf.is_empty() || hf.len() > max_dims {
+                let want = match max_dims {
+                    2 => "1 or 2",
+                    _ => "1 to 3",
+                };
+                return Err(bad(format!("shape {hf:?}: expected {want} dimensions")));
             }
             let dtype = match (view.dtype(), hf.len()) {
                 (Dtype::F32 | Dtype::BF16, _) | (Dtype::F16, 1) => DType::F32,
@@ -198,8 +491,72 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                 (d, _) => return Err(bad(format!("dtype {d:?} (supported: F32, F16, BF16)"))),
             };
             let shape: Vec<u64> = hf.iter().rev().copied().collect();
+            let src_rows: u64 = hf[..hf.len() - 1].iter().product();
             match t {
                 Target::Skip => {}
+                Target::Made(outs) => {
+                    for (g, mut xf) in outs {
+                        let mut out = hf.clone();
+                        let rows_of = |nk: u64, per: u64| nk * per;
+                        match &mut xf.rows {
+                            RowMap::Qkvz { nk, hk, vr, z } => {
+                                let want = rows_of(*nk, 2 * *hk + 2 * *vr);
+                                if hf.len() != 2 || hf[0] != want {
+                                    return Err(bad(format!(
+                                        "shape {hf:?}: expected {want} rows (per key head q, k, v, z)"
+                                    )));
+                                }
+                                out[0] = match z {
+                                    true => *nk * *vr,
+                                    false => *nk * (2 * *hk + *vr),
+                                };
+                            }
+                            RowMap::Half { f, .. } => {
+                                if hf.len() != 3 || hf[1] % 2 != 0 {
+                                    return Err(bad(format!(
+                                        "shape {hf:?}: expected [experts, 2 x width, hidden]"
+                                    )));
+                                }
+                                *f = hf[1] / 2;
+                                out[1] = *f;
+                            }
+                            RowMap::VTiled { start, nk, r, hd } => {
+                                let want = *start + *nk * *r * *hd;
+                                if src_rows != want {
+                                    return Err(bad(format!(
+                                        "{src_rows} rows, expected {want} (linear_* sizes in config.json)"
+                                    )));
+                                }
+                            }
+                            _ => {}
+                        }
+                        if let Some((nk, r, hd)) = xf.cols {
+                            let want = nk * r * hd;
+                            if hf[hf.len() - 1] != want {
+                                return Err(bad(format!(
+                                    "shape {hf:?}: expected {want} columns (linear_* sizes in config.json)"
+                                )));
+                            }
+                        }
+                        if hf.len() == 3 && !g.ends_with("_exps.weight") {
+                            return Err(bad(format!("shape {hf:?}: expected 1 or 2 dimensions")));
+                        }
+                        let dtype = match xf.value {
+                            ValueOp::Same => dtype,
+                            _ => DType::F32,
+                        };
+                        let e = Entry {
+                            dtype,
+                            shape: out.iter().rev().copied().collect(),
+                            parts: vec![(si, name.to_string())],
+                            xf,
+                            src_rows,
+                        };
+                        if entries.insert(g.clone(), e).is_some() {
+                            return Err(bad(format!("a second tensor for '{g}'")));
+                        }
+                    }
+                }
                 Target::Plain(g) => {
                     let permute_heads = match (cfg.arch, g.rsplit('.').nth(1)) {
                         ("llama", Some("attn_q")) => Some(cfg.n_head),
@@ -219,8 +576,15 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                         dtype,
                         shape,
                         parts: vec![(si, name.to_string())],
-                        permute_heads,
-                        shift,
+                        xf: Xform {
+                            rows: permute_heads.map_or(RowMap::Same, RowMap::Llama),
+                            value: match shift {
+                                0.0 => ValueOp::Same,
+                                c => ValueOp::Add(c),
+                            },
+                            ..PLAIN
+                        },
+                        src_rows,
                     };
                     if entries.insert(g.clone(), e).is_some() {
                         return Err(bad(format!("a second tensor for '{g}'")));
@@ -230,12 +594,15 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                     if xi as u64 >= cfg.n_expert {
                         return Err(bad(format!("expert {xi} of {}", cfg.n_expert)));
                     }
+                    if hf.len() != 2 {
+                        return Err(bad(format!("shape {hf:?}: expected 2 dimensions")));
+                    }
                     let e = entries.entry(g.clone()).or_insert_with(|| Entry {
                         dtype,
                         shape: [shape.clone(), vec![cfg.n_expert]].concat(),
                         parts: vec![(usize::MAX, String::new()); cfg.n_expert as usize],
-                        permute_heads: None,
-                        shift: 0.0,
+                        xf: PLAIN,
+                        src_rows,
                     });
                     if e.shape[..2] != shape[..] || e.dtype != dtype {
                         return Err(bad(format!("expert shapes or dtypes differ within '{g}'")));
@@ -293,16 +660,49 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
             let view = shards[*si].tensor(name).expect("listed above");
             let dst = &mut data[info.offset as usize + pi * part_bytes..][..part_bytes];
             let row = e.shape[0] as usize;
-            let rows = part_bytes / (row * e.dtype.info().block_bytes as usize);
+            let dsz = e.dtype.info().block_bytes as usize;
+            let rows = part_bytes / (row * dsz);
             let src_row = |r: usize| -> usize {
-                // llama: GGUF row h·hd + 2j + s is checkpoint row h·hd + s·hd/2 + j.
-                match e.permute_heads {
-                    Some(h) => {
+                match e.xf.rows {
+                    RowMap::Same => r,
+                    // llama: GGUF row h·hd + 2j + s is checkpoint row h·hd + s·hd/2 + j.
+                    RowMap::Llama(h) => {
                         let hd = rows / h as usize;
                         let (head, w) = (r / hd, r % hd);
                         head * hd + (w % 2) * (hd / 2) + w / 2
                     }
-                    None => r,
+                    RowMap::VTiled {
+                        start,
+                        nk,
+                        r: per,
+                        hd,
+                    } => {
+                        let (start, nk, per, hd) =
+                            (start as usize, nk as usize, per as usize, hd as usize);
+                        match r.checked_sub(start) {
+                            None => r,
+                            Some(i) => start + v_tiled_src(i, nk, per, hd),
+                        }
+                    }
+                    RowMap::Qkvz { nk, hk, vr, z } => {
+                        let (nk, hk, vr) = (nk as usize, hk as usize, vr as usize);
+                        let blk = 2 * hk + 2 * vr;
+                        match z {
+                            true => (r / vr) * blk + 2 * hk + vr + r % vr,
+                            false if r < 2 * nk * hk => {
+                                let (part, i) = (r / (nk * hk), r % (nk * hk));
+                                (i / hk) * blk + part * hk + i % hk
+                            }
+                            false => {
+                                let i = r - 2 * nk * hk;
+                                (i / vr) * blk + 2 * hk + i % vr
+                            }
+                        }
+                    }
+                    RowMap::Half { f, up } => {
+                        let f = f as usize;
+                        (r / f) * 2 * f + usize::from(up) * f + r % f
+                    }
                 }
             };
             let esz = match view.dtype() {
@@ -310,21 +710,36 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                 _ => 2,
             };
             let src = view.data();
-            if src.len() != rows * row * esz {
+            if src.len() as u64 != e.src_rows * row as u64 * esz as u64 {
                 return Err(LoadError::Format {
                     file: label(dir, &names[*si]),
                     msg: format!("tensor '{name}': {} bytes for its shape", src.len()),
                 });
             }
-            let dsz = e.dtype.info().block_bytes as usize;
+            let mut tmp = vec![0u8; row * dsz];
             for r in 0..rows {
                 let s = &src[src_row(r) * row * esz..][..row * esz];
                 let d = &mut dst[r * row * dsz..][..row * dsz];
-                convert(view.dtype(), s, e.dtype, d);
-                if e.shift != 0.0 {
-                    // Norms are F32 here (1-D tensors always are).
+                match e.xf.cols {
+                    None => convert(view.dtype(), s, e.dtype, d),
+                    Some((nk, per, hd)) => {
+                        convert(view.dtype(), s, e.dtype, &mut tmp);
+                        let (nk, per, hd) = (nk as usize, per as usize, hd as usize);
+                        for c in 0..row {
+                            let from = v_tiled_src(c, nk, per, hd);
+                            d[c * dsz..][..dsz].copy_from_slice(&tmp[from * dsz..][..dsz]);
+                        }
+                    }
+                }
+                if e.xf.value != ValueOp::Same {
+                    // F32 here (see above).
                     for x in d.chunks_exact_mut(4) {
-                        let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) + e.shift;
+                        let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                        let v = match e.xf.value {
+                            ValueOp::Add(c) => v + c,
+                            ValueOp::NegExp => -v.exp(),
+                            ValueOp::Same => v,
+                        };
                         x.copy_from_slice(&v.to_le_bytes());
                     }
                 }
@@ -332,6 +747,66 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
         }
     }
     Ok((infos, data))
+}
+
+/// Tiled value head order: element `i` of the GGUF (value head `j * nk + g`, offset `d`) is
+/// element `(g * per + j) * hd + d` of the checkpoint (value head `j` of key head `g`).
+fn v_tiled_src(i: usize, nk: usize, per: usize, hd: usize) -> usize {
+    let (head, d) = (i / hd, i % hd);
+    let (j, g) = (head / nk, head % nk);
+    (g * per + j) * hd + d
+}
+
+/// Every layer has its mixer's tensors: a checkpoint without one is refused naming it
+/// (the graph would name only the GGUF tensor).
+pub fn qwen35_complete(dir: &Path, cfg: &Config, infos: &[TensorInfo]) -> Result<(), LoadError> {
+    for (il, &attn) in cfg.attention_layers.iter().enumerate() {
+        let need: &[(&str, &str)] = match (attn, cfg.arch) {
+            (true, _) => &[
+                ("attn_q.weight", "self_attn.q_proj.weight"),
+                ("attn_k.weight", "self_attn.k_proj.weight"),
+                ("attn_v.weight", "self_attn.v_proj.weight"),
+                ("attn_output.weight", "self_attn.o_proj.weight"),
+            ],
+            (false, "qwen3next") => &[
+                ("attn_qkv.weight", "linear_attn.in_proj_qkvz.weight"),
+                ("ssm_ba.weight", "linear_attn.in_proj_ba.weight"),
+                ("ssm_conv1d.weight", "linear_attn.conv1d.weight"),
+                ("ssm_a", "linear_attn.A_log"),
+                ("ssm_dt.bias", "linear_attn.dt_bias"),
+                ("ssm_norm.weight", "linear_attn.norm.weight"),
+                ("ssm_out.weight", "linear_attn.out_proj.weight"),
+            ],
+            (false, _) => &[
+                ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight"),
+                ("attn_gate.weight", "linear_attn.in_proj_z.weight"),
+                ("ssm_beta.weight", "linear_attn.in_proj_b.weight"),
+                ("ssm_alpha.weight", "linear_attn.in_proj_a.weight"),
+                ("ssm_conv1d.weight", "linear_attn.conv1d.weight"),
+                ("ssm_a", "linear_attn.A_log"),
+                ("ssm_dt.bias", "linear_attn.dt_bias"),
+                ("ssm_norm.weight", "linear_attn.norm.weight"),
+                ("ssm_out.weight", "linear_attn.out_proj.weight"),
+            ],
+        };
+        for (g, hf) in need {
+            let want = format!("blk.{il}.{g}");
+            if !infos.iter().any(|t| t.name == want) {
+                return Err(LoadError::Format {
+                    file: dir.display().to_string(),
+                    msg: format!(
+                        "tensor 'model.layers.{il}.{hf}' is missing (layer {il} is {})",
+                        if attn {
+                            "full attention"
+                        } else {
+                            "linear attention"
+                        }
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One row from the checkpoint's element type to the GGUF one (exact in every case taken).

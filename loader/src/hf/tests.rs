@@ -683,3 +683,539 @@ fn lfm2_configs_mollm_cannot_run_are_refused() {
     refused(&d, &["conv_L_cache", "2..=64"]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A tiny Qwen3.5 directory in the `*ForConditionalGeneration` form (fields under
+/// `text_config`, tensors under `model.language_model.`): hidden 4, layers [linear, full],
+/// delta-net 2 key heads / 4 value heads of 2, conv 3, attention 1 head of 8, one MTP block.
+fn qwen35_dir(name: &str) -> PathBuf {
+    let d = scratch(name);
+    let cfg = json!({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "tie_word_embeddings": true,
+        "text_config": {"model_type": "qwen3_5_text", "vocab_size": 6, "hidden_size": 4,
+            "intermediate_size": 6, "num_hidden_layers": 2, "num_attention_heads": 1,
+            "num_key_value_heads": 1, "head_dim": 8, "rms_norm_eps": 1e-6,
+            "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 3,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 2,
+            "linear_value_head_dim": 2, "attn_output_gate": true, "tie_word_embeddings": true,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0,
+                "partial_rotary_factor": 0.25, "mrope_section": [1, 0, 0]}},
+        "vision_config": {"depth": 1}});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(d.join("tokenizer.json"), tokenizer_json().to_string()).unwrap();
+    let p = "model.language_model.layers.0.linear_attn.";
+    let q = "model.language_model.layers.1.";
+    let t: Vec<(String, Dtype, Vec<usize>, Vec<f32>)> = vec![
+        (
+            "model.language_model.embed_tokens.weight".into(),
+            Dtype::BF16,
+            vec![6, 4],
+            ramp(24, 0.25),
+        ),
+        (
+            "model.language_model.norm.weight".into(),
+            Dtype::BF16,
+            vec![4],
+            ramp(4, 0.5),
+        ),
+        (
+            "model.language_model.layers.0.input_layernorm.weight".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+        (
+            format!("{p}in_proj_qkv.weight"),
+            Dtype::F32,
+            vec![16, 4],
+            ramp(64, 1.0),
+        ),
+        (
+            format!("{p}in_proj_z.weight"),
+            Dtype::F32,
+            vec![8, 4],
+            ramp(32, 1.0),
+        ),
+        (
+            format!("{p}in_proj_b.weight"),
+            Dtype::F32,
+            vec![4, 4],
+            ramp(16, 1.0),
+        ),
+        (
+            format!("{p}in_proj_a.weight"),
+            Dtype::F32,
+            vec![4, 4],
+            ramp(16, 2.0),
+        ),
+        (
+            format!("{p}conv1d.weight"),
+            Dtype::BF16,
+            vec![16, 1, 3],
+            ramp(48, 1.0),
+        ),
+        (
+            format!("{p}dt_bias"),
+            Dtype::F32,
+            vec![4],
+            vec![0.5, 1.5, 2.5, 3.5],
+        ),
+        (
+            format!("{p}A_log"),
+            Dtype::F32,
+            vec![4],
+            vec![-0.75, 0.0, 0.25, 1.0],
+        ),
+        (
+            format!("{p}norm.weight"),
+            Dtype::F32,
+            vec![2],
+            vec![0.5, 2.0],
+        ),
+        (
+            format!("{p}out_proj.weight"),
+            Dtype::F32,
+            vec![4, 8],
+            ramp(32, 1.0),
+        ),
+        (
+            "model.language_model.layers.0.post_attention_layernorm.weight".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+        (
+            format!("{q}self_attn.q_proj.weight"),
+            Dtype::F32,
+            vec![16, 4],
+            ramp(64, 1.0),
+        ),
+        (
+            format!("{q}self_attn.k_proj.weight"),
+            Dtype::F32,
+            vec![8, 4],
+            ramp(32, 1.0),
+        ),
+        (
+            format!("{q}self_attn.v_proj.weight"),
+            Dtype::F32,
+            vec![8, 4],
+            ramp(32, 1.0),
+        ),
+        (
+            format!("{q}self_attn.o_proj.weight"),
+            Dtype::F32,
+            vec![4, 8],
+            ramp(32, 1.0),
+        ),
+        (
+            format!("{q}self_attn.q_norm.weight"),
+            Dtype::F32,
+            vec![8],
+            ramp(8, 0.5),
+        ),
+        (
+            "mtp.fc.weight".into(),
+            Dtype::F32,
+            vec![4, 8],
+            ramp(32, 1.0),
+        ),
+        (
+            "mtp.pre_fc_norm_embedding.weight".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+        ("mtp.norm.weight".into(), Dtype::F32, vec![4], ramp(4, 1.0)),
+        (
+            "mtp.layers.0.input_layernorm.weight".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+        (
+            "model.visual.blocks.0.attn.qkv.weight".into(),
+            Dtype::F32,
+            vec![2, 2],
+            ramp(4, 1.0),
+        ),
+    ];
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    d
+}
+
+/// Rows (or elements) of `x` in blocks of `n`, in the given block order.
+fn blocks(x: &[f32], n: usize, order: &[usize]) -> Vec<f32> {
+    order
+        .iter()
+        .flat_map(|&b| x[b * n..(b + 1) * n].to_vec())
+        .collect()
+}
+
+#[test]
+fn a_qwen35_directory_is_converted_as_llama_cpps_converter_does() {
+    let d = qwen35_dir("qwen35");
+    let g = super::open_dir(&d).unwrap();
+    assert_eq!(g.architecture().unwrap(), "qwen35");
+    // One MTP block after the 2 layers.
+    assert_eq!(g.get_u32("qwen35.block_count").unwrap(), Some(3));
+    assert_eq!(g.get_u32("qwen35.nextn_predict_layers").unwrap(), Some(1));
+    assert_eq!(g.get_u32("qwen35.rope.dimension_count").unwrap(), Some(2));
+    assert_eq!(g.get_f32("qwen35.rope.freq_base").unwrap(), Some(5000.0));
+    assert_eq!(
+        g.get("qwen35.rope.dimension_sections"),
+        Some(&crate::Value::Array(crate::Array::I32(vec![1, 0, 0, 0])))
+    );
+    assert_eq!(
+        g.get_bool_array("qwen35.attention.recurrent_layers")
+            .unwrap(),
+        Some(&[true, false, false][..])
+    );
+    for (k, v) in [
+        ("ssm.conv_kernel", 3),
+        ("ssm.state_size", 2),
+        ("ssm.group_count", 2),
+        ("ssm.time_step_rank", 4),
+        ("ssm.inner_size", 8),
+    ] {
+        assert_eq!(g.get_u32(&format!("qwen35.{k}")).unwrap(), Some(v), "{k}");
+    }
+    let data = |n: &str| f32s(g.tensor_data(g.tensor(n).unwrap_or_else(|| panic!("{n}"))));
+    // Value heads (2 rows each) grouped by key head [k0v0, k0v1, k1v0, k1v1] become tiled
+    // [k0v0, k1v0, k0v1, k1v1]: checkpoint heads [0, 2, 1, 3].
+    let tiled = [0, 2, 1, 3];
+    let qkv = ramp(64, 1.0);
+    let want = [qkv[..32].to_vec(), blocks(&qkv[32..], 8, &tiled)].concat();
+    assert_eq!(
+        data("blk.0.attn_qkv.weight"),
+        want,
+        "q and k rows stay, v rows tiled"
+    );
+    assert_eq!(
+        data("blk.0.attn_gate.weight"),
+        blocks(&ramp(32, 1.0), 8, &tiled)
+    );
+    assert_eq!(
+        data("blk.0.ssm_beta.weight"),
+        blocks(&ramp(16, 1.0), 4, &tiled)
+    );
+    assert_eq!(
+        data("blk.0.ssm_alpha.weight"),
+        blocks(&ramp(16, 2.0), 4, &tiled)
+    );
+    assert_eq!(data("blk.0.ssm_dt.bias"), vec![0.5, 2.5, 1.5, 3.5]);
+    let a: Vec<f32> = [-0.75f32, 0.25, 0.0, 1.0]
+        .iter()
+        .map(|x| -x.exp())
+        .collect();
+    assert_eq!(data("blk.0.ssm_a"), a, "-exp(A_log), tiled");
+    // The convolution [16, 1, 3] squeezed to ggml [3, 16]; its v channels (8..16) tiled.
+    let conv = g.tensor("blk.0.ssm_conv1d.weight").unwrap();
+    assert_eq!(conv.shape, vec![3, 16]);
+    let c = ramp(48, 1.0);
+    assert_eq!(
+        data("blk.0.ssm_conv1d.weight"),
+        [c[..24].to_vec(), blocks(&c[24..], 6, &tiled)].concat()
+    );
+    // out_proj's columns: each row's 8 inputs tiled.
+    let o = ramp(32, 1.0);
+    let want: Vec<f32> = o.chunks(8).flat_map(|r| blocks(r, 2, &tiled)).collect();
+    assert_eq!(data("blk.0.ssm_out.weight"), want);
+    // Norms scale by 1 + weight, but the delta-net's own.
+    let plus1 = |v: Vec<f32>| v.iter().map(|x| x + 1.0).collect::<Vec<f32>>();
+    assert_eq!(data("output_norm.weight"), plus1(ramp(4, 0.5)));
+    assert_eq!(data("blk.0.attn_norm.weight"), plus1(ramp(4, 1.0)));
+    assert_eq!(
+        data("blk.0.post_attention_norm.weight"),
+        plus1(ramp(4, 1.0))
+    );
+    assert_eq!(data("blk.1.attn_q_norm.weight"), plus1(ramp(8, 0.5)));
+    assert_eq!(data("blk.0.ssm_norm.weight"), vec![0.5, 2.0]);
+    // MTP: block 2, its norms shifted, `fc` not.
+    assert_eq!(data("blk.2.nextn.enorm.weight"), plus1(ramp(4, 1.0)));
+    assert_eq!(
+        data("blk.2.nextn.shared_head_norm.weight"),
+        plus1(ramp(4, 1.0))
+    );
+    assert_eq!(data("blk.2.attn_norm.weight"), plus1(ramp(4, 1.0)));
+    assert_eq!(data("blk.2.nextn.eh_proj.weight"), ramp(32, 1.0));
+    // Attention as it is; the vision tower left out.
+    assert_eq!(data("blk.1.attn_q.weight"), ramp(64, 1.0));
+    assert!(g.tensors.iter().all(|t| !t.name.contains("visual")));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn qwen3_next_splits_its_fused_projections_and_keeps_value_heads_grouped() {
+    let d = scratch("qwen3next");
+    let cfg = json!({"model_type": "qwen3_next", "vocab_size": 6, "hidden_size": 2,
+        "intermediate_size": 6, "num_hidden_layers": 1, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "head_dim": 8, "rms_norm_eps": 1e-6,
+        "full_attention_interval": 4, "linear_conv_kernel_dim": 2, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 1, "linear_value_head_dim": 1,
+        "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 2,
+        "shared_expert_intermediate_size": 2, "rope_theta": 1000.0, "partial_rotary_factor": 0.5,
+        "tie_word_embeddings": true});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(d.join("tokenizer.json"), tokenizer_json().to_string()).unwrap();
+    let p = "model.layers.0.linear_attn.";
+    // Per key head [q (1), k (1), v (2), z (2)]: 6 rows each, 12 in all, 2 columns.
+    let t = vec![
+        (
+            format!("{p}in_proj_qkvz.weight"),
+            Dtype::F32,
+            vec![12, 2],
+            ramp(24, 1.0),
+        ),
+        (
+            format!("{p}A_log"),
+            Dtype::F32,
+            vec![4],
+            vec![0.0, 1.0, 2.0, 3.0],
+        ),
+        (
+            format!("{p}dt_bias"),
+            Dtype::F32,
+            vec![4],
+            vec![0.0, 1.0, 2.0, 3.0],
+        ),
+        (
+            "model.layers.0.mlp.shared_expert_gate.weight".into(),
+            Dtype::F32,
+            vec![1, 2],
+            vec![1.0, 2.0],
+        ),
+    ];
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    let g = super::open_dir(&d);
+    // Layer 0 is linear attention and lacks most of its tensors: named.
+    let msg = g.err().unwrap().to_string();
+    assert!(
+        msg.contains("'model.layers.0.linear_attn.in_proj_ba.weight' is missing"),
+        "{msg}"
+    );
+    let conf = super::config::Config::load(&d).unwrap();
+    let (infos, data) = super::tensors::load(&d, &conf).unwrap();
+    let get = |n: &str| {
+        let i = infos.iter().find(|t| t.name == n).unwrap();
+        (
+            i.shape.clone(),
+            f32s(&data[i.offset as usize..][..i.size as usize]),
+        )
+    };
+    let x = ramp(24, 1.0);
+    let row = |r: usize| x[2 * r..2 * r + 2].to_vec();
+    let rows = |rs: &[usize]| rs.iter().flat_map(|&r| row(r)).collect::<Vec<f32>>();
+    // q: rows 0, 6; k: 1, 7; v: 2, 3, 8, 9 (grouped); z: 4, 5, 10, 11.
+    assert_eq!(
+        get("blk.0.attn_qkv.weight"),
+        (vec![2, 8], rows(&[0, 6, 1, 7, 2, 3, 8, 9]))
+    );
+    assert_eq!(
+        get("blk.0.attn_gate.weight"),
+        (vec![2, 4], rows(&[4, 5, 10, 11]))
+    );
+    let a: Vec<f32> = [0.0f32, 1.0, 2.0, 3.0].iter().map(|x| -x.exp()).collect();
+    assert_eq!(get("blk.0.ssm_a").1, a, "not reordered");
+    assert_eq!(get("blk.0.ssm_dt.bias").1, vec![0.0, 1.0, 2.0, 3.0]);
+    assert_eq!(
+        get("blk.0.ffn_gate_inp_shexp.weight"),
+        (vec![2, 1], vec![1.0, 2.0])
+    );
+    let mut meta = Vec::new();
+    conf.metadata(&mut meta).unwrap();
+    let m: HashMap<_, _> = meta.into_iter().collect();
+    assert_eq!(m["qwen3next.rope.dimension_count"], crate::Value::U32(4));
+    assert_eq!(m["qwen3next.rope.freq_base"], crate::Value::F32(1000.0));
+    assert!(!m.contains_key("qwen3next.rope.dimension_sections"));
+    assert_eq!(
+        m["qwen3next.attention.recurrent_layers"],
+        crate::Value::Array(crate::Array::Bool(vec![true]))
+    );
+    assert_eq!(
+        m["qwen3next.expert_shared_feed_forward_length"],
+        crate::Value::U32(2)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn qwen35_experts_fused_in_3d_tensors_are_split() {
+    let d = scratch("qwen35moe");
+    let cfg = json!({"model_type": "qwen3_5_moe_text", "vocab_size": 6, "hidden_size": 2,
+        "num_hidden_layers": 1, "num_attention_heads": 1, "head_dim": 8, "rms_norm_eps": 1e-6,
+        "layer_types": ["full_attention"], "linear_conv_kernel_dim": 2, "linear_num_key_heads": 1,
+        "linear_num_value_heads": 1, "linear_key_head_dim": 1, "linear_value_head_dim": 1,
+        "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 3,
+        "shared_expert_intermediate_size": 2, "tie_word_embeddings": true});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(d.join("tokenizer.json"), tokenizer_json().to_string()).unwrap();
+    // [E 2, 2f 6, n 2] and [E 2, n 2, f 3].
+    let t = vec![
+        (
+            "model.layers.0.mlp.experts.gate_up_proj",
+            Dtype::BF16,
+            vec![2, 6, 2],
+            ramp(24, 1.0),
+        ),
+        (
+            "model.layers.0.mlp.experts.down_proj",
+            Dtype::BF16,
+            vec![2, 2, 3],
+            ramp(12, 1.0),
+        ),
+    ];
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    let conf = super::config::Config::load(&d).unwrap();
+    let (infos, data) = super::tensors::load(&d, &conf).unwrap();
+    let get = |n: &str| {
+        let i = infos.iter().find(|t| t.name == n).unwrap();
+        (
+            i.shape.clone(),
+            f32s(&data[i.offset as usize..][..i.size as usize]),
+        )
+    };
+    let x = ramp(24, 1.0);
+    // Rows of 2: expert 0 rows 0..6, expert 1 rows 6..12; gate the first 3 of each.
+    let rows = |rs: &[usize]| {
+        rs.iter()
+            .flat_map(|&r| x[2 * r..2 * r + 2].to_vec())
+            .collect::<Vec<f32>>()
+    };
+    assert_eq!(
+        get("blk.0.ffn_gate_exps.weight"),
+        (vec![2, 3, 2], rows(&[0, 1, 2, 6, 7, 8]))
+    );
+    assert_eq!(
+        get("blk.0.ffn_up_exps.weight"),
+        (vec![2, 3, 2], rows(&[3, 4, 5, 9, 10, 11]))
+    );
+    assert_eq!(
+        get("blk.0.ffn_down_exps.weight"),
+        (vec![3, 2, 2], ramp(12, 1.0))
+    );
+    let mut meta = Vec::new();
+    conf.metadata(&mut meta).unwrap();
+    let m: HashMap<_, _> = meta.into_iter().collect();
+    // Qwen3.5's default sections; no dense FFN width in the config.
+    assert_eq!(
+        m["qwen35moe.rope.dimension_sections"],
+        crate::Value::Array(crate::Array::I32(vec![11, 11, 10, 0]))
+    );
+    assert_eq!(m["qwen35moe.feed_forward_length"], crate::Value::U32(0));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn qwen35_directories_mollm_cannot_convert_are_refused_naming_the_key_or_tensor() {
+    let d = qwen35_dir("qwen35-bad");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("config.json")).unwrap()).unwrap();
+    let set_cfg = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = cfg.clone();
+        f(&mut c);
+        std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    };
+    set_cfg(&|c| c["text_config"]["linear_num_value_heads"] = json!(3));
+    refused(
+        &d,
+        &[
+            "config.json",
+            "text_config.linear_num_value_heads",
+            "3 is not a multiple of linear_num_key_heads 2",
+        ],
+    );
+    set_cfg(&|c| {
+        c["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("linear_key_head_dim");
+    });
+    refused(&d, &["text_config.linear_key_head_dim", "missing"]);
+    set_cfg(&|c| c["text_config"]["linear_value_head_dim"] = json!(4));
+    refused(&d, &["text_config.linear_value_head_dim", "differs"]);
+    set_cfg(&|c| c["text_config"]["layer_types"] = json!(["linear_attention", "mamba"]));
+    refused(&d, &["text_config.layer_types", "\"mamba\""]);
+    set_cfg(&|c| c["text_config"]["attn_output_gate"] = json!(false));
+    refused(&d, &["text_config.attn_output_gate", "not supported"]);
+    set_cfg(&|c| c["text_config"]["rope_parameters"]["rope_type"] = json!("yarn"));
+    refused(&d, &["rope_parameters", "'yarn' is not supported"]);
+    set_cfg(&|c| c["text_config"]["rope_parameters"]["mrope_section"] = json!([1, "x"]));
+    refused(&d, &["rope_parameters.mrope_section", "expected up to 4"]);
+    set_cfg(&|c| {
+        c.as_object_mut().unwrap().remove("text_config");
+    });
+    refused(&d, &["config.json", "text_config", "missing"]);
+    set_cfg(&|_| {});
+    super::open_dir(&d).unwrap();
+
+    // Weights: a missing delta-net tensor, one no graph has a place for, a wrong shape.
+    let full = std::fs::read(d.join("model.safetensors")).unwrap();
+    let write = |skip: &str, extra: Vec<(String, Dtype, Vec<usize>, Vec<f32>)>| {
+        let t = safetensors::SafeTensors::deserialize(&full).unwrap();
+        let mut v: Vec<(String, Dtype, Vec<usize>, Vec<f32>)> = t
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != skip)
+            .map(|(n, view)| {
+                let vals: Vec<f32> = match view.dtype() {
+                    Dtype::F32 => f32s(view.data()),
+                    _ => view
+                        .data()
+                        .chunks_exact(2)
+                        .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                        .collect(),
+                };
+                (n, view.dtype(), view.shape().to_vec(), vals)
+            })
+            .collect();
+        v.extend(extra);
+        std::fs::write(d.join("model.safetensors"), st(&v)).unwrap();
+    };
+    let la = "model.language_model.layers.0.linear_attn.";
+    write(&format!("{la}A_log"), vec![]);
+    refused(
+        &d,
+        &[
+            "'model.layers.0.linear_attn.A_log' is missing",
+            "linear attention",
+        ],
+    );
+    write(
+        "",
+        vec![(
+            format!("{la}mystery.weight"),
+            Dtype::F32,
+            vec![2],
+            vec![1.0, 2.0],
+        )],
+    );
+    refused(
+        &d,
+        &[
+            "model.safetensors",
+            "linear_attn.mystery.weight",
+            "has no place in a qwen35 model",
+        ],
+    );
+    write(
+        &format!("{la}in_proj_z.weight"),
+        vec![(
+            format!("{la}in_proj_z.weight"),
+            Dtype::F32,
+            vec![6, 4],
+            ramp(24, 1.0),
+        )],
+    );
+    refused(&d, &["in_proj_z.weight", "6 rows, expected 8"]);
+    write(
+        &format!("{la}out_proj.weight"),
+        vec![(
+            format!("{la}out_proj.weight"),
+            Dtype::F32,
+            vec![4, 6],
+            ramp(24, 1.0),
+        )],
+    );
+    refused(&d, &["out_proj.weight", "expected 8 columns"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
