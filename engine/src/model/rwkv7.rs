@@ -73,10 +73,7 @@ pub fn build(hp: &HParams, _has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
         let w_lo = b.matmul("w_lora", &t("time_mix_w2.weight"), &w_tanh);
         let k = b.matmul("k", &t("time_mix_key.weight"), xk);
         let v = b.matmul("v", &t("time_mix_value.weight"), xv);
-        let v_mix = match &v_first {
-            Some(_) => Some(lora(&mut b, "v", xv, "v").0),
-            None => None,
-        };
+        let v_mix = v_first.as_ref().map(|_| lora(&mut b, "v", xv, "v").0);
         let g_in = b.matmul("g_lora_in", &t("time_mix_g1.weight"), xg);
         let g_sig = b.node("g_sigmoid", "sigmoid", &[&g_in], &[]);
         let g = b.matmul("g", &t("time_mix_g2.weight"), &g_sig);
