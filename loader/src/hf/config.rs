@@ -209,27 +209,13 @@ impl Config {
             ));
         }
         let n = self.n_layer as usize;
-        self.attention_layers = match self.json.get("layer_types") {
-            None | Some(serde_json::Value::Null) => {
+        self.attention_layers = match self
+            .layer_types([("linear_attention", false), ("full_attention", true)])?
+        {
+            Some(kinds) => kinds,
+            None => {
                 let every = self.opt_u("full_attention_interval", 1, 4096)?.unwrap_or(4) as usize;
                 (0..n).map(|il| (il + 1) % every == 0).collect()
-            }
-            Some(serde_json::Value::Array(list)) if list.len() == n => list
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("full_attention") => Ok(true),
-                    Some("linear_attention") => Ok(false),
-                    _ => Err(self.err(
-                        "layer_types",
-                        format!("{t}: expected \"linear_attention\" or \"full_attention\""),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(v) => {
-                return Err(self.err(
-                    "layer_types",
-                    format!("expected a list of {n} layer types, found {v}"),
-                ))
             }
         };
         if self.arch != "qwen35" {
@@ -237,29 +223,37 @@ impl Config {
         }
         Ok(())
     }
+    /// `layer_types`, one entry per layer, each one of the two `kinds` (a name and its flag);
+    /// `None` when the config has none.
+    fn layer_types(&self, kinds: [(&str, bool); 2]) -> Result<Option<Vec<bool>>, LoadError> {
+        let n = self.n_layer as usize;
+        let Some(v) = self.json.get("layer_types").filter(|v| !v.is_null()) else {
+            return Ok(None);
+        };
+        let list = v.as_array().filter(|l| l.len() == n).ok_or_else(|| {
+            self.err(
+                "layer_types",
+                format!("expected a list of {n} layer types, found {v}"),
+            )
+        })?;
+        list.iter()
+            .map(|t| match kinds.iter().find(|k| t.as_str() == Some(k.0)) {
+                Some(&(_, flag)) => Ok(flag),
+                None => Err(self.err(
+                    "layer_types",
+                    format!("{t}: expected \"{}\" or \"{}\"", kinds[0].0, kinds[1].0),
+                )),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
 
     /// LFM2's layer kinds: `layer_types` ("conv" / "full_attention"), or the attention layers
     /// listed in `full_attn_idxs` (older configs).
     fn lfm2_layers(&self) -> Result<Vec<bool>, LoadError> {
         let n = self.n_layer as usize;
-        if let Some(list) = self.json.get("layer_types").filter(|v| !v.is_null()) {
-            let list = list.as_array().filter(|l| l.len() == n).ok_or_else(|| {
-                self.err(
-                    "layer_types",
-                    format!("expected a list of {n} layer types, found {list}"),
-                )
-            })?;
-            return list
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("full_attention") => Ok(true),
-                    Some("conv") => Ok(false),
-                    _ => Err(self.err(
-                        "layer_types",
-                        format!("{t}: expected \"conv\" or \"full_attention\""),
-                    )),
-                })
-                .collect();
+        if let Some(kinds) = self.layer_types([("conv", false), ("full_attention", true)])? {
+            return Ok(kinds);
         }
         let idx = self
             .json
@@ -646,34 +640,19 @@ impl Config {
         }
         put("attention.scale", Value::F32(1.0 / scalar.sqrt()));
         let n = self.n_layer as usize;
-        let local: Vec<bool> = match self.json.get("layer_types") {
-            None | Some(serde_json::Value::Null) => {
-                let pattern = match self.opt_u("sliding_window_pattern", 1, 1 << 16)? {
-                    Some(p) => p,
-                    None => self
-                        .opt_u("_sliding_window_pattern", 1, 1 << 16)?
-                        .unwrap_or(6),
-                } as usize;
-                (0..n).map(|il| (il + 1) % pattern != 0).collect()
-            }
-            Some(serde_json::Value::Array(list)) if list.len() == n => list
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("sliding_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(self.err(
-                        "layer_types",
-                        format!("{t}: expected \"sliding_attention\" or \"full_attention\""),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(v) => {
-                return Err(self.err(
-                    "layer_types",
-                    format!("expected a list of {n} layer types, found {v}"),
-                ))
-            }
-        };
+        let local: Vec<bool> =
+            match self.layer_types([("sliding_attention", true), ("full_attention", false)])? {
+                Some(kinds) => kinds,
+                None => {
+                    let pattern = match self.opt_u("sliding_window_pattern", 1, 1 << 16)? {
+                        Some(p) => p,
+                        None => self
+                            .opt_u("_sliding_window_pattern", 1, 1 << 16)?
+                            .unwrap_or(6),
+                    } as usize;
+                    (0..n).map(|il| (il + 1) % pattern != 0).collect()
+                }
+            };
         if local.iter().any(|&l| l) {
             let window = self.req_u("sliding_window", 1, 1 << 26)?;
             put("attention.sliding_window", Value::U32(window as u32));
