@@ -13,15 +13,16 @@ use abi::{DType, Op, OpParams, TensorDesc};
 /// The f32 values of a contiguous activation.
 ///
 /// # Safety
-/// `d` must be a contiguous f32 activation of this step, not written while the slice lives.
-unsafe fn values<'a>(d: &TensorDesc) -> &'a [f32] {
+/// `d` must be a contiguous f32 tensor (an activation of this step or a host weight) that
+/// nothing writes while the slice lives.
+pub(super) unsafe fn values<'a>(d: &TensorDesc) -> &'a [f32] {
     std::slice::from_raw_parts(d.data as *const f32, d.numel().unwrap_or(0) as usize)
 }
 
 /// # Safety
 /// `d` must be a contiguous f32 activation of this step that nothing else reads or writes
 /// while the slice lives.
-unsafe fn values_mut<'a>(d: &TensorDesc) -> &'a mut [f32] {
+pub(super) unsafe fn values_mut<'a>(d: &TensorDesc) -> &'a mut [f32] {
     std::slice::from_raw_parts_mut(d.data as *mut f32, d.numel().unwrap_or(0) as usize)
 }
 
@@ -152,7 +153,7 @@ pub(crate) fn causal_conv<'a>(
 }
 
 /// `ggml_sigmoid`: 1 / (1 + expf(-x)).
-fn sigmoid(x: f32) -> f32 {
+pub(super) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 

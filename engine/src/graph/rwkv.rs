@@ -4,24 +4,11 @@
 //! computed as ggml's CPU code computes it (single IEEE operations, libm `expf`/`tanhf`, the
 //! AVX-512 build's order in `ggml_norm`), so the bits are llama.cpp's.
 
+use super::recurrent::{sigmoid, values, values_mut};
 use crate::error::Result;
 use crate::exec::Exec;
 use crate::tensor::Weight;
 use abi::{DType, Op, OpParams, TensorDesc};
-
-/// # Safety
-/// `d` must be a contiguous f32 tensor (an activation of this step or a host weight) that
-/// nothing writes while the slice lives.
-unsafe fn values<'a>(d: &TensorDesc) -> &'a [f32] {
-    std::slice::from_raw_parts(d.data as *const f32, d.numel().unwrap_or(0) as usize)
-}
-
-/// # Safety
-/// `d` must be a contiguous f32 activation of this step that nothing else reads or writes
-/// while the slice lives.
-unsafe fn values_mut<'a>(d: &TensorDesc) -> &'a mut [f32] {
-    std::slice::from_raw_parts_mut(d.data as *mut f32, d.numel().unwrap_or(0) as usize)
-}
 
 /// `ggml_norm` of one row in place, as its AVX-512 build computes it: the mean from an f64 sum
 /// rounded to f32, then `ggml_vec_cvar_f32` (each 16-block's `x - mean` stored and its squares
@@ -142,10 +129,6 @@ pub(crate) fn unary(x: TensorDesc, out: TensorDesc, f: Unary) {
             }
         };
     }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
 
 /// The time-mix core's operands: this step's projections `[E, T]` and the layer's f32
