@@ -2,6 +2,8 @@
 //! (a wrong op is refused alone, a crashing backend is refused whole and the caller survives),
 //! garbage libraries refused with a clear message, and runs that continue on the reference.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -36,10 +38,7 @@ fn broken_lib() -> Option<PathBuf> {
 
 /// A scratch directory of this test's own (cache and plugin dir).
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mollm-backends-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_sub(tag)
 }
 
 fn mollm(args: &[&str], envs: &[(&str, &Path)], extra: &[(&str, &str)]) -> Output {

@@ -9,9 +9,7 @@ use common::{assert_clean_error, mollm, stderr, stdout, SMOLLM2};
 use std::path::{Path, PathBuf};
 
 fn out(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mollm-convert-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    common::scratch().join(name)
 }
 
 fn convert(src: &Path, dst: &Path, extra: &[&str]) -> String {

@@ -418,7 +418,7 @@ fn package_of_moe(gguf: &std::path::Path) {
     )
     .unwrap();
     let short = &golden["cases"][0];
-    let pkg = std::env::temp_dir().join(format!("mollm-golden-moe-{}.mollm", std::process::id()));
+    let pkg = common::scratch().join("golden-moe.mollm");
     let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
         .args(["convert", "--quant", "keep"])
         .arg(gguf)
@@ -493,7 +493,7 @@ fn package_of_moe(gguf: &std::path::Path) {
 /// predictions are mostly right, and `--trace` writes a Chrome trace with the layers, each
 /// read on an I/O worker's thread, and flows from predictions to the reads they queued.
 fn prefetch_and_trace(model: &std::path::Path) {
-    let trace = std::env::temp_dir().join(format!("mollm-trace-{}.json", std::process::id()));
+    let trace = common::scratch().join("trace.json");
     let run_n = |n: &str, extra: &[&str]| -> Value {
         let o = Command::new(env!("CARGO_BIN_EXE_mollm"))
             .args([

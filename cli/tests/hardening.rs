@@ -186,8 +186,7 @@ fn a_batch_line_that_is_not_utf8_is_one_error_result() {
 
 #[test]
 fn a_fifo_model_and_a_non_library_plugin_are_refused() {
-    let dir = std::env::temp_dir().join(format!("mollm-fifo-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch_sub("fifo");
     let fifo = dir.join("model.gguf");
     let _ = std::fs::remove_file(&fifo);
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();

@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mollm-metal-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_sub(tag)
 }
 
 /// `mollm args` with a fresh gate cache, the metal adapter `adapter` (None: unset) and `extra`.

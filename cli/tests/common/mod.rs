@@ -49,11 +49,61 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// This test process's scratch folder, `$TMPDIR/mollm-tests/<pid>`, removed when the process
+/// exits. On first use it also removes the folders of earlier test processes that are no
+/// longer alive (runs that were killed), so scratch does not pile up on a machine that runs
+/// the suite again and again: model copies and packages are hundreds of MB each, and leftovers
+/// of many runs once filled a CI machine's disk.
+pub fn scratch() -> PathBuf {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let root = std::env::temp_dir().join("mollm-tests");
+    let dir = root.join(std::process::id().to_string());
+    ONCE.call_once(|| {
+        sweep_dead(&root);
+        std::fs::create_dir_all(&dir).unwrap();
+        extern "C" fn remove_own() {
+            let own = std::env::temp_dir()
+                .join("mollm-tests")
+                .join(std::process::id().to_string());
+            let _ = std::fs::remove_dir_all(own);
+        }
+        // SAFETY: atexit(3) with a handler that only removes files; libtest leaves through
+        // exit(3) whether the tests passed or failed, which runs it.
+        unsafe { libc::atexit(remove_own) };
+    });
+    dir
+}
+
+/// Removes the scratch folders under `root` whose process is gone (Linux: no `/proc/<pid>`).
+fn sweep_dead(root: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A fresh, empty subfolder `tag` of this process's scratch folder.
+pub fn scratch_sub(tag: &str) -> PathBuf {
+    let d = scratch().join(tag);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 /// A scratch file of this test process.
 pub fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mollm-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    let p = scratch().join(name);
     std::fs::write(&p, bytes).unwrap();
     p
 }
@@ -187,9 +237,7 @@ pub fn with_template(model: &Path, name: &str, template: &str) -> PathBuf {
     let text = &mut b[at + 12..at + 12 + n];
     text.fill(b' ');
     text[..template.len()].copy_from_slice(template.as_bytes());
-    let dir = std::env::temp_dir().join(format!("mollm-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    let p = scratch().join(name);
     std::fs::write(&p, b).unwrap();
     p
 }
