@@ -100,6 +100,26 @@ op_attrs! {
     SoftmaxAttrs {
         scale: F32[0] "applied before the exponent",
     }
+    /// `norm`.
+    NormAttrs {
+        eps: F32[0] "added to the variance",
+        group: I64[0] "values normalized together (divides K); 0 = the whole row",
+    }
+    /// `l2_norm`.
+    L2NormAttrs {
+        eps: F32[0] "the smallest divisor (the norm is clamped up to it)",
+    }
+}
+
+impl NormAttrs {
+    /// The group length for rows of `k` values (`group`, or the whole row for 0).
+    pub fn group_len(&self, k: i64) -> i64 {
+        if self.group == 0 {
+            k
+        } else {
+            self.group
+        }
+    }
 }
 
 impl RopeAttrs {

@@ -30,6 +30,9 @@ pub enum Op {
     SsmConv = 12,
     GatedDeltaNet = 13,
     RwkvWkv7 = 14,
+    Norm = 15,
+    L2Norm = 16,
+    TokenShift = 17,
 }
 
 impl Op {
@@ -49,6 +52,9 @@ impl Op {
         Op::SsmConv,
         Op::GatedDeltaNet,
         Op::RwkvWkv7,
+        Op::Norm,
+        Op::L2Norm,
+        Op::TokenShift,
     ];
 
     pub fn from_id(id: u32) -> Option<Op> {
@@ -386,8 +392,32 @@ fn rwkv_wkv7_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
     Ok(vec![x, state])
 }
 
+fn norm_shape(s: &[[i64; MAX_DIMS]], p: &OpParams) -> Shapes {
+    let (x, w, b) = (s[0], s[1], s[2]);
+    for (name, t) in [("weight", w), ("bias", b)] {
+        need(t[0] == x[0] && t[1] * t[2] * t[3] == 1, || {
+            format!("{name} must be [{}], got {t:?}", x[0])
+        })?;
+    }
+    let g = NormAttrs::from_params(p).group_len(x[0]);
+    need(g > 0 && x[0] % g == 0, || {
+        format!("group {g} must be positive and divide the row of {}", x[0])
+    })?;
+    Ok(vec![x])
+}
+
+fn token_shift_shape(s: &[[i64; MAX_DIMS]], _: &OpParams) -> Shapes {
+    let (x, state) = (s[0], s[1]);
+    let [e, _, seqs, rest] = x;
+    need(rest == 1, || format!("x must be 3-D [E, T, S], got {x:?}"))?;
+    need(state == [e, seqs, 1, 1], || {
+        format!("state must be [{e}, {seqs}], got {state:?}")
+    })?;
+    Ok(vec![x, state])
+}
+
 /// Indexed by `Op as usize`; a test checks the order.
-pub static SCHEMAS: [OpSchema; 15] = [
+pub static SCHEMAS: [OpSchema; 18] = [
     OpSchema {
         op: Op::GetRows,
         name: "get_rows",
@@ -711,6 +741,57 @@ pub static SCHEMAS: [OpSchema; 15] = [
         attrs: &[],
         shape_rule: rwkv_wkv7_shape,
     },
+    OpSchema {
+        op: Op::Norm,
+        name: "norm",
+        doc: "LayerNorm, or group norm (RWKV-7's ln_x over each head): each group of `group` \
+              values of a row (the whole row for 0) normalized as ggml_norm, then times weight \
+              and plus bias (ggml_mul, then ggml_add: two roundings). ggml_norm as the AVX-512 \
+              build computes it: mean = (float)(f64 sum of the values) / n; then each \
+              16-block's x - mean stored and its rounded squares added by \
+              _mm512_reduce_add_ps (lanes 8-15 onto 0-7, then 4-7 onto 0-3, then (0+2)+(1+3)) \
+              into an f64 sum, the tail's squares one at a time; var = (float)(sum / n); the \
+              centred values times 1/sqrtf(var + eps).",
+        inputs: &[
+            operand!("x", F32, "[K, ...] rows of K values, in groups of `group`"),
+            operand!("weight", F32, "[K] gain per value of a row"),
+            operand!("bias", F32, "[K] added after the gain"),
+        ],
+        outputs: &[operand!("out", F32, "same shape as x")],
+        attrs: NormAttrs::ATTRS,
+        shape_rule: norm_shape,
+    },
+    OpSchema {
+        op: Op::L2Norm,
+        name: "l2_norm",
+        doc: "Per row of ne[0] (ggml_l2_norm: RWKV-7's key normalization): the squares, each \
+              rounded to f32, summed in f64 in order; y = x * (1 / fmaxf(sqrtf((float)sum), \
+              eps)).",
+        inputs: &[operand!("x", F32, "[K, ...] rows to normalize")],
+        outputs: &[operand!("out", F32, "same shape as x")],
+        attrs: L2NormAttrs::ATTRS,
+        shape_rule: same_shape,
+    },
+    OpSchema {
+        op: Op::TokenShift,
+        name: "token_shift",
+        doc: "RWKV's token shift with its state (llama.cpp's concat of the saved column and \
+              the step's columns, then ggml_sub): out[:, t, s] = x[:, t - 1, s] - x[:, t, s], \
+              where column -1 is state[:, s] (the sequence's last column of its step before, \
+              zero for a new one); new_state[:, s] = x[:, T - 1, s] (T = 0: the state as it \
+              was). Exact: one f32 subtraction per value. new_state may be the state operand \
+              itself (updated in place); no other operands may overlap.",
+        inputs: &[
+            operand!("x", F32, "[E, T, S] the step's columns per sequence"),
+            operand!("state", F32, "[E, S] each sequence's column before its first"),
+        ],
+        outputs: &[
+            operand!("out", F32, "[E, T, S] previous column minus the column"),
+            operand!("new_state", F32, "[E, S] each sequence's last column"),
+        ],
+        attrs: &[],
+        shape_rule: token_shift_shape,
+    },
 ];
 
 /// Checks a call against its schema: operand counts, formats, attribute hygiene and shapes.
@@ -859,6 +940,32 @@ mod tests {
         let c16 = desc(DType::F16, &[4, 5]);
         let e = validate(Op::SsmConv, &[sx, c16], &[out], &p).unwrap_err();
         assert!(e.contains("accept"), "{e}");
+    }
+
+    /// norm: weight and bias of the row's length, a group that divides it; l2_norm any rows;
+    /// token_shift: a state column per sequence.
+    #[test]
+    fn norm_and_token_shift_shapes() {
+        let f = |s: &[i64]| desc(DType::F32, s);
+        let (x, w) = (f(&[8, 3]), f(&[8]));
+        let p = |group| NormAttrs { eps: 1e-5, group }.to_params();
+        assert!(validate(Op::Norm, &[x, w, w], &[x], &p(0)).is_ok());
+        assert!(validate(Op::Norm, &[x, w, w], &[x], &p(4)).is_ok());
+        let e = validate(Op::Norm, &[x, w, w], &[x], &p(3)).unwrap_err();
+        assert!(e.contains("group 3"), "{e}");
+        let e = validate(Op::Norm, &[x, w, w], &[x], &p(-1)).unwrap_err();
+        assert!(e.contains("positive"), "{e}");
+        let e = validate(Op::Norm, &[x, w, f(&[4])], &[x], &p(0)).unwrap_err();
+        assert!(e.contains("bias must be [8]"), "{e}");
+        let l2 = L2NormAttrs { eps: 1e-12 }.to_params();
+        assert!(validate(Op::L2Norm, &[x], &[x], &l2).is_ok());
+        let q = OpParams::default();
+        let (xs, st) = (f(&[8, 3, 2]), f(&[8, 2]));
+        assert!(validate(Op::TokenShift, &[xs, st], &[xs, st], &q).is_ok());
+        let e = validate(Op::TokenShift, &[xs, f(&[8, 3])], &[xs, f(&[8, 3])], &q).unwrap_err();
+        assert!(e.contains("state must be [8, 2]"), "{e}");
+        let e = validate(Op::TokenShift, &[f(&[8, 3, 2, 2]), st], &[xs, st], &q).unwrap_err();
+        assert!(e.contains("3-D"), "{e}");
     }
 
     /// gated_delta_net: head size 8, 4 v heads over 2 q/k heads, 3 tokens of 2 sequences.

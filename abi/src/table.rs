@@ -17,7 +17,7 @@ pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"MOLLMABI");
 /// Bumped on any change an older host or backend cannot read.
 pub const ABI_MAJOR: u16 = 1;
 /// Bumped when fields or ops are appended.
-pub const ABI_MINOR: u16 = 10;
+pub const ABI_MINOR: u16 = 11;
 // Minor 1: mat_mul's `chain_cols` attribute (a backend of minor 0 ignores it).
 // Minor 2: attention's optional `block_table` operand and `page_rows` attribute (paged KV
 // caches; a host passes them only to backends of minor 2 or later), and the table's
@@ -36,6 +36,7 @@ pub const ABI_MINOR: u16 = 10;
 // answer InvalidArgument to the unknown id).
 // Minor 9: op 13, `gated_delta_net` (the same: not sent to a backend of minor < 9).
 // Minor 10: op 14, `rwkv_wkv7` (the same: not sent to a backend of minor < 10).
+// Minor 11: ops 15 `norm`, 16 `l2_norm`, 17 `token_shift` (the same: minor < 11).
 /// Name of the one symbol a backend library exports: `extern "C" fn() -> *const BackendHeader`.
 pub const ENTRY_SYMBOL: &[u8] = b"mollm_backend_entry\0";
 

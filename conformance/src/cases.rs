@@ -224,7 +224,7 @@ pub const ATTENTION_SEQS: &[SeqsShape] = &[
 ];
 
 /// Bumped whenever the cases change, so cached gate verdicts of older case sets expire.
-pub const CASES_VERSION: u32 = 7;
+pub const CASES_VERSION: u32 = 8;
 
 /// How many fixed cases `op` has.
 pub fn fixed_count(op: Op) -> u64 {
@@ -500,6 +500,62 @@ pub fn case(op: Op, seed: u64) -> Case {
                 vec![g, u],
                 vec![Owned::zeros(DType::F32, &[k, rows])],
                 format!("k={k} act={act}"),
+            )
+        }
+        Op::Norm => {
+            // LayerNorm over whole rows (RWKV-7's 768-wide ones among them) and group norm
+            // over heads of 64 (its ln_x) or 8; rows with a 16-block tail and shorter than one;
+            // values off zero, so the mean matters.
+            let k = r.pick(&[1i64, 8, 64, 100, 576, 768, 1000]);
+            let group = match (k % 64, k % 8, r.below(2)) {
+                (_, _, 0) => 0,
+                (0, _, _) => 64,
+                (_, 0, _) => 8,
+                _ => 0,
+            };
+            p = abi::NormAttrs {
+                eps: r.pick(&[1e-5f32, 64e-5]),
+                group,
+            }
+            .to_params();
+            let xv: Vec<f32> = r.vec((k * rows) as usize, 2.0).iter().map(|v| v + 1.5).collect();
+            let x = Owned::f32(&[k, rows], &xv);
+            let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
+            let b = Owned::f32(&[k], &r.vec(k as usize, 0.5));
+            (
+                vec![x, w, b],
+                vec![Owned::zeros(DType::F32, &[k, rows])],
+                format!("k={k} group={group} rows={rows}"),
+            )
+        }
+        Op::L2Norm => {
+            // RWKV-7's heads of 64 and whole rows; tiny rows that hit the eps clamp.
+            let k = r.pick(&[1i64, 5, 64, 100, 768]);
+            let tiny = r.below(5) == 0;
+            p = abi::L2NormAttrs {
+                eps: r.pick(&[1e-12f32, 1e-6]),
+            }
+            .to_params();
+            let amp = if tiny { 1e-9 } else { 2.0 };
+            let x = Owned::f32(&[k, rows], &r.vec((k * rows) as usize, amp));
+            (
+                vec![x],
+                vec![Owned::zeros(DType::F32, &[k, rows])],
+                format!("k={k} rows={rows} tiny={tiny}"),
+            )
+        }
+        Op::TokenShift => {
+            let e = r.pick(&[1i64, 5, 64, 768]);
+            let seqs = r.pick(&[1i64, 2, 3]);
+            let x = Owned::f32(&[e, rows, seqs], &r.vec((e * rows * seqs) as usize, 2.0));
+            let st = Owned::f32(&[e, seqs], &r.vec((e * seqs) as usize, 2.0));
+            (
+                vec![x, st],
+                vec![
+                    Owned::zeros(DType::F32, &[e, rows, seqs]),
+                    Owned::zeros(DType::F32, &[e, seqs]),
+                ],
+                format!("e={e} t={rows} seqs={seqs}"),
             )
         }
         Op::Argmax => {

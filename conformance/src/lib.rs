@@ -28,7 +28,13 @@ pub struct Tolerance {
 /// activations slightly differently), so they get the widest bound; argmax must be exact.
 pub fn tolerance(op: Op) -> Tolerance {
     match op {
-        Op::Argmax | Op::GetRows | Op::SetRows | Op::Add | Op::Mul | Op::Scale => Tolerance {
+        Op::Argmax
+        | Op::GetRows
+        | Op::SetRows
+        | Op::Add
+        | Op::Mul
+        | Op::Scale
+        | Op::TokenShift => Tolerance {
             abs: 1e-6,
             rel: 1e-6,
         },

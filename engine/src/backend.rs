@@ -110,8 +110,8 @@ impl Backend {
     /// declined, as an unsupported call, instead of sent).
     fn too_new(&self, op: Op, inputs: &[TensorDesc]) -> bool {
         // ABI 1.2: attention's block_table; 1.4: its seqs (several sequences in one call);
-        // 1.8: ssm_conv; 1.9: gated_delta_net; 1.10: rwkv_wkv7 (an older plugin's decode
-        // refuses the unknown op id as malformed).
+        // 1.8: ssm_conv; 1.9: gated_delta_net; 1.10: rwkv_wkv7; 1.11: norm, l2_norm and
+        // token_shift (an older plugin's decode refuses the unknown op id as malformed).
         match op {
             Op::Attention => {
                 (inputs.len() > 4 && self.abi_minor < 2) || (inputs.len() > 5 && self.abi_minor < 4)
@@ -119,6 +119,7 @@ impl Backend {
             Op::SsmConv => self.abi_minor < 8,
             Op::GatedDeltaNet => self.abi_minor < 9,
             Op::RwkvWkv7 => self.abi_minor < 10,
+            Op::Norm | Op::L2Norm | Op::TokenShift => self.abi_minor < 11,
             _ => false,
         }
     }
@@ -412,5 +413,28 @@ mod tests {
             assert_eq!(ran, takes, "1.{minor}");
         }
         assert_eq!((o[0], st2[0]), (27.0, 6.75));
+    }
+
+    /// norm, l2_norm and token_shift (ops 15-17, ABI 1.11): the same for plugins built before.
+    #[test]
+    fn rwkv_side_ops_reach_backends_of_abi_1_11_only() {
+        let (mut x, mut st, mut o, mut st2) = (vec![3f32], vec![5f32], vec![0f32], vec![0f32]);
+        let f32s = |v: &mut [f32], ne: &[i64]| {
+            TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, abi::DType::F32, ne)
+        };
+        let ins = [f32s(&mut x, &[1, 1, 1]), f32s(&mut st, &[1, 1])];
+        let outs = [f32s(&mut o, &[1, 1, 1]), f32s(&mut st2, &[1, 1])];
+        let p = OpParams::default();
+        for (minor, takes) in [(10, false), (11, true)] {
+            let host = reference::serial_host();
+            let b =
+                Backend::open_table("ref".into(), &reference::TABLE, minor, host, None).unwrap();
+            assert_eq!(b.supports(Op::TokenShift, &ins, &outs, &p), takes, "1.{minor}");
+            let l2 = abi::L2NormAttrs { eps: 1e-12 }.to_params();
+            assert_eq!(b.supports(Op::L2Norm, &ins[..1], &outs[..1], &l2), takes, "1.{minor}");
+            let ran = b.try_compute(Op::TokenShift, &ins, &outs, p).unwrap();
+            assert_eq!(ran, takes, "1.{minor}");
+        }
+        assert_eq!((o[0], st2[0]), (2.0, 3.0));
     }
 }

@@ -589,3 +589,46 @@ mod tests {
         assert_eq!(gelu_fp16_table(12.0), 12.0);
     }
 }
+
+/// `ggml_norm` of one row in place (LayerNorm without its gain and bias), as the AVX-512 build
+/// computes it: the mean from an f64 sum of the values, rounded to f32; then
+/// `ggml_vec_cvar_f32`: each 16-block's `x - mean` stored and its squares added by
+/// `_mm512_reduce_add_ps` ([`reduce16`]) into an f64 sum, the tail one square at a time; the
+/// variance rounded to f32; the row times `1 / sqrtf(var + eps)`.
+pub fn norm_row(x: &mut [f32], eps: f32) {
+    let n = x.len();
+    let sum: f64 = x.iter().map(|&v| v as f64).sum();
+    let mean = (sum as f32) / n as f32;
+    let mut acc = 0f64;
+    let mut i = 0;
+    while i + 16 <= n {
+        let mut sq = [0f32; 16];
+        for l in 0..16 {
+            let d = x[i + l] - mean;
+            x[i + l] = d;
+            sq[l] = d * d;
+        }
+        acc += reduce16(&sq) as f64;
+        i += 16;
+    }
+    for v in &mut x[i..] {
+        let d = *v - mean;
+        *v = d;
+        acc += (d * d) as f64;
+    }
+    let var = (acc / n as f64) as f32;
+    let scale = 1.0f32 / (var + eps).sqrt();
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+}
+
+/// `ggml_l2_norm` of one row in place: the squares (each rounded to f32) summed in f64, then
+/// the row times `1 / fmaxf(sqrtf((float)sum), eps)`.
+pub fn l2_norm_row(x: &mut [f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let scale = 1.0f32 / ggml_max((sum as f32).sqrt(), eps);
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+}

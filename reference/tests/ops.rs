@@ -1185,3 +1185,69 @@ fn bench_matmul() {
         }
     }
 }
+
+/// norm: rows [1, 2, 3, 4] and [2, 2, 2, 2]. As one group: mean 2.5, variance 1.25, so
+/// (x - 2.5) / sqrt(1.25 + eps) times w plus b; the constant row gives b alone (0 times
+/// 1 / sqrt(eps)). In groups of
+/// two: [1, 2] and [3, 4] each become [-1, 1] (variance 0.25) times the gain.
+#[test]
+fn norm_whole_rows_and_groups_by_hand() {
+    let mut x = vec![1.0f32, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 2.0];
+    let mut w = vec![1.0f32, 2.0, 1.0, 0.5];
+    let mut b = vec![0.0f32, 0.0, 1.0, -1.0];
+    for (group, want) in [
+        (0i64, [(-1.5f32, 1.25f32), (-0.5, 1.25), (0.5, 1.25), (1.5, 1.25)]),
+        (2, [(-0.5, 0.25), (0.5, 0.25), (-0.5, 0.25), (0.5, 0.25)]),
+    ] {
+        let mut y = vec![0f32; 8];
+        let p = abi::NormAttrs { eps: 1e-5, group }.to_params();
+        let ins = [f32d(&mut x, &[4, 2]), f32d(&mut w, &[4]), f32d(&mut b, &[4])];
+        run(Op::Norm, &ins, &[f32d(&mut y, &[4, 2])], p);
+        for i in 0..4 {
+            let (d, var) = want[i];
+            let expect = d / (var + 1e-5).sqrt() * w[i] + b[i];
+            assert!(close(y[i], expect, 1e-6), "group {group} [{i}]: {} vs {expect}", y[i]);
+            assert_eq!(y[4 + i], b[i], "group {group}: a constant row is its bias");
+        }
+    }
+}
+
+/// l2_norm: [3, 4] becomes [0.6, 0.8]; a row of zeros stays zero (divided by the eps clamp,
+/// not by 0); a tiny row is divided by eps rather than by its norm.
+#[test]
+fn l2_norm_by_hand_and_its_clamp() {
+    let mut x = vec![3.0f32, 4.0, 0.0, 0.0, 1e-7, 0.0];
+    let mut y = vec![0f32; 6];
+    let p = abi::L2NormAttrs { eps: 1e-6 }.to_params();
+    run(Op::L2Norm, &[f32d(&mut x, &[2, 3])], &[f32d(&mut y, &[2, 3])], p);
+    assert!(close(y[0], 0.6, 1e-7) && close(y[1], 0.8, 1e-7), "{y:?}");
+    assert_eq!(&y[2..4], &[0.0, 0.0]);
+    assert!(close(y[4], 0.1, 1e-6) && y[5] == 0.0, "{y:?}");
+}
+
+/// token_shift: two sequences of three columns of 2; out = previous column - column, the
+/// state before the first; the new state is each sequence's last column, in place too.
+#[test]
+fn token_shift_by_hand_and_in_place() {
+    let x0: Vec<f32> = (1..=12).map(|v| v as f32).collect(); // [2, 3, 2]
+    for in_place in [false, true] {
+        let mut x = x0.clone();
+        let mut st = vec![10.0f32, 20.0, 30.0, 40.0];
+        let mut y = vec![0f32; 12];
+        let mut st2 = vec![0f32; 4];
+        let sd = f32d(&mut st, &[2, 2]);
+        let out_state = if in_place { sd } else { f32d(&mut st2, &[2, 2]) };
+        run(
+            Op::TokenShift,
+            &[f32d(&mut x, &[2, 3, 2]), sd],
+            &[f32d(&mut y, &[2, 3, 2]), out_state],
+            OpParams::default(),
+        );
+        assert_eq!(
+            y,
+            [9.0, 18.0, -2.0, -2.0, -2.0, -2.0, 23.0, 32.0, -2.0, -2.0, -2.0, -2.0]
+        );
+        let new = if in_place { &st } else { &st2 };
+        assert_eq!(new, &[5.0, 6.0, 11.0, 12.0]);
+    }
+}

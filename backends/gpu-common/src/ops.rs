@@ -26,6 +26,11 @@ pub const NO_GATED_DELTA_NET: &str =
 pub const NO_RWKV_WKV7: &str =
     "rwkv_wkv7 is not implemented on GPU backends yet (no kernel: a CPU backend runs it)";
 
+/// Why the GPUs decline RWKV-7's other ops (norm, l2_norm, token_shift; in `check` too), as
+/// [`NO_SSM_CONV`]: they run beside rwkv_wkv7, which has no kernel either.
+pub const NO_RWKV_OPS: &str = "norm, l2_norm and token_shift are not implemented on GPU \
+                               backends yet (no kernel: a CPU backend runs them)";
+
 fn dt(t: &TensorDesc) -> DType {
     t.dtype().expect("validated")
 }
@@ -82,6 +87,7 @@ pub unsafe fn run<D: Device>(
         Op::SsmConv => Err(Error::Unsupported(NO_SSM_CONV.into())),
         Op::GatedDeltaNet => Err(Error::Unsupported(NO_GATED_DELTA_NET.into())),
         Op::RwkvWkv7 => Err(Error::Unsupported(NO_RWKV_WKV7.into())),
+        Op::Norm | Op::L2Norm | Op::TokenShift => Err(Error::Unsupported(NO_RWKV_OPS.into())),
     }
 }
 

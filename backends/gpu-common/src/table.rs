@@ -195,6 +195,9 @@ pub unsafe fn check<D: Device>(
     if op == Op::RwkvWkv7 {
         return Err(Error::Unsupported(ops::NO_RWKV_WKV7.into()));
     }
+    if matches!(op, Op::Norm | Op::L2Norm | Op::TokenShift) {
+        return Err(Error::Unsupported(ops::NO_RWKV_OPS.into()));
+    }
     let max = c.dev.max_binding();
     let exact = op == Op::MatMul && ops::exact(ins, p);
     for (i, t) in ins.iter().chain(outs).enumerate() {

@@ -56,7 +56,8 @@ fn report(cases: u64) -> conformance::Report {
 
 /// Every op passes the gate (per-op tolerances) for every format the kernels take, on the
 /// prepared-weight path too; the formats it declines are skipped with the reason, and so are
-/// ssm_conv, gated_delta_net and rwkv_wkv7, which have no kernel.
+/// the recurrent models' ops (ssm_conv, gated_delta_net, rwkv_wkv7, norm, l2_norm,
+/// token_shift), which have no kernel.
 #[test]
 fn conformance_on_the_device() {
     if !device() {
@@ -65,7 +66,14 @@ fn conformance_on_the_device() {
     let r = report(abi::WEIGHT_DTYPES.len() as u64);
     eprintln!("{r}");
     assert!(r.ok(), "{r}");
-    let no_kernel = [Op::SsmConv, Op::GatedDeltaNet, Op::RwkvWkv7];
+    let no_kernel = [
+        Op::SsmConv,
+        Op::GatedDeltaNet,
+        Op::RwkvWkv7,
+        Op::Norm,
+        Op::L2Norm,
+        Op::TokenShift,
+    ];
     for &op in Op::ALL.iter().filter(|op| !no_kernel.contains(op)) {
         assert!(
             r.passed.iter().any(|p| p.op == op),
@@ -364,7 +372,7 @@ fn block_format_matmuls_match_the_reference_in_every_chain() {
 }
 
 /// Operands in device memory (`buffer_alloc`, ABI 1.7) give the bytes of the same call in
-/// host memory, for every op with a kernel (all but ssm_conv, gated_delta_net and rwkv_wkv7):
+/// host memory, for every op with a kernel (all but the recurrent models' ops):
 /// the engine's activations and KV cache can stay on the device.
 #[test]
 fn every_op_takes_device_operands() {
@@ -387,9 +395,13 @@ fn every_op_takes_device_operands() {
                 moved += 1;
             }
         }
-        // ssm_conv, gated_delta_net and rwkv_wkv7 have no GPU kernel (every case declined
+        // The recurrent models' ops have no GPU kernel (every case declined
         // above).
-        if moved == 0 && !matches!(op, Op::SsmConv | Op::GatedDeltaNet | Op::RwkvWkv7) {
+        let no_kernel = matches!(
+            op,
+            Op::SsmConv | Op::GatedDeltaNet | Op::RwkvWkv7 | Op::Norm | Op::L2Norm | Op::TokenShift
+        );
+        if moved == 0 && !no_kernel {
             missing.push(op.name());
         }
     }

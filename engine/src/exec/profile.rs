@@ -4,15 +4,18 @@
 use crate::backend::Backend;
 use abi::{DType, Op, TensorDesc};
 
-/// Counts of op calls, for tests and diagnostics.
+/// Counts of op calls, for tests and diagnostics (indexed by op id: room for 32, as the
+/// backends' `refused` bits).
 #[derive(Default, Debug, Clone)]
 pub struct OpStats {
-    pub calls: [u64; 16],
-    pub nanos: [u64; 16],
+    pub calls: [u64; 32],
+    pub nanos: [u64; 32],
     /// Per (op, first operand's format, backend): calls and nanoseconds, so a profile shows
     /// which calls fell back to which backend.
     pub detail: std::collections::BTreeMap<(&'static str, String, String), (u64, u64)>,
 }
+
+const _: () = assert!(Op::ALL.len() <= 32, "OpStats and Backend::refused hold 32 ops");
 
 impl OpStats {
     /// One line per op that ran: calls and total time.

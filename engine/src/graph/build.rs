@@ -113,13 +113,14 @@ impl Builder {
     pub fn rms_norm(&mut self, name: &str, x: &str, weight: &str, eps: f32) -> V {
         self.node(name, "rms_norm", &[x, weight], &[("eps", eps as f64)])
     }
-    /// LayerNorm with bias (ggml_norm, then times `weight`, plus `bias`).
+    /// LayerNorm with bias: the ABI's `norm` over whole columns (ggml_norm, then times
+    /// `weight`, plus `bias`).
     pub fn layer_norm(&mut self, name: &str, x: &str, weight: &str, bias: &str, eps: f32) -> V {
         self.node(
             name,
-            "layer_norm",
+            "norm",
             &[x, weight, bias],
-            &[("eps", eps as f64)],
+            &[("eps", eps as f64), ("group", 0.0)],
         )
     }
     pub fn matmul(&mut self, name: &str, weight: &str, x: &str) -> V {

@@ -5,7 +5,7 @@
 //! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
 //! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
 //! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`, `short_conv`,
-//! `causal_conv`, `delta_net`, `rows`, `sigmoid`, RWKV-7's `layer_norm`, `token_shift`,
+//! `causal_conv`, `delta_net`, `rows`, `sigmoid`, RWKV-7's `token_shift`,
 //! `lerp`, `tanh`, `relu_sqr` and `rwkv7_time_mix`) declare theirs in
 //! [`GRAPH_OPS`]. Dimensions are expressions (see [`super::dim`]).
 
@@ -168,26 +168,15 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         doc: "1 / (1 + expf(-x)) elementwise (ggml_sigmoid); out has x's shape.",
     },
     GraphOp {
-        name: "layer_norm",
-        inputs: &["x", "weight", "bias"],
-        optional: 0,
-        attrs: &["eps"],
-        defaults: &[],
-        doc: "ggml_norm of each column of x [E, T] as its AVX-512 build computes it (the mean \
-              from an f64 sum, the variance from 16-element blocks' squares reduced as \
-              _mm512_reduce_add_ps into an f64 sum, times 1 / sqrtf(var + eps)), then times \
-              weight and plus bias (f32 weights [E]); out [E, T].",
-    },
-    GraphOp {
         name: "token_shift",
         inputs: &["x"],
         optional: 0,
         attrs: &["state"],
         defaults: &[],
-        doc: "RWKV's token shift: per sequence, prev - x column by column, prev being the \
-              sequence's column before (for its first, state `state`: the last column of its \
-              step before, zero for a new sequence); the last column becomes the state. x and \
-              out [E, T].",
+        doc: "RWKV's token shift: per sequence, the ABI's token_shift on its columns and its \
+              state `state` (prev - x column by column, prev being the sequence's column \
+              before: for its first, the last column of its step before, zero for a new \
+              sequence; the last column becomes the state). x and out [E, T].",
     },
     GraphOp {
         name: "lerp",

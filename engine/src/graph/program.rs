@@ -63,10 +63,6 @@ pub enum Kind {
         len: usize,
     },
     Sigmoid,
-    /// LayerNorm with bias (ggml_norm, weight, bias).
-    LayerNorm {
-        eps: f32,
-    },
     /// RWKV's token shift against recurrent state `state`.
     TokenShift {
         state: usize,
@@ -801,12 +797,6 @@ fn compile_graph_op(
                 return Err(check!("x must be a node"));
             }
             Ok((Kind::Sigmoid, DType::F32, info[0].1))
-        }
-        "layer_norm" => {
-            let e = column_of(inputs, info, false)?;
-            f32_vectors(inputs, info, &[1, 2], e)?;
-            let eps = graph_attr(n, "eps")? as f32;
-            Ok((Kind::LayerNorm { eps }, DType::F32, info[0].1))
         }
         "token_shift" => {
             let state = take_state(n, states, state_used)?;

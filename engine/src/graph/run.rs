@@ -339,20 +339,11 @@ impl Runner {
                     super::recurrent::sigmoid_node(ins[0], out);
                     Ok(())
                 }
-                Kind::LayerNorm { eps } => {
-                    let (Src::Weight(wi), Src::Weight(bi)) = (node.inputs[1], node.inputs[2])
-                    else {
-                        unreachable!("compile binds layer_norm weights")
-                    };
-                    super::rwkv::layer_norm(ins[0], &p.weights[wi], &p.weights[bi], out, eps);
-                    Ok(())
-                }
                 Kind::TokenShift { state } => {
                     let states = seqs
                         .iter_mut()
                         .map(|s| (&mut s.kv.states[state][..], s.n_tokens));
-                    super::rwkv::token_shift(states, ins[0], out);
-                    Ok(())
+                    super::rwkv::token_shift(ex, states, ins[0], out)
                 }
                 Kind::Lerp { index } => {
                     let Src::Weight(mi) = node.inputs[2] else {

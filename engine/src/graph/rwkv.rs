@@ -1,8 +1,9 @@
-//! RWKV-7's graph ops (llama.cpp's `rwkv7`): LayerNorm with bias, the token shift kept per
-//! sequence, the lerps between a token and the one before, and the time-mix core around the
-//! ABI's `rwkv_wkv7`. Everything here but that op is elementwise or a per-row reduction, and is
-//! computed as ggml's CPU code computes it (single IEEE operations, libm `expf`/`tanhf`, the
-//! AVX-512 build's order in `ggml_norm`), so the bits are llama.cpp's.
+//! RWKV-7's graph ops (llama.cpp's `rwkv7`): the token shift kept per sequence (the ABI's
+//! `token_shift`), the lerps between a token and the one before, and the time-mix core around
+//! the ABI's `l2_norm`, `rwkv_wkv7` and `norm` (LayerNorm itself is the ABI's `norm` node).
+//! What is computed here is elementwise, as ggml's CPU code computes it (single IEEE
+//! operations, libm `expf`/`tanhf`), or a per-head f64 sum in order, so the bits are
+//! llama.cpp's.
 
 use super::recurrent::{sigmoid, values, values_mut};
 use crate::error::Result;
@@ -10,88 +11,30 @@ use crate::exec::Exec;
 use crate::tensor::Weight;
 use abi::{DType, Op, OpParams, TensorDesc};
 
-/// `ggml_norm` of one row in place, as its AVX-512 build computes it: the mean from an f64 sum
-/// rounded to f32, then `ggml_vec_cvar_f32` (each 16-block's `x - mean` stored and its squares
-/// added by `_mm512_reduce_add_ps` into an f64 sum, the tail one square at a time), the
-/// variance rounded to f32, and the row times `1 / sqrtf(var + eps)`.
-pub(crate) fn norm_row(x: &mut [f32], eps: f32) {
-    let n = x.len();
-    let sum: f64 = x.iter().map(|&v| v as f64).sum();
-    let mean = (sum as f32) / n as f32;
-    let mut acc = 0f64;
-    let mut i = 0;
-    while i + 16 <= n {
-        let mut sq = [0f32; 16];
-        for l in 0..16 {
-            let d = x[i + l] - mean;
-            x[i + l] = d;
-            sq[l] = d * d;
-        }
-        acc += numerics::reduce16(&sq) as f64;
-        i += 16;
-    }
-    for v in &mut x[i..] {
-        let d = *v - mean;
-        *v = d;
-        acc += (d * d) as f64;
-    }
-    let var = (acc / n as f64) as f32;
-    let scale = 1.0f32 / (var + eps).sqrt();
-    for v in x.iter_mut() {
-        *v *= scale;
-    }
-}
-
-/// The `layer_norm` node: each group of `group` values of each column of `x` through
-/// [`norm_row`], then times `w` and plus `b` (two roundings, as llama.cpp's `build_norm`).
-pub(crate) fn layer_norm(x: TensorDesc, w: &Weight, b: &Weight, out: TensorDesc, eps: f32) {
-    // SAFETY: x and out are contiguous f32 activations of this step of one shape in separate
-    // slots; w and b f32 host weights of a column's length (compile checks all of it).
-    let (x, y, w, b) = unsafe {
-        (
-            values(&x),
-            values_mut(&out),
-            values(&w.desc),
-            values(&b.desc),
-        )
-    };
-    let e = w.len();
-    y.copy_from_slice(x);
-    for col in y.chunks_exact_mut(e) {
-        norm_row(col, eps);
-        for ((v, &wv), &bv) in col.iter_mut().zip(w).zip(b) {
-            *v = *v * wv + bv;
-        }
-    }
-}
-
-/// The `token_shift` node: per sequence, out = prev - x column by column, where prev is the
-/// sequence's previous column of `x` (its state for the first: the last column of the step
-/// before, zero for a new sequence); the last column becomes the state.
+/// The `token_shift` node: per sequence, the ABI's `token_shift` on its columns of `x` and
+/// its state (prev - x column by column, the state before the first; the last column becomes
+/// the state).
 pub(crate) fn token_shift<'a>(
+    ex: &Exec,
     seqs: impl Iterator<Item = (&'a mut [f32], usize)>,
     x: TensorDesc,
     out: TensorDesc,
-) {
-    let e = x.ne[0] as usize;
-    // SAFETY: x and out are contiguous f32 [E, T] activations of this step in separate slots.
-    let (x, y) = unsafe { (values(&x), values_mut(&out)) };
+) -> Result<()> {
+    let e = x.ne[0];
     let mut t0 = 0;
     for (st, ts) in seqs {
-        for t in t0..t0 + ts {
-            let prev = match t == t0 {
-                true => &st[..],
-                false => &x[(t - 1) * e..t * e],
-            };
-            for ((o, &p), &c) in y[t * e..(t + 1) * e].iter_mut().zip(prev).zip(&x[t * e..]) {
-                *o = p - c;
-            }
+        if ts == 0 {
+            continue;
         }
-        if ts > 0 {
-            st.copy_from_slice(&x[(t0 + ts - 1) * e..(t0 + ts) * e]);
-        }
+        let cols = |d: &TensorDesc| {
+            let at = d.data.wrapping_add(t0 * e as usize * 4);
+            TensorDesc::contiguous(at, DType::F32, &[e, ts as i64, 1])
+        };
+        let sd = TensorDesc::contiguous(st.as_mut_ptr() as *mut u8, DType::F32, &[e, 1]);
+        ex.call_desc(Op::TokenShift, &[cols(&x), sd], &[cols(&out), sd], OpParams::default())?;
         t0 += ts;
     }
+    Ok(())
 }
 
 /// The `lerp` node: `sx * mu[index] + x` (ggml's mul, then add), `mu` `[E, ..]` with its rows
@@ -198,12 +141,13 @@ pub(crate) fn time_mix<'a>(
         }
     }
     let a: Vec<f32> = (0..n).map(|i| sigmoid(al[i] + a0[i % e])).collect();
-    let mut kk: Vec<f32> = (0..n).map(|i| k0[i] * k_k[i % e]).collect();
-    for head in kk.chunks_exact_mut(s) {
-        let sum: f64 = head.iter().map(|&x| (x * x) as f64).sum();
-        let scale = 1.0f32 / (sum as f32).sqrt().max(1e-12);
-        head.iter_mut().for_each(|x| *x *= scale);
-    }
+    let mut kk_raw: Vec<f32> = (0..n).map(|i| k0[i] * k_k[i % e]).collect();
+    let mut kk = vec![0f32; n];
+    let heads = |v: &mut [f32]| {
+        TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, &[s as i64, (n / s) as i64])
+    };
+    let l2 = abi::L2NormAttrs { eps: 1e-12 }.to_params();
+    ex.call_desc(Op::L2Norm, &[heads(&mut kk_raw)], &[heads(&mut kk)], l2)?;
     let mut k = k0.to_vec();
     for i in 0..n {
         let ka = k0[i] * k_a[i % e];
@@ -240,9 +184,19 @@ pub(crate) fn time_mix<'a>(
         ex.call_desc(Op::RwkvWkv7, &ins, &[od, sd], OpParams::default())?;
         t0 += ts;
     }
-    let (ln_w, ln_b) = (vec(m.ln_w), vec(m.ln_b));
+    // Group norm over each head (ggml_norm, eps 64e-5), times ln_w, plus ln_b.
+    let mut normed = vec![0f32; n];
+    let cols = |v: &mut [f32]| {
+        TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, &[e as i64, (n / e) as i64])
+    };
+    let gn = abi::NormAttrs {
+        eps: 64e-5,
+        group: s as i64,
+    }
+    .to_params();
+    let ins = [cols(o), m.ln_w.desc, m.ln_b.desc];
+    ex.call_desc(Op::Norm, &ins, &[cols(&mut normed)], gn)?;
     for (hi, head) in o.chunks_exact_mut(s).enumerate() {
-        norm_row(head, 64e-5);
         let at = hi * s;
         let c = at % e;
         let rk: f64 = (0..s)
@@ -250,8 +204,7 @@ pub(crate) fn time_mix<'a>(
             .sum();
         let rk = rk as f32;
         for j in 0..s {
-            let x = head[j] * ln_w[c + j] + ln_b[c + j];
-            head[j] = (x + v[at + j] * rk) * g[at + j];
+            head[j] = (normed[at + j] + v[at + j] * rk) * g[at + j];
         }
     }
     Ok(())

@@ -14,6 +14,7 @@ pub mod rwkv_wkv7;
 pub mod set_rows;
 pub mod softmax;
 pub mod ssm_conv;
+pub mod token_shift;
 
 use crate::tensor::{check_data, check_layout, Error, Result};
 use abi::{HostApi, Op, OpParams, TensorDesc};
@@ -91,6 +92,9 @@ pub fn compute(
             Op::SsmConv => ssm_conv::run(host, inputs, outputs),
             Op::GatedDeltaNet => gated_delta_net::run(host, inputs, outputs),
             Op::RwkvWkv7 => rwkv_wkv7::run(host, inputs, outputs),
+            Op::Norm => norm::run_norm(host, inputs, outputs, p),
+            Op::L2Norm => norm::run_l2(host, inputs, outputs, p),
+            Op::TokenShift => token_shift::run(host, inputs, outputs),
         }
     }
 }

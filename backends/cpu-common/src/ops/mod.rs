@@ -20,7 +20,8 @@
 //! Unsupported). set_rows: f32 or f16 destination (round to nearest even). ssm_conv: the
 //! reference's scalar chain per output (any `taps`). gated_delta_net: the reference's token
 //! step per (head, sequence), either gate form, any head size. rwkv_wkv7: the reference's
-//! token step per (head, sequence), any head size.
+//! token step per (head, sequence), any head size. norm, l2_norm: the reference's rows
+//! (`numerics`), any group. token_shift: per sequence, exact.
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -74,6 +75,9 @@ pub const OPS: &[Op] = &[
     Op::SsmConv,
     Op::GatedDeltaNet,
     Op::RwkvWkv7,
+    Op::Norm,
+    Op::L2Norm,
+    Op::TokenShift,
 ];
 
 // ---------------------------------------------------------------- ISA frames
@@ -119,6 +123,7 @@ pub(crate) mod rwkv_wkv7;
 pub(crate) mod set_rows;
 pub(crate) mod softmax;
 pub(crate) mod ssm_conv;
+pub(crate) mod token_shift;
 
 use argmax::*;
 use attention::*;
@@ -133,6 +138,7 @@ use rwkv_wkv7::*;
 use set_rows::*;
 use softmax::*;
 use ssm_conv::*;
+use token_shift::*;
 
 #[allow(unused_imports)] // x86 kernels only
 pub(crate) use ::numerics::reduce16;
@@ -257,6 +263,8 @@ pub fn check(
         Op::GatedDeltaNet => {}
         // F32 operands (the schema) with packed rows (`layout`): any head size, any strides.
         Op::RwkvWkv7 => {}
+        // F32 operands (the schema) with packed rows (`layout`): any group, any strides.
+        Op::Norm | Op::L2Norm | Op::TokenShift => {}
         Op::MatMul => unreachable!("handled by matmul"),
         _ => {}
     }
@@ -392,6 +400,9 @@ pub unsafe fn run(
         Op::SsmConv => ssm_conv(isa, host, inputs, outputs),
         Op::GatedDeltaNet => gated_delta_net(isa, host, inputs, outputs),
         Op::RwkvWkv7 => rwkv_wkv7(isa, host, inputs, outputs),
+        Op::Norm => norm(isa, host, inputs, outputs, abi::NormAttrs::from_params(p)),
+        Op::L2Norm => l2_norm(isa, host, inputs, outputs, abi::L2NormAttrs::from_params(p).eps),
+        Op::TokenShift => token_shift(isa, host, inputs, outputs),
         Op::GetRows => return get_rows(host, inputs, outputs),
         Op::SetRows => return set_rows(inputs, outputs),
         Op::MatMul => unreachable!("handled by matmul"),

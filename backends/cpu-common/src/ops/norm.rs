@@ -1,4 +1,6 @@
-//! rms_norm: ggml's f64 sum of squares, then the scaled row times the weight.
+//! rms_norm: ggml's f64 sum of squares, then the scaled row times the weight. norm: ggml_norm
+//! per group, then the gain and the bias. l2_norm: ggml_l2_norm. (The same numerics as the
+//! reference: `numerics::norm_row` / `l2_norm_row`, inside the ISA frame.)
 
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -78,6 +80,65 @@ pub(crate) unsafe fn rms_norm(
             }
             write_from(&out, i1, i2, i3, &v);
         }
+    });
+}
+
+/// One `norm` row: each group through `ggml_norm`, then `y * w + b` (two roundings).
+#[inline(always)]
+pub(crate) unsafe fn norm_row_body(v: &mut [f32], w: &[f32], b: &[f32], group: usize, eps: f32) {
+    for g in v.chunks_exact_mut(group) {
+        ::numerics::norm_row(g, eps);
+    }
+    for ((y, &wv), &bv) in v.iter_mut().zip(w).zip(b) {
+        *y = *y * wv + bv;
+    }
+}
+isa_dispatch!(norm_row => norm_row_body(v: &mut [f32], w: &[f32], b: &[f32], group: usize,
+    eps: f32));
+
+pub(crate) unsafe fn norm(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    a: abi::NormAttrs,
+) {
+    let (x, out) = (inputs[0], outputs[0]);
+    let k = x.ne[0] as usize;
+    let (mut w, mut b) = (vec![0f32; k], vec![0f32; k]);
+    read_into(&inputs[1], 0, 0, 0, &mut w);
+    read_into(&inputs[2], 0, 0, 0, &mut b);
+    let group = a.group_len(x.ne[0]) as usize;
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&x, r);
+        let mut v = vec![0f32; k];
+        read_into(&x, i1, i2, i3, &mut v);
+        norm_row(isa, &mut v, &w, &b, group, a.eps);
+        write_from(&out, i1, i2, i3, &v);
+    });
+}
+
+#[inline(always)]
+pub(crate) unsafe fn l2_row_body(v: &mut [f32], eps: f32) {
+    ::numerics::l2_norm_row(v, eps);
+}
+isa_dispatch!(l2_row => l2_row_body(v: &mut [f32], eps: f32));
+
+pub(crate) unsafe fn l2_norm(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    eps: f32,
+) {
+    let (x, out) = (inputs[0], outputs[0]);
+    let k = x.ne[0] as usize;
+    for_rows(host, x.nrows(), x.ne[0], |r| {
+        let (i1, i2, i3) = split_row(&x, r);
+        let mut v = vec![0f32; k];
+        read_into(&x, i1, i2, i3, &mut v);
+        l2_row(isa, &mut v, eps);
+        write_from(&out, i1, i2, i3, &v);
     });
 }
 
