@@ -170,14 +170,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
                 outputs,
                 abi::MatMulAttrs::from_params(params).chain(),
             ),
-            _ => mollm_cpu_common::ops::run(
-                ops_isa(),
-                host,
-                op,
-                inputs,
-                outputs,
-                params,
-            ),
+            _ => mollm_cpu_common::ops::run(ops_isa(), host, op, inputs, outputs, params),
         }
     }
 

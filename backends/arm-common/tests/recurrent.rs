@@ -120,7 +120,10 @@ fn recurrent_conformance_cases_match_the_reference_bit_for_bit() {
             floats += same(&c, None);
             n += 1;
         }
-        eprintln!("{}: {n} conformance cases, {floats} floats, 0 bits differ", op.name());
+        eprintln!(
+            "{}: {n} conformance cases, {floats} floats, 0 bits differ",
+            op.name()
+        );
     }
 }
 
@@ -130,7 +133,11 @@ fn recurrent_conformance_cases_match_the_reference_bit_for_bit() {
 fn gdn_case(r: &mut Rng, n: i64, h: i64, hq: i64, t: i64, s: i64, kda: bool) -> Case {
     let unit = 1.0 / (n as f32).sqrt();
     let gn = if kda { n } else { 1 };
-    let g: Vec<f32> = r.vec((gn * h * t * s) as usize, 0.5).iter().map(|x| -x.abs()).collect();
+    let g: Vec<f32> = r
+        .vec((gn * h * t * s) as usize, 0.5)
+        .iter()
+        .map(|x| -x.abs())
+        .collect();
     let beta: Vec<f32> = r
         .vec((h * t * s) as usize, 1.0)
         .iter()
@@ -183,16 +190,22 @@ fn gated_delta_net_neon_matches_the_reference_bit_for_bit() {
 fn wkv7_case(r: &mut Rng, n: i64, h: i64, t: i64, s: i64) -> Case {
     let len = (n * h * t * s) as usize;
     let unit = 1.0 / (n as f32).sqrt();
-    let w: Vec<f32> =
-        r.vec(len, 1.0).iter().map(|x| (-0.606531 / (1.0 + (-x).exp())).exp()).collect();
+    let w: Vec<f32> = r
+        .vec(len, 1.0)
+        .iter()
+        .map(|x| (-0.606531 / (1.0 + (-x).exp())).exp())
+        .collect();
     let mut kk = r.vec(len, 1.0);
     for row in kk.chunks_mut(n.max(1) as usize) {
         let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
         row.iter_mut().for_each(|x| *x /= norm);
     }
     let a: Vec<f32> = kk.iter().map(|x| -x).collect();
-    let b: Vec<f32> =
-        kk.iter().zip(r.vec(len, 1.0)).map(|(x, g)| x / (1.0 + (-g).exp())).collect();
+    let b: Vec<f32> = kk
+        .iter()
+        .zip(r.vec(len, 1.0))
+        .map(|(x, g)| x / (1.0 + (-g).exp()))
+        .collect();
     let x = [n, h, t, s];
     Case {
         op: Op::RwkvWkv7,
@@ -206,7 +219,10 @@ fn wkv7_case(r: &mut Rng, n: i64, h: i64, t: i64, s: i64) -> Case {
             Owned::f32(&x, &b),
             Owned::f32(&[n, n, h, s], &r.vec((n * n * h * s) as usize, 0.3)),
         ],
-        outputs: vec![Owned::zeros(DType::F32, &x), Owned::zeros(DType::F32, &[n, n, h, s])],
+        outputs: vec![
+            Owned::zeros(DType::F32, &x),
+            Owned::zeros(DType::F32, &[n, n, h, s]),
+        ],
         params: OpParams::default(),
     }
 }

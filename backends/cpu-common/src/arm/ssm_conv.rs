@@ -19,8 +19,10 @@ pub(crate) unsafe fn row(sx: &TensorDesc, c: &TensorDesc, t: i64, s: i64, y: &mu
     let wgt = |i: usize| row_ptr(c, i as i64, 0, 0) as *const f32;
     let full = y.len() & !3;
     for i0 in (0..full).step_by(4) {
-        let (ws, cs): ([*const f32; 4], [*const f32; 4]) =
-            (core::array::from_fn(|l| win(i0 + l)), core::array::from_fn(|l| wgt(i0 + l)));
+        let (ws, cs): ([*const f32; 4], [*const f32; 4]) = (
+            core::array::from_fn(|l| win(i0 + l)),
+            core::array::from_fn(|l| wgt(i0 + l)),
+        );
         let lanes = |p: &[*const f32; 4], j: usize| {
             let v = vld1q_dup_f32(p[0].add(j));
             let v = vld1q_lane_f32::<1>(p[1].add(j), v);
