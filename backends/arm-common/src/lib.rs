@@ -16,8 +16,10 @@
 //! `mat_mul` covers F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K with every chain
 //! ggml's x86 build picks ([`matmul`]); every other op of the x86 backends (attention over f32
 //! caches, glu, rms_norm, rope, softmax, add, mul, scale, get_rows, set_rows, argmax,
-//! ssm_conv, gated_delta_net, rwkv_wkv7) runs through the portable variant of
-//! `mollm_cpu_common::ops`, bit-identical to the reference.
+//! ssm_conv, gated_delta_net, rwkv_wkv7) runs through `mollm_cpu_common::ops` on its
+//! `Isa::Neon` variant ([`ops_isa`]): NEON kernels for ssm_conv, gated_delta_net and
+//! rwkv_wkv7, the portable formulas in a NEON frame for the rest; bit-identical to the
+//! reference either way.
 //!
 //! Run-time feature detection picks the path ([`IntPath`]); nothing needs a global
 //! `-C target-cpu`, and on other architectures the crate builds with the scalar path only and
@@ -95,6 +97,16 @@ fn has_i8mm() -> bool {
 /// the CPU has i8mm).
 pub struct Arm<const I8MM: bool>;
 
+/// The variant of the shared non-matmul ops the ARM backends run: `Isa::Neon` on AArch64
+/// (its baseline), the portable one elsewhere (where the backends score 0 and compute nothing).
+pub fn ops_isa() -> mollm_cpu_common::ops::Isa {
+    if cfg!(target_arch = "aarch64") {
+        mollm_cpu_common::ops::Isa::Neon
+    } else {
+        mollm_cpu_common::ops::Isa::Portable
+    }
+}
+
 impl<const I8MM: bool> Arm<I8MM> {
     /// The path this backend runs on this CPU ([`IntPath::Scalar`]: it cannot run here).
     fn path() -> IntPath {
@@ -136,8 +148,8 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
                 outputs,
                 abi::MatMulAttrs::from_params(params).chain(),
             ),
-            // The shared ops' portable variant: the reference's formulas in plain Rust,
-            // vectorized by the compiler for NEON (AArch64's baseline).
+            // The shared ops: NEON kernels for the recurrent ops, the portable formulas
+            // (vectorized by the compiler for NEON, AArch64's baseline) for the rest.
             _ => mollm_cpu_common::ops::check(op, inputs, outputs, params),
         }
     }
@@ -158,14 +170,7 @@ impl<const I8MM: bool> CpuBackend for Arm<I8MM> {
                 outputs,
                 abi::MatMulAttrs::from_params(params).chain(),
             ),
-            _ => mollm_cpu_common::ops::run(
-                mollm_cpu_common::ops::Isa::Portable,
-                host,
-                op,
-                inputs,
-                outputs,
-                params,
-            ),
+            _ => mollm_cpu_common::ops::run(ops_isa(), host, op, inputs, outputs, params),
         }
     }
 

@@ -1,6 +1,8 @@
 //! What every native CPU backend shares: [`ops`], the non-matmul ops in portable Rust
 //! (bit-identical to the reference), [`fmatmul`] and [`wmatmul`]; with the `x86` feature their
-//! AVX2/AVX-512 kernels, kept apart in `src/x86/` (one file per op file); and the `abi::BackendTable` built from
+//! AVX2/AVX-512 kernels, kept apart in `src/x86/` (one file per op file); with the `neon`
+//! feature the AArch64 NEON kernels of the recurrent ops (ssm_conv, gated_delta_net,
+//! rwkv_wkv7), in `src/arm/`; and the `abi::BackendTable` built from
 //! a [`CpuBackend`] implementation, with every entry point catching panics (none may cross the
 //! C boundary) and turning errors into statuses plus a `last_error` text; and [`par`], the
 //! host's thread pool for Rust closures. A backend crate implements [`CpuBackend`] and exports
@@ -20,6 +22,8 @@ pub mod par;
 #[cfg(target_os = "linux")]
 mod slab;
 pub mod wmatmul;
+#[cfg(neon)]
+mod arm;
 #[cfg(x86)]
 mod x86;
 

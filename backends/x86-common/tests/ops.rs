@@ -1,6 +1,6 @@
 //! The native non-matmul ops against the reference backend, bit for bit (output bytes, so
 //! `to_bits` of every f32), on seeded random cases (the conformance generator, plus larger
-//! attention shapes covering KV padding, both p·V kernels and GQA), on both ISAs and in the portable variant the ARM backends run.
+//! attention shapes covering KV padding, both p·V kernels and GQA), on both ISAs and in the portable variant (which the ARM backends run for the ops without NEON kernels).
 
 use abi::{BackendTable, DType, Op, OpCall, OpParams, Status, TensorDesc};
 use conformance::cases::{case, Case, Owned, Rng};
@@ -54,7 +54,7 @@ impl Drop for Instance {
     }
 }
 
-/// The shared ops' portable variant (what the ARM backends run) behind a table.
+/// The shared ops' portable variant behind a table.
 struct PortableOps;
 
 impl mollm_cpu_common::CpuBackend for PortableOps {

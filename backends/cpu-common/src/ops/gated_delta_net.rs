@@ -77,6 +77,11 @@ pub(crate) unsafe fn gated_delta_net(
     for_rows(host, heads * seqs, n * n * tokens.max(1), |r| {
         let mut scratch = vec![0f32; (n * n + 2 * n) as usize];
         let (h, s) = (r % heads, r / heads);
+        // Any head size, either gate: each row in two passes (`arm::gated_delta_net`).
+        #[cfg(neon)]
+        if isa == Isa::Neon {
+            return crate::arm::gated_delta_net::head(inputs, outputs, h, s, &mut scratch);
+        }
         if rows {
             #[cfg(x86)]
             head_rows(isa, inputs, outputs, h, s, &mut scratch);

@@ -9,8 +9,11 @@
 //! ISA's registers; that never changes a result, since each element's operations are the same.
 //!
 //! The x86 pieces (AVX2/AVX-512 registers, gathers, prefetches) live in `crate::x86`, in files
-//! named as the ones here, and are reached through [`Isa`] at `#[cfg(x86)]` points.
-//! [`Isa::Portable`] runs the same formulas as plain Rust (the scalar twins of the x86 SIMD
+//! named as the ones here, and are reached through [`Isa`] at `#[cfg(x86)]` points; the
+//! AArch64 pieces (NEON registers: the recurrent ops ssm_conv, gated_delta_net and rwkv_wkv7)
+//! live in `crate::arm`, reached on [`Isa::Neon`] at `#[cfg(neon)]` points. The other ops run
+//! their portable bodies in the NEON frame on ARM.
+//! [`Isa::Portable`] runs the same formulas as plain Rust (the scalar twins of the SIMD
 //! pieces), so any CPU gets the reference's exact results; the compiler still vectorizes the
 //! element-wise loops for the target's baseline (NEON on AArch64).
 //!
@@ -40,6 +43,9 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL (+ the AVX2 set), as `Avx2`.
     Avx512,
+    /// AArch64 NEON (the kernels in `crate::arm`; never detected without the crate's `neon`
+    /// feature, always with it: NEON is AArch64's baseline).
+    Neon,
 }
 
 impl Isa {
@@ -51,7 +57,8 @@ impl Isa {
             Isa::Avx2 => crate::x86::has_avx2(),
             #[cfg(x86)]
             Isa::Avx512 => crate::x86::has_avx512(),
-            #[cfg(not(x86))]
+            #[cfg(neon)]
+            Isa::Neon => true,
             _ => false,
         }
     }
@@ -99,7 +106,14 @@ macro_rules! isa_dispatch {
             unsafe fn avx512($($arg: $ty),*) {
                 $body($($arg),*)
             }
+            #[cfg(neon)]
+            #[target_feature(enable = "neon")]
+            unsafe fn neon($($arg: $ty),*) {
+                $body($($arg),*)
+            }
             match isa {
+                #[cfg(neon)]
+                Isa::Neon => neon($($arg),*),
                 #[cfg(x86)]
                 Isa::Avx2 => avx2($($arg),*),
                 #[cfg(x86)]

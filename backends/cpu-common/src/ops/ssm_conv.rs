@@ -42,7 +42,12 @@ pub(crate) unsafe fn ssm_conv(
     for_rows(host, out.nrows(), out.ne[0] * c.ne[0], |r| {
         let (t, s, _) = split_row(&out, r);
         let mut y = vec![0f32; n];
-        ssm_conv_row(isa, &sx, &c, t, s, &mut y);
+        match isa {
+            // Four channels' chains in the lanes of NEON registers (`crate::arm::ssm_conv`).
+            #[cfg(neon)]
+            Isa::Neon => crate::arm::ssm_conv::row(&sx, &c, t, s, &mut y),
+            _ => ssm_conv_row(isa, &sx, &c, t, s, &mut y),
+        }
         write_from(&out, t, s, 0, &y);
     });
 }
