@@ -783,7 +783,11 @@ pub static SCHEMAS: [OpSchema; 18] = [
               itself (updated in place); no other operands may overlap.",
         inputs: &[
             operand!("x", F32, "[E, T, S] the step's columns per sequence"),
-            operand!("state", F32, "[E, S] each sequence's column before its first"),
+            operand!(
+                "state",
+                F32,
+                "[E, S] each sequence's column before its first"
+            ),
         ],
         outputs: &[
             operand!("out", F32, "[E, T, S] previous column minus the column"),

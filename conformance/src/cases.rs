@@ -518,7 +518,11 @@ pub fn case(op: Op, seed: u64) -> Case {
                 group,
             }
             .to_params();
-            let xv: Vec<f32> = r.vec((k * rows) as usize, 2.0).iter().map(|v| v + 1.5).collect();
+            let xv: Vec<f32> = r
+                .vec((k * rows) as usize, 2.0)
+                .iter()
+                .map(|v| v + 1.5)
+                .collect();
             let x = Owned::f32(&[k, rows], &xv);
             let w = Owned::f32(&[k], &r.vec(k as usize, 1.0));
             let b = Owned::f32(&[k], &r.vec(k as usize, 0.5));

@@ -28,16 +28,12 @@ pub struct Tolerance {
 /// activations slightly differently), so they get the widest bound; argmax must be exact.
 pub fn tolerance(op: Op) -> Tolerance {
     match op {
-        Op::Argmax
-        | Op::GetRows
-        | Op::SetRows
-        | Op::Add
-        | Op::Mul
-        | Op::Scale
-        | Op::TokenShift => Tolerance {
-            abs: 1e-6,
-            rel: 1e-6,
-        },
+        Op::Argmax | Op::GetRows | Op::SetRows | Op::Add | Op::Mul | Op::Scale | Op::TokenShift => {
+            Tolerance {
+                abs: 1e-6,
+                rel: 1e-6,
+            }
+        }
         Op::MatMul => Tolerance {
             abs: 2e-2,
             rel: 2e-2,

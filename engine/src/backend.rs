@@ -429,9 +429,17 @@ mod tests {
             let host = reference::serial_host();
             let b =
                 Backend::open_table("ref".into(), &reference::TABLE, minor, host, None).unwrap();
-            assert_eq!(b.supports(Op::TokenShift, &ins, &outs, &p), takes, "1.{minor}");
+            assert_eq!(
+                b.supports(Op::TokenShift, &ins, &outs, &p),
+                takes,
+                "1.{minor}"
+            );
             let l2 = abi::L2NormAttrs { eps: 1e-12 }.to_params();
-            assert_eq!(b.supports(Op::L2Norm, &ins[..1], &outs[..1], &l2), takes, "1.{minor}");
+            assert_eq!(
+                b.supports(Op::L2Norm, &ins[..1], &outs[..1], &l2),
+                takes,
+                "1.{minor}"
+            );
             let ran = b.try_compute(Op::TokenShift, &ins, &outs, p).unwrap();
             assert_eq!(ran, takes, "1.{minor}");
         }

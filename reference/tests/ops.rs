@@ -1196,17 +1196,28 @@ fn norm_whole_rows_and_groups_by_hand() {
     let mut w = vec![1.0f32, 2.0, 1.0, 0.5];
     let mut b = vec![0.0f32, 0.0, 1.0, -1.0];
     for (group, want) in [
-        (0i64, [(-1.5f32, 1.25f32), (-0.5, 1.25), (0.5, 1.25), (1.5, 1.25)]),
+        (
+            0i64,
+            [(-1.5f32, 1.25f32), (-0.5, 1.25), (0.5, 1.25), (1.5, 1.25)],
+        ),
         (2, [(-0.5, 0.25), (0.5, 0.25), (-0.5, 0.25), (0.5, 0.25)]),
     ] {
         let mut y = vec![0f32; 8];
         let p = abi::NormAttrs { eps: 1e-5, group }.to_params();
-        let ins = [f32d(&mut x, &[4, 2]), f32d(&mut w, &[4]), f32d(&mut b, &[4])];
+        let ins = [
+            f32d(&mut x, &[4, 2]),
+            f32d(&mut w, &[4]),
+            f32d(&mut b, &[4]),
+        ];
         run(Op::Norm, &ins, &[f32d(&mut y, &[4, 2])], p);
         for i in 0..4 {
             let (d, var) = want[i];
             let expect = d / (var + 1e-5).sqrt() * w[i] + b[i];
-            assert!(close(y[i], expect, 1e-6), "group {group} [{i}]: {} vs {expect}", y[i]);
+            assert!(
+                close(y[i], expect, 1e-6),
+                "group {group} [{i}]: {} vs {expect}",
+                y[i]
+            );
             assert_eq!(y[4 + i], b[i], "group {group}: a constant row is its bias");
         }
     }
@@ -1219,7 +1230,12 @@ fn l2_norm_by_hand_and_its_clamp() {
     let mut x = vec![3.0f32, 4.0, 0.0, 0.0, 1e-7, 0.0];
     let mut y = vec![0f32; 6];
     let p = abi::L2NormAttrs { eps: 1e-6 }.to_params();
-    run(Op::L2Norm, &[f32d(&mut x, &[2, 3])], &[f32d(&mut y, &[2, 3])], p);
+    run(
+        Op::L2Norm,
+        &[f32d(&mut x, &[2, 3])],
+        &[f32d(&mut y, &[2, 3])],
+        p,
+    );
     assert!(close(y[0], 0.6, 1e-7) && close(y[1], 0.8, 1e-7), "{y:?}");
     assert_eq!(&y[2..4], &[0.0, 0.0]);
     assert!(close(y[4], 0.1, 1e-6) && y[5] == 0.0, "{y:?}");
@@ -1236,7 +1252,11 @@ fn token_shift_by_hand_and_in_place() {
         let mut y = vec![0f32; 12];
         let mut st2 = vec![0f32; 4];
         let sd = f32d(&mut st, &[2, 2]);
-        let out_state = if in_place { sd } else { f32d(&mut st2, &[2, 2]) };
+        let out_state = if in_place {
+            sd
+        } else {
+            f32d(&mut st2, &[2, 2])
+        };
         run(
             Op::TokenShift,
             &[f32d(&mut x, &[2, 3, 2]), sd],

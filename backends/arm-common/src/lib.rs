@@ -16,7 +16,7 @@
 //! `mat_mul` covers F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K with every chain
 //! ggml's x86 build picks ([`matmul`]); every other op of the x86 backends (attention over f32
 //! caches, glu, rms_norm, rope, softmax, add, mul, scale, get_rows, set_rows, argmax,
-//! ssm_conv, gated_delta_net, rwkv_wkv7) runs through `mollm_cpu_common::ops` on its
+//! ssm_conv, gated_delta_net, rwkv_wkv7, norm, l2_norm, token_shift) runs through `mollm_cpu_common::ops` on its
 //! `Isa::Neon` variant ([`ops_isa`]): NEON kernels for ssm_conv, gated_delta_net and
 //! rwkv_wkv7, the portable formulas in a NEON frame for the rest; bit-identical to the
 //! reference either way.

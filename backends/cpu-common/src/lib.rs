@@ -16,14 +16,14 @@ use core::ffi::{c_char, c_void};
 use std::panic::catch_unwind;
 use std::sync::Mutex;
 
+#[cfg(neon)]
+mod arm;
 pub mod fmatmul;
 pub mod ops;
 pub mod par;
 #[cfg(target_os = "linux")]
 mod slab;
 pub mod wmatmul;
-#[cfg(neon)]
-mod arm;
 #[cfg(x86)]
 mod x86;
 

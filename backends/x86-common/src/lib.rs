@@ -15,7 +15,7 @@
 //! formats ([`wr16`]) too;
 //! and, through `mollm_cpu_common::ops` in its AVX2/AVX-512 variants, bit-identical to the
 //! reference: attention (f32 caches), glu, rms_norm, rope (no YaRN), add, mul, scale,
-//! get_rows, set_rows (f32), softmax, argmax, ssm_conv, gated_delta_net, rwkv_wkv7. Everything
+//! get_rows, set_rows (f32), softmax, argmax, ssm_conv, gated_delta_net, rwkv_wkv7, norm, l2_norm, token_shift. Everything
 //! else (f16 caches, YaRN, other formats) answers `Unsupported` in `supports`, so the host runs
 //! it on the reference.
 //!

@@ -15,7 +15,10 @@ pub struct OpStats {
     pub detail: std::collections::BTreeMap<(&'static str, String, String), (u64, u64)>,
 }
 
-const _: () = assert!(Op::ALL.len() <= 32, "OpStats and Backend::refused hold 32 ops");
+const _: () = assert!(
+    Op::ALL.len() <= 32,
+    "OpStats and Backend::refused hold 32 ops"
+);
 
 impl OpStats {
     /// One line per op that ran: calls and total time.

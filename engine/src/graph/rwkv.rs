@@ -31,7 +31,12 @@ pub(crate) fn token_shift<'a>(
             TensorDesc::contiguous(at, DType::F32, &[e, ts as i64, 1])
         };
         let sd = TensorDesc::contiguous(st.as_mut_ptr() as *mut u8, DType::F32, &[e, 1]);
-        ex.call_desc(Op::TokenShift, &[cols(&x), sd], &[cols(&out), sd], OpParams::default())?;
+        ex.call_desc(
+            Op::TokenShift,
+            &[cols(&x), sd],
+            &[cols(&out), sd],
+            OpParams::default(),
+        )?;
         t0 += ts;
     }
     Ok(())
@@ -144,7 +149,11 @@ pub(crate) fn time_mix<'a>(
     let mut kk_raw: Vec<f32> = (0..n).map(|i| k0[i] * k_k[i % e]).collect();
     let mut kk = vec![0f32; n];
     let heads = |v: &mut [f32]| {
-        TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, &[s as i64, (n / s) as i64])
+        TensorDesc::contiguous(
+            v.as_mut_ptr() as *mut u8,
+            DType::F32,
+            &[s as i64, (n / s) as i64],
+        )
     };
     let l2 = abi::L2NormAttrs { eps: 1e-12 }.to_params();
     ex.call_desc(Op::L2Norm, &[heads(&mut kk_raw)], &[heads(&mut kk)], l2)?;
@@ -187,7 +196,11 @@ pub(crate) fn time_mix<'a>(
     // Group norm over each head (ggml_norm, eps 64e-5), times ln_w, plus ln_b.
     let mut normed = vec![0f32; n];
     let cols = |v: &mut [f32]| {
-        TensorDesc::contiguous(v.as_mut_ptr() as *mut u8, DType::F32, &[e as i64, (n / e) as i64])
+        TensorDesc::contiguous(
+            v.as_mut_ptr() as *mut u8,
+            DType::F32,
+            &[e as i64, (n / e) as i64],
+        )
     };
     let gn = abi::NormAttrs {
         eps: 64e-5,

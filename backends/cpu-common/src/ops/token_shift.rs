@@ -12,7 +12,12 @@ pub(crate) unsafe fn sub_body(prev: &[f32], cur: &[f32], out: &mut [f32]) {
 }
 isa_dispatch!(sub => sub_body(prev: &[f32], cur: &[f32], out: &mut [f32]));
 
-pub(crate) unsafe fn token_shift(isa: Isa, host: &HostApi, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
+pub(crate) unsafe fn token_shift(
+    isa: Isa,
+    host: &HostApi,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) {
     let (x, state) = (inputs[0], inputs[1]);
     let (out, new_state) = (outputs[0], outputs[1]);
     let [e, tokens, seqs, _] = x.ne;
