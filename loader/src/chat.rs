@@ -74,6 +74,38 @@ fn raise_exception(msg: String) -> Result<String, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// Templates that files name instead of carrying (llama.cpp's converter writes `rwkv-world`
+/// when a RWKV checkpoint has no template; `chatml` is the common fallback name), as Jinja
+/// sources of mollm's own that write what llama.cpp's built-in formatter for the name writes.
+const NAMED: &[(&str, &str)] = &[
+    (
+        // System, user and assistant turns each as "Role: text\n\n" (trimmed), and
+        // "Assistant:" after a last user turn, whatever add_generation_prompt says.
+        "rwkv-world",
+        "{%- for m in messages -%}\
+         {%- if m.role == 'system' -%}{{- 'System: ' + m.content|trim + '\n\n' -}}\
+         {%- elif m.role == 'user' -%}{{- 'User: ' + m.content|trim + '\n\n' -}}\
+         {%- if loop.last -%}{{- 'Assistant:' -}}{%- endif -%}\
+         {%- elif m.role == 'assistant' -%}{{- 'Assistant: ' + m.content|trim + '\n\n' -}}\
+         {%- endif -%}{%- endfor -%}",
+    ),
+    (
+        "chatml",
+        "{%- for m in messages -%}\
+         {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}\
+         {%- endfor -%}\
+         {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}",
+    ),
+];
+
+/// The Jinja source for a template that is only a name of [`NAMED`].
+pub fn named_template(source: &str) -> Option<&'static str> {
+    NAMED
+        .iter()
+        .find(|(name, _)| source.trim() == *name)
+        .map(|(_, src)| *src)
+}
+
 impl ChatTemplate {
     /// The model's template, or `None` when the file has no `tokenizer.chat_template`.
     /// `bos_token`/`eos_token` are the texts of the GGUF's BOS/EOS ids ("" if absent).
@@ -95,13 +127,15 @@ impl ChatTemplate {
         Self::new(src, &bos, &eos, &gguf.file_label()).map(Some)
     }
 
-    /// Compiles `source`. `file` labels error messages.
+    /// Compiles `source` (or the template it names: [`named_template`]). `file` labels error
+    /// messages.
     pub fn new(
         source: &str,
         bos_token: &str,
         eos_token: &str,
         file: &str,
     ) -> Result<ChatTemplate, LoadError> {
+        let source = named_template(source).unwrap_or(source);
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -350,6 +384,35 @@ mod tests {
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
              <|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    /// A template that is only a name renders as llama.cpp's built-in formatter of that name.
+    #[test]
+    fn named_templates_render_as_llama_cpps_builtins() {
+        let t = ChatTemplate::new("rwkv-world", "", "\n\n", "rwkv.gguf").unwrap();
+        let convo = [
+            ChatMessage::new("system", "Be brief. "),
+            ChatMessage::new("user", " Hi!\n"),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&convo, true).unwrap(),
+            "System: Be brief.\n\nUser: Hi!\n\nAssistant: Hello.\n\nUser: Bye\n\nAssistant:"
+        );
+        assert_eq!(
+            t.render(&convo[..3], true).unwrap(),
+            "System: Be brief.\n\nUser: Hi!\n\nAssistant: Hello.\n\n"
+        );
+        let t = ChatTemplate::new(" chatml\n", "", "<|im_end|>", "x.gguf").unwrap();
+        assert_eq!(
+            t.render(&convo[1..3], true).unwrap(),
+            "<|im_start|>user\n Hi!\n<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n\
+             <|im_start|>assistant\n"
+        );
+        // Any other text is a template of its own.
+        let t = ChatTemplate::new("rwkv-world2", "", "", "x.gguf").unwrap();
+        assert_eq!(t.render(&convo, true).unwrap(), "rwkv-world2");
     }
 
     #[test]
