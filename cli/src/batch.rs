@@ -222,6 +222,7 @@ pub fn batch(a: BatchArgs) -> CliResult {
                     sampler: p.sampler,
                     stop_at_eog: !p.ignore_eos,
                     logprobs: None,
+                    constraint: None,
                 });
             }
             Err(e) => {

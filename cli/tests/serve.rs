@@ -193,6 +193,8 @@ fn openai_client_api_invariance_and_load() {
         true,
     );
     s.python(&["api", &s.url, "sk-test"]);
+    // Constrained decoding: 200 sampled generations, every one schema-valid.
+    eprintln!("{}", s.python(&["structured", &s.url, "sk-test", "200"]));
 
     // 16 greedy requests at once; each answer is what `mollm run` gives alone.
     let out = s.python(&["invariance", &s.url, "sk-test"]);

@@ -7,6 +7,7 @@
 //! logits -> [`sampler::Sampler`] -> token ids -> `loader::Tokenizer` -> text.
 
 pub mod backend;
+pub mod constraint;
 pub mod error;
 pub mod exec;
 pub mod experts;
@@ -21,6 +22,7 @@ pub mod session;
 pub mod tensor;
 pub mod trace;
 
+pub use constraint::{Constraint, TokenConstraint};
 pub use error::{EngineError, Result};
 pub use sampler::{ParamError, Sampler, SamplerParams};
 pub use session::{BackendChoice, Model, Sequence, Session, SessionOptions, Timings, Work};

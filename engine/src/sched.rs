@@ -9,6 +9,7 @@
 //! A sequence's prompt is cut into chunks of `n_batch` from its own start, whatever else runs,
 //! so its tokens equal what it produces alone (see `graph::run` on batch invariance).
 
+use crate::constraint::Constraint;
 use crate::error::Result;
 use crate::kv::{common_prefix, KV_PAGE};
 use crate::sampler::Sampler;
@@ -25,6 +26,8 @@ pub struct Request {
     /// Report each generated token's log-probability and this many most likely alternatives
     /// (None: no log-probabilities).
     pub logprobs: Option<usize>,
+    /// The language the output must stay in (None: free text); see [`crate::constraint`].
+    pub constraint: Option<Constraint>,
 }
 
 /// Log-probabilities of one generated token, from the model's distribution (log-softmax of the
@@ -340,11 +343,13 @@ impl Scheduler {
         // Greedy rows without penalties pick the argmax of the raw row: for two or more, one
         // backend call for every row (rows on the threads), instead of a call and a copy per
         // row (SmolLM2, 16 sequences: 16 calls of ~32 us a step on one thread).
-        let plain = |s: &Sampler| s.is_greedy() && !s.has_penalties();
+        let plain = |r: &Request| {
+            r.sampler.is_greedy() && !r.sampler.has_penalties() && r.constraint.is_none()
+        };
         let n_plain = meta
             .iter()
             .zip(&outs)
-            .filter(|&(&(i, _), &o)| o == 1 && plain(&self.active[i].req.sampler))
+            .filter(|&(&(i, _), &o)| o == 1 && plain(&self.active[i].req))
             .count();
         let best = match n_plain >= 2 {
             true => Some(s.argmax_rows(&mut self.logits, n_vocab)?),
@@ -354,6 +359,7 @@ impl Scheduler {
         let now = Instant::now();
         let mut row = 0;
         let mut done = Vec::new();
+        let mut failed: Vec<(usize, String)> = Vec::new();
         for (&(i, n), &n_out) in meta.iter().zip(&outs) {
             let a = &mut self.active[i];
             a.fed = (a.fed + n).min(a.req.prompt.len());
@@ -364,14 +370,26 @@ impl Scheduler {
             row += 1;
             // Log-probabilities come from the raw row, which picking may change (penalties).
             let raw = &self.logits[r * n_vocab..(r + 1) * n_vocab];
-            let tok = match best.as_ref().filter(|_| plain(&a.req.sampler)) {
+            let tok = match best.as_ref().filter(|_| plain(&a.req)) {
                 Some(b) => b[r] as u32,
                 None => {
                     self.row.clear();
                     self.row.extend_from_slice(raw);
+                    if let Some(c) = a.req.constraint.as_mut() {
+                        if let Err(msg) = c.mask(&mut self.row) {
+                            failed.push((i, msg));
+                            continue;
+                        }
+                    }
                     s.pick(&mut a.req.sampler, &mut self.row)?
                 }
             };
+            if let Some(c) = a.req.constraint.as_mut() {
+                if let Err(msg) = c.accept(tok) {
+                    failed.push((i, msg));
+                    continue;
+                }
+            }
             let logprobs = a
                 .req
                 .logprobs
@@ -386,9 +404,24 @@ impl Scheduler {
                 logprobs,
             });
             let eog = a.req.stop_at_eog && s.model().tokenizer.is_eog(tok);
-            if eog || a.out.len() >= a.req.max_tokens {
-                done.push((i, if eog { Finish::Stop } else { Finish::Length }));
+            let complete = a.req.constraint.as_ref().is_some_and(|c| c.finished());
+            if eog || complete || a.out.len() >= a.req.max_tokens {
+                let length = !eog && !complete;
+                done.push((i, if length { Finish::Length } else { Finish::Stop }));
             }
+        }
+        // A constraint that fails ends its sequence alone, with its message.
+        failed.sort_by(|a, b| b.0.cmp(&a.0));
+        for (i, msg) in failed {
+            done.retain(|d| d.0 != i);
+            for d in done.iter_mut().filter(|d| d.0 == self.active.len() - 1) {
+                d.0 = i;
+            }
+            let a = self.active.swap_remove(i);
+            events.push(Event::Failed {
+                id: a.req.id,
+                msg: format!("constrained decoding: {msg}"),
+            });
         }
         done.sort_by(|a, b| b.0.cmp(&a.0));
         for (i, finish) in done {

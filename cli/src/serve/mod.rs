@@ -89,6 +89,9 @@ pub const MAX_PARALLEL: usize = 1024;
 
 pub struct Ready {
     pub model: Arc<Model>,
+    /// The vocabulary as constrained decoding sees it, built on the first request that asks
+    /// for a format (or the reason it cannot be).
+    vocab: OnceLock<Result<Arc<grammar::Vocab>, String>>,
     pub model_id: String,
     /// Longest sequence: the training context or the KV pool, whichever is smaller.
     pub max_seq: usize,
@@ -96,6 +99,17 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// The model's [`grammar::Vocab`], built once.
+    pub fn vocab(&self) -> Result<Arc<grammar::Vocab>, String> {
+        self.vocab
+            .get_or_init(|| {
+                grammar::Vocab::new(&self.model.tokenizer)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    }
+
     fn send(&self, c: Cmd) -> Result<(), ()> {
         self.cmd
             .lock()
@@ -377,6 +391,7 @@ fn load_and_run(
     );
     let _ = app.ready.set(Ready {
         model: model.clone(),
+        vocab: OnceLock::new(),
         model_id,
         max_seq,
         cmd: Mutex::new(tx),

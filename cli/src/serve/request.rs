@@ -31,6 +31,8 @@ pub struct GenRequest {
     /// Generate past end-of-generation tokens (vLLM's and llama-server's extension, for
     /// benchmarks with fixed output lengths).
     pub ignore_eos: bool,
+    /// What the output must be (`response_format` or `grammar`), and the field that said so.
+    pub format: Option<(grammar::Spec, &'static str)>,
 }
 
 /// Fields both endpoints read.
@@ -52,6 +54,8 @@ const COMMON: &[&str] = &[
     "n",
     "user",
     "ignore_eos",
+    "response_format",
+    "grammar",
 ];
 const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETION: &[&str] = &["prompt"];
@@ -67,7 +71,6 @@ fn unsupported_default(k: &str, v: &Value) -> Option<bool> {
     Some(match k {
         "tools" | "functions" | "logit_bias" | "metadata" | "modalities" => empty,
         "tool_choice" | "function_call" => empty || v == "none",
-        "response_format" => empty || v.get("type").is_some_and(|t| t == "text"),
         "parallel_tool_calls" | "store" | "echo" => empty || v == false,
         "best_of" => empty || v == 1,
         "suffix"
@@ -322,7 +325,9 @@ pub fn parse(
     params
         .validate()
         .map_err(|e| ApiError::field(e.field, e.msg))?;
+    let format = output_format(&f)?;
     Ok(GenRequest {
+        format,
         n,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         prompt,
@@ -333,6 +338,84 @@ pub fn parse(
         include_usage,
         logprobs,
     })
+}
+
+/// `response_format` (`text`, `json_object`, `json_schema`; llama-server's `json_object` with a
+/// `schema` too) or `grammar` (Lark, llguidance's syntax), not both.
+fn output_format(f: &Fields) -> Result<Option<(grammar::Spec, &'static str)>, ApiError> {
+    use grammar::Spec;
+    let rf = match f.get("response_format") {
+        None => None,
+        Some(Value::Object(o)) => {
+            let schema_of = |v: Option<&Value>, at: &'static str| match v {
+                Some(s @ (Value::Object(_) | Value::Bool(true))) => Ok(Spec::JsonSchema(s.clone())),
+                Some(_) => Err(ApiError::field(at, "must be a JSON schema (an object)")),
+                None => Err(ApiError::field(at, "required")),
+            };
+            match o.get("type").and_then(Value::as_str) {
+                Some("text") => None,
+                Some("json_object") => match o.get("schema") {
+                    None => Some((Spec::JsonObject, "response_format")),
+                    s => Some((
+                        schema_of(s, "response_format.schema")?,
+                        "response_format.schema",
+                    )),
+                },
+                Some("json_schema") => {
+                    let js = o
+                        .get("json_schema")
+                        .and_then(Value::as_object)
+                        .ok_or_else(|| {
+                            ApiError::field("response_format.json_schema", "required (an object)")
+                        })?;
+                    // `strict` is how OpenAI asks for what this server always does: output
+                    // that validates.
+                    if js
+                        .get("strict")
+                        .is_some_and(|s| !s.is_boolean() && !s.is_null())
+                    {
+                        return Err(ApiError::field(
+                            "response_format.json_schema.strict",
+                            "must be true or false",
+                        ));
+                    }
+                    Some((
+                        schema_of(js.get("schema"), "response_format.json_schema.schema")?,
+                        "response_format.json_schema.schema",
+                    ))
+                }
+                Some(t) => {
+                    return Err(ApiError::field(
+                        "response_format.type",
+                        format!("'{t}' is not one of text, json_object, json_schema"),
+                    ))
+                }
+                None => return Err(ApiError::field("response_format.type", "required")),
+            }
+        }
+        Some(_) => return Err(ApiError::field("response_format", "must be an object")),
+    };
+    let gr =
+        match f.get("grammar") {
+            None => None,
+            Some(Value::String(g)) if g.contains("::=") => return Err(ApiError {
+                code: Some("unsupported_parameter"),
+                ..ApiError::field(
+                    "grammar",
+                    "GBNF grammars are not supported yet: write it in Lark syntax (llguidance's: \
+                     `start: ...`, strings in quotes, /regex/ terminals)",
+                )
+            }),
+            Some(Value::String(g)) => Some((Spec::Lark(g.clone()), "grammar")),
+            Some(_) => return Err(ApiError::field("grammar", "must be a string")),
+        };
+    match (rf, gr) {
+        (Some(_), Some(_)) => Err(ApiError::field(
+            "grammar",
+            "give either 'grammar' or a JSON 'response_format', not both",
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
 }
 
 /// `messages`: roles system (or developer), user, assistant; content a string, a list of text
@@ -490,17 +573,6 @@ mod tests {
         assert_eq!(
             unsupported_default("tools", &serde_json::json!([{"type": "function"}])),
             Some(false)
-        );
-        assert_eq!(
-            unsupported_default(
-                "response_format",
-                &serde_json::json!({"type": "json_object"})
-            ),
-            Some(false)
-        );
-        assert_eq!(
-            unsupported_default("response_format", &serde_json::json!({"type": "text"})),
-            Some(true)
         );
         assert_eq!(
             unsupported_default("logit_bias", &serde_json::json!({"5": 1})),

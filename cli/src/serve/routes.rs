@@ -168,6 +168,22 @@ fn admit(
     let body = body_bytes(app, body)?;
     let ctx = ready.max_seq;
     let req = request::parse(ep, &body, &ready.model, &app.defaults, ctx - 1)?;
+    // The output format, compiled once for every choice: a schema it cannot take is this
+    // request's 400, naming the field.
+    let grammar = match &req.format {
+        None => None,
+        Some((spec, param)) => {
+            let vocab = ready.vocab().map_err(|e| {
+                ApiError::field(
+                    param,
+                    format!("constrained decoding is not available for this model: {e}"),
+                )
+            })?;
+            Some(Arc::new(
+                vocab.compile(spec).map_err(|e| ApiError::field(param, e))?,
+            ))
+        }
+    };
     let n = req.prompt.len();
     if n >= ctx {
         return Err(ApiError::context_length(
@@ -229,6 +245,7 @@ fn admit(
             logprobs: req.logprobs,
             stop: req.stop.clone(),
             ignore_eos: req.ignore_eos,
+            grammar: grammar.clone(),
             arrived: Instant::now(),
             tx,
         };

@@ -26,6 +26,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// What the output must be; each choice runs its own matcher of it.
+    pub grammar: Option<Arc<grammar::Grammar>>,
     pub arrived: Instant,
     pub tx: UnboundedSender<Out>,
 }
@@ -167,6 +169,10 @@ pub fn run(
                         sampler: Sampler::new(job.params),
                         stop_at_eog: !job.ignore_eos,
                         logprobs: job.logprobs,
+                        constraint: job
+                            .grammar
+                            .as_ref()
+                            .map(|g| Box::new(g.constraint()) as engine::Constraint),
                     });
                 }
                 Cmd::Cancel(id) => {

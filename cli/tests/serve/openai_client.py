@@ -5,6 +5,8 @@ client cannot say what is sent). Run by cli/tests/serve.rs against a server it s
     openai_client.py invariance URL KEY   16 greedy prompts at once; prints their answers (JSON)
     openai_client.py load URL KEY PID SECS  64 streaming clients, then disconnects and /metrics
     openai_client.py limits URL           429 with Retry-After, 413 (a server with --parallel 1 --queue 1)
+    openai_client.py structured URL KEY N  json_schema / json_object / Lark grammar outputs: N sampled
+                                          generations at temperature 1, every one parses and validates
 
 Every check raises on failure; the exit status says it all.
 """
@@ -174,8 +176,7 @@ def api(url, key):
     assert [texts[i] for i in range(3)] == [x.message.content for x in r.choices], texts
 
     # Refused: fields not implemented (400 naming them), bad values, overflow, no key.
-    for kw, param in [({"response_format": {"type": "json_object"}}, "response_format"),
-                      ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    for kw, param in [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                       ({"logit_bias": {"5": 10}}, "logit_bias"),
                       ({"n": 17}, "n"),
                       ({"temperature": 101}, "temperature"),
@@ -266,6 +267,112 @@ def invariance(url, key):
             print(json.dumps({"kind": k, "prompt": p, "text": text, "completion_tokens": n}))
 
     asyncio.run(main())
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "address": {"type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 20},
+                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["city", "zip"], "additionalProperties": False},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
+    },
+    "required": ["name", "age", "colour", "address", "hobbies"],
+    "additionalProperties": False,
+}
+
+
+def valid_person(p):
+    assert set(p) == {"name", "age", "colour", "address", "hobbies"}, p
+    assert isinstance(p["name"], str) and len(p["name"]) <= 20, p
+    assert isinstance(p["age"], int) and not isinstance(p["age"], bool) and 0 <= p["age"] <= 120, p
+    assert p["colour"] in ("red", "green", "blue"), p
+    a = p["address"]
+    assert set(a) == {"city", "zip"} and len(a["city"]) <= 20, p
+    assert re.fullmatch(r"[0-9]{5}", a["zip"]), p
+    assert isinstance(p["hobbies"], list) and len(p["hobbies"]) <= 3, p
+    assert all(isinstance(h, str) and len(h) <= 16 for h in p["hobbies"]), p
+
+
+def structured(url, key, n):
+    """Constrained decoding through the client: json_schema (strict, enums, nested objects and
+    arrays), chat.completions.parse with a Pydantic model, json_object, a Lark grammar, and
+    the 400s of bad schemas; `n` sampled generations at temperature 1 all parse and validate."""
+    import concurrent.futures
+    import pydantic
+    c = client(url, key)
+    model = c.models.list().data[0].id
+    ask = [{"role": "user", "content": "Invent a person. Answer in JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+
+    def one(seed):
+        r = c.chat.completions.create(model=model, messages=ask, response_format=fmt, n=8,
+                                      temperature=1.0, seed=seed, max_tokens=300)
+        out = []
+        for ch in r.choices:
+            assert ch.finish_reason == "stop", (ch.finish_reason, ch.message.content)
+            p = json.loads(ch.message.content)
+            valid_person(p)
+            out.append(p)
+        return out
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        people = [p for ps in ex.map(one, range(0, n, 8)) for p in ps]
+    assert len(people) >= n, len(people)
+    assert len({json.dumps(p, sort_keys=True) for p in people}) > n // 2, "the draws do not vary"
+    print(json.dumps({"structured": len(people), "seconds": round(time.time() - t0, 1)}))
+
+    # Streamed: the pieces put together are the same schema-valid JSON.
+    text = "".join(k.choices[0].delta.content or "" for k in c.chat.completions.create(
+        model=model, messages=ask, response_format=fmt, temperature=1.0, seed=5,
+        max_tokens=300, stream=True))
+    valid_person(json.loads(text))
+
+    class Pet(pydantic.BaseModel):
+        kind: str
+        legs: int
+
+    class Owner(pydantic.BaseModel):
+        name: str
+        pets: list[Pet]
+    r = c.chat.completions.parse(model=model, messages=[{"role": "user", "content": "An owner and pets."}],
+                                 response_format=Owner, temperature=0.7, seed=1, max_tokens=300)
+    owner = r.choices[0].message.parsed
+    assert isinstance(owner, Owner), r
+
+    # Any object: free-form, so a draw may run out of tokens; what ends, parses.
+    r = c.chat.completions.create(model=model, messages=ask, response_format={"type": "json_object"},
+                                  temperature=0.7, seed=2, max_tokens=300, n=4)
+    ended = [ch for ch in r.choices if ch.finish_reason == "stop"]
+    assert ended, r
+    for ch in ended:
+        assert isinstance(json.loads(ch.message.content), dict), ch
+
+    for seed in range(4):
+        r = c.completions.create(model=model, prompt="Is the sky blue? Answer:", max_tokens=8,
+                                 temperature=1.0, seed=seed,
+                                 extra_body={"grammar": 'start: " yes" | " no" | " " /[0-9]{2}/'})
+        t = r.choices[0].text
+        assert t in (" yes", " no") or re.fullmatch(r" [0-9]{2}", t), t
+
+    for kw, param in [({"response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "x", "schema": {"type": "frob"}}}},
+                       "response_format.json_schema.schema"),
+                      ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+                       "response_format.json_schema.schema"),
+                      ({"response_format": {"type": "xml"}}, "response_format.type"),
+                      ({"extra_body": {"grammar": "root ::= \"a\""}}, "grammar"),
+                      ({"extra_body": {"grammar": "start: nothing_here"}}, "grammar")]:
+        try:
+            c.chat.completions.create(model=model, messages=ask, max_tokens=8, **kw)
+        except openai.BadRequestError as e:
+            check_error(e.response.json(), param=param)
+        else:
+            raise AssertionError(f"{kw} was accepted")
 
 
 def rss(pid):
@@ -398,5 +505,7 @@ if __name__ == "__main__":
         load(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     elif cmd == "limits":
         limits(sys.argv[2])
+    elif cmd == "structured":
+        structured(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         sys.exit(f"unknown command {cmd}")
