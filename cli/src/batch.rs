@@ -135,12 +135,10 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
                         .map(str::to_string)
                         .ok_or_else(|| format!("field 'messages[{i}].{k}': must be a string"))
                 };
-                msgs.push(ChatMessage {
-                    role: get("role")?,
-                    content: get("content")?,
-                });
+                msgs.push(ChatMessage::new(get("role")?, get("content")?));
             }
-            chat_tokens(model, &msgs, true, limit).map_err(|e| format!("field 'messages': {e}"))?
+            chat_tokens(model, &msgs, &Default::default(), limit)
+                .map_err(|e| format!("field 'messages': {e}"))?
         }
         (None, Some(_)) => return Err("field 'messages': must be a list".into()),
         (None, None) => return Err("field 'prompt' or 'messages' is required".into()),

@@ -117,10 +117,7 @@ impl<'m> Chat<'m> {
     fn reset(&mut self) {
         self.messages.clear();
         if let Some(s) = &self.system {
-            self.messages.push(ChatMessage {
-                role: "system".into(),
-                content: s.clone(),
-            });
+            self.messages.push(ChatMessage::new("system", s.clone()));
         }
         self.session.truncate(0);
     }
@@ -131,7 +128,7 @@ impl<'m> Chat<'m> {
         let first = usize::from(self.system.is_some());
         let limit = n_ctx.saturating_sub(MIN_REPLY_ROOM);
         loop {
-            match chat_tokens(self.model, &self.messages, true, limit) {
+            match chat_tokens(self.model, &self.messages, &Default::default(), limit) {
                 Ok(t) => return Ok(t),
                 Err(PromptError::TooLong { .. }) => {}
                 Err(e) => return Err(e.into()),
@@ -152,10 +149,7 @@ impl<'m> Chat<'m> {
     }
 
     fn turn(&mut self, text: String, out: &mut impl Write) -> CliResult {
-        self.messages.push(ChatMessage {
-            role: "user".into(),
-            content: text,
-        });
+        self.messages.push(ChatMessage::new("user", text));
         let prompt = self.fitted_prompt()?;
         // Reuse the cached prefix; at least one token is evaluated to get logits.
         let hist = self.session.history();
@@ -202,10 +196,7 @@ impl<'m> Chat<'m> {
                 timings.decode_tps()
             );
         }
-        self.messages.push(ChatMessage {
-            role: "assistant".into(),
-            content: reply,
-        });
+        self.messages.push(ChatMessage::new("assistant", reply));
         Ok(())
     }
 }

@@ -423,7 +423,7 @@ pub fn text_tokens(
 pub fn chat_tokens(
     model: &Model,
     msgs: &[loader::ChatMessage],
-    add_generation_prompt: bool,
+    extras: &loader::RenderExtras,
     limit: usize,
 ) -> Result<Vec<u32>, PromptError> {
     let tmpl = model.chat_template.as_ref().ok_or_else(|| {
@@ -435,7 +435,7 @@ pub fn chat_tokens(
     let tok = &model.tokenizer;
     let max_bytes = tok.max_text_bytes(limit);
     let text = tmpl
-        .render_limited(msgs, add_generation_prompt, max_bytes)?
+        .render_with(msgs, true, extras, max_bytes)?
         .ok_or(PromptError::TooLong {
             limit,
             bytes: Some(max_bytes),

@@ -49,16 +49,10 @@ pub fn run(a: RunArgs) -> CliResult {
     let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
-            msgs.push(ChatMessage {
-                role: "system".into(),
-                content: s.clone(),
-            });
+            msgs.push(ChatMessage::new("system", s.clone()));
         }
-        msgs.push(ChatMessage {
-            role: "user".into(),
-            content: a.prompt.clone(),
-        });
-        chat_tokens(&model, &msgs, true, limit)
+        msgs.push(ChatMessage::new("user", a.prompt.clone()));
+        chat_tokens(&model, &msgs, &Default::default(), limit)
     } else {
         text_tokens(&model, &a.prompt, true, limit)
     }

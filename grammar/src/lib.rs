@@ -202,5 +202,12 @@ impl TokenConstraint for Constrained {
 }
 
 mod schema;
+
+/// Checks a JSON schema's shape (types, `enum`, `required`, local `$ref`s): the first problem
+/// as "`/json/pointer`: what is wrong".
+pub fn check_schema(schema: &Value) -> Result<(), String> {
+    schema::check(schema)
+}
+
 #[cfg(test)]
 mod tests;

@@ -11,10 +11,21 @@ use serde::Serialize;
 use crate::gguf::ModelFile;
 use crate::LoadError;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One message as chat templates read it (Hugging Face's shape).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's calls: `{"type": "function", "function": {"name", "arguments"}}` with
+    /// the arguments as an object (templates write them with `tojson`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool result's call id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name, or a participant's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -22,8 +33,20 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
+}
+
+/// What a rendering is given besides the messages.
+#[derive(Clone, Debug, Default)]
+pub struct RenderExtras {
+    /// The request's tools (`[{"type": "function", "function": {...}}]`), or none.
+    pub tools: Option<serde_json::Value>,
+    /// More variables for the template (`chat_template_kwargs`: `enable_thinking`, ...).
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 pub struct ChatTemplate {
@@ -182,6 +205,22 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         max_bytes: usize,
     ) -> Result<Option<String>, LoadError> {
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            &RenderExtras::default(),
+            max_bytes,
+        )
+    }
+
+    /// [`ChatTemplate::render_limited`] with tools and extra template variables.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extras: &RenderExtras,
+        max_bytes: usize,
+    ) -> Result<Option<String>, LoadError> {
         let err = |e: Error| LoadError::Template {
             file: self.file.clone(),
             msg: if e.kind() == ErrorKind::OutOfFuel {
@@ -196,16 +235,16 @@ impl ChatTemplate {
             max: max_bytes,
             over: false,
         };
-        let r = tmpl.render_captured_to(
-            context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => self.bos_token,
-                eos_token => self.eos_token,
-                tools => (),
-            },
-            &mut out,
-        );
+        // The request's variables first: the ones below are the template's contract.
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+            tools => minijinja::Value::from_serialize(&extras.tools),
+            ..minijinja::Value::from_serialize(&extras.kwargs)
+        };
+        let r = tmpl.render_captured_to(ctx, &mut out);
         if out.over {
             return Ok(None);
         }

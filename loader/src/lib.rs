@@ -15,7 +15,7 @@ pub mod tokenizer;
 pub use tokenizer::{StreamDecoder, Tokenizer};
 pub mod chat;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, RenderExtras};
 
 /// Opens a model: a Hugging Face directory ([`hf`]), a `.mollm` package ([`package`]) or a
 /// GGUF file.

@@ -10,6 +10,7 @@ mod metrics;
 mod request;
 mod routes;
 mod text;
+mod tools;
 mod worker;
 
 use crate::common::{warm_up, CliResult, ModelArgs, SamplingArgs};

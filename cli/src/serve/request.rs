@@ -31,8 +31,11 @@ pub struct GenRequest {
     /// Generate past end-of-generation tokens (vLLM's and llama-server's extension, for
     /// benchmarks with fixed output lengths).
     pub ignore_eos: bool,
-    /// What the output must be (`response_format` or `grammar`), and the field that said so.
+    /// What the output must be (`response_format`, `grammar`, or a forced tool call), and the
+    /// field that said so.
     pub format: Option<(grammar::Spec, &'static str)>,
+    /// The request's tools and how the model's template writes calls.
+    pub tools: Option<(super::tools::Tools, super::tools::Dialect)>,
 }
 
 /// Fields both endpoints read.
@@ -57,7 +60,15 @@ const COMMON: &[&str] = &[
     "response_format",
     "grammar",
 ];
-const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
+const CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+];
 const COMPLETION: &[&str] = &["prompt"];
 
 /// OpenAI fields this server does not implement, with the value that means "not used".
@@ -69,9 +80,9 @@ fn unsupported_default(k: &str, v: &Value) -> Option<bool> {
         _ => false,
     };
     Some(match k {
-        "tools" | "functions" | "logit_bias" | "metadata" | "modalities" => empty,
-        "tool_choice" | "function_call" => empty || v == "none",
-        "parallel_tool_calls" | "store" | "echo" => empty || v == false,
+        "functions" | "logit_bias" | "metadata" | "modalities" => empty,
+        "function_call" => empty || v == "none",
+        "store" | "echo" => empty || v == false,
         "best_of" => empty || v == 1,
         "suffix"
         | "audio"
@@ -185,16 +196,33 @@ pub fn parse(
     }
     let n = f.int("n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
 
+    let mut tools = None;
     let prompt = match endpoint {
         Endpoint::Chat => {
             let msgs = messages(f.get("messages"))?;
-            if model.chat_template.is_none() {
+            let Some(tmpl) = model.chat_template.as_ref() else {
                 return Err(ApiError::field(
                     "messages",
                     "this model has no chat template: use /v1/completions",
                 ));
-            }
-            chat_tokens(model, &msgs, true, limit).map_err(|e| prompt_error(e, "messages"))?
+            };
+            let t = super::tools::parse(
+                f.get("tools"),
+                f.get("tool_choice"),
+                f.get("parallel_tool_calls"),
+            )?;
+            let extras = loader::RenderExtras {
+                tools: t.as_ref().and_then(|t| t.for_template()),
+                kwargs: match f.get("chat_template_kwargs") {
+                    None => Map::new(),
+                    Some(Value::Object(o)) => o.clone(),
+                    Some(_) => {
+                        return Err(ApiError::field("chat_template_kwargs", "must be an object"))
+                    }
+                },
+            };
+            tools = t.map(|t| (t, super::tools::Dialect::of_template(tmpl.source())));
+            chat_tokens(model, &msgs, &extras, limit).map_err(|e| prompt_error(e, "messages"))?
         }
         Endpoint::Completion => completion_prompt(f.get("prompt"), model, limit)?,
     };
@@ -325,8 +353,28 @@ pub fn parse(
     params
         .validate()
         .map_err(|e| ApiError::field(e.field, e.msg))?;
-    let format = output_format(&f)?;
+    let mut format = output_format(&f)?;
+    // A required or named tool choice: the output is a call, by constrained decoding.
+    if let Some((t, d)) = &tools {
+        let tok = &model.tokenizer;
+        let special = |s: &str| match tok.token_id(s) {
+            // A control token is written by id (llguidance's `<[id]>`): its text is not
+            // what the model emits.
+            Some(id) if tok.is_control(id) => format!("<[{id}]>"),
+            _ => serde_json::to_string(s).unwrap_or_default(),
+        };
+        if let Some(g) = t.forced(*d, special) {
+            if format.is_some() {
+                return Err(ApiError::field(
+                    "tool_choice",
+                    "a required or named tool call and an output format cannot be combined",
+                ));
+            }
+            format = Some((grammar::Spec::Lark(g), "tool_choice"));
+        }
+    }
     Ok(GenRequest {
+        tools,
         format,
         n,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
@@ -418,8 +466,9 @@ fn output_format(f: &Fields) -> Result<Option<(grammar::Spec, &'static str)>, Ap
     }
 }
 
-/// `messages`: roles system (or developer), user, assistant; content a string, a list of text
-/// parts, or null (an assistant turn with nothing said).
+/// `messages`: roles system (or developer), user, assistant (its content may be null, with
+/// `tool_calls`), tool (a result: `tool_call_id`, content); content a string or a list of
+/// text parts; `name` kept for the template.
 fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match v {
         None => return Err(ApiError::field("messages", "required")),
@@ -435,51 +484,75 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         let o = m
             .as_object()
             .ok_or_else(|| ApiError::field(&format!("messages[{i}]"), "must be an object"))?;
+        let role =
+            match o.get("role").and_then(Value::as_str) {
+                Some("system") | Some("developer") => "system",
+                Some("user") => "user",
+                Some("assistant") => "assistant",
+                Some("tool") => "tool",
+                Some("function") => return Err(ApiError {
+                    code: Some("unsupported_parameter"),
+                    ..ApiError::field(
+                        &at("role"),
+                        "'function' messages (the deprecated API) are not supported: use 'tool'",
+                    )
+                }),
+                Some(r) => {
+                    return Err(ApiError::field(
+                        &at("role"),
+                        format!("'{r}' is not one of system, developer, user, assistant, tool"),
+                    ))
+                }
+                None => return Err(ApiError::field(&at("role"), "required (a string)")),
+            };
         for k in o.keys() {
-            if !["role", "content", "name"].contains(&k.as_str()) {
+            let known = [
+                "role",
+                "content",
+                "name",
+                "tool_calls",
+                "tool_call_id",
+                "refusal",
+            ];
+            if !known.contains(&k.as_str()) {
                 let v = &o[k];
                 let harmless = v.is_null() || v.as_array().is_some_and(|a| a.is_empty());
                 if !harmless {
-                    return Err(
-                        if [
-                            "tool_calls",
-                            "tool_call_id",
-                            "function_call",
-                            "audio",
-                            "refusal",
-                        ]
-                        .contains(&k.as_str())
-                        {
-                            ApiError::unsupported(&at(k))
-                        } else {
-                            ApiError::field(&at(k), "unknown field")
-                        },
-                    );
+                    return Err(if ["function_call", "audio"].contains(&k.as_str()) {
+                        ApiError::unsupported(&at(k))
+                    } else {
+                        ApiError::field(&at(k), "unknown field")
+                    });
                 }
             }
         }
-        if o.get("name").is_some_and(|n| !n.is_null()) {
-            return Err(ApiError::unsupported(&at("name")));
+        let mut msg = ChatMessage::new(role, String::new());
+        if let Some(n) = o.get("name").filter(|n| !n.is_null()) {
+            msg.name = Some(
+                n.as_str()
+                    .ok_or_else(|| ApiError::field(&at("name"), "must be a string"))?
+                    .to_string(),
+            );
         }
-        let role = match o.get("role").and_then(Value::as_str) {
-            Some("system") | Some("developer") => "system",
-            Some("user") => "user",
-            Some("assistant") => "assistant",
-            Some(r @ ("tool" | "function")) => {
-                return Err(ApiError {
-                    code: Some("unsupported_parameter"),
-                    ..ApiError::field(&at("role"), format!("'{r}' messages are not supported"))
-                })
-            }
-            Some(r) => {
+        if let Some(calls) = o.get("tool_calls").filter(|c| !c.is_null()) {
+            if role != "assistant" {
                 return Err(ApiError::field(
-                    &at("role"),
-                    format!("'{r}' is not one of system, developer, user, assistant"),
-                ))
+                    &at("tool_calls"),
+                    "only assistant messages make calls",
+                ));
             }
-            None => return Err(ApiError::field(&at("role"), "required (a string)")),
-        };
-        let content = match o.get("content") {
+            msg.tool_calls = Some(super::tools::message_calls(calls, &at("tool_calls"))?);
+        }
+        if role == "tool" {
+            let id = o
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::field(&at("tool_call_id"), "required (a string) in a tool message")
+                })?;
+            msg.tool_call_id = Some(id.to_string());
+        }
+        msg.content = match o.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Null) | None if role == "assistant" => String::new(),
             Some(Value::Array(parts)) => {
@@ -513,10 +586,7 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 ))
             }
         };
-        out.push(ChatMessage {
-            role: role.into(),
-            content,
-        });
+        out.push(msg);
     }
     Ok(out)
 }

@@ -96,6 +96,9 @@ async fn generate(app: Arc<App>, ep: Endpoint, body: Result<Bytes, BytesRejectio
             .unwrap_or_default(),
         ep,
         logprobs: req.logprobs.is_some(),
+        tools: req
+            .tools
+            .filter(|(t, _)| t.choice != super::tools::Choice::None),
     };
     if req.stream {
         stream(meta, req.include_usage, choices)
@@ -263,9 +266,33 @@ struct Meta {
     model: String,
     ep: Endpoint,
     logprobs: bool,
+    /// Tools the output may call (not with `tool_choice: none`), and the template's dialect.
+    tools: Option<(super::tools::Tools, super::tools::Dialect)>,
 }
 
 impl Meta {
+    /// The calls in choice `index`'s text: the content before them and the `tool_calls`
+    /// entries (ids unique in the response), or None.
+    fn calls(&self, index: usize, text: &str) -> Option<(String, Vec<Value>)> {
+        let (t, d) = self.tools.as_ref()?;
+        let (content, calls) = t.read(text, *d)?;
+        let id = self.id.rsplit('-').next().unwrap_or("0");
+        let calls = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| super::tools::call_json(c, &format!("call_{id}_{index}_{k}")))
+            .collect();
+        Some((content, calls))
+    }
+
+    /// Where choice text may have begun a call (a stream holds it back from there).
+    fn hold_from(&self, text: &str) -> usize {
+        match &self.tools {
+            Some((t, d)) => t.hold_from(text, *d),
+            None => text.len(),
+        }
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.ep, chunk) {
             (Endpoint::Chat, false) => "chat.completion",
@@ -392,12 +419,22 @@ async fn whole(meta: Meta, mut choices: Vec<Choice>) -> Response {
             Value::Null
         };
         out.push(match meta.ep {
-            Endpoint::Chat => json!({
-                "index": index,
-                "message": {"role": "assistant", "content": text, "refusal": null},
-                "logprobs": logprobs,
-                "finish_reason": done.as_str(),
-            }),
+            Endpoint::Chat => match meta.calls(index, &text) {
+                Some((content, calls)) => json!({
+                    "index": index,
+                    "message": {"role": "assistant",
+                                "content": if content.is_empty() { Value::Null } else { json!(content) },
+                                "tool_calls": calls, "refusal": null},
+                    "logprobs": logprobs,
+                    "finish_reason": "tool_calls",
+                }),
+                None => json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": text, "refusal": null},
+                    "logprobs": logprobs,
+                    "finish_reason": done.as_str(),
+                }),
+            },
             Endpoint::Completion => json!({
                 "index": index,
                 "text": text,
@@ -462,6 +499,9 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
             }
         }
         let mut lp: Vec<Lp> = (0..tickets.len()).map(|_| Lp::default()).collect();
+        // With tools: each choice's text so far and how much of it was sent (what may be a
+        // call is held back until the choice ends).
+        let mut acc: Vec<(String, usize)> = vec![(String::new(), 0); tickets.len()];
         let mut usage = Vec::with_capacity(tickets.len());
         let mut open = tickets.len();
         while open > 0 {
@@ -473,11 +513,18 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
                 break;
             };
             match o {
-                Out::Token { text, logprobs } => {
+                Out::Token { mut text, logprobs } => {
                     let l = logprobs.map(|t| {
                         lp[i].push(meta.ep, t);
                         lp[i].take(meta.ep)
                     });
+                    if meta.tools.is_some() {
+                        let (all, sent) = &mut acc[i];
+                        all.push_str(&text);
+                        let upto = meta.hold_from(all).max(*sent);
+                        text = all[*sent..upto].to_string();
+                        *sent = upto;
+                    }
                     if text.is_empty() && l.is_none() {
                         continue;
                     }
@@ -493,15 +540,53 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
                     tickets[i].finished = true;
                     open -= 1;
                     usage.push(u);
+                    let mut text = text;
+                    let mut finish = finish.as_str();
+                    if meta.tools.is_some() {
+                        let (all, sent) = &mut acc[i];
+                        all.push_str(&text);
+                        text = all[*sent..].to_string();
+                        if let Some((_, calls)) = meta.calls(i, all) {
+                            // The content before the calls, then the calls in one delta.
+                            let upto = meta.hold_from(all).max(*sent);
+                            let before = all[*sent..upto].trim_end().to_string();
+                            if !before.is_empty()
+                                && !send(chunk(&meta, i, Some(&before), false, None, None)).await
+                            {
+                                return;
+                            }
+                            let deltas: Vec<Value> = calls
+                                .into_iter()
+                                .enumerate()
+                                .map(|(k, mut c)| {
+                                    c["index"] = json!(k);
+                                    c
+                                })
+                                .collect();
+                            let mut m = meta.envelope(
+                                true,
+                                json!([{"index": i, "delta": {"tool_calls": deltas},
+                                        "logprobs": null, "finish_reason": null}]),
+                            );
+                            if include_usage {
+                                m.insert("usage".into(), Value::Null);
+                            }
+                            if !send(Event::default().data(Value::Object(m).to_string())).await {
+                                return;
+                            }
+                            text.clear();
+                            finish = "tool_calls";
+                        }
+                    }
                     if !text.is_empty()
                         && !send(chunk(&meta, i, Some(&text), false, None, None)).await
                     {
                         return;
                     }
                     let last = match meta.ep {
-                        Endpoint::Chat => chunk(&meta, i, None, false, None, Some(finish.as_str())),
+                        Endpoint::Chat => chunk(&meta, i, None, false, None, Some(finish)),
                         Endpoint::Completion => {
-                            chunk(&meta, i, Some(""), false, None, Some(finish.as_str()))
+                            chunk(&meta, i, Some(""), false, None, Some(finish))
                         }
                     };
                     if !send(last).await {

@@ -5,6 +5,8 @@ client cannot say what is sent). Run by cli/tests/serve.rs against a server it s
     openai_client.py invariance URL KEY   16 greedy prompts at once; prints their answers (JSON)
     openai_client.py load URL KEY PID SECS  64 streaming clients, then disconnects and /metrics
     openai_client.py limits URL           429 with Retry-After, 413 (a server with --parallel 1 --queue 1)
+    openai_client.py tools URL KEY         tool calls: auto, required, named, none, streamed deltas,
+                                          a round trip with a tool result (a model with a tool template)
     openai_client.py structured URL KEY N  json_schema / json_object / Lark grammar outputs: N sampled
                                           generations at temperature 1, every one parses and validates
 
@@ -375,6 +377,113 @@ def structured(url, key, n):
             raise AssertionError(f"{kw} was accepted")
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 40},
+                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+]
+
+
+def valid_call(tc, names=("get_weather", "add")):
+    assert tc.type == "function" and tc.id.startswith("call_"), tc
+    assert tc.function.name in names, tc
+    args = json.loads(tc.function.arguments)
+    if tc.function.name == "get_weather":
+        assert set(args) == {"city", "unit"} and isinstance(args["city"], str), args
+        assert args["unit"] in ("celsius", "fahrenheit"), args
+    else:
+        assert set(args) == {"a", "b"}, args
+        assert all(isinstance(args[k], (int, float)) and not isinstance(args[k], bool) for k in "ab"), args
+    return args
+
+
+def tools(url, key):
+    """Tool calls through the client, on a model whose template has a tool section."""
+    c = client(url, key)
+    model = c.models.list().data[0].id
+    ask = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+
+    # Required: always a call that validates, also sampled at temperature 1.
+    for seed in range(12):
+        r = c.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice="required",
+                                      temperature=1.0, seed=seed, max_tokens=120)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, ch
+        for tc in ch.message.tool_calls:
+            valid_call(tc)
+    # Named: that function.
+    r = c.chat.completions.create(model=model, messages=ask, tools=TOOLS, temperature=0, max_tokens=120,
+                                  tool_choice={"type": "function", "function": {"name": "add"}})
+    assert [tc.function.name for tc in r.choices[0].message.tool_calls] == ["add"], r
+    valid_call(r.choices[0].message.tool_calls[0], ("add",))
+
+    # Streamed: the deltas put together are the whole answer's calls.
+    whole = c.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice="required",
+                                      temperature=0, max_tokens=120).choices[0].message.tool_calls
+    calls, fin = {}, None
+    for k in c.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice="required",
+                                       temperature=0, max_tokens=120, stream=True):
+        ch = k.choices[0]
+        for d in ch.delta.tool_calls or []:
+            e = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            e["id"] = d.id or e["id"]
+            e["name"] += (d.function.name or "") if d.function else ""
+            e["arguments"] += (d.function.arguments or "") if d.function else ""
+        fin = ch.finish_reason or fin
+    assert fin == "tool_calls", fin
+    assert [(e["name"], e["arguments"]) for _, e in sorted(calls.items())] == \
+        [(tc.function.name, tc.function.arguments) for tc in whole], (calls, whole)
+
+    # Auto: a call if the model writes one (tags or not), else text.
+    r = c.chat.completions.create(model=model, messages=ask, tools=TOOLS, temperature=0, max_tokens=120)
+    ch = r.choices[0]
+    if ch.message.tool_calls:
+        assert ch.finish_reason == "tool_calls", ch
+        for tc in ch.message.tool_calls:
+            assert tc.function.name in ("get_weather", "add"), tc
+            json.loads(tc.function.arguments)
+    # None: never a call.
+    r = c.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice="none",
+                                  temperature=0, max_tokens=40)
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length"), r
+
+    # A round trip: the call, its result as a tool message, and the model goes on.
+    call = whole[0]
+    follow = ask + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                    {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})}]
+    r = c.chat.completions.create(model=model, messages=follow, tools=TOOLS, temperature=0, max_tokens=40)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r
+
+    # Refused, naming the field.
+    for kw, param in [({"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                       "tool_choice.function.name"),
+                      ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+                       "tools[0].function.name"),
+                      ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}]},
+                       "tools[0].function.parameters")]:
+        try:
+            c.chat.completions.create(model=model, messages=ask, max_tokens=8, **{"tools": TOOLS, **kw})
+        except openai.BadRequestError as e:
+            check_error(e.response.json(), param=param)
+        else:
+            raise AssertionError(f"{kw} was accepted")
+    bad = ask + [{"role": "tool", "content": "x"}]
+    try:
+        c.chat.completions.create(model=model, messages=bad, max_tokens=8)
+    except openai.BadRequestError as e:
+        check_error(e.response.json(), param="messages[1].tool_call_id")
+    else:
+        raise AssertionError("a tool message without its call id was accepted")
+    print(json.dumps({"tools": "ok"}))
+
+
 def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -505,6 +614,8 @@ if __name__ == "__main__":
         load(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     elif cmd == "limits":
         limits(sys.argv[2])
+    elif cmd == "tools":
+        tools(sys.argv[2], sys.argv[3])
     elif cmd == "structured":
         structured(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
