@@ -158,6 +158,7 @@ fn parse_line(line: &str, model: &Model, a: &BatchArgs) -> Result<Parsed, String
         frequency_penalty: num("frequency_penalty")?.map_or(d.frequency_penalty, |f| f as f32),
         repeat_last_n: int("repeat_last_n", 1e9)?.map_or(d.repeat_last_n, |x| x as usize),
         seed,
+        logit_bias: Vec::new(),
     };
     params
         .validate()

@@ -176,6 +176,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             repeat_last_n: self.repeat_last_n,
             seed: self.seed.unwrap_or_else(clock_seed),
+            logit_bias: Vec::new(),
         };
         p.validate()
             .map_err(|e| format!("--{} {}", e.field.replace('_', "-"), e.msg))?;
@@ -434,13 +435,26 @@ pub fn chat_tokens(
     })?;
     let tok = &model.tokenizer;
     let max_bytes = tok.max_text_bytes(limit);
-    let text = tmpl
-        .render_with(msgs, true, extras, max_bytes)?
-        .ok_or(PromptError::TooLong {
-            limit,
-            bytes: Some(max_bytes),
-            rendered: true,
-        })?;
+    // A last assistant message with text is a prefill: the model continues it (the turns
+    // before it, the assistant's header, its text so far), as llama-server does.
+    let (msgs, prefill) = match msgs.split_last() {
+        Some((last, before))
+            if last.role == "assistant"
+                && !last.content.is_empty()
+                && last.tool_calls.is_none() =>
+        {
+            (before, last.content.as_str())
+        }
+        _ => (msgs, ""),
+    };
+    let mut text =
+        tmpl.render_with(msgs, true, extras, max_bytes)?
+            .ok_or(PromptError::TooLong {
+                limit,
+                bytes: Some(max_bytes),
+                rendered: true,
+            })?;
+    text.push_str(prefill);
     // A chat template that writes the BOS text itself (Gemma's does) must not get a second BOS.
     let template_has_bos = tok
         .bos()

@@ -257,6 +257,7 @@ fn queue_bound_body_limit_and_a_clean_stop() {
             "1",
             "--max-body",
             "4096",
+            "--strict",
         ],
         true,
     );

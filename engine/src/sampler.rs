@@ -20,6 +20,8 @@ pub struct SamplerParams {
     /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     pub seed: u64,
+    /// Added to the logits of these tokens before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerParams {
@@ -34,6 +36,7 @@ impl Default for SamplerParams {
             frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -199,14 +202,23 @@ impl Sampler {
         self.recent.push_back(token);
     }
 
+    /// Whether picking changes the raw logits first (penalties, a logit bias).
     pub fn has_penalties(&self) -> bool {
         let p = &self.params;
-        p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+        p.repeat_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
+            || !p.logit_bias.is_empty()
     }
 
     pub fn apply_penalties(&self, logits: &mut [f32]) {
         if !self.has_penalties() {
             return;
+        }
+        for &(t, b) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
         }
         let mut counts = std::collections::HashMap::<u32, u32>::new();
         for &t in &self.recent {

@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// Most open connections; one more is answered 503 with Retry-After and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections: u64,
+    /// Refuse request fields this server does not know (400 naming the field) instead of
+    /// ignoring them (each is logged once and listed in the response's
+    /// `x-mollm-ignored-fields` header).
+    #[arg(long)]
+    pub strict: bool,
     /// Sampling defaults for requests that do not set a field (default: greedy).
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -140,6 +145,10 @@ pub struct App {
     inflight: AtomicUsize,
     stopping: AtomicBool,
     created: u64,
+    /// `--strict`.
+    strict: bool,
+    /// Unknown request fields already logged (each once).
+    ignored_logged: Mutex<std::collections::BTreeSet<String>>,
 }
 
 pub fn serve(a: ServeArgs) -> CliResult {
@@ -175,6 +184,8 @@ async fn serve_async(a: ServeArgs) -> CliResult {
         metrics: Arc::new(metrics::Metrics::new()),
         api_key: a.api_key.as_deref().map(|k| k.trim().to_string()),
         defaults: a.sampling.clone(),
+        strict: a.strict,
+        ignored_logged: Mutex::new(Default::default()),
         parallel: a.parallel,
         queue: a.queue,
         max_tokens: a.max_tokens,

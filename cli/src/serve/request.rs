@@ -36,6 +36,9 @@ pub struct GenRequest {
     pub format: Option<(grammar::Spec, &'static str)>,
     /// The request's tools and how the model's template writes calls.
     pub tools: Option<(super::tools::Tools, super::tools::Dialect)>,
+    /// Fields this server does not know, ignored (without `--strict`), for the response's
+    /// `x-mollm-ignored-fields` header.
+    pub ignored: Vec<String>,
 }
 
 /// Fields both endpoints read.
@@ -59,9 +62,20 @@ const COMMON: &[&str] = &[
     "ignore_eos",
     "response_format",
     "grammar",
+    // llama-server's names: n_predict for max_tokens, repetition_penalty for repeat_penalty.
+    "n_predict",
+    "repetition_penalty",
+    "logit_bias",
+    "typical_p",
+    // Accepted, with nothing to do: request tags, and llama-server's cache switch (this
+    // server always reuses cached prefixes, with the same results).
+    "metadata",
+    "cache_prompt",
 ];
 const CHAT: &[&str] = &[
     "messages",
+    // Given to the template (gpt-oss's reads it), as chat_template_kwargs are.
+    "reasoning_effort",
     "max_completion_tokens",
     "top_logprobs",
     "tools",
@@ -80,7 +94,7 @@ fn unsupported_default(k: &str, v: &Value) -> Option<bool> {
         _ => false,
     };
     Some(match k {
-        "functions" | "logit_bias" | "metadata" | "modalities" => empty,
+        "functions" | "modalities" => empty,
         "function_call" => empty || v == "none",
         "store" | "echo" => empty || v == false,
         "best_of" => empty || v == 1,
@@ -88,7 +102,6 @@ fn unsupported_default(k: &str, v: &Value) -> Option<bool> {
         | "audio"
         | "prediction"
         | "service_tier"
-        | "reasoning_effort"
         | "web_search_options"
         | "stream_options.continuous_usage_stats" => empty,
         _ => return None,
@@ -160,19 +173,22 @@ fn prompt_error(e: PromptError, param: &str) -> ApiError {
     }
 }
 
-/// Validates a generation request; its prompt may have at most `limit` tokens.
+/// Validates a generation request; its prompt may have at most `limit` tokens. Fields it does
+/// not know are ignored and listed, or refused with `strict`.
 pub fn parse(
     endpoint: Endpoint,
     body: &[u8],
     model: &Model,
     defaults: &SamplingArgs,
     limit: usize,
+    strict: bool,
 ) -> Result<GenRequest, ApiError> {
     let o = &json_object(body)?;
     let own = match endpoint {
         Endpoint::Chat => CHAT,
         Endpoint::Completion => COMPLETION,
     };
+    let mut ignored = Vec::new();
     for (k, v) in o {
         if COMMON.contains(&k.as_str()) || own.contains(&k.as_str()) {
             continue;
@@ -180,7 +196,8 @@ pub fn parse(
         match unsupported_default(k, v) {
             Some(true) => {}
             Some(false) => return Err(ApiError::unsupported(k)),
-            None => return Err(ApiError::field(k, "unknown field")),
+            None if strict => return Err(ApiError::field(k, "unknown field (--strict)")),
+            None => ignored.push(k.clone()),
         }
     }
     let f = Fields(o);
@@ -199,7 +216,7 @@ pub fn parse(
     let mut tools = None;
     let prompt = match endpoint {
         Endpoint::Chat => {
-            let msgs = messages(f.get("messages"))?;
+            let msgs = messages(f.get("messages"), strict, &mut ignored)?;
             let Some(tmpl) = model.chat_template.as_ref() else {
                 return Err(ApiError::field(
                     "messages",
@@ -211,15 +228,22 @@ pub fn parse(
                 f.get("tool_choice"),
                 f.get("parallel_tool_calls"),
             )?;
+            let mut kwargs = match f.get("chat_template_kwargs") {
+                None => Map::new(),
+                Some(Value::Object(o)) => o.clone(),
+                Some(_) => {
+                    return Err(ApiError::field("chat_template_kwargs", "must be an object"))
+                }
+            };
+            if let Some(r) = f.get("reasoning_effort") {
+                if !r.is_string() {
+                    return Err(ApiError::field("reasoning_effort", "must be a string"));
+                }
+                kwargs.entry("reasoning_effort").or_insert(r.clone());
+            }
             let extras = loader::RenderExtras {
                 tools: t.as_ref().and_then(|t| t.for_template()),
-                kwargs: match f.get("chat_template_kwargs") {
-                    None => Map::new(),
-                    Some(Value::Object(o)) => o.clone(),
-                    Some(_) => {
-                        return Err(ApiError::field("chat_template_kwargs", "must be an object"))
-                    }
-                },
+                kwargs,
             };
             tools = t.map(|t| (t, super::tools::Dialect::of_template(tmpl.source())));
             chat_tokens(model, &msgs, &extras, limit).map_err(|e| prompt_error(e, "messages"))?
@@ -238,11 +262,40 @@ pub fn parse(
     let max_tokens = match (
         f.int("max_completion_tokens", 1, 1 << 30)?,
         f.int("max_tokens", 1, 1 << 30)?,
+        // llama-server's -1 is "until the context is full": the default here.
+        f.int("n_predict", -1, 1 << 30)?.filter(|&n| n != -1),
     ) {
-        (Some(n), _) => Some((n as usize, "max_completion_tokens")),
-        (None, Some(n)) => Some((n as usize, "max_tokens")),
-        (None, None) => None,
+        (Some(n), _, _) => Some((n as usize, "max_completion_tokens")),
+        (None, Some(n), _) => Some((n as usize, "max_tokens")),
+        (None, None, Some(0)) => {
+            return Err(ApiError::field("n_predict", "must be -1 or at least 1"))
+        }
+        (None, None, Some(n)) => Some((n as usize, "n_predict")),
+        (None, None, None) => None,
     };
+    match f.num("typical_p", -f64::MAX, f64::MAX)? {
+        None => {}
+        Some(t) if t == 1.0 => {}
+        Some(_) => {
+            return Err(ApiError {
+                code: Some("unsupported_parameter"),
+                ..ApiError::field(
+                    "typical_p",
+                    "locally typical sampling is not implemented (only 1, off)",
+                )
+            })
+        }
+    }
+    if let Some(c) = f.get("cache_prompt") {
+        if !c.is_boolean() {
+            return Err(ApiError::field("cache_prompt", "must be true or false"));
+        }
+    }
+    if let Some(m) = f.get("metadata") {
+        if !m.is_object() {
+            return Err(ApiError::field("metadata", "must be an object"));
+        }
+    }
 
     let stop = match f.get("stop") {
         None => Vec::new(),
@@ -343,12 +396,15 @@ pub fn parse(
         top_k,
         top_p: num("top_p")?.map_or(defaults.top_p, |x| x as f32),
         min_p: num("min_p")?.map_or(defaults.min_p, |x| x as f32),
-        repeat_penalty: num("repeat_penalty")?.map_or(defaults.repeat_penalty, |x| x as f32),
+        repeat_penalty: num("repeat_penalty")?
+            .or(num("repetition_penalty")?)
+            .map_or(defaults.repeat_penalty, |x| x as f32),
         presence_penalty: num("presence_penalty")?.map_or(defaults.presence_penalty, |x| x as f32),
         frequency_penalty: num("frequency_penalty")?
             .map_or(defaults.frequency_penalty, |x| x as f32),
         repeat_last_n: defaults.repeat_last_n,
         seed,
+        logit_bias: logit_bias(f.get("logit_bias"), model.hp.n_vocab)?,
     };
     params
         .validate()
@@ -374,6 +430,7 @@ pub fn parse(
         }
     }
     Ok(GenRequest {
+        ignored,
         tools,
         format,
         n,
@@ -386,6 +443,58 @@ pub fn parse(
         include_usage,
         logprobs,
     })
+}
+
+/// The most entries of a `logit_bias` (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// `logit_bias`: token id (a string key, or llama-server's list of [id, bias] pairs) to a bias
+/// in -100..=100.
+fn logit_bias(v: Option<&Value>, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let pairs: Vec<(String, &Value)> = match v {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(o)) => o.iter().map(|(k, v)| (k.clone(), v)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|p| match p.as_array().map(Vec::as_slice) {
+                Some([id, b]) => Ok((id.to_string(), b)),
+                _ => Err(ApiError::field(
+                    "logit_bias",
+                    "a list must hold [token id, bias] pairs",
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::field(
+                "logit_bias",
+                "must map token ids to biases",
+            ))
+        }
+    };
+    if pairs.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::field(
+            "logit_bias",
+            format!("at most {MAX_LOGIT_BIAS} entries, {} given", pairs.len()),
+        ));
+    }
+    pairs
+        .into_iter()
+        .map(|(k, b)| {
+            let at = format!("logit_bias.{k}");
+            let id: u32 = k
+                .parse()
+                .ok()
+                .filter(|&i: &u32| (i as usize) < n_vocab)
+                .ok_or_else(|| {
+                    ApiError::field(&at, format!("not a token id of this model (0..{n_vocab})"))
+                })?;
+            let b = b
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| ApiError::field(&at, "the bias must be a number in -100..=100"))?;
+            Ok((id, b as f32))
+        })
+        .collect()
 }
 
 /// `response_format` (`text`, `json_object`, `json_schema`; llama-server's `json_object` with a
@@ -469,7 +578,11 @@ fn output_format(f: &Fields) -> Result<Option<(grammar::Spec, &'static str)>, Ap
 /// `messages`: roles system (or developer), user, assistant (its content may be null, with
 /// `tool_calls`), tool (a result: `tool_call_id`, content); content a string or a list of
 /// text parts; `name` kept for the template.
-fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(
+    v: Option<&Value>,
+    strict: bool,
+    ignored: &mut Vec<String>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match v {
         None => return Err(ApiError::field("messages", "required")),
         Some(Value::Array(a)) if a.is_empty() => {
@@ -517,12 +630,14 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
             if !known.contains(&k.as_str()) {
                 let v = &o[k];
                 let harmless = v.is_null() || v.as_array().is_some_and(|a| a.is_empty());
-                if !harmless {
-                    return Err(if ["function_call", "audio"].contains(&k.as_str()) {
-                        ApiError::unsupported(&at(k))
-                    } else {
-                        ApiError::field(&at(k), "unknown field")
-                    });
+                if ["function_call", "audio"].contains(&k.as_str()) && !harmless {
+                    return Err(ApiError::unsupported(&at(k)));
+                }
+                if strict && !harmless {
+                    return Err(ApiError::field(&at(k), "unknown field (--strict)"));
+                }
+                if !ignored.contains(k) {
+                    ignored.push(k.clone());
                 }
             }
         }
@@ -637,15 +752,15 @@ mod tests {
     #[test]
     fn defaults_of_unsupported_fields_pass_and_others_are_named() {
         assert_eq!(
-            unsupported_default("tools", &serde_json::json!([])),
+            unsupported_default("functions", &serde_json::json!([])),
             Some(true)
         );
         assert_eq!(
-            unsupported_default("tools", &serde_json::json!([{"type": "function"}])),
+            unsupported_default("functions", &serde_json::json!([{"name": "f"}])),
             Some(false)
         );
         assert_eq!(
-            unsupported_default("logit_bias", &serde_json::json!({"5": 1})),
+            unsupported_default("audio", &serde_json::json!({"voice": "x"})),
             Some(false)
         );
         assert_eq!(
@@ -655,20 +770,41 @@ mod tests {
     }
 
     #[test]
+    fn logit_biases_are_token_ids_with_bounded_values() {
+        let ok = logit_bias(Some(&serde_json::json!({"5": 10, "7": -100})), 100).unwrap();
+        assert_eq!(ok, [(5, 10.0), (7, -100.0)]);
+        let pairs = logit_bias(Some(&serde_json::json!([[3, 1.5]])), 100).unwrap();
+        assert_eq!(pairs, [(3, 1.5)]);
+        let e = logit_bias(Some(&serde_json::json!({"100": 1})), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias.100"));
+        let e = logit_bias(Some(&serde_json::json!({"5": 101})), 100).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logit_bias.5"));
+    }
+
+    #[test]
     fn messages_are_checked_by_index() {
-        let e = messages(Some(&serde_json::json!([{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]))).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[1].role"));
-        let e = messages(Some(
-            &serde_json::json!([{"role": "user", "content": [{"type": "image_url"}]}]),
-        ))
+        let mut ig = Vec::new();
+        let e = messages(
+            Some(&serde_json::json!([{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}])),
+            false,
+            &mut ig,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].tool_call_id"));
+        let e = messages(
+            Some(&serde_json::json!([{"role": "user", "content": [{"type": "image_url"}]}])),
+            false,
+            &mut ig,
+        )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
         let m = messages(Some(&serde_json::json!([
             {"role": "developer", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": null}
-        ])))
+            {"role": "assistant", "content": null, "annotations": [1]}
+        ])), false, &mut ig)
         .unwrap();
+        assert_eq!(ig, ["annotations"]);
         assert_eq!(m[0].role, "system");
         assert_eq!(m[1].content, "ab");
         assert_eq!(m[2].content, "");

@@ -100,11 +100,17 @@ async fn generate(app: Arc<App>, ep: Endpoint, body: Result<Bytes, BytesRejectio
             .tools
             .filter(|(t, _)| t.choice != super::tools::Choice::None),
     };
-    if req.stream {
+    let mut resp = if req.stream {
         stream(meta, req.include_usage, choices)
     } else {
         whole(meta, choices).await
+    };
+    if !req.ignored.is_empty() {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&req.ignored.join(",")) {
+            resp.headers_mut().insert("x-mollm-ignored-fields", v);
+        }
     }
+    resp
 }
 
 /// Runs `f` (validation, template rendering, tokenizing: milliseconds to a second of CPU and
@@ -170,7 +176,16 @@ fn admit(
     }
     let body = body_bytes(app, body)?;
     let ctx = ready.max_seq;
-    let req = request::parse(ep, &body, &ready.model, &app.defaults, ctx - 1)?;
+    let req = request::parse(ep, &body, &ready.model, &app.defaults, ctx - 1, app.strict)?;
+    if !req.ignored.is_empty() {
+        let mut seen = app.ignored_logged.lock().unwrap_or_else(|e| e.into_inner());
+        for k in &req.ignored {
+            // Bounded: a client inventing names cannot grow this without end.
+            if seen.len() < 256 && seen.insert(k.clone()) {
+                eprintln!("mollm serve: ignoring the unknown request field '{k}' (--strict refuses such fields)");
+            }
+        }
+    }
     // The output format, compiled once for every choice: a schema it cannot take is this
     // request's 400, naming the field.
     let grammar = match &req.format {

@@ -178,13 +178,15 @@ def api(url, key):
     assert [texts[i] for i in range(3)] == [x.message.content for x in r.choices], texts
 
     # Refused: fields not implemented (400 naming them), bad values, overflow, no key.
-    for kw, param in [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-                      ({"logit_bias": {"5": 10}}, "logit_bias"),
+    for kw, param in [({"tool_choice": "required"}, "tool_choice"),
+                      ({"logit_bias": {"999999999": 10}}, "logit_bias.999999999"),
+                      ({"logit_bias": {"5": 500}}, "logit_bias.5"),
+                      ({"extra_body": {"typical_p": 0.5}}, "typical_p"),
+                      ({"extra_body": {"n_predict": 0}}, "n_predict"),
                       ({"n": 17}, "n"),
                       ({"temperature": 101}, "temperature"),
                       ({"top_p": 0}, "top_p"),
                       ({"top_logprobs": 3}, "top_logprobs"),
-                      ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
                       ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
                       ({"stop": "x" * 2000}, "stop"),
                       ({"max_tokens": 10 ** 6}, "max_tokens")]:
@@ -195,6 +197,35 @@ def api(url, key):
             assert e.body["param"] == param if isinstance(e.body, dict) and "param" in e.body else True
         else:
             raise AssertionError(f"{kw} was accepted")
+    # What real clients send: unknown fields are ignored and listed in a header; llama-server's
+    # names are aliases; a logit bias moves the pick; a last assistant message is continued.
+    status, headers, body = raw(url, "/v1/chat/completions", {
+        "model": model, "messages": CHAT, "max_tokens": 4, "frobnicate": 1,
+        "metadata": {"app": "test"}, "cache_prompt": True, "reasoning_effort": "low",
+        "chat_template_kwargs": {"enable_thinking": False}}, key=key)
+    assert status == 200, body
+    assert {k.lower(): v for k, v in headers.items()}.get("x-mollm-ignored-fields") == "frobnicate", headers
+    r = c.completions.create(model=model, prompt="Once upon a time", temperature=0,
+                             extra_body={"n_predict": 3, "repetition_penalty": 1.1})
+    assert r.usage.completion_tokens == 3, r.usage
+    # The runner-up of the first greedy pick, biased by +100, becomes the pick.
+    plain = c.completions.create(model=model, prompt="Once upon a time", max_tokens=1, temperature=0,
+                                 logprobs=2)
+    top = plain.choices[0].logprobs.top_logprobs[0]
+    runner_up = [t for t in top if t != plain.choices[0].text][0]
+    status, _, tok = raw(url, "/tokenize", {"content": runner_up, "add_special": False}, key=key)
+    assert status == 200, tok
+    if len(tok["tokens"]) == 1:
+        biased = c.completions.create(model=model, prompt="Once upon a time", max_tokens=1,
+                                      temperature=0, logit_bias={str(tok["tokens"][0]): 100})
+        assert biased.choices[0].text == runner_up, (biased.choices[0].text, runner_up)
+    pre = CHAT + [{"role": "assistant", "content": "Red, orange"}]
+    r = c.chat.completions.create(model=model, messages=pre, max_tokens=8, temperature=0)
+    whole = c.chat.completions.create(model=model, messages=CHAT, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content, r
+    if whole.choices[0].message.content.startswith("Red, orange"):
+        assert whole.choices[0].message.content[len("Red, orange"):].startswith(r.choices[0].message.content[:4]), (r, whole)
+
     try:
         c.completions.create(model=model, prompt="hello " * 20000, max_tokens=4)
     except openai.BadRequestError as e:
@@ -581,7 +612,11 @@ def load(url, key, pid, secs):
 
 
 def limits(url):
-    """A server with --parallel 1 --queue 1 --max-body 4096: 429 with Retry-After, 413."""
+    """A server with --parallel 1 --queue 1 --max-body 4096 --strict: 429 with Retry-After, 413,
+    unknown fields refused."""
+    status, _, body = raw(url, "/v1/completions", {"prompt": "x", "max_tokens": 1, "frobnicate": 1})
+    assert status == 400, (status, body)
+    check_error(body, param="frobnicate")
     status, _, body = raw(url, "/v1/completions", b'{"prompt": "' + b"x" * 8192 + b'"}')
     assert status == 413, (status, body)
     check_error(body, code="payload_too_large")
