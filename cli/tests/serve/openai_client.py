@@ -581,6 +581,13 @@ def load(url, key, pid, secs):
         await clients(ac, time.monotonic() + secs / 2)
         rss2 = rss(pid)
         m1 = metrics(url, key)
+        # The gauges follow the engine's next step, which may come just after a client read
+        # its last chunk: give them a moment.
+        settle = time.monotonic() + 10
+        while (m1["mollm:num_requests_running"] or m1["mollm:num_requests_waiting"]) \
+                and time.monotonic() < settle:
+            time.sleep(0.05)
+            m1 = metrics(url, key)
         route = 'mollm:requests_total{route="/v1/chat/completions",status="200"}'
         d = lambda k: m1.get(k, 0) - m0.get(k, 0)
         assert d(route) == stats["requests"], (d(route), stats)
