@@ -3,13 +3,18 @@
 //! of that sequence's row only, so the other sequences of a batched step pick exactly what they
 //! pick alone.
 
+/// Why a constraint cannot go on (its matcher's own words); the sequence ends with it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConstraintError(pub String);
+
 /// The language a sequence's output must stay in, token by token.
 pub trait TokenConstraint: Send {
     /// Sets every entry of `logits` (one row, the model's vocabulary) whose token may not come
     /// next to negative infinity. An error ends the sequence with it.
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError>;
     /// The token picked from the masked row.
-    fn accept(&mut self, token: u32) -> Result<(), String>;
+    fn accept(&mut self, token: u32) -> Result<(), ConstraintError>;
     /// The output is complete and nothing may follow: the sequence stops ("stop").
     fn finished(&self) -> bool;
 }

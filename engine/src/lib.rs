@@ -22,7 +22,7 @@ pub mod session;
 pub mod tensor;
 pub mod trace;
 
-pub use constraint::{Constraint, TokenConstraint};
+pub use constraint::{Constraint, ConstraintError, TokenConstraint};
 pub use error::{EngineError, Result};
 pub use sampler::{ParamError, Sampler, SamplerParams};
 pub use session::{BackendChoice, Model, Sequence, Session, SessionOptions, Timings, Work};

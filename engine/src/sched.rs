@@ -376,8 +376,8 @@ impl Scheduler {
                     self.row.clear();
                     self.row.extend_from_slice(raw);
                     if let Some(c) = a.req.constraint.as_mut() {
-                        if let Err(msg) = c.mask(&mut self.row) {
-                            failed.push((i, msg));
+                        if let Err(e) = c.mask(&mut self.row) {
+                            failed.push((i, e.to_string()));
                             continue;
                         }
                     }
@@ -385,8 +385,8 @@ impl Scheduler {
                 }
             };
             if let Some(c) = a.req.constraint.as_mut() {
-                if let Err(msg) = c.accept(tok) {
-                    failed.push((i, msg));
+                if let Err(e) = c.accept(tok) {
+                    failed.push((i, e.to_string()));
                     continue;
                 }
             }

@@ -10,7 +10,7 @@
 //! within llguidance's limits (lexer fuel, grammar size), so a hostile schema is refused rather
 //! than run for long.
 
-use engine::TokenConstraint;
+use engine::{ConstraintError, TokenConstraint};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use loader::Tokenizer;
@@ -162,16 +162,21 @@ pub struct Constrained {
 }
 
 impl Constrained {
-    fn error(&self, what: &str) -> String {
-        self.matcher
-            .get_error()
-            .unwrap_or_else(|| format!("the grammar {what}"))
+    fn error(&self, what: &str) -> ConstraintError {
+        ConstraintError(
+            self.matcher
+                .get_error()
+                .unwrap_or_else(|| format!("the grammar {what}")),
+        )
     }
 }
 
 impl TokenConstraint for Constrained {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+        let allowed = self
+            .matcher
+            .compute_mask()
+            .map_err(|e| ConstraintError(e.to_string()))?;
         if allowed.is_zero() {
             return Err(self.error("allows no token here"));
         }
@@ -186,14 +191,16 @@ impl TokenConstraint for Constrained {
         Ok(())
     }
 
-    fn accept(&mut self, token: u32) -> Result<(), String> {
+    fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
         // Any end-of-generation token is the grammar's EOS.
         let t = if self.vocab.eog.contains(&token) {
             self.vocab.eos
         } else {
             token
         };
-        self.matcher.consume_token(t).map_err(|e| e.to_string())
+        self.matcher
+            .consume_token(t)
+            .map_err(|e| ConstraintError(e.to_string()))
     }
 
     fn finished(&self) -> bool {
