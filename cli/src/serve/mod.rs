@@ -4,6 +4,7 @@
 //! (`request`), submits it, and streams the answer back. The server listens at once and
 //! answers `/health` with 503 while the model loads.
 
+mod anthropic;
 mod conn;
 mod error;
 mod metrics;
@@ -417,6 +418,8 @@ const ROUTES: &[&str] = &[
     "/v1/models",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/health",
     "/metrics",
     "/tokenize",
@@ -428,6 +431,8 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(routes::models))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/completions", post(routes::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/tokenize", post(routes::tokenize))
@@ -442,16 +447,18 @@ fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// `Authorization: Bearer KEY` on every route but /health, when --api-key is set.
+/// `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) on every route but /health,
+/// when --api-key is set.
 async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     if let Some(key) = &app.api_key {
         if req.uri().path() != "/health" {
-            let ok = req
-                .headers()
+            let h = req.headers();
+            let bearer = h
                 .get(axum::http::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .is_some_and(|k| k.trim() == key);
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+            let ok = bearer.or(x_key).is_some_and(|k| k.trim() == key);
             if !ok {
                 return ApiError::unauthorized().into_response();
             }

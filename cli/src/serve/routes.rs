@@ -25,10 +25,10 @@ use tokio::sync::mpsc;
 
 /// A request's place in the engine: cancels the sequence unless it finished, and frees the
 /// place in the queue bound, when dropped.
-struct Ticket {
+pub(super) struct Ticket {
     app: Arc<App>,
-    id: usize,
-    finished: bool,
+    pub(super) id: usize,
+    pub(super) finished: bool,
 }
 
 impl Drop for Ticket {
@@ -42,7 +42,10 @@ impl Drop for Ticket {
     }
 }
 
-fn body_bytes(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(super) fn body_bytes(
+    app: &App,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let status = e.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -117,7 +120,7 @@ async fn generate(app: Arc<App>, ep: Endpoint, body: Result<Bytes, BytesRejectio
 /// memory in proportion to the prompt) off the runtime's threads, which serve every
 /// connection, and at most `App::admissions` at once: the rest wait their turn, so a burst of
 /// long prompts costs the memory of a few, not of all.
-async fn admission<T: Send + 'static>(
+pub(super) async fn admission<T: Send + 'static>(
     app: &Arc<App>,
     big: bool,
     f: impl FnOnce(&Arc<App>) -> Result<T, ApiError> + Send + 'static,
@@ -144,7 +147,7 @@ async fn admission<T: Send + 'static>(
 }
 
 /// A body past this many bytes gets the heap trimmed after its admission ([`trim_heap`]).
-const BIG_BODY: usize = 64 << 10;
+pub(super) const BIG_BODY: usize = 64 << 10;
 
 fn body_len(body: &Result<Bytes, BytesRejection>) -> usize {
     body.as_ref().map_or(0, |b| b.len())
@@ -162,10 +165,10 @@ fn trim_heap() {
 }
 
 /// One choice of a request: its place in the engine and its answer's channel.
-type Choice = (Ticket, mpsc::UnboundedReceiver<Out>);
+pub(super) type Choice = (Ticket, mpsc::UnboundedReceiver<Out>);
 
 /// Validates, checks the context and the queue bound, and submits the request's `n` choices.
-fn admit(
+pub(super) fn admit(
     app: &Arc<App>,
     ep: Endpoint,
     body: Result<Bytes, BytesRejection>,
@@ -416,6 +419,7 @@ async fn whole(meta: Meta, mut choices: Vec<Choice>) -> Response {
                     text: t,
                     finish,
                     usage: u,
+                    ..
                 }) => {
                     ticket.finished = true;
                     text.push_str(&t);
@@ -551,6 +555,7 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
                     text,
                     finish,
                     usage: u,
+                    ..
                 } => {
                     tickets[i].finished = true;
                     open -= 1;

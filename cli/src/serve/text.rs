@@ -8,6 +8,7 @@ pub struct StopText {
     longest: usize,
     text: String,
     sent: usize,
+    matched: Option<usize>,
 }
 
 impl StopText {
@@ -18,7 +19,13 @@ impl StopText {
             longest,
             text: String::new(),
             sent: 0,
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Appends `piece`; returns the text now safe to show, and whether a stop string ended the
@@ -37,9 +44,11 @@ impl StopText {
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| from + p))
+            .enumerate()
+            .filter_map(|(i, s)| self.text[from..].find(s.as_str()).map(|p| (from + p, i)))
             .min();
-        if let Some(at) = hit {
+        if let Some((at, i)) = hit {
+            self.matched = Some(i);
             let out = self.release(at.max(self.sent));
             self.text.truncate(at.max(self.sent));
             return (out, true);
@@ -114,6 +123,9 @@ mod tests {
         let (out, hit) = run(&["cd", "b"], &["abcd"]);
         assert!(hit);
         assert_eq!(out.concat(), "a");
+        let mut t = StopText::new(vec!["cd".into(), "b".into()]);
+        t.push("abcd");
+        assert_eq!(t.matched(), Some("b"));
         let (out, hit) = run(&["world"], &["hello world", "!"]);
         assert!(hit);
         assert_eq!(out.concat(), "hello ");

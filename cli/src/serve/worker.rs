@@ -72,6 +72,8 @@ pub enum Out {
         /// Text released at the end (what was held back for a stop string that never came).
         text: String,
         finish: Finish,
+        /// The stop string that ended it, if one did.
+        stop_sequence: Option<String>,
         usage: Usage,
     },
     /// The request failed or was ended (shutdown); nothing follows.
@@ -263,6 +265,7 @@ pub fn run(
                         let _ = l.tx.send(Out::Done {
                             text: String::new(),
                             finish: Finish::Stop,
+                            stop_sequence: l.stop.matched().map(str::to_string),
                             usage: Usage {
                                 prompt_tokens: l.prompt_tokens,
                                 cached_tokens: cached,
@@ -292,6 +295,7 @@ pub fn run(
                     let _ = l.tx.send(Out::Done {
                         text,
                         finish: if stopped { Finish::Stop } else { finish },
+                        stop_sequence: l.stop.matched().map(str::to_string),
                         usage: Usage {
                             prompt_tokens,
                             cached_tokens,
