@@ -253,6 +253,9 @@ fn openai_and_anthropic_clients_tool_calls() {
     );
     let out = s.python(&["tools", &s.url, "sk-test"]);
     assert!(out.contains("\"tools\": \"ok\""), "{out}");
+    // The Responses API on the same server.
+    let out = s.python(&["responses", &s.url, "sk-test"]);
+    assert!(out.contains("\"responses\": \"ok\""), "{out}");
     // Anthropic's Messages API on the same server: text, streamed events, stop sequences,
     // tool_use and tool_result, count_tokens, errors in its shape.
     python_with("anthropic", ANTHROPIC);

@@ -9,6 +9,7 @@ mod conn;
 mod error;
 mod metrics;
 mod request;
+mod responses;
 mod routes;
 mod text;
 mod tools;
@@ -420,6 +421,7 @@ const ROUTES: &[&str] = &[
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
     "/health",
     "/metrics",
     "/tokenize",
@@ -433,6 +435,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(routes::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/tokenize", post(routes::tokenize))

@@ -7,6 +7,8 @@ client cannot say what is sent). Run by cli/tests/serve.rs against a server it s
     openai_client.py limits URL           429 with Retry-After, 413 (a server with --parallel 1 --queue 1)
     openai_client.py tools URL KEY         tool calls: auto, required, named, none, streamed deltas,
                                           a round trip with a tool result (a model with a tool template)
+    openai_client.py responses URL KEY     the Responses API: text, streamed events, function calls and
+                                          their outputs, text.format json_schema, previous_response_id
     openai_client.py structured URL KEY N  json_schema / json_object / Lark grammar outputs: N sampled
                                           generations at temperature 1, every one parses and validates
 
@@ -515,6 +517,68 @@ def tools(url, key):
     print(json.dumps({"tools": "ok"}))
 
 
+def responses(url, key):
+    """The Responses API through the client (stateless)."""
+    c = client(url, key)
+    model = c.models.list().data[0].id
+    r = c.responses.create(model=model, input="Name three colours of the rainbow.",
+                           instructions="You are terse.", max_output_tokens=32, temperature=0)
+    assert r.status in ("completed", "incomplete") and r.id.startswith("resp_"), r
+    assert r.output[0].type == "message" and r.output_text, r
+    assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 32, r.usage
+
+    # Streamed: the events up to response.completed, the deltas making the same text.
+    kinds, text, final = [], "", None
+    for e in c.responses.create(model=model, input="Name three colours of the rainbow.",
+                                instructions="You are terse.", max_output_tokens=32, temperature=0,
+                                stream=True):
+        kinds.append(e.type)
+        if e.type == "response.output_text.delta":
+            text += e.delta
+        if e.type in ("response.completed", "response.incomplete"):
+            final = e.response
+    assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+    assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    assert "response.output_item.added" in kinds and "response.output_text.done" in kinds, kinds
+    assert text == r.output_text == final.output_text, (text, r.output_text)
+
+    # Function calls, required: a call item; its output sent back as an input item.
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS]
+    ask = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    r = c.responses.create(model=model, input=ask, tools=tools, tool_choice="required", temperature=0,
+                           max_output_tokens=120)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls, r
+    args = json.loads(calls[0].arguments)
+    assert calls[0].name in ("get_weather", "add") and isinstance(args, dict), calls
+    follow = ask + [{"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
+                     "arguments": calls[0].arguments},
+                    {"type": "function_call_output", "call_id": calls[0].call_id, "output": "21 degrees"}]
+    r2 = c.responses.create(model=model, input=follow, tools=tools, temperature=0, max_output_tokens=40)
+    assert r2.output, r2
+    # Streamed call: its arguments in the done event equal the whole answer's.
+    done = [e for e in c.responses.create(model=model, input=ask, tools=tools, tool_choice="required",
+                                          temperature=0, max_output_tokens=120, stream=True)
+            if e.type == "response.function_call_arguments.done"]
+    assert done and done[0].arguments == calls[0].arguments, (done, calls)
+
+    # Structured output through text.format.
+    r = c.responses.create(model=model, input="Invent a person. Answer in JSON.", temperature=1.0,
+                           max_output_tokens=300,
+                           text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
+                                            "strict": True}})
+    valid_person(json.loads(r.output_text))
+
+    try:
+        c.responses.create(model=model, input="hi", previous_response_id="resp_123")
+    except openai.BadRequestError as e:
+        check_error(e.response.json(), param="previous_response_id")
+    else:
+        raise AssertionError("previous_response_id was accepted")
+    print(json.dumps({"responses": "ok"}))
+
+
 def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -658,6 +722,8 @@ if __name__ == "__main__":
         limits(sys.argv[2])
     elif cmd == "tools":
         tools(sys.argv[2], sys.argv[3])
+    elif cmd == "responses":
+        responses(sys.argv[2], sys.argv[3])
     elif cmd == "structured":
         structured(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
