@@ -1,13 +1,16 @@
 //! The scheduler's cancel and log-probabilities, on the small random Qwen3 checkpoint: a
 //! cancelled request (queued or running) gives its KV pages back at once and sends nothing
 //! more, the others go on with the tokens they produce alone; log-probabilities are of the
-//! raw logits and rank the chosen token first under greedy decoding.
+//! raw logits and rank the chosen token first under greedy decoding; a constrained sequence
+//! writes only what its constraint allows and stops when it is complete, and its neighbours
+//! in the batch produce what they produce alone.
 
 #[path = "common/random.rs"]
 mod random;
 
 use engine::kv::KV_PAGE;
 use engine::sched::{Event, Request, SchedOptions, Scheduler};
+use engine::{ConstraintError, TokenConstraint};
 use engine::{Model, Sampler, SamplerParams, Session, SessionOptions};
 
 fn model() -> Model {
@@ -47,6 +50,7 @@ fn req(id: usize, seed: u32, max_tokens: usize, logprobs: Option<usize>) -> Requ
         sampler: Sampler::new(SamplerParams::default()),
         stop_at_eog: false,
         logprobs,
+        constraint: None,
     }
 }
 
@@ -165,4 +169,103 @@ fn token_logprobs_normalise() {
         vec![1, 3, 2, 0]
     );
     assert_eq!(lp.logprob, lp.top[2].1);
+}
+
+/// Allows exactly `want`, one token after another, then is complete.
+struct Exactly {
+    want: Vec<u32>,
+    at: usize,
+}
+
+impl TokenConstraint for Exactly {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+        let next = *self
+            .want
+            .get(self.at)
+            .ok_or_else(|| ConstraintError("past the end".into()))?;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if i as u32 != next {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+    fn accept(&mut self, token: u32) -> Result<(), ConstraintError> {
+        match self.want.get(self.at) {
+            Some(&t) if t == token => {
+                self.at += 1;
+                Ok(())
+            }
+            _ => Err(ConstraintError(format!("token {token} was not allowed"))),
+        }
+    }
+    fn finished(&self) -> bool {
+        self.at == self.want.len()
+    }
+}
+
+#[test]
+fn a_constrained_sequence_writes_its_language_and_its_neighbours_are_unchanged() {
+    let m = model();
+    let mut s = session(&m, 8);
+    let mut sc = sched(4);
+    sc.submit(req(1, 2, 12, None));
+    let alone = drain(&mut sc, &mut s, 2)[1].0.clone();
+
+    let want = vec![7u32, 8, 9, 1000, 7];
+    let mut sc = sched(4);
+    sc.submit(req(0, 1, 40, None));
+    let mut constrained = req(1, 9, 40, None);
+    // Sampled, with a penalty: the mask still decides.
+    constrained.sampler = Sampler::new(SamplerParams {
+        temperature: 1.0,
+        repeat_penalty: 1.3,
+        seed: 3,
+        ..Default::default()
+    });
+    constrained.constraint = Some(Box::new(Exactly {
+        want: want.clone(),
+        at: 0,
+    }));
+    sc.submit(constrained);
+    sc.submit(req(2, 2, 12, None));
+    let out = drain(&mut sc, &mut s, 3);
+    assert_eq!(
+        out[1],
+        (want, true),
+        "stopped when complete, not at max_tokens"
+    );
+    assert_eq!(
+        out[2].0, alone,
+        "a constrained neighbour changed a sequence's tokens"
+    );
+    assert_eq!(out[0].0.len(), 40);
+
+    // A constraint that fails ends its sequence alone, with its message.
+    let mut sc = sched(2);
+    let mut bad = req(0, 1, 40, None);
+    bad.constraint = Some(Box::new(Exactly {
+        want: vec![],
+        at: 0,
+    }));
+    sc.submit(bad);
+    sc.submit(req(1, 2, 12, None));
+    let mut ev = Vec::new();
+    let mut failed = None;
+    let mut got = Vec::new();
+    while !sc.is_idle() {
+        ev.clear();
+        sc.step(&mut s, &mut ev).unwrap();
+        for e in ev.drain(..) {
+            match e {
+                Event::Failed { id, msg } => failed = Some((id, msg)),
+                Event::Token { id: 1, token, .. } => got.push(token),
+                _ => {}
+            }
+        }
+    }
+    let (id, msg) = failed.expect("the failing constraint's sequence failed");
+    assert_eq!(id, 0);
+    assert!(msg.contains("past the end"), "{msg}");
+    assert_eq!(got, alone);
 }
