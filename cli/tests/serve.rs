@@ -231,7 +231,8 @@ fn openai_client_api_invariance_and_load() {
     assert!(out.contains("\"load\": \"ok\""));
 }
 
-/// Tool calls with the openai and anthropic clients, on Qwen2.5's template (Hermes-style `<tool_call>`):
+/// Tool calls, the Responses and Messages APIs and llama-server's editor routes, with the
+/// openai and anthropic clients, on Qwen2.5's template (Hermes-style `<tool_call>`):
 /// required and named calls always parse and validate (sampled too), streamed deltas put
 /// together give the whole answer's calls, `none` never calls, a tool result round trip.
 #[test]
@@ -248,11 +249,16 @@ fn openai_and_anthropic_clients_tool_calls() {
             "4",
             "--api-key",
             "sk-test",
+            "--cors",
+            "http://localhost:3000",
         ],
         true,
     );
     let out = s.python(&["tools", &s.url, "sk-test"]);
     assert!(out.contains("\"tools\": \"ok\""), "{out}");
+    // llama-server's /props, /apply-template, /infill (Qwen2.5's FIM tokens), CORS.
+    let out = s.python(&["llama", &s.url, "sk-test"]);
+    assert!(out.contains("\"llama\": \"ok\""), "{out}");
     // The Responses API on the same server.
     let out = s.python(&["responses", &s.url, "sk-test"]);
     assert!(out.contains("\"responses\": \"ok\""), "{out}");

@@ -7,6 +7,7 @@
 mod anthropic;
 mod conn;
 mod error;
+mod llama;
 mod metrics;
 mod request;
 mod responses;
@@ -80,6 +81,11 @@ pub struct ServeArgs {
     /// Most open connections; one more is answered 503 with Retry-After and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections: u64,
+    /// Let web pages from this origin call the server (CORS: `*` for any; default: none).
+    /// Preflight requests are answered before the API key is checked, as browsers send them
+    /// without it.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors: Option<String>,
     /// Refuse request fields this server does not know (400 naming the field) instead of
     /// ignoring them (each is logged once and listed in the response's
     /// `x-mollm-ignored-fields` header).
@@ -149,6 +155,8 @@ pub struct App {
     created: u64,
     /// `--strict`.
     strict: bool,
+    /// `--cors`.
+    cors: Option<axum::http::HeaderValue>,
     /// Unknown request fields already logged (each once).
     ignored_logged: Mutex<std::collections::BTreeSet<String>>,
 }
@@ -187,6 +195,12 @@ async fn serve_async(a: ServeArgs) -> CliResult {
         api_key: a.api_key.as_deref().map(|k| k.trim().to_string()),
         defaults: a.sampling.clone(),
         strict: a.strict,
+        cors: a
+            .cors
+            .as_deref()
+            .map(axum::http::HeaderValue::from_str)
+            .transpose()
+            .map_err(|_| "--cors: not a valid origin header value".to_string())?,
         ignored_logged: Mutex::new(Default::default()),
         parallel: a.parallel,
         queue: a.queue,
@@ -422,6 +436,9 @@ const ROUTES: &[&str] = &[
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
+    "/props",
+    "/apply-template",
+    "/infill",
     "/health",
     "/metrics",
     "/tokenize",
@@ -436,6 +453,9 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
+        .route("/props", get(llama::props))
+        .route("/apply-template", post(llama::apply_template))
+        .route("/infill", post(llama::infill))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .route("/tokenize", post(routes::tokenize))
@@ -446,6 +466,7 @@ fn router(app: Arc<App>) -> Router {
         .layer(from_fn_with_state(app.clone(), conn::body_deadline))
         .layer(from_fn_with_state(app.clone(), draining))
         .layer(from_fn_with_state(app.clone(), auth))
+        .layer(from_fn_with_state(app.clone(), cors))
         .layer(from_fn_with_state(app.clone(), count))
         .with_state(app)
 }
@@ -468,6 +489,42 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
         }
     }
     next.run(req).await
+}
+
+/// `--cors ORIGIN`: preflight `OPTIONS` requests answered at once (204), every answer with
+/// the origin allowed; without the flag nothing is added, and a preflight is a 405.
+async fn cors(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let Some(origin) = app.cors.clone() else {
+        return next.run(req).await;
+    };
+    use axum::http::{header, HeaderValue, Method, StatusCode};
+    let preflight = req.method() == Method::OPTIONS;
+    let mut r = if preflight {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type, x-api-key, anthropic-version"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("x-mollm-ignored-fields"),
+    );
+    if preflight {
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+    }
+    r
 }
 
 /// While draining, every route but /metrics answers 503 with Retry-After (a router moves on;

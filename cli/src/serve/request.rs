@@ -216,36 +216,8 @@ pub fn parse(
     let mut tools = None;
     let prompt = match endpoint {
         Endpoint::Chat => {
-            let msgs = messages(f.get("messages"), strict, &mut ignored)?;
-            let Some(tmpl) = model.chat_template.as_ref() else {
-                return Err(ApiError::field(
-                    "messages",
-                    "this model has no chat template: use /v1/completions",
-                ));
-            };
-            let t = super::tools::parse(
-                f.get("tools"),
-                f.get("tool_choice"),
-                f.get("parallel_tool_calls"),
-            )?;
-            let mut kwargs = match f.get("chat_template_kwargs") {
-                None => Map::new(),
-                Some(Value::Object(o)) => o.clone(),
-                Some(_) => {
-                    return Err(ApiError::field("chat_template_kwargs", "must be an object"))
-                }
-            };
-            if let Some(r) = f.get("reasoning_effort") {
-                if !r.is_string() {
-                    return Err(ApiError::field("reasoning_effort", "must be a string"));
-                }
-                kwargs.entry("reasoning_effort").or_insert(r.clone());
-            }
-            let extras = loader::RenderExtras {
-                tools: t.as_ref().and_then(|t| t.for_template()),
-                kwargs,
-            };
-            tools = t.map(|t| (t, super::tools::Dialect::of_template(tmpl.source())));
+            let (msgs, extras, t) = chat_input(&f, model, strict, &mut ignored)?;
+            tools = t;
             chat_tokens(model, &msgs, &extras, limit).map_err(|e| prompt_error(e, "messages"))?
         }
         Endpoint::Completion => completion_prompt(f.get("prompt"), model, limit)?,
@@ -443,6 +415,72 @@ pub fn parse(
         include_usage,
         logprobs,
     })
+}
+
+/// A chat request's messages, what its template is given besides them (tools,
+/// `chat_template_kwargs`, `reasoning_effort`), and its tools with the template's dialect.
+type ChatInput = (
+    Vec<ChatMessage>,
+    loader::RenderExtras,
+    Option<(super::tools::Tools, super::tools::Dialect)>,
+);
+
+fn chat_input(
+    f: &Fields,
+    model: &Model,
+    strict: bool,
+    ignored: &mut Vec<String>,
+) -> Result<ChatInput, ApiError> {
+    let msgs = messages(f.get("messages"), strict, ignored)?;
+    let Some(tmpl) = model.chat_template.as_ref() else {
+        return Err(ApiError::field(
+            "messages",
+            "this model has no chat template: use /v1/completions",
+        ));
+    };
+    let t = super::tools::parse(
+        f.get("tools"),
+        f.get("tool_choice"),
+        f.get("parallel_tool_calls"),
+    )?;
+    let mut kwargs = match f.get("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => return Err(ApiError::field("chat_template_kwargs", "must be an object")),
+    };
+    if let Some(r) = f.get("reasoning_effort") {
+        if !r.is_string() {
+            return Err(ApiError::field("reasoning_effort", "must be a string"));
+        }
+        kwargs.entry("reasoning_effort").or_insert(r.clone());
+    }
+    let extras = loader::RenderExtras {
+        tools: t.as_ref().and_then(|t| t.for_template()),
+        kwargs,
+    };
+    let tools = t.map(|t| (t, super::tools::Dialect::of_template(tmpl.source())));
+    Ok((msgs, extras, tools))
+}
+
+/// llama-server's `/apply-template`: the prompt text a chat request's messages render to
+/// (at most what `limit` tokens can hold).
+pub fn render_chat(
+    o: &Map<String, Value>,
+    model: &Model,
+    limit: usize,
+    strict: bool,
+) -> Result<String, ApiError> {
+    let (msgs, extras, _) = chat_input(&Fields(o), model, strict, &mut Vec::new())?;
+    let tmpl = model.chat_template.as_ref().expect("chat_input checked it");
+    let max = model.tokenizer.max_text_bytes(limit);
+    tmpl.render_with(&msgs, true, &extras, max)
+        .map_err(|e| ApiError::field("messages", e))?
+        .ok_or_else(|| {
+            ApiError::context_length(
+                format!("the rendered prompt is longer than {limit} tokens can be"),
+                "messages",
+            )
+        })
 }
 
 /// The most entries of a `logit_bias` (OpenAI's limit).

@@ -9,6 +9,8 @@ client cannot say what is sent). Run by cli/tests/serve.rs against a server it s
                                           a round trip with a tool result (a model with a tool template)
     openai_client.py responses URL KEY     the Responses API: text, streamed events, function calls and
                                           their outputs, text.format json_schema, previous_response_id
+    openai_client.py llama URL KEY         llama-server's /props, /apply-template, /infill, and CORS
+                                          (a server with --cors http://localhost:3000)
     openai_client.py structured URL KEY N  json_schema / json_object / Lark grammar outputs: N sampled
                                           generations at temperature 1, every one parses and validates
 
@@ -579,6 +581,39 @@ def responses(url, key):
     print(json.dumps({"responses": "ok"}))
 
 
+def llama_routes(url, key):
+    """llama-server's routes for editors and front-ends, and CORS."""
+    status, _, p = raw(url, "/props", key=key, method="GET")
+    assert status == 200 and p["total_slots"] >= 1 and p["chat_template"] and p["infill"] is True, p
+    status, _, t = raw(url, "/apply-template", {"messages": [{"role": "user", "content": "hi there"}]}, key=key)
+    assert status == 200 and "hi there" in t["prompt"] and t["prompt"] != "hi there", t
+    status, _, r = raw(url, "/infill", {"input_prefix": "def add(a, b):\n    ",
+                                        "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 12,
+                                        "temperature": 0}, key=key)
+    assert status == 200 and r["content"] and r["stop"] is True, r
+    assert r["tokens_predicted"] <= 12 and r["tokens_evaluated"] > 5, r
+    # Streamed infill: the pieces make the same text.
+    req = urllib.request.Request(url + "/infill", data=json.dumps(
+        {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n",
+         "n_predict": 12, "temperature": 0, "stream": True}).encode(), method="POST")
+    req.add_header("Authorization", "Bearer " + key)
+    text, last = "", None
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("data: "):
+                d = json.loads(line[6:])
+                text += d["content"]
+                last = d
+    assert last["stop"] is True and text == r["content"], (text, r)
+    # CORS: a preflight without the key is answered; answers carry the origin.
+    status, h, _ = raw(url, "/v1/chat/completions", method="OPTIONS")
+    h = {k.lower(): v for k, v in h.items()}
+    assert status == 204 and h.get("access-control-allow-origin") == "http://localhost:3000", (status, h)
+    _, h, _ = raw(url, "/v1/models", key=key)
+    assert {k.lower(): v for k, v in h.items()}.get("access-control-allow-origin") == "http://localhost:3000", h
+    print(json.dumps({"llama": "ok"}))
+
+
 def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -724,6 +759,8 @@ if __name__ == "__main__":
         tools(sys.argv[2], sys.argv[3])
     elif cmd == "responses":
         responses(sys.argv[2], sys.argv[3])
+    elif cmd == "llama":
+        llama_routes(sys.argv[2], sys.argv[3])
     elif cmd == "structured":
         structured(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
