@@ -214,6 +214,8 @@ settings! {
         "`1`: the metal tests fail when no Vulkan adapter opens instead of skipping (CI).";
     REQUIRE_NVRTC: "MOLLM_REQUIRE_NVRTC", Kind::Bool, Test, "0",
         "`1`: the cuda kernel-compile test fails when NVRTC is missing instead of skipping (CI).";
+    REQUIRE_NGINX: "MOLLM_REQUIRE_NGINX", Kind::Bool, Test, "0",
+        "`1`: the replicas-behind-a-router test fails when nginx is missing instead of skipping (CI).";
     TEST_BACKENDS: "MOLLM_TEST_BACKENDS", Kind::List, Test, "reference,x86-avx2,x86-avx512,arm-neon,arm-i8mm",
         "The backends the parity tests run on (those this CPU can run); `auto` is `--backend auto`.";
     GOLDEN_MAX_PROMPT: "MOLLM_GOLDEN_MAX_PROMPT", Kind::Int, Test, "no limit",
