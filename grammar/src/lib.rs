@@ -27,6 +27,8 @@ pub enum Spec {
     JsonSchema(Value),
     /// Text of a grammar in llguidance's Lark syntax.
     Lark(String),
+    /// Text of a grammar in llama.cpp's GBNF (rewritten into Lark, [`gbnf`]).
+    Gbnf(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,9 @@ impl Vocab {
                 }
                 TopLevelGrammar::from_lark(g.clone())
             }
+            Spec::Gbnf(g) => TopLevelGrammar::from_lark(
+                gbnf::to_lark(g).map_err(|e| GrammarError::Invalid(format!("GBNF: {e}")))?,
+            ),
         };
         let m = Matcher::new(self.factory.create_parser(top));
         if let Some(e) = m.get_error() {
@@ -208,6 +213,7 @@ impl TokenConstraint for Constrained {
     }
 }
 
+pub mod gbnf;
 mod schema;
 
 /// Checks a JSON schema's shape (types, `enum`, `required`, local `$ref`s): the first problem

@@ -144,3 +144,28 @@ fn bad_schemas_and_grammars_are_refused_with_the_reason() {
         .to_string();
     assert!(e.contains("empty"), "{e}");
 }
+
+#[test]
+fn gbnf_grammars_constrain_as_llama_cpp_writes_them() {
+    let (v, tok) = vocab();
+    let g = v
+        .compile(&Spec::Gbnf(
+            r#"root ::= ("yes" | "no") " " num
+num ::= [1-9] [0-9]? # one or two digits"#
+                .into(),
+        ))
+        .unwrap();
+    for seed in 0..10 {
+        let (text, ended) = run(&mut g.constraint(), &tok, seed, 20);
+        assert!(ended, "{text}");
+        let (word, n) = text.split_once(' ').unwrap();
+        assert!(word == "yes" || word == "no", "{text:?}");
+        assert!((1..=99).contains(&n.parse::<u32>().unwrap()), "{text:?}");
+    }
+    let e = v
+        .compile(&Spec::Gbnf("answer ::= \"x\"".into()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("GBNF") && e.contains("root"), "{e}");
+}

@@ -590,20 +590,13 @@ fn output_format(f: &Fields) -> Result<Option<(grammar::Spec, &'static str)>, Ap
         }
         Some(_) => return Err(ApiError::field("response_format", "must be an object")),
     };
-    let gr =
-        match f.get("grammar") {
-            None => None,
-            Some(Value::String(g)) if g.contains("::=") => return Err(ApiError {
-                code: Some("unsupported_parameter"),
-                ..ApiError::field(
-                    "grammar",
-                    "GBNF grammars are not supported yet: write it in Lark syntax (llguidance's: \
-                     `start: ...`, strings in quotes, /regex/ terminals)",
-                )
-            }),
-            Some(Value::String(g)) => Some((Spec::Lark(g.clone()), "grammar")),
-            Some(_) => return Err(ApiError::field("grammar", "must be a string")),
-        };
+    let gr = match f.get("grammar") {
+        None => None,
+        // llama.cpp's GBNF (`root ::= ...`), else Lark.
+        Some(Value::String(g)) if g.contains("::=") => Some((Spec::Gbnf(g.clone()), "grammar")),
+        Some(Value::String(g)) => Some((Spec::Lark(g.clone()), "grammar")),
+        Some(_) => return Err(ApiError::field("grammar", "must be a string")),
+    };
     match (rf, gr) {
         (Some(_), Some(_)) => Err(ApiError::field(
             "grammar",

@@ -389,6 +389,13 @@ def structured(url, key, n):
     for ch in ended:
         assert isinstance(json.loads(ch.message.content), dict), ch
 
+    # llama.cpp's GBNF, the same language.
+    for seed in range(4):
+        r = c.completions.create(model=model, prompt="Is the sky blue? Answer:", max_tokens=8,
+                                 temperature=1.0, seed=seed,
+                                 extra_body={"grammar": 'root ::= " yes" | " no" | " " [0-9]{2}'})
+        t = r.choices[0].text
+        assert t in (" yes", " no") or re.fullmatch(r" [0-9]{2}", t), t
     for seed in range(4):
         r = c.completions.create(model=model, prompt="Is the sky blue? Answer:", max_tokens=8,
                                  temperature=1.0, seed=seed,
@@ -402,7 +409,7 @@ def structured(url, key, n):
                       ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
                        "response_format.json_schema.schema"),
                       ({"response_format": {"type": "xml"}}, "response_format.type"),
-                      ({"extra_body": {"grammar": "root ::= \"a\""}}, "grammar"),
+                      ({"extra_body": {"grammar": "answer ::= \"a\""}}, "grammar"),
                       ({"extra_body": {"grammar": "start: nothing_here"}}, "grammar")]:
         try:
             c.chat.completions.create(model=model, messages=ask, max_tokens=8, **kw)
