@@ -245,6 +245,26 @@ mod tests {
         );
     }
 
+    /// Random text over GBNF's characters (and multibyte ones) gives a grammar or an error,
+    /// never a panic.
+    #[test]
+    fn random_text_never_panics() {
+        let alphabet: Vec<char> = "root ::= \"\\[]^-().|*+?{},0123456789#\nxuU é→"
+            .chars()
+            .collect();
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..5000 {
+            let mut g = String::from("root ::= ");
+            for _ in 0..(s % 40) {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                g.push(alphabet[(s % alphabet.len() as u64) as usize]);
+            }
+            let _ = to_lark(&g);
+        }
+    }
+
     #[test]
     fn bad_grammars_are_named() {
         assert!(to_lark("root ::= \"abc")
