@@ -659,16 +659,30 @@ fn soak_slow_clients_big_prompts_disconnects_and_sigterm() {
 
     // 4. SIGTERM with a stream running and five requests half-sent: new requests get 503
     // with Retry-After, and the process exits 0 within the grace period plus a second.
-    let mut long = TcpStream::connect(&addr).unwrap();
     let body =
         r#"{"prompt": "Once upon a time", "max_tokens": 4000, "stream": true, "ignore_eos": true}"#;
-    write!(
-        long,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let _ = long.read(&mut buf);
+    // The connections of the steps before may still be closing (a loaded machine): until the
+    // server takes this one (200), it may answer 503 for --max-connections.
+    let t = Instant::now();
+    let _long = loop {
+        let mut long = TcpStream::connect(&addr).unwrap();
+        write!(
+            long,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let n = long.read(&mut buf).unwrap_or(0);
+        if buf[..n].starts_with(b"HTTP/1.1 200") {
+            break long;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the long stream was not taken: {}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let half: Vec<TcpStream> = (0..5)
         .map(|_| {
             let mut c = TcpStream::connect(&addr).unwrap();
