@@ -8,20 +8,19 @@
 //! many: `thinking`, `metadata`, ...) are ignored as the chat endpoint ignores them.
 
 use super::error::ApiError;
-use super::routes::{admission, admit, body_bytes, unix_now, Choice, BIG_BODY};
+use super::routes::{admission, admit, body_bytes, sse, unix_now, Choice, BIG_BODY};
 use super::tools::{Choice as ToolChoice, Dialect, Tools};
 use super::worker::Out;
 use super::App;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// An error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
@@ -491,7 +490,5 @@ fn stream(
             }
         }
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(orx))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
-        .into_response()
+    sse(orx)
 }

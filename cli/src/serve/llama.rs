@@ -4,19 +4,18 @@
 //! tokens, answered in llama-server's shape: `content`, `stop`, token counts).
 
 use super::error::ApiError;
-use super::routes::{admission, admit, body_bytes, Choice, BIG_BODY};
+use super::routes::{admission, admit, body_bytes, sse, Choice, BIG_BODY};
 use super::worker::Out;
 use super::App;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// `GET /props`.
@@ -238,7 +237,5 @@ fn stream(evaluated: usize, choice: Choice) -> Response {
             }
         }
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(orx))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
-        .into_response()
+    sse(orx)
 }

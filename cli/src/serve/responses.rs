@@ -6,20 +6,19 @@
 //! items, or streamed as its events up to `response.completed`.
 
 use super::error::ApiError;
-use super::routes::{admission, admit, body_bytes, unix_now, Choice, BIG_BODY};
+use super::routes::{admission, admit, body_bytes, sse, unix_now, Choice, BIG_BODY};
 use super::tools::{Choice as ToolChoice, Dialect, Tools};
 use super::worker::Out;
 use super::App;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Text of a message's content: a string, or its `input_text` / `output_text` / `text` parts.
@@ -500,7 +499,5 @@ fn stream(id: String, model: String, tools: Option<(Tools, Dialect)>, choice: Ch
             }
         }
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(orx))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
-        .into_response()
+    sse(orx)
 }

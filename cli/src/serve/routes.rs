@@ -639,6 +639,11 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
         }
         send(Event::default().data("[DONE]")).await;
     });
+    sse(orx)
+}
+
+/// An SSE answer from the events of `orx`, with a keep-alive comment every second.
+pub(super) fn sse(orx: mpsc::Receiver<Result<Event, Infallible>>) -> Response {
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(orx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
         .into_response()
