@@ -7,6 +7,7 @@ mod common;
 mod convert;
 mod devices;
 mod docs;
+mod embed;
 mod env;
 mod ops;
 mod ppl;
@@ -40,6 +41,8 @@ enum Command {
     Batch(batch::BatchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
     Serve(serve::ServeArgs),
+    /// Sentence embeddings of texts (pooled final hidden states, normalized).
+    Embed(embed::EmbedArgs),
     /// Measure prompt processing and generation speed (llama-bench style rows).
     Bench(bench::BenchArgs),
     /// Perplexity of a model over a text file, computed as llama-perplexity does.
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Batch(args) => batch::batch(args),
         Command::Serve(args) => serve::serve(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Embed(args) => embed::embed(args),
         Command::Ppl(args) => ppl::ppl(args),
         Command::Convert(args) => convert::convert(args),
         Command::Completions { shell } => {

@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod constraint;
+pub mod embed;
 pub mod error;
 pub mod exec;
 pub mod experts;

@@ -22,6 +22,9 @@ use std::time::Instant;
 pub struct Model {
     // Declared before `gguf`: the program's weights point into its memory map.
     pub program: Program,
+    /// The graph cut at its final hidden states, for embeddings (`None` where the graph names
+    /// none: a package made before mollm had embeddings).
+    pub embed_program: Option<Program>,
     pub hp: HParams,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
@@ -103,16 +106,45 @@ impl Model {
                 (hp, g)
             }
         };
+        let file = gguf.path.display().to_string();
+        let weights = |name: &str| crate::model::file_weight(&gguf, name);
+        let embed_program = match graph.embedding() {
+            Some(g) => Some(crate::graph::compile(g, &weights, &file)?),
+            None => None,
+        };
         let program = crate::model::bind(&gguf, graph)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat_template = ChatTemplate::from_gguf(&gguf)?;
         Ok(Model {
             program,
+            embed_program,
             hp,
             tokenizer,
             chat_template,
             gguf,
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// How the model pools embeddings: as its file says, else the mean (llama-server's
+    /// `--pooling mean`, for decoders that name none).
+    pub fn pooling(&self) -> crate::embed::Pooling {
+        (self.hp.pooling_type)
+            .and_then(crate::embed::Pooling::from_llama)
+            .unwrap_or(crate::embed::Pooling::Mean)
+    }
+
+    /// Refuses logits of a model that has none (an embedding model), saying what it is for.
+    pub fn check_logits(&self) -> Result<()> {
+        if self.program.has_logits() {
+            return Ok(());
+        }
+        Err(EngineError::Model {
+            file: self.gguf.path.display().to_string(),
+            msg: format!(
+                "a {} model computes embeddings, not next-token logits: use `mollm embed` or the server's /v1/embeddings",
+                self.hp.arch
+            ),
         })
     }
 
@@ -279,6 +311,8 @@ pub struct Session<'m> {
     /// The MoE runner's expert cache, where routed experts are streamed from the file.
     experts: Option<Experts>,
     runner: Runner,
+    /// Steps of the embedding program ([`Model::embed_program`]), made at the first use.
+    embed_runner: Option<Runner>,
     /// The session's own sequence (`eval`, `generate`).
     kv: KvCache,
     /// Every sequence's keys and values.
@@ -458,6 +492,7 @@ impl<'m> Session<'m> {
             exec,
             experts,
             runner,
+            embed_runner: None,
             kv,
             kv_pool,
             n_batch,
@@ -542,6 +577,7 @@ impl<'m> Session<'m> {
     /// sequence; returns the logits, `n_vocab` values per row, the rows of each `Work` in order.
     /// A sequence's results do not depend on the other sequences of the step.
     pub fn step(&mut self, work: &mut [Work]) -> Result<&[f32]> {
+        self.model.check_logits()?;
         let t: usize = work.iter().map(|w| w.tokens.len()).sum();
         let o: usize = work.iter().map(|w| w.n_out).sum();
         self.reserve_step(t, o);
@@ -569,6 +605,100 @@ impl<'m> Session<'m> {
             let start = w.seq.history.len();
             w.seq.history.extend_from_slice(w.tokens);
             self.kv_pool.finish(&mut w.seq.kv, start, &w.seq.history);
+        }
+        Ok(out)
+    }
+
+    /// One normalized embedding per input: its tokens' final hidden states pooled by `how`.
+    /// Inputs share steps of up to the session's batch size (each in a sequence of its own,
+    /// dropped after); an input of a non-causal model (an encoder) must fit one step, a
+    /// decoder's longer ones go in chunks. The session's own context is left as it is.
+    pub fn embed(&mut self, inputs: &[Vec<u32>], how: crate::embed::Pooling) -> Result<Vec<Vec<f32>>> {
+        let model = self.model;
+        let p = model.embed_program.as_ref().ok_or_else(|| EngineError::Model {
+            file: model.gguf.path.display().to_string(),
+            msg: "its graph names no hidden states to pool (a package made before mollm had embeddings: convert it again)".into(),
+        })?;
+        let n_embd = p.nodes[p.output].shape[0].c as usize;
+        let nb = self.n_batch;
+        let encoder = p.non_causal();
+        for (i, x) in inputs.iter().enumerate() {
+            if x.is_empty() {
+                return Err(EngineError::Invalid(format!("input {i} has no tokens")));
+            }
+            if encoder && x.len() > nb {
+                return Err(EngineError::Invalid(format!(
+                    "input {i} has {} tokens; this encoder takes an input in one step of at most {nb} (raise --batch-size)",
+                    x.len()
+                )));
+            }
+        }
+        let runner = self
+            .embed_runner
+            .get_or_insert_with(|| Runner::new(p, nb, nb));
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut rows: Vec<f32> = Vec::new();
+        let mut i = 0;
+        while i < inputs.len() {
+            // Inputs whole into this step while they fit (a longer one alone, in chunks).
+            // Each takes whole cache pages while the step lasts.
+            let mut j = i;
+            let (mut t, mut pages) = (0, 0);
+            let free = self.kv_pool.available_pages();
+            while j < inputs.len() && t + inputs[j].len() <= nb {
+                let need = inputs[j].len().div_ceil(crate::kv::KV_PAGE);
+                if j > i && pages + need > free {
+                    break;
+                }
+                t += inputs[j].len();
+                pages += need;
+                j += 1;
+            }
+            if j == i {
+                let x = &inputs[i];
+                let mut seq = self.kv_pool.sequence(x.len());
+                rows.clear();
+                for chunk in x.chunks(nb) {
+                    let n = chunk.len();
+                    let mut s = [SeqStep {
+                        kv: &mut seq,
+                        n_tokens: n,
+                        n_out: n,
+                    }];
+                    let r = runner.step(p, &self.exec, &mut self.kv_pool, self.experts.as_mut(), chunk, &mut s)?;
+                    rows.extend_from_slice(r);
+                }
+                let mut v = crate::embed::pool(&rows, n_embd, how);
+                crate::embed::normalize(&mut v);
+                out.push(v);
+                i += 1;
+                continue;
+            }
+            let batch = &inputs[i..j];
+            let mut kvs: Vec<KvCache> = batch.iter().map(|x| self.kv_pool.sequence(x.len())).collect();
+            self.step_tokens.clear();
+            for x in batch {
+                self.step_tokens.extend_from_slice(x);
+            }
+            let mut seqs: Vec<SeqStep> = kvs
+                .iter_mut()
+                .zip(batch)
+                .map(|(kv, x)| SeqStep {
+                    kv,
+                    n_tokens: x.len(),
+                    n_out: x.len(),
+                })
+                .collect();
+            let r = runner.step(p, &self.exec, &mut self.kv_pool, self.experts.as_mut(), &self.step_tokens, &mut seqs)?;
+            let mut at = 0;
+            for x in batch {
+                let part = &r[at * n_embd..(at + x.len()) * n_embd];
+                let mut v = crate::embed::pool(part, n_embd, how);
+                crate::embed::normalize(&mut v);
+                out.push(v);
+                at += x.len();
+            }
+            i = j;
         }
         Ok(out)
     }
@@ -604,6 +734,7 @@ impl<'m> Session<'m> {
     /// [`Session::eval_from`] into `logits` (cleared first; no allocation once it has room).
     pub fn eval_into(&mut self, tokens: &[u32], from: usize, logits: &mut Vec<f32>) -> Result<()> {
         logits.clear();
+        self.model.check_logits()?;
         let need = self.history.len() + tokens.len();
         if need > self.kv.n_ctx {
             return Err(EngineError::ContextFull {

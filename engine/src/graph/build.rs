@@ -17,6 +17,7 @@ pub fn w(name: &str) -> V {
 
 pub const TOKENS: &str = "$tokens";
 pub const POSITIONS: &str = "$positions";
+pub const TOKEN_TYPES: &str = "$token_types";
 pub const OUT_IDS: &str = "$out_ids";
 
 pub struct Builder {
@@ -37,6 +38,7 @@ impl Builder {
                 nodes: Vec::new(),
                 unused: Vec::new(),
                 output: String::new(),
+                embd: String::new(),
             },
             names: HashSet::new(),
             layer: None,
@@ -100,6 +102,11 @@ impl Builder {
             shape,
         });
         full
+    }
+
+    /// Names the node holding the final hidden states embeddings pool ([`GraphFile::embd`]).
+    pub fn embd(&mut self, node: &str) {
+        self.g.embd = node.to_string();
     }
 
     pub fn finish(mut self, output: V) -> GraphFile {
@@ -345,6 +352,7 @@ pub fn select_outputs(b: &mut Builder, name: &str, x: &str) -> V {
 pub fn logits(b: &mut Builder, x: &str, eps: f32, has_output: bool) -> V {
     b.layer(None);
     let normed = b.rms_norm("result_norm", x, &w("output_norm.weight"), eps);
+    b.embd(&normed);
     let out = if has_output {
         "output.weight"
     } else {

@@ -1,7 +1,8 @@
 //! The graph file: what a `.mollm` package carries and what the builders produce. Plain data
 //! (JSON), versioned; [`super::compile`] turns it into a checked [`super::Program`].
 //!
-//! Operand references are strings: `$tokens`, `$positions`, `$out_ids` (the step's inputs),
+//! Operand references are strings: `$tokens`, `$positions`, `$token_types`, `$out_ids` (the
+//! step's inputs),
 //! `@<name>` (a weight of the model file, by tensor name), or the name of an earlier node.
 //! Attributes are named as in the ABI schema of the op (`eps`, `freq_base`, ...), numbers in
 //! JSON; graph-level ops (`reshape`, `kv_attention`, `moe_ffn`, `shared_expert`, `short_conv`,
@@ -36,8 +37,14 @@ pub struct GraphFile {
     /// LoRA, which llama.cpp loads and ignores): binding accepts them unused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unused: Vec<String>,
-    /// The node whose value is the logits `[n_vocab, O]`.
+    /// The node whose value is the logits `[n_vocab, O]`; an embedding model's (BERT, which
+    /// has no logits) is its `embd`.
     pub output: String,
+    /// The node whose value is the final hidden states `[n_embd, O]` of the output rows: what
+    /// embeddings pool (after the final norm, as llama.cpp's `t_embd`). Empty where the graph
+    /// has none (an older package).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub embd: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -80,11 +87,13 @@ pub const GRAPH_OPS: &[GraphOp] = &[
         name: "kv_attention",
         inputs: &["q", "k", "v"],
         optional: 0,
-        attrs: &["layer", "window", "scale", "softcap"],
-        defaults: &[],
+        attrs: &["layer", "window", "scale", "softcap", "causal"],
+        defaults: &[("causal", 1.0)],
         doc: "Stores this step's k and v [D, Hkv, T] in cache layer `layer` of each token's \
               sequence at the token's position, then runs the ABI attention of q [D, Hq, T] \
-              over that sequence's cache; out [D*Hq, T].",
+              over that sequence's cache; out [D*Hq, T]. causal = 0 (an encoder's, BERT's): \
+              every query sees all of its sequence's rows, so a sequence must come whole in \
+              one step.",
     },
     GraphOp {
         name: "moe_ffn",
@@ -160,6 +169,15 @@ pub const GRAPH_OPS: &[GraphOp] = &[
               query and gate, Qwen3-Next's beta and alpha).",
     },
     GraphOp {
+        name: "gelu",
+        inputs: &["x"],
+        optional: 0,
+        attrs: &[],
+        defaults: &[],
+        doc: "ggml_gelu elementwise (the tanh approximation through ggml's f16 table): the \
+              ABI's glu with act 1 of x times ones, an exact product; out has x's shape.",
+    },
+    GraphOp {
         name: "sigmoid",
         inputs: &["x"],
         optional: 0,
@@ -230,6 +248,30 @@ pub fn graph_op(name: &str) -> Option<&'static GraphOp> {
 }
 
 impl GraphFile {
+    /// The graph that computes only its hidden states ([`GraphFile::embd`]) for embeddings:
+    /// the output moved there and the nodes it does not need (the logits head) left out.
+    /// `None` where the graph names no hidden states.
+    pub fn embedding(&self) -> Option<GraphFile> {
+        if self.embd.is_empty() {
+            return None;
+        }
+        let mut need: std::collections::HashSet<&str> = [self.embd.as_str()].into();
+        let mut keep = vec![false; self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate().rev() {
+            if need.contains(n.name.as_str()) {
+                keep[i] = true;
+                need.extend(n.inputs.iter().map(String::as_str));
+            }
+        }
+        let mut g = self.clone();
+        g.nodes = (self.nodes.iter().zip(&keep))
+            .filter(|(_, &k)| k)
+            .map(|(n, _)| n.clone())
+            .collect();
+        g.output = self.embd.clone();
+        Some(g)
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("graph files serialize")
     }

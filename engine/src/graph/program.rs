@@ -16,6 +16,8 @@ pub enum Src {
     Weight(usize),
     Tokens,
     Positions,
+    /// Each token's type (segment) id: 0 for every token, as llama.cpp passes BERT's.
+    TokenTypes,
     OutIds,
 }
 
@@ -28,6 +30,8 @@ pub enum Kind {
         window: usize,
         scale: f32,
         softcap: f32,
+        /// false: every query sees its whole sequence (an encoder).
+        causal: bool,
     },
     Moe {
         n_used: usize,
@@ -63,6 +67,8 @@ pub enum Kind {
         len: usize,
     },
     Sigmoid,
+    /// ggml_gelu, as the ABI's glu against ones.
+    Gelu,
     /// RWKV's token shift against recurrent state `state`.
     TokenShift {
         state: usize,
@@ -102,6 +108,8 @@ pub struct Program {
     pub weights: Vec<Weight>,
     pub weight_names: Vec<String>,
     pub output: usize,
+    /// The final hidden states embeddings pool ([`GraphFile::embd`]), where the graph names them.
+    pub embd: Option<usize>,
     /// `[head_dim, n_head_kv]` per cached layer.
     pub kv_layers: Vec<[usize; 2]>,
     /// f32 values per recurrent state each sequence keeps.
@@ -109,6 +117,30 @@ pub struct Program {
 }
 
 impl Program {
+    /// Whether some attention is non-causal (an encoder): each sequence must then come whole
+    /// in one step.
+    pub fn non_causal(&self) -> bool {
+        (self.nodes.iter()).any(|n| matches!(n.kind, Kind::KvAttention { causal: false, .. }))
+    }
+
+    /// The positions a sequence may reach: the rows of a table looked up by position (BERT's
+    /// learned position embeddings), where the graph has one.
+    pub fn max_positions(&self) -> Option<usize> {
+        (self.nodes.iter())
+            .filter_map(|n| match (n.kind, &n.inputs[..]) {
+                (Kind::Abi(Op::GetRows, _), [Src::Weight(w), Src::Positions]) => {
+                    Some(self.weights[*w].desc.ne[1] as usize)
+                }
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether its output is logits (not an embedding model's hidden states).
+    pub fn has_logits(&self) -> bool {
+        self.embd != Some(self.output)
+    }
+
     /// Whether it routes experts (MoE and shared-expert nodes: host code between calls).
     pub fn has_moe(&self) -> bool {
         self.nodes
@@ -234,8 +266,18 @@ fn params_for(op: Op, n: &NodeDef) -> Result<OpParams, AttrError> {
     Ok(p)
 }
 
+/// A graph op's attribute, or its declared default ([`GraphOp::defaults`]) where left out.
 fn graph_attr(n: &NodeDef, k: &'static str) -> Result<f64, AttrError> {
-    let v = *n.attrs.get(k).ok_or(AttrError::Missing { attr: k })?;
+    let default = || {
+        let op = super::ir::graph_op(&n.op)?;
+        op.defaults.iter().find(|(name, _)| *name == k).map(|d| d.1)
+    };
+    let v = n
+        .attrs
+        .get(k)
+        .copied()
+        .or_else(default)
+        .ok_or(AttrError::Missing { attr: k })?;
     if !v.is_finite() {
         return Err(AttrError::NotFinite { attr: k.into() });
     }
@@ -342,9 +384,13 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
         let mut in_info: Vec<(DType, [[i64; 4]; 5])> = Vec::with_capacity(n.inputs.len());
         for r in &n.inputs {
             let (src, info) = match r.as_str() {
-                "$tokens" | "$positions" => {
+                "$tokens" | "$positions" | "$token_types" => {
                     let s = POINTS.map(|(t, _)| [t, 1, 1, 1]);
-                    let src = if r == "$tokens" { Src::Tokens } else { Src::Positions };
+                    let src = match r.as_str() {
+                        "$tokens" => Src::Tokens,
+                        "$positions" => Src::Positions,
+                        _ => Src::TokenTypes,
+                    };
                     (src, (DType::I32, s))
                 }
                 "$out_ids" => (Src::OutIds, (DType::I32, POINTS.map(|(_, o)| [o, 1, 1, 1]))),
@@ -485,34 +531,38 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
             dtype,
         });
     }
-    let output = *by_name
-        .get(g.output.as_str())
-        .ok_or_else(|| GraphError::NoOutput {
+    // The logits, or the hidden states embeddings pool: a row per output token.
+    let rows = |name: &str, what: &str, dim: &str| -> Result<usize, GraphError> {
+        let i = *by_name.get(name).ok_or_else(|| GraphError::NoOutput {
             file: file.into(),
-            name: g.output.clone(),
+            name: name.to_string(),
         })?;
-    let s = nodes[output].shape;
-    if nodes[output].dtype != DType::F32
-        || !s[0].is_const()
-        || s[1] != Lin::O
-        || s[2] != Lin::k(1)
-        || s[3] != Lin::k(1)
-    {
-        return Err(err(
-            &g.output,
-            format!(
-                "the output must be f32 [n_vocab, O], is [{}]",
-                shape_str(&s)
-            )
-            .into(),
-        ));
-    }
+        let s = nodes[i].shape;
+        if nodes[i].dtype != DType::F32
+            || !s[0].is_const()
+            || s[1] != Lin::O
+            || s[2] != Lin::k(1)
+            || s[3] != Lin::k(1)
+        {
+            return Err(err(
+                name,
+                format!("{what} must be f32 [{dim}, O], is [{}]", shape_str(&s)).into(),
+            ));
+        }
+        Ok(i)
+    };
+    let output = rows(&g.output, "the output", "n_vocab")?;
+    let embd = match g.embd.as_str() {
+        "" => None,
+        name => Some(rows(name, "embd", "n_embd")?),
+    };
     Ok(Program {
         file: g,
         nodes,
         weights: bound,
         weight_names,
         output,
+        embd,
         kv_layers,
         states,
     })
@@ -590,6 +640,7 @@ fn compile_graph_op(
             let window = graph_int(n, "window", 1 << 40)? as usize;
             let scale = graph_attr(n, "scale")? as f32;
             let softcap = graph_attr(n, "softcap")? as f32;
+            let causal = graph_int(n, "causal", 1)? == 1;
             let [d, h] = kv_layers[layer];
             let mut shapes = [[0i64; 4]; 5];
             for (pi, &(t, _)) in POINTS.iter().enumerate() {
@@ -609,6 +660,7 @@ fn compile_graph_op(
                     window,
                     scale,
                     softcap,
+                    causal,
                 },
                 DType::F32,
                 shapes,
@@ -792,11 +844,15 @@ fn compile_graph_op(
                 shapes,
             ))
         }
-        "sigmoid" => {
+        "sigmoid" | "gelu" => {
             if matches!(inputs[0], Src::Weight(_)) {
                 return Err(check!("x must be a node"));
             }
-            Ok((Kind::Sigmoid, DType::F32, info[0].1))
+            let kind = match n.op.as_str() {
+                "sigmoid" => Kind::Sigmoid,
+                _ => Kind::Gelu,
+            };
+            Ok((kind, DType::F32, info[0].1))
         }
         "token_shift" => {
             let state = take_state(n, states, state_used)?;

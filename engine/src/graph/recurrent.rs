@@ -152,6 +152,26 @@ pub(crate) fn causal_conv<'a>(
     })
 }
 
+/// The `gelu` node: ggml_gelu as the ABI's `glu` (GELU) of x times ones, an exact product,
+/// on the backend's vector code; x and out are f32 activations of one shape.
+pub(super) fn gelu_node(ex: &Exec, x: TensorDesc, out: TensorDesc) -> Result<()> {
+    let n = x.ne.iter().product::<i64>() as usize;
+    SCRATCH.with(|s| {
+        let ones = &mut s.borrow_mut()[2];
+        if ones.len() < n {
+            ones.resize(n, 1.0);
+        }
+        let mut up = x;
+        up.data = ones.as_mut_ptr() as *mut u8;
+        up.buffer = 0;
+        let p = abi::GluAttrs {
+            act: abi::GLU_GELU_TANH,
+        }
+        .to_params();
+        ex.call_desc(Op::Glu, &[x, up], &[out], p)
+    })
+}
+
 /// `ggml_sigmoid`: 1 / (1 + expf(-x)).
 pub(super) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())

@@ -38,6 +38,11 @@ pub struct Runner {
     shapes: Vec<[i64; 4]>,
     tokens: Vec<i32>,
     positions: Vec<i32>,
+    /// Non-causal attention's query positions: each token at its sequence's last position,
+    /// so that it sees every row of the sequence.
+    attn_pos: Vec<i32>,
+    /// Every token's type (segment) id: zeros.
+    token_types: Vec<i32>,
     /// The pool row each token's keys and values go to.
     kv_rows: Vec<i32>,
     /// Those rows per KV head, as set_rows indices (`kv::head_rows`), made per attention call
@@ -69,6 +74,8 @@ impl Runner {
             shapes: vec![[0; 4]; p.nodes.len()],
             tokens: Vec::with_capacity(plan.max_t),
             positions: Vec::with_capacity(plan.max_t),
+            attn_pos: Vec::new(),
+            token_types: Vec::new(),
             kv_rows: Vec::with_capacity(plan.max_t),
             head_rows: std::cell::RefCell::new(Vec::with_capacity(plan.max_t * 8)),
             out_ids: Vec::with_capacity(plan.max_o),
@@ -119,7 +126,11 @@ impl Runner {
                 self.plan.max_t, self.plan.max_o
             )));
         }
-        let n_vocab = p.nodes[p.output].shape[0].c as u32;
+        let n_vocab = match p.file.consts.get("n_vocab") {
+            Some(&v) if v > 0 => v as u32,
+            _ => p.nodes[p.output].shape[0].c as u32,
+        };
+        let n_row = p.nodes[p.output].shape[0].c as usize;
         if let Some(&bad) = tokens.iter().find(|&&x| x >= n_vocab) {
             return Err(EngineError::Invalid(format!(
                 "token id {bad} outside the vocabulary of {n_vocab}"
@@ -142,6 +153,22 @@ impl Runner {
                 });
             }
         }
+        // A table looked up by position has a row for each position a sequence may reach.
+        if let Some(max) = p.max_positions() {
+            if let Some(s) = seqs.iter().find(|s| s.kv.n_past + s.n_tokens > max) {
+                return Err(EngineError::Invalid(format!(
+                    "an input of {} tokens is longer than this model's {max} positions",
+                    s.kv.n_past + s.n_tokens
+                )));
+            }
+        }
+        let non_causal = p.non_causal();
+        if let Some(s) = seqs.iter().find(|s| non_causal && s.kv.n_past > 0) {
+            return Err(EngineError::Invalid(format!(
+                "this model's attention is not causal: an input must come whole in one step, and a sequence already holds {} tokens",
+                s.kv.n_past
+            )));
+        }
         for s in seqs.iter_mut() {
             pool.prepare(s.kv, s.n_tokens)?;
         }
@@ -161,6 +188,15 @@ impl Runner {
                 .extend((row + s.n_tokens - s.n_out..row + s.n_tokens).map(|x| x as i32));
             row += s.n_tokens;
         }
+        self.attn_pos.clear();
+        if non_causal {
+            for s in seqs.iter() {
+                let last = (s.kv.n_past + s.n_tokens) as i32 - 1;
+                self.attn_pos.extend((0..s.n_tokens).map(|_| last));
+            }
+        }
+        self.token_types.clear();
+        self.token_types.resize(t, 0);
         self.seq_info.clear();
         self.seq_tables.clear();
         let width = seqs.iter().map(|s| s.kv.n_pages()).max().unwrap_or(0);
@@ -246,7 +282,17 @@ impl Runner {
                     window,
                     scale,
                     softcap,
-                } => self.attention(ex, pool, seqs, ins, out, layer, window, scale, softcap),
+                    causal,
+                } => {
+                    let at = Attn {
+                        layer,
+                        window,
+                        scale,
+                        softcap,
+                        causal,
+                    };
+                    self.attention(ex, pool, seqs, ins, out, at)
+                }
                 Kind::Moe {
                     n_used,
                     norm,
@@ -339,6 +385,7 @@ impl Runner {
                     super::recurrent::sigmoid_node(ins[0], out);
                     Ok(())
                 }
+                Kind::Gelu => super::recurrent::gelu_node(ex, ins[0], out),
                 Kind::TokenShift { state } => {
                     let states = seqs
                         .iter_mut()
@@ -400,7 +447,7 @@ impl Runner {
         for s in seqs.iter_mut() {
             s.kv.n_past += s.n_tokens;
         }
-        let n = (n_vocab as usize) * o;
+        let n = n_row * o;
         if arena_buf != 0 {
             // The step's one wait: its logits into host memory.
             self.logits.resize(n, 0.0);
@@ -449,11 +496,11 @@ impl Runner {
             Src::Weight(w) => p.weights[w].desc,
             Src::Tokens => i32d(&self.tokens),
             Src::Positions => i32d(&self.positions),
+            Src::TokenTypes => i32d(&self.token_types),
             Src::OutIds => i32d(&self.out_ids),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         ex: &Exec,
@@ -461,11 +508,21 @@ impl Runner {
         seqs: &mut [SeqStep],
         ins: &[TensorDesc],
         out: TensorDesc,
-        layer: usize,
-        window: usize,
-        scale: f32,
-        softcap: f32,
+        at: Attn,
     ) -> Result<()> {
+        let Attn {
+            layer,
+            window,
+            scale,
+            softcap,
+            causal,
+        } = at;
+        // The query positions the attention op masks by.
+        let positions = if causal {
+            &self.positions
+        } else {
+            &self.attn_pos
+        };
         let (q, k, v) = (ins[0], ins[1], ins[2]);
         let t = self.kv_rows.len();
         // q and out: f32, contiguous, one token's heads after another.
@@ -520,7 +577,7 @@ impl Runner {
                     .max()
                     .unwrap_or(1),
             );
-            let pd = i32d(&self.positions);
+            let pd = i32d(positions);
             let ins = [q, kc, vc, pd, table, info];
             let (s0, c0) = (&seqs[0], self.seq_info[1] as i64);
             let p0 = attrs(self.seq_info[2] as i64);
@@ -528,7 +585,7 @@ impl Runner {
                 f32_view(&q, q.data, &[q.ne[0], q.ne[1], c0]),
                 kc,
                 vc,
-                i32d(&self.positions[..c0 as usize]),
+                i32d(&positions[..c0 as usize]),
                 s0.kv.table_desc(),
             ];
             let o1 = f32_view(&out, out.data, &[q.ne[0], q.ne[1], c0]);
@@ -550,13 +607,23 @@ impl Runner {
                 )
             };
             let prm = attrs((s.kv.n_past + n) as i64);
-            let pd = i32d(&self.positions[t0..t0 + n]);
+            let pd = i32d(&positions[t0..t0 + n]);
             let ins = [cols(&q), kc, vc, pd, s.kv.table_desc()];
             ex.call_desc(Op::Attention, &ins, &[cols(&out)], prm)?;
             t0 += n;
         }
         Ok(())
     }
+}
+
+/// A `kv_attention` node's attributes.
+#[derive(Clone, Copy)]
+struct Attn {
+    layer: usize,
+    window: usize,
+    scale: f32,
+    softcap: f32,
+    causal: bool,
 }
 
 /// Packed f32 `shape` at `data` in `like`'s memory (host, or the same device buffer).

@@ -41,6 +41,7 @@ fn hp() -> HParams {
         recurrent_layers: vec![false; 2],
         rope_sections: Vec::new(),
         wkv_head_size: 0,
+        pooling_type: None,
         expert_gating: 0,
     }
 }

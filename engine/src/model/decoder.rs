@@ -45,6 +45,9 @@ pub fn constants(b: &mut Builder, hp: &HParams) {
     b.constant("n_vocab", hp.n_vocab);
     b.constant("n_layer", hp.n_layer);
     b.constant("n_ctx_train", hp.n_ctx_train);
+    if let Some(p) = hp.pooling_type {
+        b.constant("pooling_type", p);
+    }
     if hp.n_layer_mtp > 0 {
         b.constant("n_layer_mtp", hp.n_layer_mtp);
     }

@@ -55,6 +55,9 @@ pub struct HParams {
     pub rope_sections: Vec<usize>,
     /// RWKV-7's head size (`wkv.head_size`; 0 for other models).
     pub wkv_head_size: usize,
+    /// How the model pools embeddings, where it says (`pooling_type`, llama.cpp's numbers:
+    /// 0 none, 1 mean, 2 CLS, 3 last token); graphs keep it as the constant `pooling_type`.
+    pub pooling_type: Option<usize>,
 }
 
 /// The gated delta-net's sizes (llama.cpp's `ssm_*` hyper-parameters).
@@ -124,6 +127,7 @@ impl HParams {
             recurrent_layers: vec![false; n_layer],
             rope_sections: Vec::new(),
             wkv_head_size: 0,
+            pooling_type: g.consts.get("pooling_type").map(|&v| v.max(0) as usize),
         })
     }
 
@@ -217,12 +221,24 @@ impl HParams {
         }
         let head_dim = opt_u("attention.key_length")?.unwrap_or(n_embd / n_head);
         let n_rot = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
-        let eps = opt_f("attention.layer_norm_rms_epsilon")?.ok_or_else(|| {
-            err(format!(
-                "missing metadata key '{}'",
-                key("attention.layer_norm_rms_epsilon")
-            ))
-        })?;
+        // RMS norms' epsilon, or LayerNorms' (BERT).
+        let eps = match opt_f("attention.layer_norm_rms_epsilon")? {
+            Some(e) => e,
+            None => opt_f("attention.layer_norm_epsilon")?.ok_or_else(|| {
+                err(format!(
+                    "missing metadata key '{}'",
+                    key("attention.layer_norm_rms_epsilon")
+                ))
+            })?,
+        };
+        let pooling_type = opt_u("pooling_type")?;
+        if pooling_type.is_some_and(|p| p > 3) {
+            return Err(err(format!(
+                "'{}' is {}: mollm pools by none (0), mean (1), CLS (2) or the last token (3)",
+                key("pooling_type"),
+                pooling_type.unwrap_or(0)
+            )));
+        }
         let rope_base = opt_f("rope.freq_base")?.unwrap_or(10000.0);
         let mut rope_freq_scale = 1.0;
         if let Some(kind) = g.get_str(&key("rope.scaling.type"))? {
@@ -341,6 +357,7 @@ impl HParams {
             recurrent_layers,
             rope_sections,
             wkv_head_size: 0,
+            pooling_type,
         })
     }
 }
@@ -498,6 +515,7 @@ fn rwkv7(g: &ModelFile, arch: &str) -> Result<HParams> {
         recurrent_layers: vec![true; n_layer],
         rope_sections: Vec::new(),
         wkv_head_size: head,
+        pooling_type: None,
     })
 }
 

@@ -53,6 +53,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
     }
     b.layer(None);
     let normed = b.rms_norm("result_norm", &inp_l, &w("token_embd_norm.weight"), hp.eps);
+    b.embd(&normed);
     let out = if has("output.weight") {
         "output.weight"
     } else {

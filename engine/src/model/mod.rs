@@ -3,6 +3,7 @@
 //! in [`crate::graph::build`]. The graph, not this code, is what runs: a package carries its
 //! own and needs none of these.
 
+pub mod bert;
 pub mod gemma3;
 pub mod lfm2;
 pub mod llama;
@@ -83,6 +84,11 @@ pub const ARCHITECTURES: &[(&str, &str, Builder)] = &[
         "lfm2moe",
         "LFM2-MoE (LFM2's layers with routed SwiGLU experts: sigmoid router, selection bias)",
         lfm2::build,
+    ),
+    (
+        "bert",
+        "BERT encoders for sentence embeddings (all-MiniLM, BGE): post-norm, attention over the whole input, GELU; no logits",
+        bert::build,
     ),
     (
         "rwkv7",

@@ -60,6 +60,7 @@ pub fn build(hp: &HParams, has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
     b.layer(None);
     let normed = b.rms_norm("result_norm", &x, &w("output_norm.weight"), hp.eps);
     let rows = build::select_outputs(&mut b, "result_rows", &normed);
+    b.embd(&rows);
     let out = match has("output.weight") {
         true => "output.weight",
         false => "token_embd.weight",

@@ -145,6 +145,7 @@ pub fn build(hp: &HParams, _has: &dyn Fn(&str) -> bool) -> Result<GraphFile> {
         &w("output_norm.bias"),
         hp.eps,
     );
+    b.embd(&normed);
     let logits = b.matmul("result_output", &w("output.weight"), &normed);
     Ok(b.finish(logits))
 }
