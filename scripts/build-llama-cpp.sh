@@ -85,9 +85,12 @@ start=$(date +%s)
 # llama-completion is the classic text-completion CLI (llama-cli now needs the server build);
 # llama-eval-callback prints every tensor of a forward pass (compare with MOLLM_TRACE=1);
 # llama-server is the peer of `mollm serve` (scripts/bench-serve.py).
-cmake --build "$BUILD" --config Release -j"$JOBS" --target \
-  llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion llama-eval-callback \
-  llama-batched-bench llama-server
+# llama-embedding is the oracle of `mollm embed` (scripts/golden/make_embed_golden.py).
+# TARGETS picks fewer (one oracle's binary) on a machine where time is short.
+TARGETS="${TARGETS:-llama llama-simple llama-tokenize llama-perplexity llama-bench llama-completion \
+  llama-eval-callback llama-batched-bench llama-server llama-embedding}"
+# shellcheck disable=SC2086
+cmake --build "$BUILD" --config Release -j"$JOBS" --target $TARGETS
 end=$(date +%s)
 echo "==> build done in $((end - start)) s; binaries in $BUILD/bin"
 ls -la "$BUILD/bin"

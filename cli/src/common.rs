@@ -486,7 +486,11 @@ impl std::error::Error for Interrupted {}
 pub fn warm_up(session: &mut Session, model: &Model, quiet: bool) -> CliResult {
     let spin = progress::spinner(quiet, "warming up".to_string());
     let tok = model.tokenizer.bos().unwrap_or(0);
-    let r = session.eval(&[tok], true);
+    // An embedding model has no logits: its one step is an embedding's.
+    let r = match model.program.has_logits() {
+        true => session.eval(&[tok], true).map(drop),
+        false => session.embed(&[vec![tok]], model.pooling()).map(drop),
+    };
     session.truncate(0);
     spin.finish_and_clear();
     r?;

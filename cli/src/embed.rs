@@ -66,6 +66,9 @@ pub fn embed(a: EmbedArgs) -> CliResult {
     let t0 = std::time::Instant::now();
     let vecs = session.embed(&inputs, how)?;
     let secs = t0.elapsed().as_secs_f64();
+    if abi::settings::profile_level() > 0 {
+        eprintln!("{}", session.exec().stats().report());
+    }
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     let mut out = std::io::stdout().lock();
     if a.json {

@@ -235,6 +235,23 @@ fn openai_client_api_invariance_and_load() {
 /// openai and anthropic clients, on Qwen2.5's template (Hermes-style `<tool_call>`):
 /// required and named calls always parse and validate (sampled too), streamed deltas put
 /// together give the whole answer's calls, `none` never calls, a tool result round trip.
+/// An embedding model (BERT): /v1/embeddings through the `openai` client as llama.cpp
+/// computes them; generation routes refuse it, naming what it is for.
+#[test]
+fn openai_client_embeddings_of_an_embedding_model() {
+    let Some((_, _one)) = setup() else { return };
+    let Some(p) = model("all-minilm-l6-v2.gguf") else {
+        return;
+    };
+    let s = Server::start(&["-m", p.to_str().unwrap()], true);
+    let out = s.python(&["embeddings", &s.url, "none", "minilm"]);
+    assert!(out.contains("\"embeddings\": \"ok\""), "{out}");
+    let chat = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, body) = http(&s.addr(), "POST", "/v1/chat/completions", chat);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("computes embeddings"), "{body}");
+}
+
 #[test]
 fn openai_and_anthropic_clients_tool_calls() {
     let Some((_, _one)) = setup() else { return };
@@ -259,6 +276,9 @@ fn openai_and_anthropic_clients_tool_calls() {
     // llama-server's /props, /apply-template, /infill (Qwen2.5's FIM tokens), CORS.
     let out = s.python(&["llama", &s.url, "sk-test"]);
     assert!(out.contains("\"llama\": \"ok\""), "{out}");
+    // Embeddings of the decoder (mean pooling), as llama-server's --embeddings --pooling mean.
+    let out = s.python(&["embeddings", &s.url, "sk-test", "qwen05"]);
+    assert!(out.contains("\"embeddings\": \"ok\""), "{out}");
     // The Responses API on the same server.
     let out = s.python(&["responses", &s.url, "sk-test"]);
     assert!(out.contains("\"responses\": \"ok\""), "{out}");

@@ -628,7 +628,7 @@ impl<'m> Session<'m> {
             }
             if encoder && x.len() > nb {
                 return Err(EngineError::Invalid(format!(
-                    "input {i} has {} tokens; this encoder takes an input in one step of at most {nb} (raise --batch-size)",
+                    "input {i} has {} tokens; this encoder takes an input in one step of at most {nb} (raise --batch)",
                     x.len()
                 )));
             }

@@ -10,6 +10,12 @@ fn models_dir() -> PathBuf {
 }
 
 fn model(file: &str) -> Option<ModelFile> {
+    present(file).map(|p| ModelFile::open(&p).unwrap())
+}
+
+/// The path of a model file or directory under the models folder; `None` (with a note) when
+/// it is absent, a failure instead when MOLLM_REQUIRE_MODELS is set.
+fn present(file: &str) -> Option<PathBuf> {
     let p = models_dir().join(file);
     if !p.exists() {
         assert!(
@@ -23,7 +29,7 @@ fn model(file: &str) -> Option<ModelFile> {
         );
         return None;
     }
-    Some(ModelFile::open(&p).unwrap())
+    Some(p)
 }
 
 #[test]
@@ -247,5 +253,195 @@ fn chat_templates_from_gguf_render_chatml() {
     if let Some(f) = model("gemma3-270m-q4_k_m.gguf") {
         // This GGUF carries no template; the API says so rather than failing.
         let _ = ChatTemplate::from_gguf(&f).unwrap();
+    }
+}
+
+// ---- all-MiniLM-L6-v2 (BERT): the Hugging Face directory and its GGUF twin ----
+
+/// Texts with llama.cpp's ids for them (llama-embedding --verbose-prompt on
+/// all-minilm-l6-v2.gguf, llama.cpp 0c1e570; [CLS] ... [SEP] added), and whether Hugging
+/// Face's tokenizer gives the same ids. Where it does not, mollm follows llama.cpp (see
+/// loader/src/tokenizer/wpm.rs): HF keeps Devanagari's spacing vowel signs and every jamo of a
+/// Hangul syllable, and makes a word of more than 100 characters [UNK].
+fn minilm_cases() -> Vec<(String, Vec<u32>, bool)> {
+    let long = format!("supercalifragilisticexpialidocious{}", "a".repeat(95));
+    let mut long_ids = vec![
+        101, 3565, 9289, 10128, 29181, 24411, 4588, 10288, 19312, 21273, 10085, 6313,
+    ];
+    long_ids.extend([11057; 47]);
+    long_ids.extend([2050, 102]);
+    #[rustfmt::skip]
+    let cases: Vec<(&str, &[u32], bool)> = vec![
+        ("Hello, world! This is mollm.", &[101, 7592, 1010, 2088, 999, 2023, 2003, 9587, 3363, 2213, 1012, 102], true),
+        ("The year 2024 had 366 days; pi is 3.14159...", &[101, 1996, 2095, 16798, 2549, 2018, 4029, 2575, 2420, 1025, 14255, 2003, 1017, 1012, 15471, 28154, 1012, 1012, 1012, 102], true),
+        ("MiXeD CaSe WoRdS and ALLCAPS and lowercase", &[101, 3816, 2553, 2616, 1998, 2035, 17695, 2015, 1998, 2896, 18382, 102], true),
+        // Accents: HF strips the combining accent after NFD, llama.cpp maps é to e: the same.
+        ("Café crème brûlée, naïve façade, Ångström.", &[101, 7668, 13675, 21382, 7987, 9307, 2063, 1010, 15743, 8508, 1010, 17076, 15687, 1012, 102], true),
+        ("I can't believe it's $9.99 (plus tax) #deal @shop ~50% off!", &[101, 1045, 2064, 1005, 1056, 2903, 2009, 1005, 1055, 1002, 1023, 1012, 5585, 1006, 4606, 4171, 1007, 1001, 3066, 1030, 4497, 1066, 2753, 1003, 2125, 999, 102], true),
+        ("한국어 텍스트와 हिन्दी पाठ", &[101, 1469, 29991, 29999, 1467, 29997, 30003, 29999, 1339, 29863, 29861, 100, 102], false),
+        ("我想在apple工作，东京タワー", &[101, 1855, 100, 100, 6207, 100, 100, 1989, 100, 1755, 1709, 30262, 30265, 102], true),
+        ("Emoji 🦙🚀 and e-mail: foo.bar@example.com", &[101, 7861, 29147, 2072, 100, 1998, 1041, 1011, 5653, 1024, 29379, 1012, 3347, 1030, 2742, 1012, 4012, 102], true),
+        ("İstanbul ΣΊΣΥΦΟΣ ǅemal Ⱥ ß ﬁ ＡＢＣ", &[101, 9960, 1173, 18199, 29733, 29735, 29736, 29730, 29733, 100, 100, 1096, 1984, 100, 102], true),
+    ];
+    let mut out: Vec<(String, Vec<u32>, bool)> = cases
+        .into_iter()
+        .map(|(t, ids, same)| (t.to_string(), ids.to_vec(), same))
+        .collect();
+    out.push((long, long_ids, false));
+    out
+}
+
+#[test]
+fn minilm_hf_directory_tokenizes_like_llama_cpp_and_hugging_face() {
+    let Some(dir) = present("all-minilm-l6-v2") else {
+        return;
+    };
+    let f = loader::open_model(&dir).unwrap();
+    assert_eq!(f.architecture().unwrap(), "bert");
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    assert_eq!(tok.model(), "bert");
+    assert_eq!(tok.vocab_size(), 30522);
+    assert_eq!(
+        (
+            tok.bos(),
+            tok.sep(),
+            tok.eos(),
+            tok.unk(),
+            tok.pad(),
+            tok.mask()
+        ),
+        (
+            Some(101),
+            Some(102),
+            Some(102),
+            Some(100),
+            Some(0),
+            Some(103)
+        )
+    );
+    // Hugging Face's own pipeline, without the file's fixed padding / truncation to 128.
+    let mut hf = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    hf.with_padding(None);
+    hf.with_truncation(None).unwrap();
+    let mut bad = Vec::new();
+    for (text, llama, same) in minilm_cases() {
+        let ours = tok.encode(&text, true, false).unwrap();
+        let theirs = hf.encode(text.as_str(), true).unwrap().get_ids().to_vec();
+        if ours != llama {
+            bad.push(format!(
+                "{text:?}\n  llama.cpp {llama:?}\n  mollm     {ours:?}"
+            ));
+        }
+        if (ours == theirs) != same {
+            bad.push(format!(
+                "{text:?}: Hugging Face {} (expected {})\n  hf    {theirs:?}\n  mollm {ours:?}",
+                if ours == theirs { "agrees" } else { "differs" },
+                if same { "agreement" } else { "a difference" }
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    // The text comes back lowercased, accents stripped, punctuation joined.
+    let ids = tok
+        .encode("Hello, world! This is mollm.", true, false)
+        .unwrap();
+    assert_eq!(tok.decode(&ids), "[CLS] hello, world! this is mollm.[SEP]");
+}
+
+/// The directory becomes what llama.cpp's converter makes of it: every bert.* and tokenizer.*
+/// key of the GGUF twin (scripts/make_minilm_gguf.py) but tokenizer.ggml.pre ("default" for
+/// the directory, the converter's hash name "bert-bge" in the file; llama.cpp ignores it for
+/// WordPiece), and the same tensors, byte for byte.
+#[test]
+fn minilm_hf_directory_matches_its_gguf_twin() {
+    let Some(dir) = present("all-minilm-l6-v2") else {
+        return;
+    };
+    let hf = loader::open_model(&dir).unwrap();
+    let get = |k: &str| hf.get(k).cloned();
+    use loader::Value;
+    for (k, v) in [
+        ("general.architecture", Value::String("bert".into())),
+        ("bert.block_count", Value::U32(6)),
+        ("bert.context_length", Value::U32(512)),
+        ("bert.embedding_length", Value::U32(384)),
+        ("bert.feed_forward_length", Value::U32(1536)),
+        ("bert.attention.head_count", Value::U32(12)),
+        ("bert.attention.layer_norm_epsilon", Value::F32(1e-12)),
+        ("bert.attention.causal", Value::Bool(false)),
+        ("bert.pooling_type", Value::U32(1)),
+        ("tokenizer.ggml.token_type_count", Value::U32(2)),
+        ("tokenizer.ggml.model", Value::String("bert".into())),
+        ("tokenizer.ggml.pre", Value::String("default".into())),
+        ("tokenizer.ggml.bos_token_id", Value::U32(101)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(102)),
+        ("tokenizer.ggml.unknown_token_id", Value::U32(100)),
+        ("tokenizer.ggml.seperator_token_id", Value::U32(102)),
+        ("tokenizer.ggml.padding_token_id", Value::U32(0)),
+        ("tokenizer.ggml.mask_token_id", Value::U32(103)),
+        ("tokenizer.ggml.add_bos_token", Value::Bool(true)),
+        ("tokenizer.ggml.add_eos_token", Value::Bool(true)),
+        ("tokenizer.ggml.add_sep_token", Value::Bool(false)),
+        ("tokenizer.ggml.normalizer.lowercase", Value::Bool(true)),
+    ] {
+        assert_eq!(get(k), Some(v), "{k}");
+    }
+    let tokens = hf.get_str_array("tokenizer.ggml.tokens").unwrap().unwrap();
+    assert_eq!(tokens.len(), 30522);
+    for (id, text) in [
+        (0, "[PAD]"),
+        (101, "[CLS]"),
+        (1, "\u{2581}[unused0]"),
+        (7592, "\u{2581}hello"),
+        (2015, "s"),
+    ] {
+        assert_eq!(tokens.get(id), Some(text));
+    }
+    let Some(twin) = model("all-minilm-l6-v2.gguf") else {
+        return;
+    };
+    let keys = |m: &ModelFile| -> Vec<String> {
+        let mut k: Vec<String> = m
+            .metadata
+            .iter()
+            .map(|(k, _)| k.clone())
+            .filter(|k| {
+                (k.starts_with("bert.") || k.starts_with("tokenizer.")) && k != "tokenizer.ggml.pre"
+            })
+            .collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&hf), keys(&twin));
+    for k in keys(&twin) {
+        assert_eq!(hf.get(&k), twin.get(&k), "{k}");
+    }
+    assert_eq!(
+        twin.get_str("tokenizer.ggml.pre").unwrap(),
+        Some("bert-bge")
+    );
+    assert_eq!(hf.tensors.len(), twin.tensors.len());
+    for t in &twin.tensors {
+        let h = hf
+            .tensor(&t.name)
+            .unwrap_or_else(|| panic!("{} missing", t.name));
+        assert_eq!((h.dtype, &h.shape), (t.dtype, &t.shape), "{}", t.name);
+        assert!(
+            hf.tensor_data(h) == twin.tensor_data(t),
+            "{}: data differs",
+            t.name
+        );
+    }
+    // Both tokenize alike.
+    let (a, b) = (
+        Tokenizer::from_gguf(&hf).unwrap(),
+        Tokenizer::from_gguf(&twin).unwrap(),
+    );
+    for (text, llama, _) in minilm_cases() {
+        assert_eq!(b.encode(&text, true, false).unwrap(), llama, "{text:?}");
+        assert_eq!(
+            a.encode(&text, true, true).unwrap(),
+            b.encode(&text, true, true).unwrap()
+        );
     }
 }

@@ -11,6 +11,7 @@ mod llama;
 mod metrics;
 mod request;
 mod responses;
+mod embeddings;
 mod routes;
 mod text;
 mod tools;
@@ -91,6 +92,10 @@ pub struct ServeArgs {
     /// `x-mollm-ignored-fields` header).
     #[arg(long)]
     pub strict: bool,
+    /// How /v1/embeddings pools token states [default: the model's own (BERT's file says),
+    /// else mean, as llama-server's `--pooling mean`].
+    #[arg(long, value_parser = engine::embed::Pooling::NAMES)]
+    pub pooling: Option<String>,
     /// Sampling defaults for requests that do not set a field (default: greedy).
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -109,6 +114,9 @@ pub struct Ready {
     pub model_id: String,
     /// Longest sequence: the training context or the KV pool, whichever is smaller.
     pub max_seq: usize,
+    /// Longest input /v1/embeddings takes: `max_seq`, and for an encoder (which takes an
+    /// input in one step) the batch size.
+    pub embed_max: usize,
     cmd: Mutex<std::sync::mpsc::Sender<Cmd>>,
 }
 
@@ -417,15 +425,24 @@ fn load_and_run(
         a.parallel,
         session.kv_pool().rows()
     );
+    let embed_max = match m.embed_program.as_ref().is_some_and(|p| p.non_causal()) {
+        true => max_seq.min(a.model.batch.max(1)),
+        false => max_seq,
+    };
+    let pooling = match &a.pooling {
+        Some(p) => engine::embed::Pooling::parse(p).expect("clap checked the name"),
+        None => m.pooling(),
+    };
     let _ = app.ready.set(Ready {
         model: model.clone(),
         vocab: OnceLock::new(),
         model_id,
         max_seq,
+        embed_max,
         cmd: Mutex::new(tx),
     });
     let _ = load_tx.send(Ok(msg));
-    worker::run(&m, session, sched, rx, app.metrics.clone());
+    worker::run(&m, session, sched, rx, app.metrics.clone(), pooling);
     Ok(())
 }
 
@@ -436,6 +453,7 @@ const ROUTES: &[&str] = &[
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
+    "/v1/embeddings",
     "/props",
     "/apply-template",
     "/infill",
@@ -453,6 +471,8 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/embeddings", post(embeddings::embeddings))
         .route("/props", get(llama::props))
         .route("/apply-template", post(llama::apply_template))
         .route("/infill", post(llama::infill))

@@ -177,6 +177,7 @@ pub(super) fn admit(
     if app.stopping.load(SeqCst) {
         return Err(ApiError::shutting_down());
     }
+    (ready.model.check_logits()).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let body = body_bytes(app, body)?;
     let ctx = ready.max_seq;
     let req = request::parse(ep, &body, &ready.model, &app.defaults, ctx - 1, app.strict)?;

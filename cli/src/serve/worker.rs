@@ -32,8 +32,15 @@ pub struct Job {
     pub tx: UnboundedSender<Out>,
 }
 
+/// Inputs to embed (tokens, each checked against the model's limits), and where the vectors go.
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub tx: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>>,
+}
+
 pub enum Cmd {
     Submit(usize, Job),
+    Embed(EmbedJob),
     Cancel(usize),
     /// Shutting down: queued requests are refused, running ones go on.
     Drain,
@@ -114,6 +121,7 @@ pub fn run(
     mut sched: Scheduler,
     rx: Receiver<Cmd>,
     m: Arc<Metrics>,
+    pooling: engine::embed::Pooling,
 ) {
     let mut live: HashMap<usize, Live> = HashMap::new();
     let mut events = Vec::new();
@@ -143,8 +151,13 @@ pub fn run(
                 }
             }
         }
+        let mut embeds = Vec::new();
         for c in cmds {
             match c {
+                Cmd::Embed(job) if draining => {
+                    let _ = job.tx.send(Err(ApiError::shutting_down()));
+                }
+                Cmd::Embed(job) => embeds.push(job),
                 Cmd::Submit(id, job) => {
                     if draining {
                         let _ = job.tx.send(Out::Failed(ApiError::shutting_down()));
@@ -191,6 +204,9 @@ pub fn run(
                     }
                 }
             }
+        }
+        if !embeds.is_empty() {
+            embed(&mut s, embeds, pooling, &m);
         }
         // Clients that went away since the last step.
         let gone: Vec<usize> = live
@@ -311,6 +327,29 @@ pub fn run(
             }
         }
         publish(&m, &sched, &s, total_pages);
+    }
+}
+
+/// The inputs of every embedding request that came since the last step, in shared steps
+/// between two generation steps.
+fn embed(s: &mut Session, jobs: Vec<EmbedJob>, pooling: engine::embed::Pooling, m: &Metrics) {
+    let all: Vec<Vec<u32>> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
+    let n: usize = all.iter().map(Vec::len).sum();
+    m.prompt_tokens.fetch_add(n as u64, Relaxed);
+    match s.embed(&all, pooling) {
+        Ok(mut vecs) => {
+            for j in jobs.into_iter().rev() {
+                let mine = vecs.split_off(vecs.len() - j.inputs.len());
+                let _ = j.tx.send(Ok(mine));
+            }
+        }
+        Err(e) => {
+            let msg = format!("the engine failed: {e}");
+            eprintln!("serve: {msg}");
+            for j in jobs {
+                let _ = j.tx.send(Err(ApiError::internal(msg.clone())));
+            }
+        }
     }
 }
 

@@ -13,6 +13,9 @@ client cannot say what is sent). Run by cli/tests/serve.rs against a server it s
                                           (a server with --cors http://localhost:3000)
     openai_client.py structured URL KEY N  json_schema / json_object / Lark grammar outputs: N sampled
                                           generations at temperature 1, every one parses and validates
+    openai_client.py embeddings URL KEY M  /v1/embeddings of model M's golden inputs (fixtures/golden/
+                                          embed.json): base64 and float, token-id inputs, concurrent
+                                          requests, errors
 
 Every check raises on failure; the exit status says it all.
 """
@@ -752,6 +755,57 @@ def limits(url):
     print("limits: ok", codes)
 
 
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+
+def embeddings(url, key, model_key):
+    """/v1/embeddings against llama.cpp's vectors for model_key's golden inputs."""
+    import os
+    path = os.path.join(os.path.dirname(__file__), "../../../fixtures/golden/embed.json")
+    cases = [c for c in json.load(open(path))["cases"] if c["model"] == model_key]
+    texts = [c["text"] for c in cases]
+    c = client(url, key)
+    # The client asks for base64 by default and decodes it.
+    r = c.embeddings.create(model="m", input=texts)
+    assert [d.index for d in r.data] == list(range(len(texts))), r.data
+    n_tokens = sum(len(x["llama_token_ids"]) for x in cases)
+    assert r.usage.prompt_tokens == n_tokens == r.usage.total_tokens, (r.usage, n_tokens)
+    for case, d in zip(cases, r.data):
+        cos = cosine(d.embedding, case["llama_embedding"])
+        assert cos >= 0.9999, (case["input"], cos)
+    floats = c.embeddings.create(model="m", input=texts, encoding_format="float")
+    for a, b in zip(r.data, floats.data):
+        assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding)) < 1e-6
+    # Token ids in, the same vector out; one string alone, the same as in the list.
+    ids = c.embeddings.create(model="m", input=[cases[0]["llama_token_ids"]], encoding_format="float")
+    one = c.embeddings.create(model="m", input=texts[0], encoding_format="float")
+    assert ids.data[0].embedding == floats.data[0].embedding == one.data[0].embedding
+    # Requests at once share steps and get what each gets alone.
+    results = [None] * len(texts)
+
+    def embed_one(i):
+        results[i] = c.embeddings.create(model="m", input=texts[i], encoding_format="float").data[0].embedding
+
+    threads = [threading.Thread(target=embed_one, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, v in enumerate(results):
+        assert v == floats.data[i].embedding, ("concurrent differs", i)
+    # Errors name the field.
+    for body, param in [({"input": ""}, "input"), ({"input": []}, "input"), ({}, "input"),
+                        ({"input": "x", "dimensions": 7}, "dimensions"),
+                        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+                        ({"input": [[10 ** 9]]}, "input")]:
+        status, _, b = raw(url, "/v1/embeddings", body, key=key)
+        assert status == 400, (body, status, b)
+        check_error(b, param=param)
+    print(json.dumps({"embeddings": "ok", "model": model_key, "inputs": len(texts)}))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "api":
@@ -768,6 +822,8 @@ if __name__ == "__main__":
         responses(sys.argv[2], sys.argv[3])
     elif cmd == "llama":
         llama_routes(sys.argv[2], sys.argv[3])
+    elif cmd == "embeddings":
+        embeddings(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "structured":
         structured(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

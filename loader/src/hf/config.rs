@@ -19,6 +19,7 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("qwen3_5_moe", "qwen35moe"),
     ("qwen3_5_moe_text", "qwen35moe"),
     ("qwen3_next", "qwen3next"),
+    ("bert", "bert"),
 ];
 
 /// `model_type`s whose config nests the text model's fields under `text_config` (the
@@ -329,6 +330,9 @@ impl Config {
     /// The GGUF keys llama.cpp's converter writes for this architecture.
     pub fn metadata(&self, meta: &mut Vec<(String, Value)>) -> Result<(), LoadError> {
         let a = self.arch;
+        if a == "bert" {
+            return self.bert_metadata(meta);
+        }
         let mut put = |k: &str, v: Value| meta.push((format!("{a}.{k}"), v));
         let u = |n: u64| Value::U32(n as u32);
         put("block_count", u(self.n_layer + self.n_mtp));
@@ -577,6 +581,172 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// BERT's keys as llama.cpp's converter writes them (`TextModel.set_gguf_parameters`,
+    /// `BertModel.set_gguf_parameters`): sizes, `context_length` (max_position_embeddings:
+    /// the position table's rows), `attention.layer_norm_epsilon` (`layer_norm_eps`, Hugging
+    /// Face's default 1e-12 when the config has none), `attention.causal` false and
+    /// `pooling_type` (see [`Config::bert_pooling`]); `attention.head_count_kv` and
+    /// `key_length` / `value_length` only when the config has `num_key_value_heads` /
+    /// `head_dim`, as the converter writes them. Refused: what mollm's BERT graph (llama.cpp's)
+    /// does not compute: an activation other than exact GELU, position embeddings other than
+    /// absolute, a decoder.
+    fn bert_metadata(&self, meta: &mut Vec<(String, Value)>) -> Result<(), LoadError> {
+        let act = match self.json.get("hidden_act") {
+            None | Some(serde_json::Value::Null) => "gelu",
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| self.err("hidden_act", format!("expected a string, found {v}")))?,
+        };
+        if act != "gelu" {
+            return Err(self.err(
+                "hidden_act",
+                format!("'{act}' is not supported (mollm's BERT runs gelu, as llama.cpp's)"),
+            ));
+        }
+        let pos = match self.json.get("position_embedding_type") {
+            None | Some(serde_json::Value::Null) => "absolute",
+            Some(v) => v.as_str().ok_or_else(|| {
+                self.err(
+                    "position_embedding_type",
+                    format!("expected a string, found {v}"),
+                )
+            })?,
+        };
+        if pos != "absolute" {
+            return Err(self.err(
+                "position_embedding_type",
+                format!("'{pos}' is not supported (only absolute position embeddings)"),
+            ));
+        }
+        for field in ["is_decoder", "add_cross_attention"] {
+            if self.opt_bool(field)? == Some(true) {
+                return Err(self.err(
+                    field,
+                    "true is not supported (mollm runs BERT as an encoder)".into(),
+                ));
+            }
+        }
+        let u = |n: u64| Value::U32(n as u32);
+        let mut put = |k: &str, v: Value| meta.push((format!("bert.{k}"), v));
+        put("block_count", u(self.n_layer));
+        put(
+            "context_length",
+            u(self.req_u("max_position_embeddings", 1, 1 << 26)?),
+        );
+        put("embedding_length", u(self.n_embd));
+        put(
+            "feed_forward_length",
+            u(self.req_u("intermediate_size", 1, 1 << 24)?),
+        );
+        put("attention.head_count", u(self.n_head));
+        if self.opt_u("num_key_value_heads", 1, 4096)?.is_some() {
+            put("attention.head_count_kv", u(self.n_head_kv));
+        }
+        if self.opt_u("head_dim", 1, 1 << 16)?.is_some() {
+            put("attention.key_length", u(self.head_dim));
+            put("attention.value_length", u(self.head_dim));
+        }
+        let eps = self.opt_f("layer_norm_eps")?.unwrap_or(1e-12);
+        if eps <= 0.0 {
+            return Err(self.err("layer_norm_eps", format!("{eps} is not positive")));
+        }
+        put("attention.layer_norm_epsilon", Value::F32(eps));
+        put("attention.causal", Value::Bool(false));
+        put("pooling_type", u(self.bert_pooling()?));
+        meta.push(("general.architecture".into(), Value::String("bert".into())));
+        Ok(())
+    }
+
+    /// llama.cpp's pooling type (1 mean, 2 CLS, 3 last token) from sentence-transformers'
+    /// pooling module, as the converter's `_try_set_pooling_type` reads it: the first module of
+    /// `modules.json` whose type ends with "Pooling" names a folder whose `config.json` has
+    /// `pooling_mode_mean_tokens`, `pooling_mode_cls_token`, `pooling_mode_lasttoken` (checked
+    /// in that order) or `pooling_mode`. Without `modules.json`, `1_Pooling/config.json` if
+    /// present; without either, mean (the converter would then write no key, which llama.cpp
+    /// reads as no pooling).
+    fn bert_pooling(&self) -> Result<u64, LoadError> {
+        const MODULES: &str = "modules.json";
+        let dir = &self.dir;
+        let merr = |key: String, msg: String| LoadError::Metadata {
+            file: label(dir, MODULES),
+            key,
+            msg,
+        };
+        let folder = match read_json(dir, MODULES)? {
+            Some(modules) => {
+                let list = modules
+                    .as_array()
+                    .ok_or_else(|| merr("(root)".into(), "expected a list of modules".into()))?;
+                let pooling = list.iter().enumerate().find(|(_, m)| {
+                    m.get("type")
+                        .and_then(|t| t.as_str())
+                        .is_some_and(|t| t.ends_with("Pooling"))
+                });
+                match pooling {
+                    None => None,
+                    Some((i, m)) => {
+                        let path = m.get("path").and_then(|p| p.as_str()).unwrap_or("");
+                        // A folder inside the model directory, nothing else.
+                        let inside = !path.is_empty()
+                            && std::path::Path::new(path)
+                                .components()
+                                .all(|c| matches!(c, std::path::Component::Normal(_)));
+                        if !inside {
+                            return Err(merr(
+                                format!("[{i}].path"),
+                                format!("{path:?}: expected a folder inside the model directory"),
+                            ));
+                        }
+                        Some(path.to_string())
+                    }
+                }
+            }
+            None => dir
+                .join("1_Pooling/config.json")
+                .is_file()
+                .then(|| "1_Pooling".to_string()),
+        };
+        let Some(folder) = folder else {
+            return Ok(1);
+        };
+        let name = format!("{folder}/config.json");
+        let pcfg = read_json(dir, &name)?.ok_or_else(|| LoadError::Format {
+            file: label(dir, &name),
+            msg: format!("missing (the pooling module of {MODULES})"),
+        })?;
+        let on = |k: &str| pcfg.get(k).and_then(|v| v.as_bool()) == Some(true);
+        let mode = pcfg.get("pooling_mode").and_then(|v| v.as_str());
+        Ok(match () {
+            _ if on("pooling_mode_mean_tokens") => 1,
+            _ if on("pooling_mode_cls_token") => 2,
+            _ if on("pooling_mode_lasttoken") => 3,
+            _ if mode == Some("mean") => 1,
+            _ if mode == Some("cls") => 2,
+            _ if mode == Some("lasttoken") => 3,
+            _ => {
+                let on: Vec<&str> = pcfg
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, v)| k.starts_with("pooling_mode") && v.as_bool() == Some(true))
+                    .map(|(k, _)| k.as_str())
+                    .collect();
+                return Err(LoadError::Metadata {
+                    file: label(dir, &name),
+                    key: on.first().copied().unwrap_or("pooling_mode").to_string(),
+                    msg: format!(
+                        "{}: only mean, CLS and last-token pooling are supported",
+                        match (on.is_empty(), mode) {
+                            (false, _) => on.join(", "),
+                            (true, Some(m)) => format!("'{m}'"),
+                            (true, None) => "no pooling mode set".into(),
+                        }
+                    ),
+                });
+            }
+        })
     }
 
     /// LFM2's FFN width as llama.cpp's converter derives it: `block_ff_dim` (or

@@ -37,6 +37,9 @@ pub fn open_dir(dir: &Path) -> Result<ModelFile, LoadError> {
     if config::is_qwen35(cfg.arch) {
         tensors::qwen35_complete(dir, &cfg, &infos)?;
     }
+    if cfg.arch == "bert" {
+        tensors::bert_complete(dir, &cfg, &infos)?;
+    }
     // Qwen3.5 / Qwen3-Next: the checkpoint's multi-token-prediction blocks follow the layers.
     cfg.n_mtp = infos
         .iter()

@@ -7,7 +7,8 @@
 //! llama.cpp's converter writes it. LFM2's convolution weights `[channels, 1, L]` lose their
 //! middle dimension (the converter's squeeze). Qwen3.5 / Qwen3.5-MoE / Qwen3-Next get the
 //! converter's transforms (see [`qwen35`]): shifted norms, `-exp(A_log)`, value heads
-//! reordered, fused projections and experts split, MTP blocks after the layers.
+//! reordered, fused projections and experts split, MTP blocks after the layers. BERT gets the
+//! names of llama.cpp's `BertModel` (see [`bert`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -298,6 +299,155 @@ fn qwen35(cfg: &Config, name: &str) -> Option<Target> {
     one(&format!("{t}.{kind}"), x)
 }
 
+/// llama.cpp's converter for BERT (`BertModel.filter_tensors` and its tensor map): an optional
+/// `bert.` prefix dropped, old `gamma` / `beta` norm names read as `weight` / `bias`; the
+/// position ids, the pooler and the pre-training heads (`cls.predictions`,
+/// `cls.seq_relationship`) skipped; layers below `n_layer` only.
+fn bert(cfg: &Config, name: &str) -> Option<Target> {
+    let name = name.strip_prefix("bert.").unwrap_or(name);
+    if name == "embeddings.position_ids"
+        || name.starts_with("pooler.")
+        || name.starts_with("cls.predictions.")
+        || name.starts_with("cls.seq_relationship.")
+    {
+        return Some(Target::Skip);
+    }
+    let (stem, kind) = name.rsplit_once('.')?;
+    let kind = match kind {
+        "weight" | "gamma" => "weight",
+        "bias" | "beta" => "bias",
+        _ => return None,
+    };
+    let t = match (stem, kind) {
+        ("embeddings.word_embeddings", "weight") => "token_embd",
+        ("embeddings.position_embeddings", "weight") => "position_embd",
+        ("embeddings.token_type_embeddings", "weight") => "token_types",
+        ("embeddings.LayerNorm", _) => "token_embd_norm",
+        _ => {
+            let (il, rest) = stem.strip_prefix("encoder.layer.")?.split_once('.')?;
+            let il = il.parse::<u64>().ok().filter(|&il| il < cfg.n_layer)?;
+            let t = match rest {
+                "attention.self.query" => "attn_q",
+                "attention.self.key" => "attn_k",
+                "attention.self.value" => "attn_v",
+                "attention.output.dense" => "attn_output",
+                "attention.output.LayerNorm" => "attn_output_norm",
+                "intermediate.dense" => "ffn_up",
+                "output.dense" => "ffn_down",
+                "output.LayerNorm" => "layer_output_norm",
+                _ => return None,
+            };
+            return Some(Target::Plain(format!("blk.{il}.{t}.{kind}")));
+        }
+    };
+    Some(Target::Plain(format!("{t}.{kind}")))
+}
+
+/// Every tensor llama.cpp's BERT graph reads is there with its shape (ggml order), so a
+/// checkpoint that lacks one or has another size is refused naming it; `token_types` may be
+/// missing (llama.cpp's is optional), and must then not be needed.
+pub fn bert_complete(dir: &Path, cfg: &Config, infos: &[TensorInfo]) -> Result<(), LoadError> {
+    let n = cfg.n_embd;
+    let ff = cfg
+        .json
+        .get("intermediate_size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let ctx = cfg
+        .json
+        .get("max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    // Hugging Face's default (the converter's 1 would not fit the checkpoint's table).
+    let types = cfg
+        .json
+        .get("type_vocab_size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(2);
+    let mut need: Vec<(String, String, Vec<u64>, bool)> = vec![
+        (
+            "token_embd.weight".into(),
+            "embeddings.word_embeddings.weight".into(),
+            vec![n, cfg.vocab_size],
+            true,
+        ),
+        (
+            "position_embd.weight".into(),
+            "embeddings.position_embeddings.weight".into(),
+            vec![n, ctx],
+            true,
+        ),
+        (
+            "token_types.weight".into(),
+            "embeddings.token_type_embeddings.weight".into(),
+            vec![n, types],
+            false,
+        ),
+        (
+            "token_embd_norm.weight".into(),
+            "embeddings.LayerNorm.weight".into(),
+            vec![n],
+            true,
+        ),
+        (
+            "token_embd_norm.bias".into(),
+            "embeddings.LayerNorm.bias".into(),
+            vec![n],
+            true,
+        ),
+    ];
+    for il in 0..cfg.n_layer {
+        let hf = |s: &str| format!("encoder.layer.{il}.{s}");
+        for (t, h, w, b) in [
+            ("attn_q", "attention.self.query", vec![n, n], vec![n]),
+            ("attn_k", "attention.self.key", vec![n, n], vec![n]),
+            ("attn_v", "attention.self.value", vec![n, n], vec![n]),
+            ("attn_output", "attention.output.dense", vec![n, n], vec![n]),
+            (
+                "attn_output_norm",
+                "attention.output.LayerNorm",
+                vec![n],
+                vec![n],
+            ),
+            ("ffn_up", "intermediate.dense", vec![n, ff], vec![ff]),
+            ("ffn_down", "output.dense", vec![ff, n], vec![n]),
+            ("layer_output_norm", "output.LayerNorm", vec![n], vec![n]),
+        ] {
+            need.push((
+                format!("blk.{il}.{t}.weight"),
+                hf(&format!("{h}.weight")),
+                w,
+                true,
+            ));
+            need.push((
+                format!("blk.{il}.{t}.bias"),
+                hf(&format!("{h}.bias")),
+                b,
+                true,
+            ));
+        }
+    }
+    for (g, hf, shape, required) in need {
+        let bad = |msg: String| LoadError::Format {
+            file: dir.display().to_string(),
+            msg: format!("tensor '{hf}': {msg}"),
+        };
+        match infos.iter().find(|t| t.name == g) {
+            None if required => return Err(bad("missing".into())),
+            None => {}
+            Some(t) if t.shape != shape => {
+                let hf_shape: Vec<u64> = t.shape.iter().rev().copied().collect();
+                let want: Vec<u64> = shape.iter().rev().copied().collect();
+                return Err(bad(format!(
+                    "shape {hf_shape:?}, expected {want:?} (from config.json)"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 fn target(arch: &str, name: &str) -> Option<Target> {
     let plain = |s: &str| Some(Target::Plain(s.to_string()));
     match name {
@@ -459,11 +609,16 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
                         qwen35(cfg, &short)
                     }
                 }
+                false if cfg.arch == "bert" => bert(cfg, name),
                 false => target(cfg.arch, name),
             };
             let Some(t) = t else {
                 return Err(bad(format!("has no place in a {} model", cfg.arch)));
             };
+            // Skipped before any check: BERT's position_ids are I64.
+            if let Target::Skip = t {
+                continue;
+            }
             let mut hf: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
             // LFM2's depthwise convolution `[channels, 1, L]`: the converter squeezes it.
             let squeeze = match &t {
@@ -624,7 +779,8 @@ pub fn load(dir: &Path, cfg: &Config) -> Result<(Vec<TensorInfo>, Vec<u8>), Load
         }
     }
 
-    if !cfg.tie_embeddings && !entries.contains_key("output.weight") {
+    // An encoder (BERT) has no output matrix.
+    if !cfg.tie_embeddings && cfg.arch != "bert" && !entries.contains_key("output.weight") {
         return Err(LoadError::Format {
             file: dir.display().to_string(),
             msg: "lm_head.weight is missing and config.json's tie_word_embeddings is false".into(),

@@ -32,6 +32,7 @@ fn st<S: AsRef<str>>(tensors: &[(S, Dtype, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
                 .iter()
                 .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
                 .collect(),
+            Dtype::I64 => v.iter().flat_map(|x| (*x as i64).to_le_bytes()).collect(),
             _ => unreachable!(),
         })
         .collect();
@@ -1217,5 +1218,424 @@ fn qwen35_directories_mollm_cannot_convert_are_refused_naming_the_key_or_tensor(
         )],
     );
     refused(&d, &["out_proj.weight", "expected 8 columns"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+// ---- BERT (sentence-transformers layout) ----
+
+/// A WordPiece tokenizer.json as BERT's: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4 (added,
+/// special), then words, continuations and punctuation; lowercasing BertNormalizer,
+/// "[CLS] $A [SEP]" template.
+fn wordpiece_tokenizer_json() -> serde_json::Value {
+    let special = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    let tok = |id: &str, type_id: u32| json!({"SpecialToken": {"id": id, "type_id": type_id}});
+    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    json!({
+        "version": "1.0", "truncation": {"max_length": 128, "strategy": "LongestFirst", "stride": 0},
+        "padding": {"strategy": {"Fixed": 128}, "direction": "Right", "pad_to_multiple_of": null,
+                    "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"},
+        "added_tokens": [special(0, "[PAD]"), special(1, "[UNK]"), special(2, "[CLS]"),
+                         special(3, "[SEP]"), special(4, "[MASK]")],
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                       "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [tok("[CLS]", 0), seq("A", 0), tok("[SEP]", 0)],
+            "pair": [tok("[CLS]", 0), seq("A", 0), tok("[SEP]", 0), seq("B", 1), tok("[SEP]", 1)],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                               "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100,
+                  "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4,
+                            "hello": 5, "world": 6, "##s": 7, ",": 8, "!": 9, "un": 10,
+                            "##known": 11}}
+    })
+}
+
+/// A tiny BERT directory as sentence-transformers saves one: vocab 12, hidden 4, 2 heads of
+/// 2, 1 layer, FFN 6, 8 positions, 2 token types, CLS pooling (modules.json →
+/// 1_Pooling/config.json); `bert.`-prefixed tensor names, I64 position ids and a pooler, which
+/// the converter skips.
+fn bert_dir(name: &str) -> PathBuf {
+    let d = scratch(name);
+    let cfg = json!({"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 12,
+        "hidden_size": 4, "intermediate_size": 6, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "max_position_embeddings": 8, "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute",
+        "pad_token_id": 0});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::write(
+        d.join("tokenizer.json"),
+        wordpiece_tokenizer_json().to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("tokenizer_config.json"),
+        json!({"do_lower_case": true, "unk_token": "[UNK]", "sep_token": "[SEP]",
+               "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]",
+               "tokenizer_class": "BertTokenizer"})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("modules.json"),
+        json!([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(d.join("1_Pooling")).unwrap();
+    std::fs::write(
+        d.join("1_Pooling/config.json"),
+        json!({"word_embedding_dimension": 4, "pooling_mode_cls_token": true,
+               "pooling_mode_mean_tokens": false, "pooling_mode_max_tokens": false})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(d.join("model.safetensors"), st(&bert_tensors())).unwrap();
+    d
+}
+
+fn bert_tensors() -> Vec<(String, Dtype, Vec<usize>, Vec<f32>)> {
+    let mut t = vec![
+        (
+            "bert.embeddings.word_embeddings.weight".to_string(),
+            Dtype::F32,
+            vec![12, 4],
+            ramp(48, 0.25),
+        ),
+        (
+            "bert.embeddings.position_embeddings.weight".into(),
+            Dtype::F32,
+            vec![8, 4],
+            ramp(32, 0.5),
+        ),
+        (
+            "bert.embeddings.token_type_embeddings.weight".into(),
+            Dtype::F32,
+            vec![2, 4],
+            ramp(8, 1.0),
+        ),
+        (
+            "bert.embeddings.LayerNorm.weight".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+        (
+            "bert.embeddings.LayerNorm.bias".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 0.5),
+        ),
+        (
+            "bert.embeddings.position_ids".into(),
+            Dtype::I64,
+            vec![1, 8],
+            (0..8).map(|i| i as f32).collect(),
+        ),
+        (
+            "bert.pooler.dense.weight".into(),
+            Dtype::F32,
+            vec![4, 4],
+            ramp(16, 1.0),
+        ),
+        (
+            "bert.pooler.dense.bias".into(),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ),
+    ];
+    let p = "bert.encoder.layer.0.";
+    for (stem, rows, cols) in [
+        ("attention.self.query", 4, 4),
+        ("attention.self.key", 4, 4),
+        ("attention.self.value", 4, 4),
+        ("attention.output.dense", 4, 4),
+        ("intermediate.dense", 6, 4),
+        ("output.dense", 4, 6),
+    ] {
+        t.push((
+            format!("{p}{stem}.weight"),
+            Dtype::F16,
+            vec![rows, cols],
+            ramp(rows * cols, 0.5),
+        ));
+        t.push((
+            format!("{p}{stem}.bias"),
+            Dtype::F32,
+            vec![rows],
+            ramp(rows, 0.25),
+        ));
+    }
+    // Old TF-style norm names.
+    for stem in ["attention.output.LayerNorm", "output.LayerNorm"] {
+        t.push((
+            format!("{p}{stem}.gamma"),
+            Dtype::F32,
+            vec![4],
+            ramp(4, 1.0),
+        ));
+        t.push((format!("{p}{stem}.beta"), Dtype::F32, vec![4], ramp(4, 0.5)));
+    }
+    t
+}
+
+#[test]
+fn a_bert_directory_gets_llama_cpps_metadata_tensors_and_wordpiece_vocabulary() {
+    let d = bert_dir("bert");
+    let g = super::open_dir(&d).unwrap();
+    assert_eq!(g.architecture().unwrap(), "bert");
+    for (k, v) in [
+        ("bert.block_count", 1),
+        ("bert.context_length", 8),
+        ("bert.embedding_length", 4),
+        ("bert.feed_forward_length", 6),
+        ("bert.attention.head_count", 2),
+        ("bert.pooling_type", 2),
+        ("tokenizer.ggml.token_type_count", 2),
+        ("tokenizer.ggml.bos_token_id", 2),
+        ("tokenizer.ggml.eos_token_id", 3),
+        ("tokenizer.ggml.unknown_token_id", 1),
+        ("tokenizer.ggml.seperator_token_id", 3),
+        ("tokenizer.ggml.padding_token_id", 0),
+        ("tokenizer.ggml.mask_token_id", 4),
+    ] {
+        assert_eq!(g.get_u32(k).unwrap(), Some(v), "{k}");
+    }
+    // Only what the converter writes: no GQA / head size keys, no cls id, no rope, no
+    // tokenizer.json copy (mollm tokenizes WordPiece as llama.cpp does).
+    for k in [
+        "bert.attention.head_count_kv",
+        "bert.attention.key_length",
+        "bert.rope.freq_base",
+        "tokenizer.ggml.cls_token_id",
+        "tokenizer.ggml.normalizer.strip_accents",
+        "tokenizer.ggml.merges",
+        "tokenizer.huggingface.json",
+        "tokenizer.chat_template",
+    ] {
+        assert!(g.get(k).is_none(), "{k}");
+    }
+    assert_eq!(
+        g.get_f32("bert.attention.layer_norm_epsilon").unwrap(),
+        Some(1e-12)
+    );
+    assert_eq!(g.get_bool("bert.attention.causal").unwrap(), Some(false));
+    assert_eq!(g.get_str("tokenizer.ggml.model").unwrap(), Some("bert"));
+    assert_eq!(g.get_str("tokenizer.ggml.pre").unwrap(), Some("default"));
+    for (k, v) in [
+        ("tokenizer.ggml.add_bos_token", true),
+        ("tokenizer.ggml.add_eos_token", true),
+        ("tokenizer.ggml.add_sep_token", false),
+        ("tokenizer.ggml.normalizer.lowercase", true),
+    ] {
+        assert_eq!(g.get_bool(k).unwrap(), Some(v), "{k}");
+    }
+    // Phantom space: specials as they are, "##s" → "s", "hello" → "▁hello".
+    let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap().unwrap();
+    let texts: Vec<&str> = (0..tokens.len()).map(|i| tokens.get(i).unwrap()).collect();
+    assert_eq!(
+        texts,
+        [
+            "[PAD]",
+            "[UNK]",
+            "[CLS]",
+            "[SEP]",
+            "[MASK]",
+            "\u{2581}hello",
+            "\u{2581}world",
+            "s",
+            "\u{2581},",
+            "\u{2581}!",
+            "\u{2581}un",
+            "known"
+        ]
+    );
+    assert_eq!(
+        g.get_i32_array("tokenizer.ggml.token_type")
+            .unwrap()
+            .unwrap(),
+        &[3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1][..]
+    );
+    // Tensors: llama.cpp's names, ggml shapes; position ids and pooler skipped.
+    let mut names: Vec<&str> = g.tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort();
+    let mut want = vec![
+        "token_embd.weight",
+        "position_embd.weight",
+        "token_types.weight",
+        "token_embd_norm.weight",
+        "token_embd_norm.bias",
+    ];
+    let per_layer = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "attn_output_norm",
+        "ffn_up",
+        "ffn_down",
+        "layer_output_norm",
+    ];
+    let layer: Vec<String> = per_layer
+        .iter()
+        .flat_map(|t| [format!("blk.0.{t}.weight"), format!("blk.0.{t}.bias")])
+        .collect();
+    want.extend(layer.iter().map(String::as_str));
+    want.sort();
+    assert_eq!(names, want);
+    let shape = |n: &str| g.tensor(n).unwrap().shape.clone();
+    assert_eq!(shape("token_embd.weight"), [4, 12]);
+    assert_eq!(shape("position_embd.weight"), [4, 8]);
+    assert_eq!(shape("token_types.weight"), [4, 2]);
+    assert_eq!(shape("blk.0.ffn_up.weight"), [4, 6]);
+    assert_eq!(shape("blk.0.ffn_down.weight"), [6, 4]);
+    assert_eq!(shape("blk.0.ffn_up.bias"), [6]);
+    assert_eq!(
+        g.tensor("blk.0.attn_q.weight").unwrap().dtype,
+        abi::DType::F16
+    );
+    let norm = g.tensor("blk.0.layer_output_norm.bias").unwrap();
+    assert_eq!(f32s(g.tensor_data(norm)), ramp(4, 0.5), "beta → bias");
+    let pos = g.tensor("position_embd.weight").unwrap();
+    assert_eq!(f32s(g.tensor_data(pos)), ramp(32, 0.5));
+
+    // The vocabulary tokenizes as llama.cpp's WPM: lowercased, split at punctuation, greedy
+    // longest match, [CLS] ... [SEP]; a word nothing matches is [UNK].
+    let tk = crate::Tokenizer::from_gguf(&g).unwrap();
+    let ids = tk.encode("Hello WORLDS, unknown!", true, false).unwrap();
+    assert_eq!(ids, [2, 5, 6, 7, 8, 10, 11, 9, 3]);
+    assert_eq!(tk.encode("hello xyz", false, false).unwrap(), [5, 1]);
+    assert_eq!(tk.decode(&ids[1..ids.len() - 1]), " hello worlds, unknown!");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn bert_pooling_follows_sentence_transformers_or_defaults_to_mean() {
+    let d = bert_dir("bert-pooling");
+    let pooling = |d: &Path| {
+        super::open_dir(d)
+            .unwrap()
+            .get_u32("bert.pooling_type")
+            .unwrap()
+    };
+    let write = |v: serde_json::Value| {
+        std::fs::write(d.join("1_Pooling/config.json"), v.to_string()).unwrap()
+    };
+    write(json!({"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}));
+    assert_eq!(pooling(&d), Some(1), "mean is checked first");
+    write(json!({"pooling_mode_lasttoken": true}));
+    assert_eq!(pooling(&d), Some(3));
+    write(json!({"pooling_mode": "cls"}));
+    assert_eq!(pooling(&d), Some(2));
+    write(json!({"pooling_mode_max_tokens": true, "pooling_mode_mean_tokens": false}));
+    refused(
+        &d,
+        &[
+            "1_Pooling/config.json",
+            "pooling_mode_max_tokens",
+            "only mean, CLS and last-token",
+        ],
+    );
+    // Without modules.json: 1_Pooling/config.json still; without it either: mean.
+    std::fs::remove_file(d.join("modules.json")).unwrap();
+    write(json!({"pooling_mode_cls_token": true}));
+    assert_eq!(pooling(&d), Some(2));
+    std::fs::remove_dir_all(d.join("1_Pooling")).unwrap();
+    assert_eq!(pooling(&d), Some(1));
+    // A pooling folder outside the model directory is refused.
+    std::fs::write(
+        d.join("modules.json"),
+        json!([{"path": "../elsewhere", "type": "sentence_transformers.models.Pooling"}])
+            .to_string(),
+    )
+    .unwrap();
+    refused(
+        &d,
+        &["modules.json", "[0].path", "inside the model directory"],
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn bert_directories_mollm_cannot_run_are_refused_naming_the_field_or_tensor() {
+    let d = bert_dir("bert-bad");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("config.json")).unwrap()).unwrap();
+    let set_cfg = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = cfg.clone();
+        f(&mut c);
+        std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    };
+    set_cfg(&|c| c["hidden_act"] = json!("relu"));
+    refused(
+        &d,
+        &["config.json", "hidden_act", "'relu' is not supported"],
+    );
+    set_cfg(&|c| c["position_embedding_type"] = json!("relative_key"));
+    refused(
+        &d,
+        &[
+            "config.json",
+            "position_embedding_type",
+            "'relative_key' is not supported",
+        ],
+    );
+    set_cfg(&|c| c["is_decoder"] = json!(true));
+    refused(&d, &["config.json", "is_decoder"]);
+    set_cfg(&|c| {
+        c.as_object_mut().unwrap().remove("max_position_embeddings");
+    });
+    refused(&d, &["config.json", "max_position_embeddings", "missing"]);
+    // A table of another size than config.json says.
+    set_cfg(&|c| c["max_position_embeddings"] = json!(16));
+    refused(
+        &d,
+        &[
+            "embeddings.position_embeddings.weight",
+            "[8, 4]",
+            "expected [16, 4]",
+        ],
+    );
+    set_cfg(&|_| {});
+    // A missing weight is named as the checkpoint names it.
+    let t: Vec<_> = bert_tensors()
+        .into_iter()
+        .filter(|t| !t.0.ends_with("intermediate.dense.bias"))
+        .collect();
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    refused(&d, &["encoder.layer.0.intermediate.dense.bias", "missing"]);
+    // A layer past num_hidden_layers, a classifier head: no place in the model.
+    let mut t = bert_tensors();
+    t.push((
+        "encoder.layer.1.output.dense.bias".into(),
+        Dtype::F32,
+        vec![4],
+        ramp(4, 1.0),
+    ));
+    std::fs::write(d.join("model.safetensors"), st(&t)).unwrap();
+    refused(
+        &d,
+        &[
+            "encoder.layer.1.output.dense.bias",
+            "has no place in a bert model",
+        ],
+    );
+    std::fs::write(d.join("model.safetensors"), st(&bert_tensors())).unwrap();
+    // A WordPiece vocabulary whose continuations are not "##".
+    let mut tj = wordpiece_tokenizer_json();
+    tj["model"]["continuing_subword_prefix"] = json!("@@");
+    std::fs::write(d.join("tokenizer.json"), tj.to_string()).unwrap();
+    refused(
+        &d,
+        &["tokenizer.json", "continuing_subword_prefix", "\"@@\""],
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

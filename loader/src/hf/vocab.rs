@@ -7,6 +7,10 @@
 //! Two kinds of BPE vocabularies are read: byte-level (Llama 3, Qwen, SmolLM, GPT-2 style;
 //! llama.cpp's `gpt2` model) and SentencePiece-style with `▁` for spaces and `<0xXX>` byte
 //! fallback (Gemma, Llama 2; llama.cpp's `llama` model, whose decoding rules then apply).
+//!
+//! A WordPiece vocabulary (BERT) is the exception ([`wordpiece`]): it becomes llama.cpp's
+//! `bert` vocabulary exactly as its converter writes it, and mollm tokenizes it with
+//! llama.cpp's algorithm, not the `tokenizers` pipeline (so no `tokenizer.huggingface.json`).
 
 use std::path::Path;
 
@@ -53,11 +57,15 @@ pub fn metadata(
     let model = tj
         .get("model")
         .ok_or_else(|| err("model", "missing".into()))?;
-    if model.get("type").and_then(|t| t.as_str()) != Some("BPE") {
-        return Err(err(
-            "model.type",
-            "only BPE tokenizers are supported".into(),
-        ));
+    match model.get("type").and_then(|t| t.as_str()) {
+        Some("BPE") => {}
+        Some("WordPiece") => return wordpiece(dir, cfg, &tj, &file, meta),
+        _ => {
+            return Err(err(
+                "model.type",
+                "only BPE and WordPiece tokenizers are supported".into(),
+            ))
+        }
     }
     let mentions = |v: Option<&Json>, what: &str| v.is_some_and(|v| v.to_string().contains(what));
     let byte_level = mentions(tj.get("pre_tokenizer"), "\"ByteLevel\"")
@@ -230,21 +238,392 @@ pub fn metadata(
             kv(&format!("ggml.{flag}"), Value::Bool(b));
         }
     }
-    let template = match tc.get("chat_template") {
-        Some(Json::String(s)) => Some(s.clone()),
-        // A list of named templates: the default one.
-        Some(Json::Array(list)) => list
-            .iter()
-            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
-        _ => None,
-    };
-    let template =
-        template.or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
-    if let Some(t) = template {
+    if let Some(t) = chat_template(dir, &tc) {
         kv("chat_template", Value::String(t));
     }
     let json = String::from_utf8(bytes).map_err(|_| err("(file)", "not UTF-8".into()))?;
     kv("huggingface.json", Value::String(json));
     Ok(())
 }
+
+/// The chat template: `tokenizer_config.json`'s (a list of named ones: the default one), else
+/// `chat_template.jinja`.
+fn chat_template(dir: &Path, tc: &Json) -> Option<String> {
+    let template = match tc.get("chat_template") {
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(Json::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    };
+    template.or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok())
+}
+
+/// The special token kinds gguf-py's `SpecialVocab` looks for, in its order.
+const SPECIAL_KINDS: [&str; 7] = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
+
+/// A WordPiece `tokenizer.json` (BERT) → llama.cpp's `bert` vocabulary, as its converter
+/// writes it (`BertModel.set_vocab`, `get_vocab_base`, gguf-py's `SpecialVocab`):
+///
+/// - `tokenizer.ggml.model` "bert", `tokenizer.ggml.pre` "default" (what llama.cpp uses for
+///   every WordPiece vocabulary; the converter writes the name of a hash of its check text's
+///   ids, "bert-bge" for the uncased BERT vocabulary, which llama.cpp then ignores);
+///   `tokenizer.ggml.token_type_count` from config.json's `type_vocab_size` (Hugging Face's
+///   default 2 when absent; the converter's 1 would not fit the checkpoint's table);
+/// - the tokens by id, padded to config.json's `vocab_size` with `[PAD<i>]` (UNUSED), in
+///   phantom-space form: CONTROL tokens as they are, `##x` → `x`, any other `t` → `▁t`; types:
+///   added tokens CONTROL when special (or looking special, like `<|x|>`), else
+///   USER_DEFINED, the rest NORMAL;
+/// - special ids as `SpecialVocab` finds them: `tokenizer_config.json`'s `*_token` texts
+///   (bos falling back to cls_token, eos to sep_token, then the post-processor's template)
+///   looked up among `added_tokens`, else config.json's `*_token_id`; written as
+///   `bos`/`eos`/`unknown`/`seperator`/`padding`/`mask_token_id` (none for cls: the writer has
+///   no key for it, and llama.cpp's [CLS] is the BOS id);
+/// - `add_bos_token` / `add_eos_token` / `add_sep_token` from a `TemplateProcessing`
+///   post-processor ("[CLS] $A [SEP]": bos and eos true, sep false) or tokenizer_config.json;
+/// - `tokenizer.ggml.normalizer.lowercase` / `strip_accents` from the normalizer
+///   (`BertNormalizer`'s fields, `Lowercase`, `StripAccents`, in a `Sequence` too), each only
+///   when set (a null `strip_accents` writes none: llama.cpp then strips accents iff it
+///   lowercases, as Hugging Face does).
+fn wordpiece(
+    dir: &Path,
+    cfg: &Config,
+    tj: &Json,
+    file: &str,
+    meta: &mut Vec<(String, Value)>,
+) -> Result<(), LoadError> {
+    let err = |key: &str, msg: String| LoadError::Metadata {
+        file: file.to_string(),
+        key: key.to_string(),
+        msg,
+    };
+    let model = &tj["model"];
+    // The converter's phantom-space mapping knows "##" only.
+    match model.get("continuing_subword_prefix") {
+        None | Some(Json::Null) => {}
+        Some(p) if p.as_str() == Some("##") => {}
+        Some(p) => {
+            return Err(err(
+                "model.continuing_subword_prefix",
+                format!("{p} is not supported (only \"##\", as llama.cpp's converter reads it)"),
+            ))
+        }
+    }
+    let vocab = model
+        .get("vocab")
+        .and_then(|v| v.as_object())
+        .ok_or_else(|| err("model.vocab", "missing or not an object".into()))?;
+    let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: u64, text: &str, ty: i32| -> Result<(), LoadError> {
+        if id >= 1 << 24 {
+            return Err(err("model.vocab", format!("token id {id} is too large")));
+        }
+        let id = id as usize;
+        if by_id.len() <= id {
+            by_id.resize(id + 1, None);
+        }
+        by_id[id] = Some((text.to_string(), ty));
+        Ok(())
+    };
+    for (text, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| err(&format!("model.vocab.{text}"), "expected a token id".into()))?;
+        put(id, text, TOKEN_NORMAL)?;
+    }
+    let added: &[Json] = tj
+        .get("added_tokens")
+        .and_then(|a| a.as_array())
+        .map_or(&[], Vec::as_slice);
+    for (i, t) in added.iter().enumerate() {
+        let id = t.get("id").and_then(|v| v.as_u64());
+        let content = t.get("content").and_then(|v| v.as_str());
+        let (Some(id), Some(content)) = (id, content) else {
+            return Err(err(
+                &format!("added_tokens[{i}]"),
+                "needs an id and a content".into(),
+            ));
+        };
+        let special = t.get("special").and_then(|v| v.as_bool()).unwrap_or(false);
+        let ty = match special || looks_special(content) {
+            true => TOKEN_CONTROL,
+            false => TOKEN_USER_DEFINED,
+        };
+        put(id, content, ty)?;
+    }
+    let n = by_id.len().max(cfg.vocab_size as usize);
+    let mut tokens = StrArray::default();
+    let mut types = Vec::with_capacity(n);
+    for i in 0..n {
+        let (text, ty) = by_id
+            .get(i)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| (format!("[PAD{i}]"), TOKEN_UNUSED));
+        // The phantom space: a word-initial piece gets "▁", a continuation loses "##".
+        let phantom = match (ty, text.strip_prefix("##")) {
+            (TOKEN_CONTROL, _) => text,
+            (_, Some(rest)) => rest.to_string(),
+            (_, None) => format!("\u{2581}{text}"),
+        };
+        tokens.push(phantom.as_bytes());
+        types.push(ty);
+    }
+
+    let tc = read_json(dir, "tokenizer_config.json")?.unwrap_or(Json::Null);
+    let specials = special_vocab(tj, &tc, &cfg.json, n);
+
+    let mut kv = |k: &str, v: Value| meta.push((format!("tokenizer.{k}"), v));
+    // Hugging Face's default when the config has no type_vocab_size (see above).
+    let type_count = cfg
+        .json
+        .get("type_vocab_size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(2);
+    if type_count == 0 || type_count > 1 << 16 {
+        return Err(LoadError::Metadata {
+            file: label(dir, "config.json"),
+            key: "type_vocab_size".into(),
+            msg: format!("{type_count}: expected 1 to 65536"),
+        });
+    }
+    kv("ggml.token_type_count", Value::U32(type_count as u32));
+    kv("ggml.model", Value::String("bert".into()));
+    kv("ggml.pre", Value::String("default".into()));
+    kv("ggml.tokens", Value::Array(Array::String(tokens)));
+    kv("ggml.token_type", Value::Array(Array::I32(types)));
+    for (kind, key) in [
+        ("bos", "bos"),
+        ("eos", "eos"),
+        ("unk", "unknown"),
+        ("sep", "seperator"),
+        ("pad", "padding"),
+        ("mask", "mask"),
+        ("eot", "eot"),
+    ] {
+        if let Some(&id) = specials.ids.get(kind) {
+            kv(&format!("ggml.{key}_token_id"), Value::U32(id));
+        }
+    }
+    for kind in ["bos", "eos", "sep"] {
+        if let Some(&b) = specials.add.get(kind) {
+            kv(&format!("ggml.add_{kind}_token"), Value::Bool(b));
+        }
+    }
+    let (mut lowercase, mut strip_accents) = (None, None);
+    if let Some(n) = tj.get("normalizer") {
+        normalizer_flags(n, &mut lowercase, &mut strip_accents);
+    }
+    if let Some(b) = lowercase {
+        kv("ggml.normalizer.lowercase", Value::Bool(b));
+    }
+    if let Some(b) = strip_accents {
+        kv("ggml.normalizer.strip_accents", Value::Bool(b));
+    }
+    if let Some(t) = chat_template(dir, &tc) {
+        kv("chat_template", Value::String(t));
+    }
+    Ok(())
+}
+
+/// Added tokens the converter makes CONTROL although not marked special
+/// (`does_token_look_special`).
+fn looks_special(t: &str) -> bool {
+    matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
+        || (t.starts_with("<|") && t.ends_with("|>"))
+        || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
+        || (t.starts_with("<unused") && t.ends_with('>'))
+}
+
+/// gguf-py's `SpecialVocab._parse_normalizer`: `Lowercase`, `StripAccents`, the fields of
+/// `BertNormalizer` (a null one leaves the flag unset), recursively in a `Sequence`.
+fn normalizer_flags(n: &Json, lowercase: &mut Option<bool>, strip_accents: &mut Option<bool>) {
+    match n.get("type").and_then(|t| t.as_str()) {
+        Some("Lowercase") => *lowercase = Some(true),
+        Some("StripAccents") => *strip_accents = Some(true),
+        Some("BertNormalizer") => {
+            if let Some(v) = n.get("lowercase") {
+                *lowercase = v.as_bool();
+            }
+            if let Some(v) = n.get("strip_accents") {
+                *strip_accents = v.as_bool();
+            }
+        }
+        Some("Sequence") => {
+            for m in n
+                .get("normalizers")
+                .and_then(|l| l.as_array())
+                .into_iter()
+                .flatten()
+            {
+                normalizer_flags(m, lowercase, strip_accents);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What gguf-py's `SpecialVocab` finds.
+struct Specials {
+    /// Kind ("bos", "eos", "unk", "sep", "pad", "cls", "mask", "eot") → id.
+    ids: std::collections::BTreeMap<&'static str, u32>,
+    /// "bos" / "eos" / "sep" → whether the model adds it.
+    add: std::collections::BTreeMap<&'static str, bool>,
+}
+
+/// gguf-py's `SpecialVocab` (`_try_load_from_tokenizer_json`, `_try_load_from_config_json`)
+/// for the post-processors a WordPiece tokenizer has: the special token texts of
+/// `tokenizer_config.json` (`tc`; bos falling back to cls, eos to sep), completed and flagged
+/// by a `TemplateProcessing` post-processor (its first special token is added as bos when it
+/// is the bos or cls text, its last as eos, taking eos's place when it differs, the old eos
+/// becoming eot; a separator between `$A` and `$B` is added only when the single template
+/// has no last special token), the texts' ids among `added_tokens`, then config.json's
+/// `*_token_id`; ids at or above `n` are ignored.
+fn special_vocab(tj: &Json, tc: &Json, config: &Json, n: usize) -> Specials {
+    let has_tc = tc.as_object().is_some_and(|o| !o.is_empty());
+    let text = |v: Option<&Json>| -> Option<String> {
+        match v? {
+            Json::String(s) => Some(s.clone()),
+            Json::Object(o) => o.get("content")?.as_str().map(str::to_string),
+            _ => None,
+        }
+        .filter(|s| !s.is_empty())
+    };
+    let mut texts: std::collections::BTreeMap<&'static str, Option<String>> = SPECIAL_KINDS
+        .iter()
+        .map(|&k| (k, text(tc.get(format!("{k}_token").as_str()))))
+        .collect();
+    if has_tc {
+        if texts["bos"].is_none() {
+            texts.insert("bos", texts["cls"].clone());
+        }
+        if texts["eos"].is_none() {
+            texts.insert("eos", texts["sep"].clone());
+        }
+    }
+    let mut eot: Option<String> = None;
+    let mut add = std::collections::BTreeMap::new();
+    let special_of = |item: &Json| -> Option<String> {
+        item.get("SpecialToken")?
+            .get("id")?
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    let sequence_of = |item: &Json| -> Option<String> {
+        item.get("Sequence")?
+            .get("id")?
+            .as_str()
+            .map(str::to_string)
+    };
+    let pp = tj.get("post_processor").filter(|p| !p.is_null());
+    let processors: Vec<&Json> = match pp
+        .and_then(|p| p.get("processors"))
+        .and_then(|l| l.as_array())
+    {
+        Some(list) => list.iter().collect(),
+        None => pp.into_iter().collect(),
+    };
+    for p in processors {
+        if p.get("type").and_then(|t| t.as_str()) != Some("TemplateProcessing") {
+            continue;
+        }
+        let list = |k: &str| {
+            p.get(k)
+                .and_then(|l| l.as_array())
+                .map_or(&[][..], Vec::as_slice)
+        };
+        let (single, pair) = (list("single"), list("pair"));
+        let (mut first, mut last) = (None, None);
+        if single.len() > 1 {
+            first = special_of(&single[0]);
+            if let Some(f) = &first {
+                let known = |t: &BTreeMapTexts, k: &str| t[k].as_ref() == Some(f);
+                if !has_tc {
+                    texts.insert("bos", Some(f.clone()));
+                } else if !known(&texts, "bos") && !known(&texts, "cls") {
+                    if texts["bos"].is_none() {
+                        texts.insert("bos", Some(f.clone()));
+                    }
+                    if texts["cls"].is_none() {
+                        texts.insert("cls", Some(f.clone()));
+                    }
+                }
+                add.insert("bos", known(&texts, "bos") || known(&texts, "cls"));
+            }
+            last = special_of(&single[single.len() - 1]);
+            if let Some(l) = &last {
+                if !has_tc {
+                    texts.insert("eos", Some(l.clone()));
+                } else if texts["eos"].as_ref() != Some(l) {
+                    eot = texts["eos"].clone();
+                    texts.insert("eos", Some(l.clone()));
+                }
+                add.insert("eos", true);
+            }
+        }
+        if !pair.is_empty() {
+            let start = usize::from(first.is_some() && special_of(&pair[0]) == first);
+            let stop = usize::from(last.is_some() && special_of(&pair[pair.len() - 1]) == last);
+            let mid = match start + stop < pair.len() {
+                true => &pair[start..pair.len() - stop],
+                false => &[][..],
+            };
+            let (a, b) = match mid {
+                [] => (None, None),
+                [x, .., y] => (sequence_of(x), sequence_of(y)),
+                [x] => (sequence_of(x), sequence_of(x)),
+            };
+            if a.as_deref() == Some("A") && b.as_deref() == Some("B") && mid.len() > 2 {
+                let between = &mid[1..mid.len() - 1];
+                let is_sep =
+                    |e: &Option<String>| e.is_some() && (*e == texts["sep"] || *e == texts["eos"]);
+                let mut add_sep = is_sep(&special_of(&between[0])) && last.is_none();
+                if between.len() == 2 && is_sep(&special_of(&between[1])) {
+                    add_sep = true;
+                }
+                add.insert("sep", add_sep);
+                if add_sep && texts["sep"].is_none() && has_tc {
+                    texts.insert("sep", texts["eos"].clone());
+                }
+            }
+        }
+    }
+    let mut ids = std::collections::BTreeMap::new();
+    if has_tc {
+        for kind in ["bos", "eos", "sep"] {
+            if let Some(b) = tc
+                .get(format!("add_{kind}_token").as_str())
+                .and_then(|v| v.as_bool())
+            {
+                add.entry(kind).or_insert(b);
+            }
+        }
+        let added = tj.get("added_tokens").and_then(|a| a.as_array());
+        let kinds = SPECIAL_KINDS.iter().map(|&k| (k, texts[k].clone()));
+        for (kind, t) in kinds.chain([("eot", eot)]) {
+            let id = t.and_then(|t| {
+                added?
+                    .iter()
+                    .find(|a| a.get("content").and_then(|c| c.as_str()) == Some(t.as_str()))?
+                    .get("id")?
+                    .as_u64()
+            });
+            if let Some(id) = id.filter(|&i| (i as usize) < n) {
+                ids.entry(kind).or_insert(id as u32);
+            }
+        }
+    }
+    for kind in SPECIAL_KINDS {
+        let id = config
+            .get(format!("{kind}_token_id").as_str())
+            .and_then(|v| v.as_u64());
+        if let Some(id) = id.filter(|&i| (i as usize) < n) {
+            ids.entry(kind).or_insert(id as u32);
+        }
+    }
+    Specials { ids, add }
+}
+
+type BTreeMapTexts = std::collections::BTreeMap<&'static str, Option<String>>;

@@ -13,6 +13,9 @@
 //!   command runs on them.
 //! - `tokenizer.ggml.model = "rwkv"`: RWKV's "world" vocabulary, greedy longest match over the
 //!   bytes of escaped token strings ([`rwkv`]).
+//! - `tokenizer.ggml.model = "bert"`: llama.cpp's WordPiece (BERT embedding models): BERT's
+//!   normalization and word splitting, then greedy longest match in a phantom-space vocabulary
+//!   ([`wpm`]); `add_special` wraps the ids in [CLS] ... [SEP].
 //!
 //! Special tokens are split out before any algorithm runs, exactly like llama.cpp's
 //! `tokenizer_st_partition`, so `<|im_start|>` in a prompt becomes one id when `parse_special`
@@ -25,6 +28,7 @@ mod rwkv;
 mod spm;
 mod stream;
 mod vocab;
+mod wpm;
 
 #[cfg(test)]
 mod tests;
@@ -52,6 +56,8 @@ enum Engine {
     /// llama.cpp's `LLAMA_VOCAB_TYPE_RWKV`: greedy longest match in a trie of the unescaped
     /// token bytes.
     Rwkv(Box<rwkv::Rwkv>),
+    /// llama.cpp's `LLAMA_VOCAB_TYPE_WPM`: BERT's WordPiece over the phantom-space vocabulary.
+    Wpm(Box<wpm::Wpm>),
 }
 
 /// The bytes one token of the test vocabulary covers.
@@ -65,7 +71,8 @@ pub struct Tokenizer {
     model: String,
     pre: String,
     /// The longest token text in bytes: no token stands for more input bytes, so a text of
-    /// more than `n * max_token_bytes` bytes has more than `n` tokens.
+    /// more than `n * max_token_bytes` bytes has more than `n` tokens (not so for WordPiece:
+    /// see [`Tokenizer::max_text_bytes`]).
     max_token_bytes: usize,
 }
 
@@ -183,8 +190,33 @@ impl Tokenizer {
                     pre,
                 })
             }
+            "bert" => {
+                let vocab = Vocab::load(gguf, VocabKind::Wpm, false)?;
+                // llama.cpp's BertNormalizer switches: lowercase unless the GGUF says not,
+                // accents stripped iff lowercased unless the GGUF says.
+                let lowercase = gguf
+                    .get_bool("tokenizer.ggml.normalizer.lowercase")?
+                    .unwrap_or(true);
+                let strip_accents = gguf
+                    .get_bool("tokenizer.ggml.normalizer.strip_accents")?
+                    .unwrap_or(lowercase);
+                let max_token_bytes = vocab.max_text_len();
+                Ok(Tokenizer {
+                    max_token_bytes,
+                    engine: Engine::Wpm(Box::new(wpm::Wpm::new(
+                        lowercase,
+                        strip_accents,
+                        max_token_bytes,
+                    ))),
+                    vocab,
+                    // llama.cpp cleans up spaces for WPM: "▁," reads back as " ,", then ",".
+                    clean_spaces: true,
+                    model,
+                    pre,
+                })
+            }
             other => Err(err(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama, rwkv, test)"
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama, rwkv, bert, test)"
             ))),
         }
     }
@@ -209,16 +241,29 @@ impl Tokenizer {
 
     /// The most bytes a text of at most `tokens` tokens can have: a longer one is refused
     /// before tokenizing. (A text whose normalization drops characters could in principle be
-    /// longer; none of the supported pipelines drops enough to matter.)
+    /// longer; none of the BPE / SentencePiece / RWKV pipelines drops enough to matter.)
+    ///
+    /// WordPiece has no such bound, so this is `usize::MAX` for it: whitespace, control
+    /// characters and (with accent stripping) marks yield no token at all, and a word of any
+    /// length with a character no token covers is one [UNK]. (The other way round, each of
+    /// its tokens covers at least one input character when the vocabulary's texts are UTF-8
+    /// and none is the bare phantom space "▁", as in every vocabulary llama.cpp's converter
+    /// writes: an input byte never yields more than one token, plus [CLS] and [SEP].) A
+    /// WordPiece text is therefore never refused by its length; [`Tokenizer::encode_limited`]
+    /// still stops as soon as the ids pass the limit.
     pub fn max_text_bytes(&self, tokens: usize) -> usize {
+        if let Engine::Wpm(_) = self.engine {
+            return usize::MAX;
+        }
         tokens.saturating_mul(self.max_token_bytes.max(1))
     }
 
     /// [`Tokenizer::encode`] that gives up, with `None`, as soon as the text is known to have
     /// more than `limit` tokens: at once when it has more than [`Tokenizer::max_text_bytes`]
     /// bytes, otherwise when the ids so far pass `limit` (checked between special-token
-    /// fragments and, with the GGUF's BPE merges, between pre-tokenized words). Memory and
-    /// time stay proportional to what the limit allows, not to the text.
+    /// fragments and, with the GGUF's BPE merges or WordPiece, between words). Memory and
+    /// time stay proportional to what the limit allows, not to the text (WordPiece: memory;
+    /// its time is proportional to the text up to the word that passes the limit).
     pub fn encode_limited(
         &self,
         text: &str,
@@ -232,7 +277,10 @@ impl Tokenizer {
         let v = &self.vocab;
         let frags = self.partition(text, parse_special);
         let mut out = Vec::new();
-        if add_special && v.add_bos {
+        // llama.cpp's WPM ignores add_bos / add_eos: add_special means [CLS] (the BOS id)
+        // first and [SEP] last.
+        let wpm = matches!(self.engine, Engine::Wpm(_));
+        if add_special && (v.add_bos || wpm) {
             out.push(
                 v.bos
                     .ok_or_else(|| v.err("model asks for BOS but has no BOS token"))?,
@@ -302,6 +350,17 @@ impl Tokenizer {
                     }
                 }
             }
+            Engine::Wpm(wpm) => {
+                for f in &frags {
+                    match *f {
+                        Frag::Text(s, e) => wpm.tokenize(v, &text[s..e], &mut out, limit)?,
+                        Frag::Token(id) => out.push(id),
+                    }
+                    if out.len() > limit {
+                        return Ok(None);
+                    }
+                }
+            }
             Engine::Bpe(_) | Engine::HfBpe(_) | Engine::Spm(Some(_)) => {
                 for f in &frags {
                     match *f {
@@ -314,7 +373,12 @@ impl Tokenizer {
                 }
             }
         }
-        if add_special && v.add_eos {
+        if add_special && wpm {
+            out.push(
+                v.sep
+                    .ok_or_else(|| v.err("a WordPiece model needs a [SEP] token and has none"))?,
+            );
+        } else if add_special && v.add_eos {
             out.push(
                 v.eos
                     .ok_or_else(|| v.err("model asks for EOS but has no EOS token"))?,
@@ -331,7 +395,7 @@ impl Tokenizer {
         match &self.engine {
             Engine::Bpe(bpe) => bpe.tokenize(v, text, out, limit),
             Engine::HfBpe(tk) | Engine::Spm(Some(tk)) => bpe::tokenize_hf(tk, v, text, out),
-            Engine::Spm(None) | Engine::Test | Engine::Rwkv(_) => {
+            Engine::Spm(None) | Engine::Test | Engine::Rwkv(_) | Engine::Wpm(_) => {
                 Err(v.err("this vocabulary has no BPE pipeline"))
             }
         }
@@ -405,7 +469,8 @@ impl Tokenizer {
         }
         if attr & ATTR_NORMAL != 0 {
             return match self.engine {
-                Engine::Spm(_) => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
+                // WordPiece: a word-initial piece "▁x" reads back as " x".
+                Engine::Spm(_) | Engine::Wpm(_) => replace_bytes(text, "\u{2581}".as_bytes(), b" "),
                 Engine::Bpe(_) | Engine::HfBpe(_) => bpe_decode_text(text),
                 Engine::Test | Engine::Rwkv(_) => unreachable!("rendered above"),
             };
@@ -476,7 +541,18 @@ impl Tokenizer {
     pub fn unk(&self) -> Option<u32> {
         self.vocab.unk
     }
-    /// Whether the model adds BOS / EOS when `encode(.., add_special = true, ..)`.
+    /// BERT's [SEP] (`tokenizer.ggml.seperator_token_id`), which WordPiece encoding with
+    /// `add_special` ends with; its [CLS] is [`Tokenizer::bos`].
+    pub fn sep(&self) -> Option<u32> {
+        self.vocab.sep
+    }
+    /// BERT's [MASK] (`tokenizer.ggml.mask_token_id`).
+    pub fn mask(&self) -> Option<u32> {
+        self.vocab.mask
+    }
+    /// Whether the model adds BOS / EOS when `encode(.., add_special = true, ..)` (the
+    /// GGUF's flags; a WordPiece model adds [CLS] and [SEP] whatever they say, as llama.cpp
+    /// does).
     pub fn add_bos(&self) -> bool {
         self.vocab.add_bos
     }

@@ -115,6 +115,14 @@ fn vectors_qwen35() {
 }
 
 #[test]
+fn vectors_bert_bge() {
+    assert!(
+        check_vectors("bert-bge"),
+        "committed vectors fixtures/tokenizer/ggml-vocab-bert-bge.* missing"
+    );
+}
+
+#[test]
 fn vectors_llama_bpe() {
     check_vectors("llama-bpe");
 }
@@ -319,6 +327,98 @@ fn encode_limited_agrees_below_the_limit_and_gives_up_above_it() {
         assert_eq!(tok.encode_limited(&words, true, true, 100).unwrap(), None);
     }
     assert!(n > 0, "no committed vocabulary found");
+}
+
+// ---- BERT WordPiece (ggml-vocab-bert-bge: bge-small-en-v1.5's uncased vocabulary) ----
+
+fn bert_bge() -> Tokenizer {
+    let path = find_vocab("bert-bge")
+        .expect("committed vectors fixtures/tokenizer/ggml-vocab-bert-bge.* missing");
+    Tokenizer::from_gguf(&ModelFile::open(path).unwrap()).unwrap()
+}
+
+#[test]
+fn bert_specials_wrap_the_text_and_decode_like_llama_cpp() {
+    let tok = bert_bge();
+    assert_eq!(tok.model(), "bert");
+    // The file has cls/sep/unk/pad/mask ids but no bos/eos: BOS is llama.cpp's default 101
+    // ([CLS]), EOS none.
+    assert_eq!(tok.bos(), Some(101));
+    assert_eq!(tok.token_text(101), "[CLS]");
+    assert_eq!(tok.eos(), None);
+    assert_eq!(
+        (tok.sep(), tok.unk(), tok.pad(), tok.mask()),
+        (Some(102), Some(100), Some(0), Some(103))
+    );
+    // add_special: [CLS] ... [SEP] (llama.cpp's WPM branch, whatever add_eos says).
+    let ids = tok.encode("Hello, world!", true, false).unwrap();
+    assert_eq!(ids, [101, 7592, 1010, 2088, 999, 102]);
+    assert_eq!(tok.encode("", true, false).unwrap(), [101, 102]);
+    assert_eq!(tok.encode(" \t\n", true, false).unwrap(), [101, 102]);
+    // Word-initial pieces read back with their space; clean_spaces joins punctuation.
+    assert_eq!(tok.decode(&ids), "[CLS] hello, world![SEP]");
+    assert_eq!(tok.detokenize(&ids, true, false), b" hello, world!");
+    let pieces: Vec<Vec<u8>> = [7592, 1010, 21211, 2509]
+        .iter()
+        .map(|&i| tok.token_to_piece(i, false))
+        .collect();
+    assert_eq!(pieces, [&b" hello"[..], b" ,", b" 333", b"3"]);
+    // Special-token text: split out only with parse_special.
+    assert_eq!(
+        tok.encode("[CLS] a [SEP]", false, true).unwrap(),
+        [101, 1037, 102]
+    );
+    // "[", "cl", "##s", "]", "a", "[", "sep", "]".
+    let plain = tok.encode("[CLS] a [SEP]", false, false).unwrap();
+    assert_eq!(plain, [1031, 18856, 2015, 1033, 1037, 1031, 19802, 1033]);
+    assert_eq!(plain[0], tok.token_id("\u{2581}[").unwrap());
+    // Lowercased, accents stripped (NFD's first character): "Café" is "cafe".
+    assert_eq!(
+        tok.encode("Café", false, false).unwrap(),
+        tok.encode("cafe", false, false).unwrap()
+    );
+    // A word with a character no token covers is one [UNK], however long.
+    let long = format!("{}\u{1F999}", "a".repeat(100_000));
+    assert_eq!(tok.encode(&long, true, false).unwrap(), [101, 100, 102]);
+}
+
+#[test]
+fn bert_texts_are_not_bounded_by_bytes_but_tokenizing_stops_at_the_limit() {
+    let tok = bert_bge();
+    let path = find_vocab("bert-bge").unwrap();
+    // No token is the bare phantom space, so every token covers an input character.
+    assert_eq!(tok.token_id("\u{2581}"), None);
+    for (text, _) in read_cases(&path) {
+        let all = tok.encode(&text, true, true).unwrap();
+        assert!(all.len() <= text.len() + 2, "{text:?}: {} ids", all.len());
+        let exact = tok.encode_limited(&text, true, true, all.len()).unwrap();
+        assert_eq!(exact.as_ref(), Some(&all), "{text:?}");
+        let short = tok
+            .encode_limited(&text, true, true, all.len() - 1)
+            .unwrap();
+        assert_eq!(short, None, "{text:?}");
+    }
+    // Whitespace yields nothing: 4 MiB of it fit in two tokens.
+    assert_eq!(tok.max_text_bytes(2), usize::MAX);
+    let blank = " \n".repeat(1 << 21);
+    assert_eq!(
+        tok.encode_limited(&blank, true, false, 2).unwrap(),
+        Some(vec![101, 102])
+    );
+    // One long word: past the limit its ids are not kept, but a character nothing covers at
+    // its end still makes the whole word one [UNK].
+    let word = "a".repeat(1 << 20);
+    assert_eq!(tok.encode_limited(&word, true, false, 100).unwrap(), None);
+    let unk = format!("{word}\u{1F999}");
+    assert_eq!(
+        tok.encode_limited(&unk, true, false, 3).unwrap(),
+        Some(vec![101, 100, 102])
+    );
+    // Past the limit, tokenizing stops at once.
+    let long = "word ".repeat(1 << 20);
+    let t = std::time::Instant::now();
+    assert_eq!(tok.encode_limited(&long, true, true, 100).unwrap(), None);
+    assert!(t.elapsed().as_millis() < 50, "{:?}", t.elapsed());
 }
 
 // ---- RWKV world vocabulary (scripts/make_rwkv_vocab.py) ----

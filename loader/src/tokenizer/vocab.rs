@@ -30,6 +30,11 @@ pub enum VocabKind {
     /// `tokenizer.ggml.model = "rwkv"`: RWKV's world vocabulary (escaped bytes, greedy longest
     /// match): no special tokens, BOS or prefix space by default.
     Rwkv,
+    /// `tokenizer.ggml.model = "bert"`: WordPiece in llama.cpp's phantom-space form; BERT's
+    /// special ids by default ([CLS] 101 as BOS, [SEP] 102, [UNK] 100, [PAD] 0, [MASK] 103;
+    /// no EOS). [CLS] is the BOS id: like llama.cpp, `tokenizer.ggml.cls_token_id` (which older
+    /// converters wrote) is not read.
+    Wpm,
 }
 
 pub struct Vocab {
@@ -44,6 +49,11 @@ pub struct Vocab {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    /// `tokenizer.ggml.seperator_token_id` (sic): BERT's [SEP], which WordPiece encoding ends
+    /// with.
+    pub sep: Option<u32>,
+    /// `tokenizer.ggml.mask_token_id`: BERT's [MASK].
+    pub mask: Option<u32>,
     pub eog: BTreeSet<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
@@ -150,6 +160,12 @@ impl Vocab {
             VocabKind::Spm => (Some(1), Some(2), Some(0), true, true),
             VocabKind::Bpe => (Some(11), Some(11), None, bpe_add_bos, false),
             VocabKind::Test | VocabKind::Rwkv => (None, None, None, false, false),
+            VocabKind::Wpm => (Some(101), None, Some(100), true, false),
+        };
+        // (sep, pad, mask) defaults: only BERT's vocabulary has them.
+        let (sep, pad, mask) = match kind {
+            VocabKind::Wpm => (Some(102), Some(0), Some(103)),
+            _ => (None, None, None),
         };
         let mut add_eos = false;
         if let Some(v) = gguf.get_bool("tokenizer.ggml.add_space_prefix")? {
@@ -167,7 +183,9 @@ impl Vocab {
         unk = read_id("tokenizer.ggml.unknown_token_id", unk)?;
         let mut eot = read_id("tokenizer.ggml.eot_token_id", None)?;
         let mut eom = read_id("tokenizer.ggml.eom_token_id", None)?;
-        let pad = read_id("tokenizer.ggml.padding_token_id", None)?;
+        let pad = read_id("tokenizer.ggml.padding_token_id", pad)?;
+        let sep = read_id("tokenizer.ggml.seperator_token_id", sep)?;
+        let mask = read_id("tokenizer.ggml.mask_token_id", mask)?;
         let mut fim_pad = read_id("tokenizer.ggml.fim_pad_token_id", None)?;
         let mut fim_rep = read_id("tokenizer.ggml.fim_rep_token_id", None)?;
         let mut fim_sep = read_id("tokenizer.ggml.fim_sep_token_id", None)?;
@@ -307,6 +325,8 @@ impl Vocab {
             eom,
             unk,
             pad,
+            sep,
+            mask,
             eog,
             add_bos,
             add_eos,
