@@ -108,6 +108,33 @@ pub fn dot_tile_lanes(x: &[f32], y: &[f32]) -> f32 {
     reduce16(&acc)
 }
 
+/// [`dot_tile_lanes`] of one `x` with four `y`s (each at least as long as `x`): per column
+/// the same lanes, products and reduction, so each result equals `dot_tile_lanes(x, y[c])`
+/// bit for bit; four independent chains keep the FMA units busy where one waits on its own
+/// latency, and `x` is read once for the four.
+#[inline(always)]
+pub fn dot_tile_lanes_x4(x: &[f32], y: [&[f32]; 4]) -> [f32; 4] {
+    let n = x.len() & !15;
+    let mut acc = [[0f32; 16]; 4];
+    let mut i = 0;
+    while i < n {
+        let xs = &x[i..i + 16];
+        for c in 0..4 {
+            let ys = &y[c][i..i + 16];
+            for l in 0..16 {
+                acc[c][l] = xs[l].mul_add(ys[l], acc[c][l]);
+            }
+        }
+        i += 16;
+    }
+    [
+        reduce16(&acc[0]),
+        reduce16(&acc[1]),
+        reduce16(&acc[2]),
+        reduce16(&acc[3]),
+    ]
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_vec_f32_fma(x: &[f32], y: &[f32]) -> f32 {

@@ -15,3 +15,16 @@ pub(crate) fn dot(chain: Chain, x: &[f32], y: &[f32]) -> Option<f32> {
     }
     None
 }
+
+/// `dot_tile_lanes_x4(x, y)` compiled for AVX2 + FMA; `None` where the CPU lacks them.
+pub(crate) fn dot_x4(x: &[f32], y: [&[f32]; 4]) -> Option<[f32; 4]> {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma_frame(x: &[f32], y: [&[f32]; 4]) -> [f32; 4] {
+        ::numerics::dot_tile_lanes_x4(x, y)
+    }
+    if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the features were detected.
+        return Some(unsafe { fma_frame(x, y) });
+    }
+    None
+}
