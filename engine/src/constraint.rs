@@ -13,6 +13,10 @@ pub trait TokenConstraint: Send {
     /// Sets every entry of `logits` (one row, the model's vocabulary) whose token may not come
     /// next to negative infinity. An error ends the sequence with it.
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError>;
+    /// Works out the next mask ahead of [`TokenConstraint::mask`], which then only applies it:
+    /// the scheduler calls this beside the step's forward pass. Optional (the default does
+    /// nothing); an error here is left for `mask` to report.
+    fn prepare(&mut self) {}
     /// The token picked from the masked row.
     fn accept(&mut self, token: u32) -> Result<(), ConstraintError>;
     /// The output is complete and nothing may follow: the sequence stops ("stop").

@@ -315,6 +315,8 @@ impl Scheduler {
         }
         let mut slots: Vec<Option<&mut Active>> = self.active.iter_mut().map(Some).collect();
         let mut work: Vec<Work> = Vec::with_capacity(order.len());
+        // The constraints of the sequences that pick a token after this step.
+        let mut picking: Vec<&mut Constraint> = Vec::new();
         let mut meta: Vec<(usize, usize)> = Vec::with_capacity(order.len()); // (active index, n tokens)
         for &i in &order {
             let a = slots[i].take().expect("each sequence once");
@@ -331,11 +333,31 @@ impl Scheduler {
                 let end = crate::session::chunk_end(nb, *fed, req.prompt.len());
                 (&req.prompt[*fed..end], (end == req.prompt.len()) as usize)
             };
+            if let (1, Some(c)) = (n_out, req.constraint.as_mut()) {
+                picking.push(c);
+            }
             meta.push((i, tokens.len()));
             work.push(Work { seq, tokens, n_out });
         }
         let outs: Vec<usize> = work.iter().map(|w| w.n_out).collect();
-        let logits = s.step(&mut work)?;
+        // Their masks are worked out on a thread of their own while the forward pass runs
+        // (they depend only on the tokens already picked): what a mask costs hides in the
+        // step instead of following it.
+        let logits = std::thread::scope(|sc| {
+            let ahead = (!picking.is_empty()).then(|| {
+                sc.spawn(move || {
+                    for c in picking {
+                        c.prepare();
+                    }
+                })
+            });
+            let logits = s.step(&mut work);
+            if let Some(h) = ahead {
+                // A panic in a matcher is the constraint's failure, reported by `mask`.
+                let _ = h.join();
+            }
+            logits
+        })?;
         drop(work);
         self.logits.clear();
         self.logits.extend_from_slice(logits);

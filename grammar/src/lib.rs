@@ -16,7 +16,7 @@ use llguidance::{Matcher, ParserFactory};
 use loader::Tokenizer;
 use serde_json::Value;
 use std::sync::Arc;
-use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 
 /// What the output must be.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,6 +156,7 @@ impl Grammar {
         Constrained {
             vocab: self.vocab.clone(),
             matcher: self.matcher.deep_clone(),
+            ready: None,
         }
     }
 }
@@ -164,6 +165,8 @@ impl Grammar {
 pub struct Constrained {
     vocab: Arc<Vocab>,
     matcher: Matcher,
+    /// The next mask, worked out ahead ([`TokenConstraint::prepare`]).
+    ready: Option<SimpleVob>,
 }
 
 impl Constrained {
@@ -177,21 +180,55 @@ impl Constrained {
 }
 
 impl TokenConstraint for Constrained {
+    fn prepare(&mut self) {
+        self.ready = self.matcher.compute_mask().ok();
+    }
+
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
-        let allowed = self
-            .matcher
-            .compute_mask()
-            .map_err(|e| ConstraintError(e.to_string()))?;
+        let allowed = match self.ready.take() {
+            Some(m) => m,
+            None => self
+                .matcher
+                .compute_mask()
+                .map_err(|e| ConstraintError(e.to_string()))?,
+        };
         if allowed.is_zero() {
             return Err(self.error("allows no token here"));
         }
-        let eos = allowed.is_allowed(self.vocab.eos);
-        for (i, l) in logits.iter_mut().enumerate() {
-            let ok = i < self.vocab.n_vocab
-                && (allowed.is_allowed(i as u32) || (eos && self.vocab.eog.contains(&(i as u32))));
-            if !ok {
-                *l = f32::NEG_INFINITY;
+        let n = self.vocab.n_vocab.min(logits.len());
+        // Any end-of-generation token stands for the grammar's EOS: kept where EOS may come.
+        let eog: Vec<(usize, f32)> = match allowed.is_allowed(self.vocab.eos) {
+            true => (self.vocab.eog.iter())
+                .map(|&t| t as usize)
+                .filter(|&t| t < n)
+                .map(|t| (t, logits[t]))
+                .collect(),
+            false => Vec::new(),
+        };
+        // A word of the mask at a time: most words are all in or all out.
+        for (w, &bits) in allowed.as_slice().iter().enumerate() {
+            let start = w * 32;
+            if start >= n {
+                break;
             }
+            let row = &mut logits[start..(start + 32).min(n)];
+            match bits {
+                u32::MAX => {}
+                0 => row.fill(f32::NEG_INFINITY),
+                _ => {
+                    for (j, l) in row.iter_mut().enumerate() {
+                        if bits >> j & 1 == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+        }
+        // Past the mask's words, and past the tokenizer's vocabulary (padding rows): out.
+        let covered = (allowed.as_slice().len() * 32).min(n);
+        logits[covered..].fill(f32::NEG_INFINITY);
+        for (t, v) in eog {
+            logits[t] = v;
         }
         Ok(())
     }

@@ -169,3 +169,35 @@ num ::= [1-9] [0-9]? # one or two digits"#
         .to_string();
     assert!(e.contains("GBNF") && e.contains("root"), "{e}");
 }
+
+/// A mask worked out ahead (`prepare`, beside the forward pass) is the one `mask` works out
+/// itself, and both are the per-token rule: allowed by the matcher, or an end-of-generation
+/// token where EOS is allowed; rows past the vocabulary are out.
+#[test]
+fn prepared_masks_equal_masks_computed_in_place_and_the_per_token_rule() {
+    let (v, tok) = vocab();
+    let schema = serde_json::json!({"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"]});
+    let g = v.compile(&Spec::JsonSchema(schema)).unwrap();
+    let (mut a, mut b, mut r) = (g.constraint(), g.constraint(), g.constraint());
+    let text: Vec<u32> = tok.encode("{\"n\": 42}", false, false).unwrap();
+    let width = tok.vocab_size() + 7;
+    for (step, &t) in text.iter().enumerate() {
+        let raw: Vec<f32> = (0..width).map(|i| (i % 97) as f32 * 0.01 + step as f32).collect();
+        let (mut la, mut lb) = (raw.clone(), raw.clone());
+        a.prepare();
+        a.mask(&mut la).unwrap();
+        b.mask(&mut lb).unwrap();
+        assert_eq!(la, lb, "step {step}");
+        let allowed = r.matcher.compute_mask().unwrap();
+        let eos = allowed.is_allowed(v.eos);
+        for (i, (&l, &x)) in la.iter().zip(&raw).enumerate() {
+            let ok = i < v.n_vocab
+                && (allowed.is_allowed(i as u32) || (eos && v.eog.contains(&(i as u32))));
+            assert_eq!(l, if ok { x } else { f32::NEG_INFINITY }, "step {step} token {i}");
+        }
+        for c in [&mut a, &mut b, &mut r] {
+            c.accept(t).unwrap();
+        }
+    }
+}
