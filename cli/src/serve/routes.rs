@@ -294,14 +294,60 @@ impl Meta {
     /// entries (ids unique in the response), or None.
     fn calls(&self, index: usize, text: &str) -> Option<(String, Vec<Value>)> {
         let (t, d) = self.tools.as_ref()?;
-        let (content, calls) = t.read(text, *d)?;
-        let id = self.id.rsplit('-').next().unwrap_or("0");
+        let (content, mut calls) = t.read(text, *d)?;
+        // Arguments as the model wrote them (whitespace between tokens left out), as a stream
+        // sends them, where the call is where the stream reads it.
+        let h = self.hold_from(text);
+        for (c, p) in calls.iter_mut().zip(super::callstream::scan(&text[h..], *d)) {
+            if let (Some(name), Some((s, Some(e)))) = (p.name, p.args) {
+                if name == c.name {
+                    c.arguments = super::callstream::compact(&text[h + s..h + e]);
+                }
+            }
+        }
         let calls = calls
             .iter()
             .enumerate()
-            .map(|(k, c)| super::tools::call_json(c, &format!("call_{id}_{index}_{k}")))
+            .map(|(k, c)| super::tools::call_json(c, &self.call_id(index, k)))
             .collect();
         Some((content, calls))
+    }
+
+    /// Call `k` of choice `index`'s id (unique in the response).
+    fn call_id(&self, index: usize, k: usize) -> String {
+        let id = self.id.rsplit('-').next().unwrap_or("0");
+        format!("call_{id}_{index}_{k}")
+    }
+
+    /// The `delta.tool_calls` entries for what choice `index`'s text `all` adds to its calls:
+    /// a call's id, type and name once its arguments begin, then each new fragment of them.
+    /// `sent` holds, per call begun, how much of its (compacted) arguments was sent.
+    fn call_deltas(&self, index: usize, all: &str, sent: &mut Vec<usize>) -> Vec<Value> {
+        let Some((t, d)) = &self.tools else {
+            return Vec::new();
+        };
+        let h = self.hold_from(all);
+        let mut out = Vec::new();
+        for (k, p) in super::callstream::scan(&all[h..], *d).into_iter().enumerate() {
+            let (Some(name), Some((start, end))) = (p.name, p.args) else {
+                break;
+            };
+            if !t.names().contains(&name.as_str()) || k > sent.len() {
+                break;
+            }
+            if k == sent.len() {
+                out.push(json!({"index": k, "id": self.call_id(index, k), "type": "function",
+                                "function": {"name": name, "arguments": ""}}));
+                sent.push(0);
+            }
+            let end = end.map_or(all.len(), |e| h + e);
+            let args = super::callstream::compact(&all[h + start..end]);
+            if args.len() > sent[k] {
+                out.push(json!({"index": k, "function": {"arguments": &args[sent[k]..]}}));
+                sent[k] = args.len();
+            }
+        }
+        out
     }
 
     /// Where choice text may have begun a call (a stream holds it back from there).
@@ -446,7 +492,11 @@ async fn whole(meta: Meta, mut choices: Vec<Choice>) -> Response {
                                 "content": if content.is_empty() { Value::Null } else { json!(content) },
                                 "tool_calls": calls, "refusal": null},
                     "logprobs": logprobs,
-                    "finish_reason": "tool_calls",
+                    // Cut off by max_tokens is "length", as OpenAI's API says, calls or not.
+                    "finish_reason": match done {
+                        engine::sched::Finish::Length => "length",
+                        _ => "tool_calls",
+                    },
                 }),
                 None => json!({
                     "index": index,
@@ -522,6 +572,19 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
         // With tools: each choice's text so far and how much of it was sent (what may be a
         // call is held back until the choice ends).
         let mut acc: Vec<(String, usize)> = vec![(String::new(), 0); tickets.len()];
+        // Per choice, per call streamed: how much of its arguments was sent.
+        let mut streamed: Vec<Vec<usize>> = vec![Vec::new(); tickets.len()];
+        let tool_chunk = |meta: &Meta, i: usize, deltas: Vec<Value>| {
+            let mut m = meta.envelope(
+                true,
+                json!([{"index": i, "delta": {"tool_calls": deltas},
+                        "logprobs": null, "finish_reason": null}]),
+            );
+            if include_usage {
+                m.insert("usage".into(), Value::Null);
+            }
+            Event::default().data(Value::Object(m).to_string())
+        };
         let mut usage = Vec::with_capacity(tickets.len());
         let mut open = tickets.len();
         while open > 0 {
@@ -538,17 +601,21 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
                         lp[i].push(meta.ep, t);
                         lp[i].take(meta.ep)
                     });
+                    let mut deltas = Vec::new();
                     if meta.tools.is_some() {
                         let (all, sent) = &mut acc[i];
                         all.push_str(&text);
                         let upto = meta.hold_from(all).max(*sent);
                         text = all[*sent..upto].to_string();
                         *sent = upto;
+                        deltas = meta.call_deltas(i, all, &mut streamed[i]);
                     }
-                    if text.is_empty() && l.is_none() {
-                        continue;
+                    if (!text.is_empty() || l.is_some())
+                        && !send(chunk(&meta, i, Some(&text), false, l, None)).await
+                    {
+                        return;
                     }
-                    if !send(chunk(&meta, i, Some(&text), false, l, None)).await {
+                    if !deltas.is_empty() && !send(tool_chunk(&meta, i, deltas)).await {
                         return;
                     }
                 }
@@ -567,8 +634,12 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
                         let (all, sent) = &mut acc[i];
                         all.push_str(&text);
                         text = all[*sent..].to_string();
+                        // What the arguments streamed so far lack, then the calls that could
+                        // not stream (arguments as a string) whole.
+                        let mut deltas = meta.call_deltas(i, all, &mut streamed[i]);
+                        let begun = streamed[i].len();
                         if let Some((_, calls)) = meta.calls(i, all) {
-                            // The content before the calls, then the calls in one delta.
+                            // The content before the calls, then the calls.
                             let upto = meta.hold_from(all).max(*sent);
                             let before = all[*sent..upto].trim_end().to_string();
                             if !before.is_empty()
@@ -576,27 +647,21 @@ fn stream(meta: Meta, include_usage: bool, choices: Vec<Choice>) -> Response {
                             {
                                 return;
                             }
-                            let deltas: Vec<Value> = calls
-                                .into_iter()
-                                .enumerate()
-                                .map(|(k, mut c)| {
+                            deltas.extend(calls.into_iter().enumerate().skip(begun).map(
+                                |(k, mut c)| {
                                     c["index"] = json!(k);
                                     c
-                                })
-                                .collect();
-                            let mut m = meta.envelope(
-                                true,
-                                json!([{"index": i, "delta": {"tool_calls": deltas},
-                                        "logprobs": null, "finish_reason": null}]),
-                            );
-                            if include_usage {
-                                m.insert("usage".into(), Value::Null);
-                            }
-                            if !send(Event::default().data(Value::Object(m).to_string())).await {
+                                },
+                            ));
+                        }
+                        if begun > 0 || !deltas.is_empty() {
+                            if !deltas.is_empty() && !send(tool_chunk(&meta, i, deltas)).await {
                                 return;
                             }
                             text.clear();
-                            finish = "tool_calls";
+                            if finish != engine::sched::Finish::Length.as_str() {
+                                finish = "tool_calls";
+                            }
                         }
                     }
                     if !text.is_empty()

@@ -227,7 +227,7 @@ pub fn message_calls(v: &Value, at: &str) -> Result<Vec<Value>, ApiError> {
 }
 
 impl Tools {
-    fn names(&self) -> Vec<&str> {
+    pub fn names(&self) -> Vec<&str> {
         self.list
             .iter()
             .filter_map(|t| t["function"]["name"].as_str())
@@ -270,10 +270,11 @@ impl Tools {
         let compact =
             json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
         let call = json!({"anyOf": one, "x-guidance": compact});
-        let more = if self.parallel { "*" } else { "" };
+        // More calls only where parallel calls are allowed.
+        let more = if self.parallel { " (\"\\n\" call)*" } else { "" };
         Some(match d {
             Dialect::Hermes => format!(
-                "start: call (\"\\n\" call){more}\ncall: {} \"\\n\" %json {} \"\\n\" {}\n",
+                "start: call{more}\ncall: {} \"\\n\" %json {} \"\\n\" {}\n",
                 special("<tool_call>"),
                 call,
                 special("</tool_call>")
@@ -526,5 +527,11 @@ mod tests {
             .forced(Dialect::Hermes, |s| format!("{s:?}"))
             .unwrap();
         assert!(g.contains("%json") && g.contains("get_weather"), "{g}");
+        assert!(g.starts_with("start: call (\"\\n\" call)*\n"), "{g}");
+        // Without parallel calls: exactly one.
+        let mut one = tools(json!("required"));
+        one.parallel = false;
+        let g = one.forced(Dialect::Hermes, |s| format!("{s:?}")).unwrap();
+        assert!(g.starts_with("start: call\ncall: "), "{g}");
     }
 }

@@ -477,14 +477,18 @@ def tools(url, key):
                                        temperature=0, max_tokens=120, stream=True):
         ch = k.choices[0]
         for d in ch.delta.tool_calls or []:
-            e = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            e = calls.setdefault(d.index, {"id": None, "name": "", "arguments": "", "parts": 0})
             e["id"] = d.id or e["id"]
             e["name"] += (d.function.name or "") if d.function else ""
-            e["arguments"] += (d.function.arguments or "") if d.function else ""
+            part = (d.function.arguments or "") if d.function else ""
+            e["arguments"] += part
+            e["parts"] += 1 if part else 0
         fin = ch.finish_reason or fin
     assert fin == "tool_calls", fin
     assert [(e["name"], e["arguments"]) for _, e in sorted(calls.items())] == \
         [(tc.function.name, tc.function.arguments) for tc in whole], (calls, whole)
+    # The arguments stream as they are written, not in one piece at the end.
+    assert all(e["parts"] >= 2 for e in calls.values()), calls
 
     # Auto: a call if the model writes one (tags or not), else text.
     r = c.chat.completions.create(model=model, messages=ask, tools=TOOLS, temperature=0, max_tokens=120)
