@@ -36,14 +36,27 @@ pub fn embed(a: EmbedArgs) -> CliResult {
     let mut texts = a.prompt.clone();
     if let Some(f) = &a.file {
         let bytes = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|e| format!("{}: not UTF-8 text (invalid byte at offset {})", f.display(), e.utf8_error().valid_up_to()))?;
-        texts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(String::from));
+        let text = String::from_utf8(bytes).map_err(|e| {
+            format!(
+                "{}: not UTF-8 text (invalid byte at offset {})",
+                f.display(),
+                e.utf8_error().valid_up_to()
+            )
+        })?;
+        texts.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(String::from),
+        );
     }
     if texts.is_empty() {
         return Err("nothing to embed: give --prompt TEXT or --file FILE".into());
     }
-    if let Some((i, t)) = texts.iter().enumerate().find(|(_, t)| t.len() > MAX_INPUT_BYTES) {
+    if let Some((i, t)) = texts
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.len() > MAX_INPUT_BYTES)
+    {
         return Err(format!("input {i} has {} bytes (limit {MAX_INPUT_BYTES})", t.len()).into());
     }
     let (_, model) = a.model.load()?;
@@ -61,7 +74,11 @@ pub fn embed(a: EmbedArgs) -> CliResult {
         .map(|t| tok.encode(t, true, true))
         .collect::<Result<_, _>>()?;
     if let Some((i, x)) = inputs.iter().enumerate().find(|(_, x)| x.len() > n_ctx) {
-        return Err(format!("input {i} has {} tokens, more than the context of {n_ctx}", x.len()).into());
+        return Err(format!(
+            "input {i} has {} tokens, more than the context of {n_ctx}",
+            x.len()
+        )
+        .into());
     }
     let t0 = std::time::Instant::now();
     let vecs = session.embed(&inputs, how)?;

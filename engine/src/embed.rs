@@ -98,7 +98,10 @@ mod tests {
         assert_eq!(pool(&rows, 2, Pooling::Cls), vec![1.0, 2.0]);
         assert_eq!(pool(&rows, 2, Pooling::Last), vec![5.0, 9.0]);
         let m = pool(&rows, 2, Pooling::Mean);
-        assert!((m[0] - 3.0).abs() < 1e-6 && (m[1] - 5.0).abs() < 1e-6, "{m:?}");
+        assert!(
+            (m[0] - 3.0).abs() < 1e-6 && (m[1] - 5.0).abs() < 1e-6,
+            "{m:?}"
+        );
     }
 
     #[test]

@@ -613,7 +613,11 @@ impl<'m> Session<'m> {
     /// Inputs share steps of up to the session's batch size (each in a sequence of its own,
     /// dropped after); an input of a non-causal model (an encoder) must fit one step, a
     /// decoder's longer ones go in chunks. The session's own context is left as it is.
-    pub fn embed(&mut self, inputs: &[Vec<u32>], how: crate::embed::Pooling) -> Result<Vec<Vec<f32>>> {
+    pub fn embed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        how: crate::embed::Pooling,
+    ) -> Result<Vec<Vec<f32>>> {
         let model = self.model;
         let p = model.embed_program.as_ref().ok_or_else(|| EngineError::Model {
             file: model.gguf.path.display().to_string(),
@@ -665,7 +669,14 @@ impl<'m> Session<'m> {
                         n_tokens: n,
                         n_out: n,
                     }];
-                    let r = runner.step(p, &self.exec, &mut self.kv_pool, self.experts.as_mut(), chunk, &mut s)?;
+                    let r = runner.step(
+                        p,
+                        &self.exec,
+                        &mut self.kv_pool,
+                        self.experts.as_mut(),
+                        chunk,
+                        &mut s,
+                    )?;
                     rows.extend_from_slice(r);
                 }
                 let mut v = crate::embed::pool(&rows, n_embd, how);
@@ -675,7 +686,10 @@ impl<'m> Session<'m> {
                 continue;
             }
             let batch = &inputs[i..j];
-            let mut kvs: Vec<KvCache> = batch.iter().map(|x| self.kv_pool.sequence(x.len())).collect();
+            let mut kvs: Vec<KvCache> = batch
+                .iter()
+                .map(|x| self.kv_pool.sequence(x.len()))
+                .collect();
             self.step_tokens.clear();
             for x in batch {
                 self.step_tokens.extend_from_slice(x);
@@ -689,7 +703,14 @@ impl<'m> Session<'m> {
                     n_out: x.len(),
                 })
                 .collect();
-            let r = runner.step(p, &self.exec, &mut self.kv_pool, self.experts.as_mut(), &self.step_tokens, &mut seqs)?;
+            let r = runner.step(
+                p,
+                &self.exec,
+                &mut self.kv_pool,
+                self.experts.as_mut(),
+                &self.step_tokens,
+                &mut seqs,
+            )?;
             let mut at = 0;
             for x in batch {
                 let part = &r[at * n_embd..(at + x.len()) * n_embd];

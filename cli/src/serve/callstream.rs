@@ -29,7 +29,9 @@ pub fn scan(text: &str, d: Dialect) -> Vec<Partial> {
         while let Some(i) = text[at..].find(m) {
             let start = at + i + m.len();
             let end = match d {
-                Dialect::Hermes => text[start..].find("</tool_call>").map_or(text.len(), |j| start + j),
+                Dialect::Hermes => text[start..]
+                    .find("</tool_call>")
+                    .map_or(text.len(), |j| start + j),
                 _ => text.len(),
             };
             region(text, start, end, &mut out);
@@ -122,7 +124,10 @@ fn region(text: &str, start: usize, end: usize, out: &mut Vec<Partial>) {
                 if depth == cd && c == b'{' {
                     cur = Some(Partial::default());
                     (key, value_next) = (String::new(), false);
-                } else if depth == cd + 1 && value_next && (key == "arguments" || key == "parameters") {
+                } else if depth == cd + 1
+                    && value_next
+                    && (key == "arguments" || key == "parameters")
+                {
                     if let Some(p) = cur.as_mut() {
                         p.args = Some((i, None));
                         args_depth = Some(depth);
@@ -167,7 +172,9 @@ mod tests {
         scan(text, d)
             .into_iter()
             .map(|p| {
-                let a = p.args.map(|(s, e)| text[s..e.unwrap_or(text.len())].to_string());
+                let a = p
+                    .args
+                    .map(|(s, e)| text[s..e.unwrap_or(text.len())].to_string());
                 let done = p.args.is_some_and(|(_, e)| e.is_some());
                 (p.name, a, done)
             })
@@ -200,15 +207,30 @@ mod tests {
             }
         }
         // Mistral's array, Llama 3's tag, a bare object with escapes in the name's value.
-        let m = args(r#"[TOOL_CALLS][{"name": "a", "arguments": {"q": 1}}, {"name": "b", "arguments": {}}]"#, Dialect::Mistral);
+        let m = args(
+            r#"[TOOL_CALLS][{"name": "a", "arguments": {"q": 1}}, {"name": "b", "arguments": {}}]"#,
+            Dialect::Mistral,
+        );
         assert_eq!(m.len(), 2);
         assert_eq!(m[1], (Some("b".into()), Some("{}".into()), true));
-        let l = args(r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}"#, Dialect::Llama3);
+        let l = args(
+            r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}"#,
+            Dialect::Llama3,
+        );
         assert_eq!(l[0].1.as_deref(), Some(r#"{"city": "Oslo"}"#));
-        let g = args(r#"{"name": "a\"b", "arguments": {"k": "v"#, Dialect::Generic);
-        assert_eq!(g, vec![(Some("a\"b".into()), Some(r#"{"k": "v"#.into()), false)]);
+        let g = args(
+            r#"{"name": "a\"b", "arguments": {"k": "v"#,
+            Dialect::Generic,
+        );
+        assert_eq!(
+            g,
+            vec![(Some("a\"b".into()), Some(r#"{"k": "v"#.into()), false)]
+        );
         // Arguments as a string are not streamed; plain text has no calls.
-        assert_eq!(args(r#"{"name": "a", "arguments": "{}"}"#, Dialect::Generic)[0].1, None);
+        assert_eq!(
+            args(r#"{"name": "a", "arguments": "{}"}"#, Dialect::Generic)[0].1,
+            None
+        );
         assert!(scan("The weather is fine.", Dialect::Hermes).is_empty());
         assert!(scan("", Dialect::Generic).is_empty());
     }

@@ -91,7 +91,9 @@ fn base64_f32(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
         for k in 0..4 {
             if k <= c.len() {
                 out.push(ABC[(n >> (18 - 6 * k) & 63) as usize] as char);
@@ -114,7 +116,10 @@ fn parse(app: &Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<EmbedReq
     let mut ignored = Vec::new();
     for k in o.keys().filter(|k| !FIELDS.contains(&k.as_str())) {
         if app.strict {
-            return Err(ApiError::field(k, format!("unknown field (fields: {})", FIELDS.join(", "))));
+            return Err(ApiError::field(
+                k,
+                format!("unknown field (fields: {})", FIELDS.join(", ")),
+            ));
         }
         ignored.push(k.clone());
     }
@@ -122,7 +127,12 @@ fn parse(app: &Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<EmbedReq
         None | Some(Value::Null) => Encoding::Float,
         Some(Value::String(s)) if s == "float" => Encoding::Float,
         Some(Value::String(s)) if s == "base64" => Encoding::Base64,
-        Some(_) => return Err(ApiError::field("encoding_format", "must be \"float\" or \"base64\"")),
+        Some(_) => {
+            return Err(ApiError::field(
+                "encoding_format",
+                "must be \"float\" or \"base64\"",
+            ))
+        }
     };
     let n_embd = ready.model.hp.n_embd;
     match o.get("dimensions") {
@@ -131,7 +141,9 @@ fn parse(app: &Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<EmbedReq
         Some(_) => {
             return Err(ApiError::field(
                 "dimensions",
-                format!("this model's embeddings have {n_embd} values; shortening them is not supported"),
+                format!(
+                "this model's embeddings have {n_embd} values; shortening them is not supported"
+            ),
             ))
         }
     }
@@ -146,7 +158,10 @@ fn parse(app: &Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<EmbedReq
     };
     let text = |i: usize, s: &str| -> Result<Vec<u32>, ApiError> {
         if s.is_empty() {
-            return Err(ApiError::field("input", format!("input {i} is an empty string")));
+            return Err(ApiError::field(
+                "input",
+                format!("input {i} is an empty string"),
+            ));
         }
         model
             .tokenizer
@@ -164,25 +179,41 @@ fn parse(app: &Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<EmbedReq
         list.iter()
             .map(|t| match t.as_u64() {
                 Some(id) if id < n_vocab => Ok(id as u32),
-                _ => Err(ApiError::field("input", format!("input {i}: {t} is not a token id below {n_vocab}"))),
+                _ => Err(ApiError::field(
+                    "input",
+                    format!("input {i}: {t} is not a token id below {n_vocab}"),
+                )),
             })
             .collect()
     };
     let inputs = match o.get("input") {
         Some(Value::String(s)) => vec![text(0, s)?],
-        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::field("input", "is an empty list")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::field("input", "is an empty list"))
+        }
         Some(Value::Array(a)) if a.len() > MAX_INPUTS => {
-            return Err(ApiError::field("input", format!("{} inputs (limit {MAX_INPUTS})", a.len())))
+            return Err(ApiError::field(
+                "input",
+                format!("{} inputs (limit {MAX_INPUTS})", a.len()),
+            ))
         }
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![ids(0, a)?],
         Some(Value::Array(a)) => (a.iter().enumerate())
             .map(|(i, x)| match x {
                 Value::String(s) => text(i, s),
                 Value::Array(l) => ids(i, l),
-                _ => Err(ApiError::field("input", format!("input {i} must be a string or a list of token ids"))),
+                _ => Err(ApiError::field(
+                    "input",
+                    format!("input {i} must be a string or a list of token ids"),
+                )),
             })
             .collect::<Result<_, _>>()?,
-        _ => return Err(ApiError::field("input", "required: a string, a list of strings, or token ids")),
+        _ => {
+            return Err(ApiError::field(
+                "input",
+                "required: a string, a list of strings, or token ids",
+            ))
+        }
     };
     Ok(EmbedRequest {
         inputs,

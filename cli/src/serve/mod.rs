@@ -5,14 +5,14 @@
 //! answers `/health` with 503 while the model loads.
 
 mod anthropic;
+mod callstream;
 mod conn;
+mod embeddings;
 mod error;
 mod llama;
 mod metrics;
 mod request;
 mod responses;
-mod callstream;
-mod embeddings;
 mod routes;
 mod text;
 mod tools;

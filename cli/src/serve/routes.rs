@@ -298,7 +298,10 @@ impl Meta {
         // Arguments as the model wrote them (whitespace between tokens left out), as a stream
         // sends them, where the call is where the stream reads it.
         let h = self.hold_from(text);
-        for (c, p) in calls.iter_mut().zip(super::callstream::scan(&text[h..], *d)) {
+        for (c, p) in calls
+            .iter_mut()
+            .zip(super::callstream::scan(&text[h..], *d))
+        {
             if let (Some(name), Some((s, Some(e)))) = (p.name, p.args) {
                 if name == c.name {
                     c.arguments = super::callstream::compact(&text[h + s..h + e]);
@@ -328,7 +331,10 @@ impl Meta {
         };
         let h = self.hold_from(all);
         let mut out = Vec::new();
-        for (k, p) in super::callstream::scan(&all[h..], *d).into_iter().enumerate() {
+        for (k, p) in super::callstream::scan(&all[h..], *d)
+            .into_iter()
+            .enumerate()
+        {
             let (Some(name), Some((start, end))) = (p.name, p.args) else {
                 break;
             };
@@ -336,8 +342,10 @@ impl Meta {
                 break;
             }
             if k == sent.len() {
-                out.push(json!({"index": k, "id": self.call_id(index, k), "type": "function",
-                                "function": {"name": name, "arguments": ""}}));
+                out.push(
+                    json!({"index": k, "id": self.call_id(index, k), "type": "function",
+                                "function": {"name": name, "arguments": ""}}),
+                );
                 sent.push(0);
             }
             let end = end.map_or(all.len(), |e| h + e);

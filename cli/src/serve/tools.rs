@@ -271,7 +271,11 @@ impl Tools {
             json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
         let call = json!({"anyOf": one, "x-guidance": compact});
         // More calls only where parallel calls are allowed.
-        let more = if self.parallel { " (\"\\n\" call)*" } else { "" };
+        let more = if self.parallel {
+            " (\"\\n\" call)*"
+        } else {
+            ""
+        };
         Some(match d {
             Dialect::Hermes => format!(
                 "start: call{more}\ncall: {} \"\\n\" %json {} \"\\n\" {}\n",

@@ -89,58 +89,29 @@ pub fn metadata(
     let space_prefix = mentions(tj.get("normalizer"), "\"Prepend\"")
         || (mentions(pre, "Metaspace") && !mentions(pre, "\"never\""));
     let unk_token = model.get("unk_token").and_then(|u| u.as_str());
-    let vocab = model
-        .get("vocab")
-        .and_then(|v| v.as_object())
-        .ok_or_else(|| err("model.vocab", "missing or not an object".into()))?;
-    let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
-    let mut put = |id: u64, text: &str, ty: i32| -> Result<(), LoadError> {
-        if id >= 1 << 24 {
-            return Err(err("model.vocab", format!("token id {id} is too large")));
-        }
-        let id = id as usize;
-        if by_id.len() <= id {
-            by_id.resize(id + 1, None);
-        }
-        by_id[id] = Some((text.to_string(), ty));
-        Ok(())
-    };
-    for (text, id) in vocab {
-        let id = id
-            .as_u64()
-            .ok_or_else(|| err(&format!("model.vocab.{text}"), "expected a token id".into()))?;
-        let is_byte = text.len() == 6
-            && text.starts_with("<0x")
-            && text.ends_with('>')
-            && u8::from_str_radix(&text[3..5], 16).is_ok();
-        let ty = match () {
-            _ if spm && is_byte => TOKEN_BYTE,
-            _ if spm && Some(text.as_str()) == unk_token => TOKEN_UNKNOWN,
-            _ => TOKEN_NORMAL,
-        };
-        put(id, text, ty)?;
-    }
-    let added = tj.get("added_tokens").and_then(|a| a.as_array());
-    for (i, t) in added.into_iter().flatten().enumerate() {
-        let id = t.get("id").and_then(|v| v.as_u64());
-        let content = t.get("content").and_then(|v| v.as_str());
-        let (Some(id), Some(content)) = (id, content) else {
-            return Err(err(
-                &format!("added_tokens[{i}]"),
-                "needs an id and a content".into(),
-            ));
-        };
-        let special = t.get("special").and_then(|v| v.as_bool()).unwrap_or(false);
-        put(
-            id,
-            content,
+    let by_id = tokens_by_id(
+        &tj,
+        model,
+        file.as_str(),
+        |text| {
+            let is_byte = text.len() == 6
+                && text.starts_with("<0x")
+                && text.ends_with('>')
+                && u8::from_str_radix(&text[3..5], 16).is_ok();
+            match () {
+                _ if spm && is_byte => TOKEN_BYTE,
+                _ if spm && Some(text) == unk_token => TOKEN_UNKNOWN,
+                _ => TOKEN_NORMAL,
+            }
+        },
+        |_, special| {
             if special {
                 TOKEN_CONTROL
             } else {
                 TOKEN_USER_DEFINED
-            },
-        )?;
-    }
+            }
+        },
+    )?;
     let n = by_id.len().max(cfg.vocab_size as usize);
     let mut tokens = StrArray::default();
     let mut types = Vec::with_capacity(n);
@@ -310,48 +281,16 @@ fn wordpiece(
             ))
         }
     }
-    let vocab = model
-        .get("vocab")
-        .and_then(|v| v.as_object())
-        .ok_or_else(|| err("model.vocab", "missing or not an object".into()))?;
-    let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
-    let mut put = |id: u64, text: &str, ty: i32| -> Result<(), LoadError> {
-        if id >= 1 << 24 {
-            return Err(err("model.vocab", format!("token id {id} is too large")));
-        }
-        let id = id as usize;
-        if by_id.len() <= id {
-            by_id.resize(id + 1, None);
-        }
-        by_id[id] = Some((text.to_string(), ty));
-        Ok(())
-    };
-    for (text, id) in vocab {
-        let id = id
-            .as_u64()
-            .ok_or_else(|| err(&format!("model.vocab.{text}"), "expected a token id".into()))?;
-        put(id, text, TOKEN_NORMAL)?;
-    }
-    let added: &[Json] = tj
-        .get("added_tokens")
-        .and_then(|a| a.as_array())
-        .map_or(&[], Vec::as_slice);
-    for (i, t) in added.iter().enumerate() {
-        let id = t.get("id").and_then(|v| v.as_u64());
-        let content = t.get("content").and_then(|v| v.as_str());
-        let (Some(id), Some(content)) = (id, content) else {
-            return Err(err(
-                &format!("added_tokens[{i}]"),
-                "needs an id and a content".into(),
-            ));
-        };
-        let special = t.get("special").and_then(|v| v.as_bool()).unwrap_or(false);
-        let ty = match special || looks_special(content) {
+    let by_id = tokens_by_id(
+        tj,
+        model,
+        file,
+        |_| TOKEN_NORMAL,
+        |content, special| match special || looks_special(content) {
             true => TOKEN_CONTROL,
             false => TOKEN_USER_DEFINED,
-        };
-        put(id, content, ty)?;
-    }
+        },
+    )?;
     let n = by_id.len().max(cfg.vocab_size as usize);
     let mut tokens = StrArray::default();
     let mut types = Vec::with_capacity(n);
@@ -429,6 +368,58 @@ fn wordpiece(
 
 /// Added tokens the converter makes CONTROL although not marked special
 /// (`does_token_look_special`).
+/// `model.vocab` and `added_tokens` of a `tokenizer.json` by id, each with its llama.cpp token
+/// type: `vocab_type(text)` for the vocabulary's, `added_type(content, special)` for added ones.
+fn tokens_by_id(
+    tj: &Json,
+    model: &Json,
+    file: &str,
+    vocab_type: impl Fn(&str) -> i32,
+    added_type: impl Fn(&str, bool) -> i32,
+) -> Result<Vec<Option<(String, i32)>>, LoadError> {
+    let err = |key: &str, msg: String| LoadError::Metadata {
+        file: file.to_string(),
+        key: key.to_string(),
+        msg,
+    };
+    let vocab = model
+        .get("vocab")
+        .and_then(|v| v.as_object())
+        .ok_or_else(|| err("model.vocab", "missing or not an object".into()))?;
+    let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: u64, text: &str, ty: i32| -> Result<(), LoadError> {
+        if id >= 1 << 24 {
+            return Err(err("model.vocab", format!("token id {id} is too large")));
+        }
+        let id = id as usize;
+        if by_id.len() <= id {
+            by_id.resize(id + 1, None);
+        }
+        by_id[id] = Some((text.to_string(), ty));
+        Ok(())
+    };
+    for (text, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| err(&format!("model.vocab.{text}"), "expected a token id".into()))?;
+        put(id, text, vocab_type(text))?;
+    }
+    let added = tj.get("added_tokens").and_then(|a| a.as_array());
+    for (i, t) in added.into_iter().flatten().enumerate() {
+        let id = t.get("id").and_then(|v| v.as_u64());
+        let content = t.get("content").and_then(|v| v.as_str());
+        let (Some(id), Some(content)) = (id, content) else {
+            return Err(err(
+                &format!("added_tokens[{i}]"),
+                "needs an id and a content".into(),
+            ));
+        };
+        let special = t.get("special").and_then(|v| v.as_bool()).unwrap_or(false);
+        put(id, content, added_type(content, special))?;
+    }
+    Ok(by_id)
+}
+
 fn looks_special(t: &str) -> bool {
     matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
         || (t.starts_with("<|") && t.ends_with("|>"))
