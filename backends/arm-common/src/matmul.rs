@@ -106,7 +106,7 @@ pub unsafe fn run(
     let (w, x, out) = (inputs[0], inputs[1], outputs[0]);
     let dt = w.dtype().expect("validated");
     if matches!(dt, DType::F32 | DType::F16) {
-        return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
+        return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain, false);
     }
     if mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
         let frame = mollm_cpu_common::wmatmul::Frame::Portable;

@@ -23,11 +23,13 @@ pub(crate) enum Chain {
 
 /// # Safety
 /// A validated F32/F16 mat_mul on valid host memory with packed weight rows.
+/// `avx512`: the caller's backend may use AVX-512 (and the CPU has it).
 pub unsafe fn run(
     host: &HostApi,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
     chain: usize,
+    avx512: bool,
 ) -> Result<(), Error> {
     let (w, x, out) = (&inputs[0], &inputs[1], &outputs[0]);
     let dt = w.dtype().expect("validated");
@@ -64,9 +66,8 @@ pub unsafe fn run(
     let (act, col_index) = (&act, &col_index);
     let (w, out) = (*w, *out);
     parallel_for(host, n.div_ceil(ROWS_PER_TASK) as u32, |t| {
-        let mut wrow = vec![0f32; k];
-        let r0 = t as usize * ROWS_PER_TASK;
-        for r in r0..(r0 + ROWS_PER_TASK).min(n) {
+        // One weight row as f32 (F16 widened, exactly).
+        let load = |r: usize, wrow: &mut [f32]| {
             let row = wp.0.wrapping_offset(r as isize * w.nb[1] as isize);
             for (e, d) in wrow.iter_mut().enumerate() {
                 let p = row.wrapping_add(e * dt.info().block_bytes as usize);
@@ -76,26 +77,51 @@ pub unsafe fn run(
                     (p as *const f32).read_unaligned()
                 };
             }
-            let put = |c: usize, v: f32| {
-                let (i1, i2, i3) = col_index[c];
-                let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
-                // SAFETY: each (row, column) is written by exactly one task.
-                unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
-            };
-            let col = |c: usize| &act[c * k..(c + 1) * k];
-            // The tile chain four columns at a time (the same results as one at a time).
+        };
+        let put = |r: usize, c: usize, v: f32| {
+            let (i1, i2, i3) = col_index[c];
+            let off = r as i64 * out.nb[0] + i1 * out.nb[1] + i2 * out.nb[2] + i3 * out.nb[3];
+            // SAFETY: each (row, column) is written by exactly one task.
+            unsafe { (op.0.wrapping_offset(off as isize) as *mut f32).write_unaligned(v) };
+        };
+        let col = |c: usize| &act[c * k..(c + 1) * k];
+        let cols4 = |c: usize| [col(c), col(c + 1), col(c + 2), col(c + 3)];
+        let (mut wrow, mut wrow2) = (vec![0f32; k], vec![0f32; k]);
+        let (r0, r1) = (t as usize * ROWS_PER_TASK, ((t as usize + 1) * ROWS_PER_TASK).min(n));
+        let mut r = r0;
+        // The tile chain two rows by four columns at a time where AVX-512 has the registers
+        // for it, else a row by four columns: each result is the one-at-a-time chain's.
+        while avx512 && chain == Chain::Tile && r + 2 <= r1 {
+            load(r, &mut wrow);
+            load(r + 1, &mut wrow2);
+            let mut c = 0;
+            while c + 4 <= cols {
+                let v = dot_2x4(&wrow, &wrow2, cols4(c));
+                for j in 0..4 {
+                    put(r, c + j, v[0][j]);
+                    put(r + 1, c + j, v[1][j]);
+                }
+                c += 4;
+            }
+            for c in c..cols {
+                put(r, c, dot(chain, &wrow, col(c)));
+                put(r + 1, c, dot(chain, &wrow2, col(c)));
+            }
+            r += 2;
+        }
+        for r in r..r1 {
+            load(r, &mut wrow);
             let mut c = 0;
             if chain == Chain::Tile {
                 while c + 4 <= cols {
-                    let v = dot_x4(&wrow, [col(c), col(c + 1), col(c + 2), col(c + 3)]);
-                    for (j, v) in v.into_iter().enumerate() {
-                        put(c + j, v);
+                    for (j, v) in dot_x4(&wrow, cols4(c)).into_iter().enumerate() {
+                        put(r, c + j, v);
                     }
                     c += 4;
                 }
             }
             for c in c..cols {
-                put(c, dot(chain, &wrow, col(c)));
+                put(r, c, dot(chain, &wrow, col(c)));
             }
         }
     });
@@ -117,6 +143,15 @@ fn dot_x4(x: &[f32], y: [&[f32]; 4]) -> [f32; 4] {
         return v;
     }
     ::numerics::dot_tile_lanes_x4(x, y)
+}
+
+/// Eight outputs of the tile chain, two weight rows against four columns (AVX-512 only).
+fn dot_2x4(x0: &[f32], x1: &[f32], y: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    #[cfg(x86)]
+    if let Some(v) = crate::x86::fmatmul::dot_2x4(x0, x1, y) {
+        return v;
+    }
+    [::numerics::dot_tile_lanes_x4(x0, y), ::numerics::dot_tile_lanes_x4(x1, y)]
 }
 
 /// One output of `chain`: the reference's chains, inlined into the caller's ISA frame.

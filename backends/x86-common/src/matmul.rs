@@ -289,7 +289,7 @@ pub unsafe fn run_weights(
     let repacked = kind == KIND_Q4K16;
     let legacy = kind == KIND_LEGACY16;
     if matches!(dt, DType::F32 | DType::F16) {
-        return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain);
+        return mollm_cpu_common::fmatmul::run(host, inputs, outputs, chain, isa == Isa::Avx512);
     }
     if mollm_cpu_common::wmatmul::FORMATS.contains(&dt) {
         let frame = match isa {
