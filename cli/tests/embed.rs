@@ -124,3 +124,17 @@ fn an_embedding_model_refuses_generation_and_overlong_inputs_clearly() {
     let o = mollm(&["embed", "-m", m, "-q"]);
     assert_clean_error(&o, "nothing to embed");
 }
+
+/// A package of the Hugging Face directory carries the encoder's graph and its pooling: its
+/// vectors are the GGUF's, bit for bit.
+#[test]
+fn a_bert_package_embeds_as_its_source() {
+    let (Some(dir), Some(gguf)) = (model("all-minilm-l6-v2"), model("all-minilm-l6-v2.gguf")) else {
+        return;
+    };
+    let pkg = common::scratch().join("minilm.mollm");
+    let o = mollm(&["convert", dir.to_str().unwrap(), pkg.to_str().unwrap(), "--quant", "keep", "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let texts = ["Hello world", "Packages carry their graph."];
+    assert_eq!(embed(&pkg, &texts, &[]), embed(&gguf, &texts, &[]));
+}
