@@ -183,7 +183,9 @@ fn prepared_masks_equal_masks_computed_in_place_and_the_per_token_rule() {
     let text: Vec<u32> = tok.encode("{\"n\": 42}", false, false).unwrap();
     let width = tok.vocab_size() + 7;
     for (step, &t) in text.iter().enumerate() {
-        let raw: Vec<f32> = (0..width).map(|i| (i % 97) as f32 * 0.01 + step as f32).collect();
+        let raw: Vec<f32> = (0..width)
+            .map(|i| (i % 97) as f32 * 0.01 + step as f32)
+            .collect();
         let (mut la, mut lb) = (raw.clone(), raw.clone());
         a.prepare();
         a.mask(&mut la).unwrap();
@@ -194,7 +196,11 @@ fn prepared_masks_equal_masks_computed_in_place_and_the_per_token_rule() {
         for (i, (&l, &x)) in la.iter().zip(&raw).enumerate() {
             let ok = i < v.n_vocab
                 && (allowed.is_allowed(i as u32) || (eos && v.eog.contains(&(i as u32))));
-            assert_eq!(l, if ok { x } else { f32::NEG_INFINITY }, "step {step} token {i}");
+            assert_eq!(
+                l,
+                if ok { x } else { f32::NEG_INFINITY },
+                "step {step} token {i}"
+            );
         }
         for c in [&mut a, &mut b, &mut r] {
             c.accept(t).unwrap();

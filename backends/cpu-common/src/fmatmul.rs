@@ -87,7 +87,10 @@ pub unsafe fn run(
         let col = |c: usize| &act[c * k..(c + 1) * k];
         let cols4 = |c: usize| [col(c), col(c + 1), col(c + 2), col(c + 3)];
         let (mut wrow, mut wrow2) = (vec![0f32; k], vec![0f32; k]);
-        let (r0, r1) = (t as usize * ROWS_PER_TASK, ((t as usize + 1) * ROWS_PER_TASK).min(n));
+        let (r0, r1) = (
+            t as usize * ROWS_PER_TASK,
+            ((t as usize + 1) * ROWS_PER_TASK).min(n),
+        );
         let mut r = r0;
         // The tile chain two rows by four columns at a time where AVX-512 has the registers
         // for it, else a row by four columns: each result is the one-at-a-time chain's.
@@ -151,7 +154,10 @@ fn dot_2x4(x0: &[f32], x1: &[f32], y: [&[f32]; 4]) -> [[f32; 4]; 2] {
     if let Some(v) = crate::x86::fmatmul::dot_2x4(x0, x1, y) {
         return v;
     }
-    [::numerics::dot_tile_lanes_x4(x0, y), ::numerics::dot_tile_lanes_x4(x1, y)]
+    [
+        ::numerics::dot_tile_lanes_x4(x0, y),
+        ::numerics::dot_tile_lanes_x4(x1, y),
+    ]
 }
 
 /// One output of `chain`: the reference's chains, inlined into the caller's ISA frame.

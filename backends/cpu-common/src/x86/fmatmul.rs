@@ -37,7 +37,10 @@ pub(crate) fn dot_2x4(x0: &[f32], x1: &[f32], y: [&[f32]; 4]) -> Option<[[f32; 4
     unsafe fn frame(x0: &[f32], x1: &[f32], y: [&[f32]; 4]) -> [[f32; 4]; 2] {
         use core::arch::x86_64::*;
         let n = x0.len().min(x1.len()) & !15;
-        assert!(y.iter().all(|v| v.len() >= n), "columns shorter than the rows");
+        assert!(
+            y.iter().all(|v| v.len() >= n),
+            "columns shorter than the rows"
+        );
         let mut acc = [_mm512_setzero_ps(); 8];
         let mut i = 0;
         while i < n {
