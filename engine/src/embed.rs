@@ -77,15 +77,11 @@ pub fn normalize(v: &mut [f32]) {
     }
 }
 
-/// The cosine of two vectors (1 for identical directions).
-pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let na: f64 = a.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-    if na == 0.0 || nb == 0.0 {
-        return 0.0;
-    }
-    dot / (na * nb)
+/// One unit vector from a sequence's rows: pooled by `how`, then normalized.
+pub fn vector(rows: &[f32], n: usize, how: Pooling) -> Vec<f32> {
+    let mut v = pool(rows, n, how);
+    normalize(&mut v);
+    v
 }
 
 #[cfg(test)]
@@ -112,8 +108,8 @@ mod tests {
         let mut z = vec![0.0; 3];
         normalize(&mut z);
         assert_eq!(z, vec![0.0; 3]);
-        assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
-        assert!(cosine(&[1.0, 0.0], &[0.0, 2.0]).abs() < 1e-12);
+        let v = vector(&[3.0, 4.0, 3.0, 4.0], 2, Pooling::Mean);
+        assert_eq!(v, vec![0.6, 0.8]);
     }
 
     #[test]

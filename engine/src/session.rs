@@ -625,7 +625,7 @@ impl<'m> Session<'m> {
         })?;
         let n_embd = p.nodes[p.output].shape[0].c as usize;
         let nb = self.n_batch;
-        let encoder = p.non_causal();
+        let encoder = p.non_causal;
         for (i, x) in inputs.iter().enumerate() {
             if x.is_empty() {
                 return Err(EngineError::Invalid(format!("input {i} has no tokens")));
@@ -679,9 +679,7 @@ impl<'m> Session<'m> {
                     )?;
                     rows.extend_from_slice(r);
                 }
-                let mut v = crate::embed::pool(&rows, n_embd, how);
-                crate::embed::normalize(&mut v);
-                out.push(v);
+                out.push(crate::embed::vector(&rows, n_embd, how));
                 i += 1;
                 continue;
             }
@@ -714,9 +712,7 @@ impl<'m> Session<'m> {
             let mut at = 0;
             for x in batch {
                 let part = &r[at * n_embd..(at + x.len()) * n_embd];
-                let mut v = crate::embed::pool(part, n_embd, how);
-                crate::embed::normalize(&mut v);
-                out.push(v);
+                out.push(crate::embed::vector(part, n_embd, how));
                 at += x.len();
             }
             i = j;

@@ -426,7 +426,7 @@ fn load_and_run(
         a.parallel,
         session.kv_pool().rows()
     );
-    let embed_max = match m.embed_program.as_ref().is_some_and(|p| p.non_causal()) {
+    let embed_max = match m.embed_program.as_ref().is_some_and(|p| p.non_causal) {
         true => max_seq.min(a.model.batch.max(1)),
         false => max_seq,
     };

@@ -332,14 +332,18 @@ pub fn run(
 
 /// The inputs of every embedding request that came since the last step, in shared steps
 /// between two generation steps.
-fn embed(s: &mut Session, jobs: Vec<EmbedJob>, pooling: engine::embed::Pooling, m: &Metrics) {
-    let all: Vec<Vec<u32>> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
+fn embed(s: &mut Session, mut jobs: Vec<EmbedJob>, pooling: engine::embed::Pooling, m: &Metrics) {
+    // Each job's inputs move into one list; `counts` splits the vectors back.
+    let counts: Vec<usize> = jobs.iter().map(|j| j.inputs.len()).collect();
+    let all: Vec<Vec<u32>> = (jobs.iter_mut())
+        .flat_map(|j| std::mem::take(&mut j.inputs))
+        .collect();
     let n: usize = all.iter().map(Vec::len).sum();
     m.prompt_tokens.fetch_add(n as u64, Relaxed);
     match s.embed(&all, pooling) {
         Ok(mut vecs) => {
-            for j in jobs.into_iter().rev() {
-                let mine = vecs.split_off(vecs.len() - j.inputs.len());
+            for (j, count) in jobs.into_iter().zip(counts).rev() {
+                let mine = vecs.split_off(vecs.len() - count);
                 let _ = j.tx.send(Ok(mine));
             }
         }

@@ -114,28 +114,14 @@ pub struct Program {
     pub kv_layers: Vec<[usize; 2]>,
     /// f32 values per recurrent state each sequence keeps.
     pub states: Vec<usize>,
+    /// Some attention is not causal (an encoder): each sequence must come whole in one step.
+    pub non_causal: bool,
+    /// The positions a sequence may reach: the rows of a table looked up by position (BERT's
+    /// learned position embeddings), where the graph has one.
+    pub max_positions: Option<usize>,
 }
 
 impl Program {
-    /// Whether some attention is non-causal (an encoder): each sequence must then come whole
-    /// in one step.
-    pub fn non_causal(&self) -> bool {
-        (self.nodes.iter()).any(|n| matches!(n.kind, Kind::KvAttention { causal: false, .. }))
-    }
-
-    /// The positions a sequence may reach: the rows of a table looked up by position (BERT's
-    /// learned position embeddings), where the graph has one.
-    pub fn max_positions(&self) -> Option<usize> {
-        (self.nodes.iter())
-            .filter_map(|n| match (n.kind, &n.inputs[..]) {
-                (Kind::Abi(Op::GetRows, _), [Src::Weight(w), Src::Positions]) => {
-                    Some(self.weights[*w].desc.ne[1] as usize)
-                }
-                _ => None,
-            })
-            .min()
-    }
-
     /// Whether its output is logits (not an embedding model's hidden states).
     pub fn has_logits(&self) -> bool {
         self.embd != Some(self.output)
@@ -556,6 +542,17 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
         "" => None,
         name => Some(rows(name, "embd", "n_embd")?),
     };
+    // Checked by every step: worked out once here.
+    let non_causal =
+        (nodes.iter()).any(|n| matches!(n.kind, Kind::KvAttention { causal: false, .. }));
+    let max_positions = (nodes.iter())
+        .filter_map(|n| match (n.kind, &n.inputs[..]) {
+            (Kind::Abi(Op::GetRows, _), [Src::Weight(w), Src::Positions]) => {
+                Some(bound[*w].desc.ne[1] as usize)
+            }
+            _ => None,
+        })
+        .min();
     Ok(Program {
         file: g,
         nodes,
@@ -565,6 +562,8 @@ pub fn compile(g: GraphFile, weights: Weights, file: &str) -> Result<Program, Gr
         embd,
         kv_layers,
         states,
+        non_causal,
+        max_positions,
     })
 }
 

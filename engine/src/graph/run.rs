@@ -154,7 +154,7 @@ impl Runner {
             }
         }
         // A table looked up by position has a row for each position a sequence may reach.
-        if let Some(max) = p.max_positions() {
+        if let Some(max) = p.max_positions {
             if let Some(s) = seqs.iter().find(|s| s.kv.n_past + s.n_tokens > max) {
                 return Err(EngineError::Invalid(format!(
                     "an input of {} tokens is longer than this model's {max} positions",
@@ -162,7 +162,7 @@ impl Runner {
                 )));
             }
         }
-        let non_causal = p.non_causal();
+        let non_causal = p.non_causal;
         if let Some(s) = seqs.iter().find(|s| non_causal && s.kv.n_past > 0) {
             return Err(EngineError::Invalid(format!(
                 "this model's attention is not causal: an input must come whole in one step, and a sequence already holds {} tokens",
